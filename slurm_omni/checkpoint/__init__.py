@@ -1,0 +1,1 @@
+"""The checkpoint store: async, atomic, checksummed h5py checkpoints."""

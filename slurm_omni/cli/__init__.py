@@ -1,0 +1,1 @@
+"""The ``omni`` command line: thin click wrappers over the library."""

@@ -1,0 +1,1 @@
+"""Config files (site config, job file) loaded into frozen dataclasses."""

@@ -1,0 +1,1 @@
+"""Drills: scontrol-triggered faults, measured and checked for equivalence."""

@@ -1,0 +1,1 @@
+"""The requeue manager daemon: event sources, journal, actions."""

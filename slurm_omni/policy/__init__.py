@@ -1,0 +1,1 @@
+"""Pure decision code: failure confirmation and replacement placement. Runs no command."""

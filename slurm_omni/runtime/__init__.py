@@ -1,0 +1,1 @@
+"""The migratable training runtime (torch)."""
