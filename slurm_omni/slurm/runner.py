@@ -1,0 +1,147 @@
+"""The one place that runs external commands.
+
+argv lists only (never a shell), a timeout on every call, retries with exponential backoff while
+slurmctld is unreachable, and a bounded call rate so that no loop can hammer slurmctld.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from slurm_omni.errors import SlurmError, SlurmUnreachable
+
+log = logging.getLogger(__name__)
+
+# What Slurm 22.05 clients print when slurmctld is down, starting or overloaded.
+UNREACHABLE_MARKERS = (
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv operation",
+    "Connection refused",
+    "Slurm backup controller in standby mode",
+    "Zero Bytes were transmitted or received",
+    "Communication connection failure",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class RateLimiter:
+    """At most ``rate`` calls per second on average, bursts up to ``burst`` (a token bucket)."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self._rate, self._burst = rate, float(burst)
+        self._tokens = float(burst)
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def acquire(self) -> float:
+        """Take one token, sleeping if needed; returns the seconds slept."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+            self._last = now
+            wait = 0.0 if self._tokens >= 1 else (1 - self._tokens) / self._rate
+            self._tokens -= 1
+        if wait > 0:
+            time.sleep(wait)
+        return wait
+
+
+class CommandRunner:
+    """Runs commands for the Slurm boundary.
+
+    ``env`` is merged over the process environment (e.g. ``SLURM_CONF`` of the embedded cluster).
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        rate_per_s: float = 20.0,
+        burst: int = 20,
+    ) -> None:
+        self.env = dict(env or {})
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.limiter = RateLimiter(rate_per_s, burst)
+        self.calls = 0
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        check: bool = True,
+        retry_unreachable: bool = True,
+        input_text: str | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise SlurmError(f"runner: couldn't run {argv!r}: argv must be a non-empty list of strings")
+        env = {**os.environ, **self.env}
+        attempts = 1 + (self.retries if retry_unreachable else 0)
+        delay = self.backoff_s
+        for attempt in range(1, attempts + 1):
+            result = self._once(tuple(argv), env, timeout_s or self.timeout_s, input_text, cwd)
+            if result.ok or not _unreachable(result.stderr) or attempt == attempts:
+                break
+            log.warning("%s: slurmctld unreachable (attempt %d/%d), retrying in %.1fs",
+                        argv[0], attempt, attempts, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, self.max_backoff_s)
+        if check and not result.ok:
+            line = _first_line(result.stderr) or _first_line(result.stdout) or f"exit {result.returncode}"
+            exc = SlurmUnreachable if _unreachable(result.stderr) else SlurmError
+            raise exc(f"{argv[0]}: couldn't {' '.join(argv[1:3])}: {line}")
+        return result
+
+    def _once(self, argv: tuple[str, ...], env: dict[str, str], timeout_s: float,
+              input_text: str | None, cwd: str | None) -> CommandResult:
+        self.limiter.acquire()
+        self.calls += 1
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout_s,
+                                  input=input_text, cwd=cwd, check=False)
+        except FileNotFoundError as e:
+            raise SlurmError(f"{argv[0]}: couldn't run: command not found (install the Slurm client "
+                             f"packages: scripts/setup.sh)") from e
+        except subprocess.TimeoutExpired as e:
+            raise SlurmUnreachable(f"{argv[0]}: couldn't finish within {timeout_s:.0f}s") from e
+        duration = time.monotonic() - start
+        log.debug("ran %s -> %d in %.3fs", argv, proc.returncode, duration)
+        return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, duration)
+
+
+def _unreachable(stderr: str) -> bool:
+    return any(marker in stderr for marker in UNREACHABLE_MARKERS)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
