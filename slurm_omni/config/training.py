@@ -1,0 +1,245 @@
+"""The ``[training]`` part of a job file: model sizes, parallel layout, optimiser, data, checkpoints.
+
+In a job.toml these sit under ``[training]`` (``[training.model]``, ``[training.parallel]``,
+``[training.optim]``, ``[training.data]`` with ``[[training.data.sources]]``, ``[training.checkpoint]``).
+``slurm_omni.config.job`` embeds :class:`TrainingConfig` as its ``training`` field; the runtime reads it
+back with :func:`load_training_file`.
+
+The data-parallel size is not part of the file: it comes from the environment (``OMNI_DP_SIZE``) so that
+a requeued job can run with fewer replicas. The global batch is fixed here; the runtime turns it into
+micro-batches per replica (``global_batch_size / (dp * micro_batch_size)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Literal
+
+from slurm_omni.config.schema import load_dataclass, read_toml
+from slurm_omni.errors import ConfigError
+
+ModelPreset = Literal["tiny", "small", "base", "large"]
+
+# Sizes per preset. "tiny" is ~0.2M parameters (CPU tests); "large" is ~1.5B (H200 sizes).
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(image_size=16, patch_size=8, channels=3, vision_width=32, vision_depth=1, vision_heads=2,
+                 vocab_size=256, text_width=32, text_depth=1, text_heads=2, seq_len=16),
+    "small": dict(image_size=64, patch_size=8, channels=3, vision_width=256, vision_depth=4, vision_heads=4,
+                  vocab_size=8192, text_width=384, text_depth=6, text_heads=6, seq_len=128),
+    "base": dict(image_size=224, patch_size=16, channels=3, vision_width=768, vision_depth=12,
+                 vision_heads=12, vocab_size=32000, text_width=1024, text_depth=16, text_heads=16,
+                 seq_len=512),
+    "large": dict(image_size=336, patch_size=14, channels=3, vision_width=1024, vision_depth=24,
+                  vision_heads=16, vocab_size=32000, text_width=2048, text_depth=24, text_heads=16,
+                  seq_len=1024),
+}
+
+_UNSET = -1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """Sizes of the multimodal model. Any size left out takes the preset's value."""
+
+    preset: ModelPreset = "tiny"
+    """Named size; explicit keys below override single sizes of it."""
+    image_size: int = _UNSET
+    """Square image side in pixels; a multiple of ``patch_size``."""
+    patch_size: int = _UNSET
+    """Side of one vision patch in pixels."""
+    channels: int = _UNSET
+    """Image channels (3 for RGB)."""
+    vision_width: int = _UNSET
+    """Hidden size of the vision encoder."""
+    vision_depth: int = _UNSET
+    """Transformer blocks in the vision encoder."""
+    vision_heads: int = _UNSET
+    """Attention heads of the vision encoder; divides ``vision_width``."""
+    vocab_size: int = _UNSET
+    """Text vocabulary size (token ids are ``0 .. vocab_size-1``; 0 is padding)."""
+    text_width: int = _UNSET
+    """Hidden size of the text decoder (the projector maps vision_width to it)."""
+    text_depth: int = _UNSET
+    """Transformer blocks in the text decoder."""
+    text_heads: int = _UNSET
+    """Attention heads of the text decoder; divides ``text_width``."""
+    seq_len: int = _UNSET
+    """Text tokens per sample (image tokens come in front of them)."""
+    mlp_ratio: int = 4
+    """Width of the MLP in each block, as a multiple of the block's width."""
+
+    def __post_init__(self) -> None:
+        for name, value in PRESETS[self.preset].items():
+            if getattr(self, name) == _UNSET:
+                object.__setattr__(self, name, value)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and value <= 0:
+                raise ConfigError(f"model: {f.name} = {value} is not allowed (must be > 0)")
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"model: image_size = {self.image_size} is not a multiple of "
+                              f"patch_size = {self.patch_size}")
+        if self.vision_width % self.vision_heads:
+            raise ConfigError(f"model: vision_heads = {self.vision_heads} does not divide "
+                              f"vision_width = {self.vision_width}")
+        if self.text_width % self.text_heads:
+            raise ConfigError(f"model: text_heads = {self.text_heads} does not divide "
+                              f"text_width = {self.text_width}")
+
+    @property
+    def num_patches(self) -> int:
+        """Image tokens per sample."""
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """How a global batch is cut. The data-parallel size comes from ``OMNI_DP_SIZE`` at run time."""
+
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """Pipeline schedule between the vision stage and the text stage."""
+    global_batch_size: int = 8
+    """Samples per optimiser step over all replicas; kept when the number of replicas changes."""
+    micro_batch_size: int = 2
+    """Samples per pipeline micro-batch."""
+    micro_batches: int = 0
+    """Micro-batches per replica per step; 0 derives it from the global batch and the replica count
+    (gradient accumulation is done by running more micro-batches through the pipeline)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collective backend: auto picks nccl when CUDA is present, gloo otherwise."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size <= 0 or self.micro_batch_size <= 0:
+            raise ConfigError(f"parallel: global_batch_size = {self.global_batch_size} and "
+                              f"micro_batch_size = {self.micro_batch_size} must be > 0")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ConfigError(f"parallel: global_batch_size = {self.global_batch_size} is not a multiple "
+                              f"of micro_batch_size = {self.micro_batch_size}")
+        if self.micro_batches < 0:
+            raise ConfigError(f"parallel: micro_batches = {self.micro_batches} must be >= 0")
+
+    def micro_batches_for(self, data_parallel_size: int) -> int:
+        """Micro-batches each replica runs per step so that the global batch stays the same."""
+        per_replica, rest = divmod(self.global_batch_size, data_parallel_size * self.micro_batch_size)
+        if rest or per_replica == 0:
+            raise ConfigError(
+                f"parallel: couldn't cut global_batch_size = {self.global_batch_size} for "
+                f"{data_parallel_size} replicas of micro_batch_size = {self.micro_batch_size} "
+                "(global batch must be a multiple of replicas x micro_batch_size)")
+        if self.micro_batches and self.micro_batches != per_replica:
+            raise ConfigError(
+                f"parallel: micro_batches = {self.micro_batches} does not match global_batch_size = "
+                f"{self.global_batch_size} with {data_parallel_size} replicas (set it to 0 to derive it)")
+        return per_replica
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimConfig:
+    """AdamW with warm-up and decay; the schedule follows the global step, not the local one."""
+
+    lr: float = 1e-3
+    """Peak learning rate, reached at the end of warm-up."""
+    min_lr: float = 1e-4
+    """Learning rate at the end of the decay."""
+    warmup_steps: int = 5
+    """Linear warm-up from 0 to ``lr`` over this many global steps."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay from ``lr`` to ``min_lr`` between warm-up and ``max_steps``."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    """Global gradient-norm clip over both stages; 0 turns it off."""
+    seed: int = 0
+    """Seeds the parameter initialisation (identical on all replicas)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"optim: lr = {self.lr}, min_lr = {self.min_lr} (need 0 <= min_lr <= lr, lr > 0)")
+        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ConfigError("optim: warmup_steps, grad_clip and weight_decay must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceConfig:
+    """One data source (a group of shards) and its share of the mix."""
+
+    name: str
+    """Source name as written in the shards' ``source`` attribute (e.g. "pairs", "text")."""
+    weight: float = 1.0
+    """Relative share of samples drawn from this source."""
+
+    def __post_init__(self) -> None:
+        if not self.name or self.weight <= 0:
+            raise ConfigError(f"data: source {self.name!r} weight = {self.weight} (need a name and weight > 0)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    """Where the HDF5 shards are and how their sources are mixed (see docs/data-format.md)."""
+
+    shard_dir: Path
+    """Folder of ``*.h5`` shards; relative paths are taken from the job file's folder."""
+    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(name="pairs")])
+    """Sources mixed by weight; each keeps its own position, saved with every checkpoint."""
+    seed: int = 0
+    """Seeds the mix and the per-source shuffles; the sample order is a function of it alone."""
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.sources]
+        if not names or len(set(names)) != len(names):
+            raise ConfigError(f"data: sources {names} must be non-empty and distinct")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointCadence:
+    """When the runtime checkpoints (always also on SIGUSR1/SIGTERM and at the last step)."""
+
+    every_steps: int = 10
+    """Asynchronous checkpoint every this many global steps; 0 only on signals and at the end."""
+    keep_last: int = 3
+    """Complete checkpoints kept; older ones are removed by the checkpoint engine."""
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 0 or self.keep_last < 1:
+            raise ConfigError(f"checkpoint: every_steps = {self.every_steps} (>= 0), "
+                              f"keep_last = {self.keep_last} (>= 1)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingConfig:
+    """The ``[training]`` table of a job file."""
+
+    max_steps: int = 100
+    """Global optimiser steps to train; the job exits with EXIT_DONE after the last one."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig
+    checkpoint: CheckpointCadence = field(default_factory=CheckpointCadence)
+    log_every: int = 1
+    """Write a metrics line every this many steps."""
+
+    def __post_init__(self) -> None:
+        if self.max_steps <= 0 or self.log_every <= 0:
+            raise ConfigError(f"training: max_steps = {self.max_steps}, log_every = {self.log_every} "
+                              "(must be > 0)")
+
+
+def load_training_table(table: object, *, source: str, base_dir: Path | None = None) -> TrainingConfig:
+    """Build a TrainingConfig from an already parsed ``[training]`` table; a relative
+    ``data.shard_dir`` is resolved against ``base_dir`` (the job file's folder)."""
+    cfg = load_dataclass(TrainingConfig, table, source=source, prefix="training")
+    if base_dir is not None and not cfg.data.shard_dir.is_absolute():
+        cfg = replace(cfg, data=replace(cfg.data, shard_dir=base_dir / cfg.data.shard_dir))
+    return cfg
+
+
+def load_training_file(path: Path) -> TrainingConfig:
+    """Read the ``[training]`` table of a job.toml (other tables are left to the job-file loader)."""
+    doc = read_toml(path)
+    if "training" not in doc:
+        raise ConfigError(f"{path}: missing table [training]")
+    return load_training_table(doc["training"], source=str(path), base_dir=path.parent)
