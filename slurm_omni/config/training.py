@@ -22,17 +22,15 @@ from slurm_omni.errors import ConfigError
 ModelPreset = Literal["tiny", "small", "base", "large"]
 
 # Sizes per preset. "tiny" is ~0.2M parameters (CPU tests); "large" is ~1.5B (H200 sizes).
+_SIZE_KEYS = ("image_size", "patch_size", "channels", "vision_width", "vision_depth", "vision_heads",
+              "vocab_size", "text_width", "text_depth", "text_heads", "seq_len")
 PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(image_size=16, patch_size=8, channels=3, vision_width=32, vision_depth=1, vision_heads=2,
-                 vocab_size=256, text_width=32, text_depth=1, text_heads=2, seq_len=16),
-    "small": dict(image_size=64, patch_size=8, channels=3, vision_width=256, vision_depth=4, vision_heads=4,
-                  vocab_size=8192, text_width=384, text_depth=6, text_heads=6, seq_len=128),
-    "base": dict(image_size=224, patch_size=16, channels=3, vision_width=768, vision_depth=12,
-                 vision_heads=12, vocab_size=32000, text_width=1024, text_depth=16, text_heads=16,
-                 seq_len=512),
-    "large": dict(image_size=336, patch_size=14, channels=3, vision_width=1024, vision_depth=24,
-                  vision_heads=16, vocab_size=32000, text_width=2048, text_depth=24, text_heads=16,
-                  seq_len=1024),
+    name: dict(zip(_SIZE_KEYS, sizes, strict=True)) for name, sizes in {
+        "tiny": (16, 8, 3, 32, 1, 2, 256, 32, 1, 2, 16),
+        "small": (64, 8, 3, 256, 4, 4, 8192, 384, 6, 6, 128),
+        "base": (224, 16, 3, 768, 12, 12, 32000, 1024, 16, 16, 512),
+        "large": (336, 14, 3, 1024, 24, 16, 32000, 2048, 24, 16, 1024),
+    }.items()
 }
 
 _UNSET = -1
