@@ -1,0 +1,344 @@
+"""Failure confirmation: a pure state machine over timestamped observations.
+
+Level 1 is an infrastructure signal on a node of the job: the node DOWN, FAIL, NOT_RESPONDING or
+DRAIN(ED/ING), or a task that exited non-zero or by a signal. Level 2 is progress: a rank is *stale*
+when its newest heartbeat is older than ``stale_after`` and the job has *no progress* when the
+global step (the highest any rank reported) has not advanced for ``progress_window``; level 2 holds
+when some rank is stale and there is no progress.
+
+The rule (evaluated at an injected ``now``; all times in one clock, the manager's):
+
+- CONFIRMED when level 1 and level 2 agree: a level-1 signal names a node on which a stale rank
+  runs (a heartbeat without a node agrees with any level-1 signal of the job);
+- CONFIRMED as a hang when level 2 alone has held for ``hang_timeout``;
+- CONFIRMED on level 1 alone only for the kinds the site lists in ``level1_alone`` (none by
+  default: a drained node whose ranks still make progress is not a failure of the job);
+- SUSPECT when either level holds without the above, NONE otherwise.
+
+A slow step never confirms: while heartbeats move no rank is stale. A rank that stops for a few
+step times without any level-1 signal is SUSPECT and returns to NONE when it continues, because
+``hang_timeout`` is far above the step time. A rank killed with SIGKILL on a live node confirms
+through its task-exit record (level 1) plus its stopped heartbeats (level 2). Once CONFIRMED the
+machine latches until ``reset`` (a new incarnation).
+
+Windows are derived from measured times: ``stale_after = max(stale_factor x median heartbeat
+interval, stale_floor_s)``, ``progress_window = max(progress_factor x median step time,
+progress_floor_s)``, ``hang_timeout = max(hang_factor x median step time, hang_floor_s)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from slurm_omni.errors import ConfigError
+from slurm_omni.slurm.types import NodeState
+
+LEVEL1_KINDS = ("down", "fail", "not_responding", "drain", "task_exit")
+
+_STATE_KIND: dict[NodeState, str] = {
+    NodeState.DOWN: "down",
+    NodeState.FAIL: "fail",
+    NodeState.NOT_RESPONDING: "not_responding",
+    NodeState.DRAINED: "drain",
+    NodeState.DRAINING: "drain",
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConfirmConfig:
+    """Windows of the confirmation rule. Defaults confirm a node loss within about 3 s for steps
+    of 0.2-1 s and heartbeats every 0.5-1 s, and never confirm a 5 x median stop alone."""
+
+    stale_factor: float = 3.0
+    """A rank is stale after this many median heartbeat intervals without a heartbeat..."""
+    stale_floor_s: float = 1.5
+    """...and never sooner than this."""
+    progress_factor: float = 3.0
+    """No progress after this many median step times without a new global step..."""
+    progress_floor_s: float = 1.0
+    """...and never sooner than this."""
+    hang_factor: float = 30.0
+    """Level 2 alone confirms (a hang) after this many median step times..."""
+    hang_floor_s: float = 30.0
+    """...and never sooner than this."""
+    initial_step_s: float = 1.0
+    """Step time assumed until ``min_samples`` steps were measured."""
+    initial_heartbeat_s: float = 1.0
+    """Heartbeat interval assumed until ``min_samples`` intervals were measured."""
+    min_samples: int = 3
+    """Measured intervals needed before the measured median replaces the initial value."""
+    history: int = 64
+    """How many recent step times and heartbeat intervals the medians look at."""
+    level1_alone: tuple[str, ...] = ()
+    """Level-1 kinds that confirm without level 2 (from: down, fail, not_responding, drain,
+    task_exit). Empty by default."""
+
+    def __post_init__(self) -> None:
+        for name in ("stale_factor", "progress_factor", "hang_factor"):
+            if getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} = {getattr(self, name)} must be at least 1")
+        for name in ("stale_floor_s", "progress_floor_s", "hang_floor_s", "initial_step_s",
+                     "initial_heartbeat_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} = {getattr(self, name)} must be positive")
+        if self.min_samples < 1 or self.history < self.min_samples:
+            raise ConfigError(f"min_samples = {self.min_samples}, history = {self.history}: "
+                              "need 1 <= min_samples <= history")
+        unknown = sorted(set(self.level1_alone) - set(LEVEL1_KINDS))
+        if unknown:
+            raise ConfigError(f"level1_alone: unknown kind {unknown[0]!r} "
+                              f"(allowed: {', '.join(LEVEL1_KINDS)})")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeObservation:
+    """A node of the job seen in a state (from strigger, or the sinfo poll)."""
+
+    time: float
+    node: str
+    state: NodeState
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskExit:
+    """A task of the job ended (the SPANK fault record); exit 0 without a signal is no fault."""
+
+    time: float
+    node: str
+    het_offset: int
+    task_id: int
+    exit_code: int | None = None
+    signal: int | None = None
+
+    @property
+    def faulty(self) -> bool:
+        return bool(self.signal) or (self.exit_code is not None and self.exit_code != 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One rank's heartbeat: the newest global step it completed, at ``time``."""
+
+    time: float
+    rank: int
+    global_step: int
+    node: str = ""
+    het_offset: int | None = None
+
+
+Observation = NodeObservation | TaskExit | Heartbeat
+
+
+class Verdict(enum.Enum):
+    NONE = "none"
+    SUSPECT = "suspect"
+    CONFIRMED = "confirmed"
+
+
+@dataclass(frozen=True, slots=True)
+class Level1Signal:
+    kind: str            # one of LEVEL1_KINDS
+    node: str
+    time: float          # when it was first observed
+    het_offset: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the confirmation machine concludes at ``at``; the manager journals it as is."""
+
+    verdict: Verdict
+    at: float
+    cause: str = ""                             # "down", "task_exit", ..., "hang"
+    het_offsets: tuple[int, ...] = ()           # affected components
+    nodes: tuple[str, ...] = ()                 # affected nodes
+    ranks: tuple[int, ...] = ()                 # stale ranks
+    first_signal_at: float | None = None        # earliest level-1 signal or level-2 onset involved
+    confirmed_at: float | None = None
+    last_progress_at: float | None = None       # when the global step last advanced
+    fault_at: float | None = None               # best estimate: newest heartbeat of the first stale rank
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _RankState:
+    last_time: float
+    last_step: int
+    node: str
+    het_offset: int | None
+
+
+@dataclass(slots=True)
+class Confirmer:
+    """Confirmation for one incarnation of one job. ``layout`` maps het offset -> its nodes."""
+
+    config: ConfirmConfig
+    layout: Mapping[int, Iterable[str]]
+    _node_offsets: dict[str, set[int]] = field(init=False)
+    _ranks: dict[int, _RankState] = field(init=False)
+    _level1: dict[tuple[str, str], Level1Signal] = field(init=False)
+    _step_times: deque[float] = field(init=False)
+    _hb_intervals: deque[float] = field(init=False)
+    _global_step: int = field(init=False)
+    _last_advance: float | None = field(init=False)
+    _confirmed: Decision | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reset(self.layout)
+
+    def reset(self, layout: Mapping[int, Iterable[str]]) -> None:
+        """Start over for a new incarnation with ``layout``."""
+        self.layout = layout
+        self._node_offsets = {}
+        for offset, nodes in layout.items():
+            for node in nodes:
+                self._node_offsets.setdefault(node, set()).add(offset)
+        self._ranks = {}
+        self._level1 = {}
+        self._step_times = deque(maxlen=self.config.history)
+        self._hb_intervals = deque(maxlen=self.config.history)
+        self._global_step = -1
+        self._last_advance = None
+        self._confirmed = None
+
+    # -- observations -------------------------------------------------------------------------
+    def observe(self, obs: Observation) -> None:
+        if isinstance(obs, Heartbeat):
+            self._heartbeat(obs)
+        elif isinstance(obs, TaskExit):
+            if obs.faulty and obs.node in self._node_offsets:
+                how = f"signal {obs.signal}" if obs.signal else f"exit code {obs.exit_code}"
+                self._add_level1(Level1Signal("task_exit", obs.node, obs.time, obs.het_offset,
+                                              f"task {obs.task_id} {how}"))
+        elif obs.node in self._node_offsets:
+            kind = _STATE_KIND.get(obs.state)
+            if kind is None:
+                if obs.state.usable:   # the node is back: its node-state signals end
+                    for key in [k for k in self._level1 if k[1] == obs.node and k[0] != "task_exit"]:
+                        del self._level1[key]
+                return
+            self._add_level1(Level1Signal(kind, obs.node, obs.time, None, obs.reason))
+
+    def observe_all(self, observations: Iterable[Observation]) -> None:
+        for obs in observations:
+            self.observe(obs)
+
+    def _add_level1(self, signal: Level1Signal) -> None:
+        self._level1.setdefault((signal.kind, signal.node), signal)  # keep the first sighting
+
+    def _heartbeat(self, hb: Heartbeat) -> None:
+        prev = self._ranks.get(hb.rank)
+        if prev is not None:
+            if hb.time <= prev.last_time:
+                return   # a re-read or out-of-order file; it says nothing new
+            self._hb_intervals.append(hb.time - prev.last_time)
+        self._ranks[hb.rank] = _RankState(hb.time, hb.global_step, hb.node, hb.het_offset)
+        if hb.global_step > self._global_step:
+            if self._last_advance is not None and self._global_step >= 0 and hb.time > self._last_advance:
+                per_step = (hb.time - self._last_advance) / (hb.global_step - self._global_step)
+                self._step_times.append(per_step)
+            self._global_step = hb.global_step
+            self._last_advance = hb.time if self._last_advance is None else max(self._last_advance, hb.time)
+
+    # -- windows ------------------------------------------------------------------------------
+    def median_step_s(self) -> float:
+        if len(self._step_times) < self.config.min_samples:
+            return self.config.initial_step_s
+        return statistics.median(self._step_times)
+
+    def median_heartbeat_s(self) -> float:
+        if len(self._hb_intervals) < self.config.min_samples:
+            return self.config.initial_heartbeat_s
+        return statistics.median(self._hb_intervals)
+
+    def stale_after(self) -> float:
+        c = self.config
+        return max(c.stale_factor * self.median_heartbeat_s(), c.stale_floor_s)
+
+    def progress_window(self) -> float:
+        c = self.config
+        return max(c.progress_factor * self.median_step_s(), c.progress_floor_s)
+
+    def hang_timeout(self) -> float:
+        c = self.config
+        return max(c.hang_factor * self.median_step_s(), c.hang_floor_s)
+
+    # -- decision -----------------------------------------------------------------------------
+    def evaluate(self, now: float) -> Decision:
+        if self._confirmed is not None:
+            return self._confirmed
+        level1 = [s for s in self._level1.values() if s.time <= now]
+        stale_since = self._stale_since(now)
+        onset = self._level2_onset(stale_since, now)
+        alone = [s for s in level1 if s.kind in self.config.level1_alone]
+        if alone:
+            return self._confirm(now, alone[0].kind, alone, {}, None,
+                                 f"level 1 alone ({alone[0].kind} is in level1_alone)")
+        if onset is not None:
+            stale_nodes = {r.node for rank, r in self._ranks.items() if rank in stale_since}
+            agreeing = [s for s in level1 if s.node in stale_nodes or "" in stale_nodes]
+            if agreeing:
+                first = min(agreeing, key=lambda s: s.time)
+                return self._confirm(now, first.kind, agreeing, stale_since, onset,
+                                     f"level 1 ({first.kind} on {first.node}) and level 2 agree")
+            if now - onset >= self.hang_timeout():
+                return self._confirm(now, "hang", [], stale_since, onset,
+                                     f"level 2 alone for {now - onset:.1f} s "
+                                     f"(hang timeout {self.hang_timeout():.1f} s)")
+        if level1 or onset is not None:
+            reasons = [f"level 1: {s.kind} on {s.node}" for s in level1]
+            if onset is not None:
+                reasons.append(f"level 2 since {onset:.3f}: {len(stale_since)} stale rank(s), "
+                               f"no new step for {now - (self._last_advance or now):.1f} s")
+            times = [s.time for s in level1] + ([onset] if onset is not None else [])
+            return Decision(Verdict.SUSPECT, now, nodes=tuple(sorted({s.node for s in level1})),
+                            ranks=tuple(sorted(stale_since)) if onset is not None else (),
+                            first_signal_at=min(times), last_progress_at=self._last_advance,
+                            reasons=tuple(reasons))
+        return Decision(Verdict.NONE, now, last_progress_at=self._last_advance)
+
+    def _stale_since(self, now: float) -> dict[int, float]:
+        """Rank -> the time it became stale, for ranks stale at ``now``."""
+        limit = self.stale_after()
+        return {rank: r.last_time + limit for rank, r in self._ranks.items() if now - r.last_time >= limit}
+
+    def _level2_onset(self, stale_since: Mapping[int, float], now: float) -> float | None:
+        """When level 2 began, if it holds at ``now``: some rank stale and no new global step."""
+        if not stale_since or self._last_advance is None:
+            return None
+        no_progress_since = self._last_advance + self.progress_window()
+        if no_progress_since > now:
+            return None
+        return max(min(stale_since.values()), no_progress_since)
+
+    def _confirm(self, now: float, cause: str, level1: list[Level1Signal],
+                 stale_since: Mapping[int, float], onset: float | None, reason: str) -> Decision:
+        offsets: set[int] = set()
+        nodes: set[str] = set()
+        for s in level1:
+            nodes.add(s.node)
+            offsets.update({s.het_offset} if s.het_offset is not None else self._node_offsets.get(s.node, ()))
+        if not level1:   # a hang: the stale ranks say where
+            for rank in stale_since:
+                r = self._ranks[rank]
+                if r.node:
+                    nodes.add(r.node)
+                offsets.update({r.het_offset} if r.het_offset is not None
+                               else self._node_offsets.get(r.node, ()))
+        times = [s.time for s in level1] + ([onset] if onset is not None else [])
+        fault_at = None
+        if stale_since:
+            first_rank = min(stale_since, key=lambda k: stale_since[k])
+            fault_at = self._ranks[first_rank].last_time
+        self._confirmed = Decision(
+            Verdict.CONFIRMED, now, cause=cause, het_offsets=tuple(sorted(offsets)),
+            nodes=tuple(sorted(nodes)), ranks=tuple(sorted(stale_since)),
+            first_signal_at=min(times) if times else now, confirmed_at=now,
+            last_progress_at=self._last_advance, fault_at=fault_at, reasons=(reason,))
+        return self._confirmed

@@ -1,0 +1,232 @@
+"""Confirmation rule at the decision level: simulated heartbeats, node events and task exits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from slurm_omni.errors import ConfigError
+from slurm_omni.policy.confirm import (
+    ConfirmConfig,
+    Confirmer,
+    Decision,
+    Heartbeat,
+    NodeObservation,
+    Observation,
+    TaskExit,
+    Verdict,
+)
+from slurm_omni.slurm.types import NodeState
+
+LAYOUT = {0: ("v1", "v2"), 1: ("t1", "t2")}
+RANK_NODE = {0: "v1", 1: "v2", 2: "t1", 3: "t2"}
+RANK_OFFSET = {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What happens at ``at``: ``stop`` ranks (for ``length`` s, or for good), a node
+    ``down``, a ``slow`` step of ``length`` s with heartbeats still moving, a task ``exit``."""
+
+    kind: str
+    at: float
+    ranks: tuple[int, ...] = ()
+    length: float | None = None
+    node: str = ""
+    level1_delay: float = 1.0
+    node_state: NodeState = NodeState.DOWN
+
+
+def simulate(step_s: float, hb_s: float, faults: tuple[Fault, ...], until: float,
+             config: ConfirmConfig | None = None, tick: float = 0.05) -> list[Decision]:
+    """Run a 4-rank job for ``until`` seconds and evaluate the confirmer every ``tick``."""
+    obs: list[Observation] = []
+    stopped: list[tuple[float, float, set[int]]] = []   # (from, to, ranks) without heartbeats
+    stalled: list[tuple[float, float]] = []             # (from, to) without a new step
+    for f in faults:
+        end = f.at + f.length if f.length is not None else float("inf")
+        if f.kind == "stop":
+            stopped.append((f.at, end, set(f.ranks)))
+            stalled.append((f.at, end))
+        elif f.kind == "slow":
+            stalled.append((f.at, end))
+        elif f.kind == "down":
+            ranks = {r for r, n in RANK_NODE.items() if n == f.node}
+            stopped.append((f.at, end, ranks))
+            stalled.append((f.at, end))
+            obs.append(NodeObservation(f.at + f.level1_delay, f.node, f.node_state, "test"))
+        elif f.kind == "kill":
+            stopped.append((f.at, end, set(f.ranks)))
+            stalled.append((f.at, end))
+            for r in f.ranks:
+                obs.append(TaskExit(f.at + f.level1_delay, RANK_NODE[r], RANK_OFFSET[r], r, None, 9))
+        elif f.kind == "node_event":
+            obs.append(NodeObservation(f.at, f.node, f.node_state, "test"))
+    # global step over time: advances every step_s of time that is not stalled
+    t, step, steps = 0.0, 0, []
+    clock = 0.0
+    while t < until:
+        t += tick / 5
+        if any(a <= t < b for a, b in stalled):
+            continue
+        clock += tick / 5
+        if clock >= step_s:
+            clock -= step_s
+            step += 1
+            steps.append((t, step))
+
+    def step_at(time: float) -> int:
+        s = 0
+        for when, n in steps:
+            if when > time:
+                break
+            s = n
+        return s
+
+    for rank in RANK_NODE:
+        t = 0.01 * rank
+        while t < until:
+            if not any(a <= t < b and rank in rs for a, b, rs in stopped):
+                obs.append(Heartbeat(t, rank, step_at(t), RANK_NODE[rank], RANK_OFFSET[rank]))
+            t += hb_s
+    obs.sort(key=lambda o: o.time)
+    c = Confirmer(config or ConfirmConfig(), LAYOUT)
+    out, i, now = [], 0, 0.0
+    while now < until:
+        now += tick
+        while i < len(obs) and obs[i].time <= now:
+            c.observe(obs[i])
+            i += 1
+        out.append(c.evaluate(now))
+    return out
+
+
+def first(decisions: list[Decision], verdict: Verdict) -> Decision | None:
+    return next((d for d in decisions if d.verdict is verdict), None)
+
+
+@pytest.mark.parametrize("step_s", [0.2, 0.5, 1.0])
+@pytest.mark.parametrize("hb_s", [0.5, 1.0])
+@pytest.mark.parametrize("node,offset,l1_delay", [("t1", 1, 0.5), ("v2", 0, 2.0), ("t2", 1, 0.1)])
+def test_node_down_confirmed_within_5s_of_first_signal(step_s: float, hb_s: float, node: str, offset: int,
+                                                       l1_delay: float) -> None:
+    decisions = simulate(step_s, hb_s, (Fault("down", 20.0, node=node, level1_delay=l1_delay),), 40.0)
+    d = first(decisions, Verdict.CONFIRMED)
+    assert d is not None and d.cause == "down"
+    assert d.first_signal_at is not None and d.confirmed_at is not None
+    assert d.first_signal_at >= 20.0
+    assert d.confirmed_at - d.first_signal_at <= 5.0
+    assert d.confirmed_at - 20.0 <= 5.0
+    assert d.het_offsets == (offset,) and node in d.nodes
+    assert d.fault_at is not None and 20.0 - hb_s <= d.fault_at <= 20.0
+
+
+@pytest.mark.parametrize("step_s", [0.2, 0.5, 1.0])
+@pytest.mark.parametrize("hb_s", [0.5, 1.0])
+def test_whole_text_stage_down(step_s: float, hb_s: float) -> None:
+    faults = (Fault("down", 15.0, node="t1"), Fault("down", 15.0, node="t2", level1_delay=1.2))
+    d = first(simulate(step_s, hb_s, faults, 30.0), Verdict.CONFIRMED)
+    assert d is not None and d.het_offsets == (1,)
+    assert d.confirmed_at is not None and d.confirmed_at - 15.0 <= 5.0
+
+
+@pytest.mark.parametrize("step_s", [0.2, 0.5, 1.0])
+@pytest.mark.parametrize("hb_s", [0.5, 1.0])
+@pytest.mark.parametrize("kind,factor", [("stop", 5.0), ("slow", 5.0), ("stop", 3.0), ("slow", 8.0)])
+def test_slow_or_stopped_rank_for_5x_median_not_confirmed(step_s: float, hb_s: float, kind: str,
+                                                          factor: float) -> None:
+    faults = (Fault(kind, 20.0, ranks=(2,), length=factor * step_s),)
+    decisions = simulate(step_s, hb_s, faults, 40.0)
+    assert first(decisions, Verdict.CONFIRMED) is None
+    assert decisions[-1].verdict is Verdict.NONE   # it continued: back to healthy
+
+
+@pytest.mark.parametrize("step_s", [0.2, 1.0])
+@pytest.mark.parametrize("hb_s", [0.5, 1.0])
+def test_sigkill_on_live_node_confirmed_by_level2_and_task_exit(step_s: float, hb_s: float) -> None:
+    decisions = simulate(step_s, hb_s, (Fault("kill", 20.0, ranks=(3,), level1_delay=0.2),), 40.0)
+    d = first(decisions, Verdict.CONFIRMED)
+    assert d is not None and d.cause == "task_exit" and d.het_offsets == (1,) and d.nodes == ("t2",)
+    assert d.confirmed_at is not None and d.confirmed_at - 20.0 <= 5.0
+    assert 3 in d.ranks
+
+
+def test_hang_confirmed_by_hard_timeout_only() -> None:
+    cfg = ConfirmConfig()
+    decisions = simulate(0.5, 0.5, (Fault("stop", 10.0, ranks=(0, 1, 2, 3)),), 60.0, cfg)
+    suspect = first(decisions, Verdict.SUSPECT)
+    d = first(decisions, Verdict.CONFIRMED)
+    assert suspect is not None and d is not None and d.cause == "hang"
+    assert d.confirmed_at is not None and suspect.first_signal_at is not None
+    assert d.confirmed_at - suspect.first_signal_at >= cfg.hang_floor_s - 0.1
+    assert d.confirmed_at - 10.0 <= cfg.hang_floor_s + 5.0
+    assert d.het_offsets == (0, 1)
+
+
+@pytest.mark.parametrize("state", [NodeState.DRAINING, NodeState.DRAINED, NodeState.NOT_RESPONDING,
+                                   NodeState.DOWN])
+def test_level1_alone_with_healthy_progress_is_only_suspect(state: NodeState) -> None:
+    decisions = simulate(0.5, 0.5, (Fault("node_event", 10.0, node="t1", node_state=state),), 60.0)
+    assert first(decisions, Verdict.CONFIRMED) is None
+    assert decisions[-1].verdict is Verdict.SUSPECT and decisions[-1].nodes == ("t1",)
+
+
+def test_level1_alone_confirms_when_site_says_so() -> None:
+    cfg = ConfirmConfig(level1_alone=("drain",))
+    decisions = simulate(0.5, 0.5, (Fault("node_event", 10.0, node="t1", node_state=NodeState.DRAINED),),
+                         20.0, cfg)
+    d = first(decisions, Verdict.CONFIRMED)
+    assert d is not None and d.cause == "drain" and d.confirmed_at is not None and d.confirmed_at <= 10.1
+
+
+def test_level1_on_other_node_than_stale_rank_does_not_agree() -> None:
+    # t1 is drained for maintenance while rank 0 on v1 stops for a few steps: no recovery
+    faults = (Fault("node_event", 5.0, node="t1", node_state=NodeState.DRAINING),
+              Fault("stop", 10.0, ranks=(0,), length=3.0))
+    assert first(simulate(0.5, 0.5, faults, 30.0), Verdict.CONFIRMED) is None
+
+
+def test_node_back_up_clears_its_signal() -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    c.observe(NodeObservation(1.0, "t1", NodeState.NOT_RESPONDING))
+    assert c.evaluate(1.5).verdict is Verdict.SUSPECT
+    c.observe(NodeObservation(2.0, "t1", NodeState.ALLOCATED))
+    assert c.evaluate(2.5).verdict is Verdict.NONE
+
+
+@pytest.mark.parametrize("exit_code,signal,faulty", [(0, None, False), (1, None, True), (None, 9, True),
+                                                     (None, None, False), (0, 15, True)])
+def test_task_exit_faulty(exit_code: int | None, signal: int | None, faulty: bool) -> None:
+    assert TaskExit(0.0, "t1", 1, 0, exit_code, signal).faulty is faulty
+
+
+def test_observations_of_other_nodes_are_ignored_and_confirmed_latches() -> None:
+    c = Confirmer(ConfirmConfig(level1_alone=("down",)), LAYOUT)
+    c.observe(NodeObservation(1.0, "elsewhere", NodeState.DOWN))
+    assert c.evaluate(2.0).verdict is Verdict.NONE
+    c.observe(NodeObservation(3.0, "t2", NodeState.DOWN))
+    d = c.evaluate(3.0)
+    assert d.verdict is Verdict.CONFIRMED
+    c.observe(NodeObservation(4.0, "t2", NodeState.IDLE))
+    assert c.evaluate(5.0) is d
+    c.reset({0: ("v1",), 1: ("t3",)})
+    assert c.evaluate(6.0).verdict is Verdict.NONE
+
+
+def test_windows_follow_measured_step_times() -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    assert c.progress_window() == 3.0   # initial_step_s 1.0 x 3 before samples
+    for i in range(20):
+        c.observe(Heartbeat(i * 2.0, 0, i, "v1"))
+    assert c.median_step_s() == pytest.approx(2.0)
+    assert c.progress_window() == pytest.approx(6.0)
+    assert c.stale_after() == pytest.approx(6.0)
+    assert c.hang_timeout() == pytest.approx(60.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"stale_factor": 0.5}, {"hang_floor_s": 0}, {"min_samples": 0},
+                                    {"level1_alone": ("reboot",)}, {"history": 2, "min_samples": 3}])
+def test_bad_config_rejected(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        ConfirmConfig(**kwargs)  # type: ignore[arg-type]
