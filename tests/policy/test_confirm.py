@@ -84,11 +84,11 @@ def simulate(step_s: float, hb_s: float, faults: tuple[Fault, ...], until: float
             s = n
         return s
 
-    for rank in RANK_NODE:
+    for rank, node in RANK_NODE.items():
         t = 0.01 * rank
         while t < until:
             if not any(a <= t < b and rank in rs for a, b, rs in stopped):
-                obs.append(Heartbeat(t, rank, step_at(t), RANK_NODE[rank], RANK_OFFSET[rank]))
+                obs.append(Heartbeat(t, rank, step_at(t), node, RANK_OFFSET[rank]))
             t += hb_s
     obs.sort(key=lambda o: o.time)
     c = Confirmer(config or ConfirmConfig(), LAYOUT)
