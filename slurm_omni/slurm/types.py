@@ -145,6 +145,14 @@ class Job:
     array_job_id: int | None = None
     array_task_id: int | None = None
     reason: str = ""
+    comment: str = ""
+
+    @property
+    def array_ref(self) -> str | None:
+        """``<array>_<task>`` as scontrol takes it, for an array task."""
+        if self.array_job_id is None or self.array_task_id is None:
+            return None
+        return f"{self.array_job_id}_{self.array_task_id}"
 
     @property
     def is_het(self) -> bool:

@@ -1,0 +1,91 @@
+"""The command-line backend: sinfo/squeue --json, scontrol text, sbatch; all through the runner."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+
+from slurm_omni.errors import SlurmError
+from slurm_omni.slurm.backend import ClusterSnapshot
+from slurm_omni.slurm.parse_json import parse_sinfo_json, parse_squeue_json
+from slurm_omni.slurm.parse_text import parse_topology
+from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.types import Job, Node, Topology
+
+_SBATCH_ID = re.compile(r"^Submitted batch job (\d+)", re.M)
+_JOB_REF = re.compile(r"^\d+(\+\d+|_\d+)?$")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
+
+
+class CliBackend:
+    name = "cli"
+
+    def __init__(self, env: Mapping[str, str] | None = None, *, runner: CommandRunner | None = None,
+                 timeout_s: float = 30.0, retries: int = 5, topology_ttl_s: float = 300.0) -> None:
+        self.runner = runner or CommandRunner(env, timeout_s=timeout_s, retries=retries)
+        self.topology_ttl_s = topology_ttl_s
+        self._topology: Topology | None = None
+        self._topology_at = 0.0
+
+    # -- reads ----------------------------------------------------------------------------------------
+    def topology(self, *, refresh: bool = False) -> Topology:
+        """The switch tree, cached: it changes only on reconfiguration."""
+        if refresh or self._topology is None or time.monotonic() - self._topology_at > self.topology_ttl_s:
+            result = self.runner.run(["scontrol", "show", "topology"], check=False)
+            if not result.ok and "not configured" not in (result.stderr + result.stdout).lower():
+                raise SlurmError(f"scontrol: couldn't show topology: {result.stderr.strip()}")
+            self._topology = parse_topology(result.stdout) if result.ok else Topology()
+            self._topology_at = time.monotonic()
+        return self._topology
+
+    def nodes(self) -> list[Node]:
+        out = self.runner.run(["sinfo", "--json"]).stdout
+        return parse_sinfo_json(out, self.topology())
+
+    def jobs(self, *, user: str | None = None) -> list[Job]:
+        # squeue --json ignores filters in 22.05 (BACKGROUND.md): filter here.
+        jobs = parse_squeue_json(self.runner.run(["squeue", "--json"]).stdout)
+        return [j for j in jobs if user is None or j.user == user]
+
+    def snapshot(self, *, user: str | None = None) -> ClusterSnapshot:
+        nodes, jobs = self.nodes(), self.jobs(user=user)
+        return ClusterSnapshot(tuple(nodes), tuple(jobs), self.topology(), time.time())
+
+    # -- writes -------------------------------------------------------------------------------------
+    def submit(self, script_path: str, args: Sequence[str] = ()) -> int:
+        result = self.runner.run(["sbatch", *args, script_path], retry_unreachable=True)
+        m = _SBATCH_ID.search(result.stdout)
+        if m is None:
+            raise SlurmError(f"sbatch: couldn't read the job id from {result.stdout.strip()!r}")
+        return int(m.group(1))
+
+    def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
+        _check_ref(job_id)
+        argv = ["scancel"]
+        if signal:
+            argv.append(f"--signal={signal}")
+        if batch_only:
+            argv.append("--batch")
+        self.runner.run([*argv, job_id])
+
+    def requeue(self, job_ref: str, *, hold: bool = False) -> None:
+        _check_ref(job_ref)
+        # scontrol requeue can hang (BACKGROUND.md): a short timeout, and the caller retries.
+        self.runner.run(["scontrol", "requeuehold" if hold else "requeue", job_ref], timeout_s=20)
+
+    def set_node_state(self, node: str, state: str, reason: str = "") -> None:
+        if not _NODE_NAME.match(node):
+            raise SlurmError(f"scontrol: couldn't update node {node!r}: not a node name or hostlist")
+        allowed = {"DOWN", "DRAIN", "RESUME", "UNDRAIN", "IDLE", "FAIL"}
+        if state.upper() not in allowed:
+            raise SlurmError(f"scontrol: couldn't set state {state!r} (allowed: {', '.join(sorted(allowed))})")
+        argv = ["scontrol", "update", f"nodename={node}", f"state={state.upper()}"]
+        if reason:
+            argv.append(f"reason={reason}")
+        self.runner.run(argv)
+
+
+def _check_ref(ref: str) -> None:
+    if not _JOB_REF.match(ref):
+        raise SlurmError(f"slurm: couldn't use job reference {ref!r} (allowed: N, N+K, N_K)")

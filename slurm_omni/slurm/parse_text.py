@@ -1,0 +1,72 @@
+"""Pure parsers of ``scontrol show`` text (Slurm 22.05 has no ``scontrol --json``)."""
+
+from __future__ import annotations
+
+import re
+
+from slurm_omni.errors import SlurmError
+from slurm_omni.slurm.gres import parse_gres
+from slurm_omni.slurm.hostlist import expand
+from slurm_omni.slurm.states import node_state, split_node_state
+from slurm_omni.slurm.types import Node, Switch, Topology
+
+# Key=Value pairs; a value runs to the next " Key=" (values such as Reason= and OS= hold spaces).
+_PAIR = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/:]*=|\s*$)", re.S)
+
+
+def parse_records(text: str, first_key: str) -> list[dict[str, str]]:
+    """Split ``scontrol show`` output into records, each starting at ``first_key=``."""
+    records: list[dict[str, str]] = []
+    for block in re.split(rf"(?m)^(?={re.escape(first_key)}=)", text):
+        if not block.strip():
+            continue
+        if not block.startswith(f"{first_key}="):
+            raise SlurmError(f"scontrol: couldn't parse output: expected {first_key}=, got {block[:60]!r}")
+        record: dict[str, str] = {}
+        for line in block.splitlines():
+            line = line.strip()
+            if line.startswith("Reason="):  # the rest of the line, spaces and '=' included
+                record["Reason"] = line[len("Reason="):]
+                continue
+            for key, value in _PAIR.findall(line):
+                record[key] = value.strip()
+        records.append(record)
+    return records
+
+
+def parse_topology(text: str) -> Topology:
+    """``scontrol show topology`` -> Topology."""
+    switches: dict[str, Switch] = {}
+    for rec in parse_records(text, "SwitchName"):
+        try:
+            name, level = rec["SwitchName"], int(rec.get("Level", "0"))
+        except (KeyError, ValueError) as e:
+            raise SlurmError(f"scontrol: couldn't parse topology record {rec!r}") from e
+        children = tuple(expand(rec["Switches"])) if rec.get("Switches") not in (None, "", "(null)") else ()
+        # A leaf lists its own nodes; an upper switch lists every node below it, which we do not repeat.
+        nodes = tuple(expand(rec["Nodes"])) if not children and rec.get("Nodes") not in (None, "", "(null)") else ()
+        switches[name] = Switch(name=name, level=level, nodes=nodes, switches=children,
+                                link_speed=int(rec.get("LinkSpeed", "1") or 1))
+    return Topology(switches)
+
+
+def parse_nodes(text: str, topology: Topology | None = None) -> list[Node]:
+    """``scontrol show node`` -> nodes (the switch path filled in from ``topology`` when given)."""
+    nodes = []
+    for rec in parse_records(text, "NodeName"):
+        name = rec["NodeName"]
+        base, flags = split_node_state(rec.get("State", "UNKNOWN"))
+        reason = rec.get("Reason", "")
+        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", reason)  # drop the " [user@time]" stamp
+        nodes.append(Node(
+            name=name,
+            state=node_state(base, flags),
+            slurm_state=rec.get("State", "UNKNOWN"),
+            flags=flags,
+            reason=reason,
+            gres=parse_gres(rec.get("Gres", "")),
+            partitions=tuple(p for p in rec.get("Partitions", "").split(",") if p),
+            cpus=int(rec.get("CPUTot", "0") or 0),
+            switch_path=topology.switch_path(name) if topology else (),
+        ))
+    return nodes

@@ -1,0 +1,110 @@
+"""Parsers against outputs recorded from the real local Slurm 22.05 cluster (tests/fixtures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.errors import SlurmError
+from slurm_omni.slurm.gres import parse_gres
+from slurm_omni.slurm.parse_json import parse_sinfo_json, parse_squeue_json
+from slurm_omni.slurm.parse_text import parse_nodes, parse_topology
+from slurm_omni.slurm.states import job_state, node_state, split_node_state
+from slurm_omni.slurm.types import Gres, JobState, NodeState
+
+REC = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
+
+
+def read(name: str) -> str:
+    return (REC / name).read_text()
+
+
+def test_topology() -> None:
+    topo = parse_topology(read("topology.txt"))
+    assert set(topo.switches) == {"leaf1", "leaf2", "root"}
+    assert topo.switches["leaf1"].nodes == ("node1", "node2", "node3", "node4")
+    assert topo.switches["root"].switches == ("leaf1", "leaf2")
+    assert topo.switches["root"].level == 1 and topo.switches["root"].nodes == ()
+    assert topo.switch_path("node6") == ("root", "leaf2")
+    assert topo.switch_path("elsewhere") == ()
+
+
+def test_sinfo_idle() -> None:
+    nodes = parse_sinfo_json(read("sinfo_idle.json"), parse_topology(read("topology.txt")))
+    assert [n.name for n in nodes] == [f"node{i}" for i in range(1, 9)]
+    assert all(n.state is NodeState.IDLE for n in nodes)
+    assert all(n.gres == (Gres("gpu", "h100", 4),) for n in nodes)
+    assert nodes[0].partitions == ("debug", "vision", "text")
+    assert nodes[4].leaf_switch == "leaf2"
+
+
+def test_sinfo_not_responding_and_drain() -> None:
+    nodes = {n.name: n for n in parse_sinfo_json(read("sinfo_not_responding.json"))}
+    assert nodes["node8"].state is NodeState.DOWN
+    assert "NOT_RESPONDING" in nodes["node8"].flags and nodes["node8"].reason == "Not responding"
+    assert nodes["node6"].state is NodeState.DRAINED and nodes["node6"].reason == "omni: quarantined"
+    assert nodes["node4"].state is NodeState.MIXED
+
+
+def test_squeue_het_and_array() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(read("squeue_het_array.json"))}
+    het = jobs[1]
+    assert het.is_het and [c.het_offset for c in het.components] == [0, 1]
+    assert het.components[0].nodes == ("node1",) and het.components[1].nodes == ("node2", "node3")
+    assert het.components[1].partition == "text" and het.state is JobState.RUNNING
+    arrays = sorted((j.array_job_id, j.array_task_id, j.array_ref) for j in jobs.values() if j.array_job_id)
+    assert arrays == [(3, 0, "3_0"), (3, 1, "3_1"), (3, 2, "3_2")]
+    assert het.array_job_id is None and het.restart_count == 0
+
+
+def test_squeue_requeued() -> None:
+    (het,) = [j for j in parse_squeue_json(read("squeue_requeued.json")) if j.is_het]
+    assert het.state is JobState.PENDING and het.restart_count == 1 and het.nodes == ()
+
+
+def test_squeue_empty() -> None:
+    assert parse_squeue_json(read("squeue_empty.json")) == []
+
+
+def test_scontrol_nodes() -> None:
+    topo = parse_topology(read("topology.txt"))
+    nodes = {n.name: n for n in parse_nodes(read("nodes_idle.txt"), topo)}
+    assert len(nodes) == 8 and nodes["node2"].cpus == 4 and nodes["node2"].switch_path == ("root", "leaf1")
+    down = {n.name: n for n in parse_nodes(read("nodes_down_drain.txt"))}
+    assert down["node6"].reason == "omni: quarantined" and down["node6"].state is NodeState.DRAINED
+    (nr,) = parse_nodes(read("node_not_responding.txt"))
+    assert nr.state is NodeState.DOWN and nr.flags == frozenset({"NOT_RESPONDING"})
+
+
+@pytest.mark.parametrize("text, state", [
+    ("IDLE", NodeState.IDLE), ("idle*", NodeState.NOT_RESPONDING), ("MIXED+DRAIN", NodeState.DRAINING),
+    ("IDLE+DRAIN", NodeState.DRAINED), ("DOWN+NOT_RESPONDING", NodeState.DOWN), ("ALLOCATED", NodeState.ALLOCATED),
+    ("IDLE+FAIL", NodeState.FAIL), ("PLANNED", NodeState.UNKNOWN), ("weird", NodeState.UNKNOWN),
+])
+def test_node_states(text: str, state: NodeState) -> None:
+    assert node_state(*split_node_state(text)) is state
+
+
+@pytest.mark.parametrize("text, state", [
+    ("RUNNING", JobState.RUNNING), ("NODE_FAIL", JobState.NODE_FAIL), ("REQUEUE_HOLD", JobState.REQUEUED),
+    ("something_new", JobState.UNKNOWN),
+])
+def test_job_states(text: str, state: JobState) -> None:
+    assert job_state(text) is state
+
+
+@pytest.mark.parametrize("text, gres", [
+    ("gpu:h100:4", (Gres("gpu", "h100", 4),)),
+    ("gpu:4", (Gres("gpu", None, 4),)),
+    ("gpu:h100:4(S:0-1),mps:100", (Gres("gpu", "h100", 4), Gres("mps", None, 100))),
+    ("(null)", ()),
+])
+def test_gres(text: str, gres: tuple[Gres, ...]) -> None:
+    assert parse_gres(text) == gres
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", '{"errors": [{"error": "boom"}], "nodes": []}'])
+def test_bad_json(text: str) -> None:
+    with pytest.raises(SlurmError, match="sinfo"):
+        parse_sinfo_json(text)
