@@ -1,0 +1,173 @@
+"""The user's job file (``job.toml``): what to run, on how much, for how long.
+
+```toml
+[job]
+name = "omni-tiny"
+data_parallel_size = 2          # replicas at start; each stage holds one rank per replica
+time_limit = "02:00:00"
+
+[[stages]]                      # heterogeneous component 0
+name = "vision"
+nodes = 1
+[[stages]]                      # component 1
+name = "text"
+nodes = 1
+
+[training]                      # slurm_omni.config.training.TrainingConfig
+...
+```
+
+Partition and gres of a stage default to the site config's ``[stages.NAME]``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from slurm_omni.config.schema import load_dataclass, read_toml
+from slurm_omni.config.site import check_slurm_name, parse_gres
+from slurm_omni.config.training import TrainingConfig, load_training_table
+from slurm_omni.errors import ConfigError
+
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                   r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)")
+
+
+def parse_slurm_time(text: str) -> int:
+    """Seconds in a Slurm time string (``--time``, ``--switches=N@T``); ConfigError otherwise."""
+    m = _TIME.fullmatch(text)
+    if m is None:
+        raise ConfigError(f"time {text!r} is not allowed (expected a Slurm time: MM, MM:SS, HH:MM:SS, "
+                          f"D-HH, D-HH:MM or D-HH:MM:SS)")
+    if m["d"] is not None:
+        days, hours = int(m["d"]), int(m["dh"])
+        minutes, seconds = int(m["dm"] or 0), int(m["ds"] or 0)
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    parts = [int(p) for p in (m["a"], m["b"], m["c"]) if p is not None]
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSection:
+    """The ``[job]`` table: scheduling of the whole heterogeneous job."""
+
+    name: str
+    """Slurm job name; also the job's folder under the site's checkpoint root."""
+    data_parallel_size: int
+    """Replicas at start (exported as OMNI_DP_SIZE); each stage holds one rank per replica."""
+    time_limit: str = "01:00:00"
+    """Slurm ``--time`` of every incarnation."""
+    requeue_signal: Literal["USR1", "USR2"] = "USR1"
+    """Signal Slurm sends the batch shell before the limit (USR2 where NCCL catches USR1)."""
+    signal_before_s: int = 300
+    """``--signal=B:SIG@T``: seconds before the limit; Slurm may send it up to 60 s early."""
+    max_requeues: int = 5
+    """The batch script requeues itself after a checkpointed exit while SLURM_RESTART_COUNT is below."""
+    log_dir: Path = Path("logs")
+    """Where ``%x-%j.out`` goes; relative paths are taken from the job file's folder."""
+    account: str = ""
+    """Slurm account; empty: the user's default."""
+    qos: str = ""
+    """Slurm QOS; empty: the default."""
+
+    def __post_init__(self) -> None:
+        check_slurm_name("job.name", self.name)
+        if self.data_parallel_size < 1:
+            raise ConfigError(f"job.data_parallel_size = {self.data_parallel_size} is not allowed "
+                              f"(expected >= 1)")
+        limit = parse_slurm_time(self.time_limit)
+        if not 60 <= self.signal_before_s < limit:
+            raise ConfigError(f"job.signal_before_s = {self.signal_before_s} is not allowed (expected "
+                              f"60 <= it < time_limit = {limit}s: Slurm signals up to 60 s early)")
+        if not 0 <= self.max_requeues <= 1000:
+            raise ConfigError(f"job.max_requeues = {self.max_requeues} is not allowed (expected 0..1000)")
+        for key, value in (("job.account", self.account), ("job.qos", self.qos)):
+            if value:
+                check_slurm_name(key, value)
+
+    @property
+    def time_limit_s(self) -> int:
+        return parse_slurm_time(self.time_limit)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageRequest:
+    """One ``[[stages]]`` entry: one heterogeneous component, in file order (het group 0, 1, ...)."""
+
+    name: str
+    """Stage name; the site config's ``[stages.NAME]`` gives partition and gres defaults."""
+    nodes: int
+    """Nodes of this component."""
+    tasks_per_node: int = 0
+    """Ranks per node; 0: data_parallel_size / nodes."""
+    partition: str = ""
+    """Override of the site's partition for this stage."""
+    gres: str = ""
+    """Override of the site's gres per node, ``NAME[:TYPE]:COUNT``."""
+    switches: int = 1
+    """``--switches=N@T``: at most this many leaf switches under the component."""
+    switch_wait: str = "10:00"
+    """``T`` of ``--switches``: how long to wait for that placement (Slurm time)."""
+    cpus_per_task: int = 0
+    """``--cpus-per-task``; 0: not given."""
+
+    def __post_init__(self) -> None:
+        check_slurm_name("stages.name", self.name)
+        if self.nodes < 1:
+            raise ConfigError(f"stages.nodes = {self.nodes} is not allowed (expected >= 1)")
+        if self.tasks_per_node < 0 or self.cpus_per_task < 0:
+            raise ConfigError(f"stages.tasks_per_node = {self.tasks_per_node}, cpus_per_task = "
+                              f"{self.cpus_per_task} are not allowed (expected >= 0; 0 = derive)")
+        if self.partition:
+            check_slurm_name("stages.partition", self.partition)
+        if self.gres:
+            parse_gres(self.gres)
+        if self.switches < 1:
+            raise ConfigError(f"stages.switches = {self.switches} is not allowed (expected >= 1)")
+        parse_slurm_time(self.switch_wait)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobFile:
+    job: JobSection
+    stages: list[StageRequest]
+    training: TrainingConfig
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.stages]
+        if not names:
+            raise ConfigError("stages is empty (expected one [[stages]] per heterogeneous component)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"stages names {names} are not allowed (expected distinct names)")
+        for stage in self.stages:
+            self.tasks_per_node(stage)
+
+    def tasks_per_node(self, stage: StageRequest) -> int:
+        """Ranks per node of ``stage``; every stage holds exactly one rank per replica."""
+        dp = self.job.data_parallel_size
+        tpn = stage.tasks_per_node or dp // stage.nodes
+        if tpn < 1 or tpn * stage.nodes != dp:
+            raise ConfigError(
+                f"stages {stage.name!r}: nodes = {stage.nodes} x tasks_per_node = "
+                f"{stage.tasks_per_node or 'derived'} is not allowed (expected nodes x tasks_per_node "
+                f"== job.data_parallel_size = {dp}: one rank per replica per stage)")
+        return tpn
+
+
+def load_job(path: Path) -> JobFile:
+    """Load ``path``; relative paths in it are taken from its folder."""
+    doc = read_toml(path)
+    source = str(path)
+    job = load_dataclass(JobFile, doc, source=source)
+    base = path.resolve().parent
+    training = load_training_table(doc["training"], source=source, base_dir=base)
+    log_dir = job.job.log_dir if job.job.log_dir.is_absolute() else base / job.job.log_dir
+    return replace(job, job=replace(job.job, log_dir=log_dir), training=training)

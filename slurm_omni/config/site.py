@@ -1,0 +1,183 @@
+"""The admin's site config (``omni.toml``): where stages run, where state lives, the policies.
+
+One file per cluster, read by ``omni submit``, the manager and the drills. Every path in it is
+absolute: the manager, the batch script and the SPANK plugin run on different hosts and in
+different working directories.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from slurm_omni.config.schema import load_dataclass, read_toml
+from slurm_omni.errors import ConfigError, SlurmError
+from slurm_omni.slurm import hostlist
+from slurm_omni.slurm.types import Gres
+
+DEFAULT_SITE_PATH = Path("/etc/slurm-omni/omni.toml")
+SITE_ENV = "OMNI_SITE_CONFIG"
+
+# Slurm accepts more in partition names, but these are the ones that need no quoting anywhere.
+_SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_GRES = re.compile(r"(?P<name>[a-z][a-z0-9_]*)(?::(?P<type>[A-Za-z0-9_.-]+))?:(?P<count>[0-9]+)")
+
+
+def parse_gres(text: str) -> Gres:
+    """``gpu:h100:4`` or ``gpu:4`` -> Gres; anything else is a ConfigError naming the form."""
+    m = _GRES.fullmatch(text)
+    if m is None or int(m["count"]) < 1:
+        raise ConfigError(f"gres {text!r} is not allowed (expected NAME[:TYPE]:COUNT with COUNT >= 1, "
+                          f"e.g. 'gpu:h100:4')")
+    return Gres(m["name"], m["type"], int(m["count"]))
+
+
+def check_slurm_name(what: str, text: str) -> None:
+    if not _SLURM_NAME.fullmatch(text):
+        raise ConfigError(f"{what} {text!r} is not allowed (expected letters, digits, '_', '.', '-', "
+                          f"at most 64, starting with a letter or digit)")
+
+
+def check_hostlist(what: str, text: str) -> tuple[str, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(hostlist.expand(text))
+    except SlurmError as e:
+        raise ConfigError(f"{what} {text!r} is not a Slurm hostlist ({e})") from e
+
+
+def _check_absolute(what: str, path: Path) -> None:
+    if not path.is_absolute():
+        raise ConfigError(f"{what} {str(path)!r} is not allowed (expected an absolute path: the manager, "
+                          f"batch script and plugin run in different directories)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageSite:
+    """Where one pipeline stage (one heterogeneous component) runs by default."""
+
+    partition: str
+    """Slurm partition of the stage's component."""
+    gres: str
+    """Generic resources per node, ``NAME[:TYPE]:COUNT``; tasks per node default to COUNT."""
+
+    def __post_init__(self) -> None:
+        check_slurm_name("partition", self.partition)
+        parse_gres(self.gres)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointSite:
+    root: Path
+    """Shared storage that every node mounts; each job writes under ``root/<job name>``."""
+
+    def __post_init__(self) -> None:
+        _check_absolute("checkpoint.root", self.root)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DetectionSite:
+    """Failure confirmation: level-2 heartbeats and the sliding progress window."""
+
+    heartbeat_interval_s: float = 10.0
+    """How often every rank reports its last completed step."""
+    confirmation_window_s: float = 30.0
+    """How long a level-1 signal must stand before the manager acts on it."""
+    progress_window_s: float = 300.0
+    """No step completed for this long means stuck, not slow."""
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_interval_s <= 0:
+            raise ConfigError(f"detection.heartbeat_interval_s = {self.heartbeat_interval_s} is not "
+                              f"allowed (expected > 0)")
+        if self.confirmation_window_s < self.heartbeat_interval_s:
+            raise ConfigError(f"detection.confirmation_window_s = {self.confirmation_window_s} is not "
+                              f"allowed (expected >= heartbeat_interval_s = {self.heartbeat_interval_s})")
+        if self.progress_window_s < 2 * self.heartbeat_interval_s:
+            raise ConfigError(f"detection.progress_window_s = {self.progress_window_s} is not allowed "
+                              f"(expected >= 2 x heartbeat_interval_s = {2 * self.heartbeat_interval_s})")
+
+
+SparePolicy = Literal["same_switch", "any_switch", "none"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ElasticitySite:
+    min_data_parallel_size: int = 1
+    """Below this many data-parallel replicas the job waits for nodes instead of shrinking."""
+    spare_policy: SparePolicy = "same_switch"
+    """Where replacements come from: the failed node's leaf switch only, any switch, or nowhere."""
+    spare_nodes: str = ""
+    """Hostlist of nodes held back as spares (empty: any idle node of the partition)."""
+
+    def __post_init__(self) -> None:
+        if self.min_data_parallel_size < 1:
+            raise ConfigError(f"elasticity.min_data_parallel_size = {self.min_data_parallel_size} is "
+                              f"not allowed (expected >= 1)")
+        check_hostlist("elasticity.spare_nodes", self.spare_nodes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrillSite:
+    allowed_nodes: str = ""
+    """Hostlist of nodes a drill may kill processes on or drain; empty: drills are refused."""
+
+    def __post_init__(self) -> None:
+        check_hostlist("drills.allowed_nodes", self.allowed_nodes)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return check_hostlist("drills.allowed_nodes", self.allowed_nodes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ManagerSite:
+    spool_dir: Path
+    """Where the SPANK plugin drops fault records (plugstack ``spool=``); the manager reads them."""
+    registry_dir: Path
+    """Where ``omni submit`` registers jobs for the manager (one JSON file per job)."""
+    metrics_dir: Path
+    """node_exporter textfile directory for ``*.prom`` files."""
+
+    def __post_init__(self) -> None:
+        _check_absolute("manager.spool_dir", self.spool_dir)
+        _check_absolute("manager.registry_dir", self.registry_dir)
+        _check_absolute("manager.metrics_dir", self.metrics_dir)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SiteConfig:
+    cluster: str = "omni"
+    """Name of the Slurm cluster (ClusterName in slurm.conf)."""
+    stages: dict[str, StageSite]
+    """Stage name -> where it runs by default, e.g. ``vision`` and ``text``."""
+    checkpoint: CheckpointSite
+    detection: DetectionSite = field(default_factory=DetectionSite)
+    elasticity: ElasticitySite = field(default_factory=ElasticitySite)
+    drills: DrillSite = field(default_factory=DrillSite)
+    manager: ManagerSite
+    use_spank_plugin: bool = True
+    """spank/omni_spank.so is in plugstack.conf: the step gets ``--omni-stage``/``--omni-ckpt``."""
+
+    def __post_init__(self) -> None:
+        check_slurm_name("cluster", self.cluster)
+        if not self.stages:
+            raise ConfigError("stages is empty (expected at least one [stages.NAME] table)")
+        for name in self.stages:
+            check_slurm_name("stage name", name)
+
+
+def site_path(explicit: Path | None = None) -> Path:
+    """The site config to use: the explicit one, else $OMNI_SITE_CONFIG, else /etc/slurm-omni."""
+    if explicit is not None:
+        return explicit
+    env = os.environ.get(SITE_ENV)
+    return Path(env) if env else DEFAULT_SITE_PATH
+
+
+def load_site(path: Path) -> SiteConfig:
+    return load_dataclass(SiteConfig, read_toml(path), source=str(path))

@@ -1,0 +1,215 @@
+"""Requests that materialize batch scripts. Building is separate from running: nothing here runs
+a command; ``materialize()`` returns the script as a string and ``omni render`` just prints it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_omni import __version__
+from slurm_omni.config import quoting
+from slurm_omni.config.job import JobFile
+from slurm_omni.config.site import SiteConfig, parse_gres
+from slurm_omni.errors import ConfigError
+from slurm_omni.render import engine
+from slurm_omni.runtime import exitcodes
+
+HET_TEMPLATE = "het.sbatch.j2"
+ARRAY_TEMPLATE = "array.sbatch.j2"
+DRILL_TEMPLATE = "drill.sbatch.j2"
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One stage as it will be asked of Slurm: site defaults filled in, tasks derived."""
+
+    het_group: int
+    name: str
+    partition: str
+    nodes: int
+    tasks_per_node: int
+    gres: str
+    switches: int
+    switch_wait: str
+    cpus_per_task: int
+
+    @property
+    def ntasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+def plan_stages(job: JobFile, site: SiteConfig) -> tuple[StagePlan, ...]:
+    """Resolve the job's stages against the site: partition and gres defaults, one GPU per rank."""
+    dp = job.job.data_parallel_size
+    if dp < site.elasticity.min_data_parallel_size:
+        raise ConfigError(f"job: data_parallel_size = {dp} is not allowed (site minimum is "
+                          f"elasticity.min_data_parallel_size = {site.elasticity.min_data_parallel_size})")
+    plans = []
+    for group, stage in enumerate(job.stages):
+        default = site.stages.get(stage.name)
+        if default is None and not (stage.partition and stage.gres):
+            raise ConfigError(f"job: stage {stage.name!r} is not in the site config (allowed: "
+                              f"{', '.join(site.stages)}; or give partition and gres in [[stages]])")
+        partition = stage.partition or (default.partition if default else "")
+        gres = stage.gres or (default.gres if default else "")
+        tpn = job.tasks_per_node(stage)
+        parsed = parse_gres(gres)
+        if parsed.name == "gpu" and tpn > parsed.count:
+            raise ConfigError(f"job: stage {stage.name!r} has {tpn} tasks per node but gres {gres!r} "
+                              f"gives {parsed.count} GPUs (one GPU per rank)")
+        plans.append(StagePlan(group, stage.name, partition, stage.nodes, tpn, gres, stage.switches,
+                               stage.switch_wait, stage.cpus_per_task))
+    return tuple(plans)
+
+
+def exit_code_table() -> dict[str, int]:
+    """The runtime's exit codes; the batch script exits with the same numbers."""
+    return {"done": exitcodes.EXIT_DONE, "requeue": exitcodes.EXIT_CHECKPOINTED,
+            "failed": exitcodes.EXIT_FAILED}
+
+
+def spank_stage_arg(plans: Sequence[StagePlan]) -> str:
+    """``--omni-stage`` value: ``NAME:NTASKS`` per het group, in group order."""
+    return ",".join(f"{p.name}:{p.ntasks}" for p in plans)
+
+
+def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[StagePlan]) -> dict[str, str]:
+    """OMNI_* variables that do not depend on the allocation; the template adds the rest."""
+    return {
+        "OMNI_JOB_NAME": job.job.name,
+        "OMNI_JOB_FILE": str(job_file),
+        "OMNI_CKPT_DIR": str(site.checkpoint.root / job.job.name),
+        "OMNI_DP_SIZE": str(job.job.data_parallel_size),
+        "OMNI_STAGES": ",".join(p.name for p in plans),
+        "OMNI_STAGE_TASKS": ",".join(str(p.ntasks) for p in plans),
+        "OMNI_SPOOL_DIR": str(site.manager.spool_dir),
+        "OMNI_METRICS_DIR": str(site.manager.metrics_dir),
+        "OMNI_HEARTBEAT_INTERVAL_S": f"{site.detection.heartbeat_interval_s:g}",
+    }
+
+
+def _quoted_env(env: dict[str, str]) -> list[tuple[quoting.Quoted, quoting.Quoted]]:
+    return [(quoting.Quoted(k), quoting.shell(v)) for k, v in env.items()]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HetJobRequest:
+    """A heterogeneous job: one component per stage, group 0 runs the batch script."""
+
+    job: JobFile
+    site: SiteConfig
+    job_file: Path
+    """Where the batch script finds the job file (absolute: requeued jobs start elsewhere)."""
+    job_sha256: str
+    """Digest of the job file's bytes, recorded in the script's header."""
+    command: tuple[str, ...] = ()
+    """The step's argv; empty: ``omni train --config JOB_FILE``."""
+    template: str = HET_TEMPLATE
+    extra: dict[str, Any] = field(default_factory=dict)
+    """More template variables (the drill template's)."""
+
+    def context(self) -> dict[str, Any]:
+        plans = plan_stages(self.job, self.site)
+        command = self.command or ("omni", "train", "--config", str(self.job_file))
+        j = self.job.job
+        return {
+            "version": __version__,
+            "job_file": self.job_file,
+            "job_sha256": self.job_sha256,
+            "job": j,
+            "output": _output(j.log_dir, "%x-%j.out"),
+            "log_dir": j.log_dir,
+            "stages": plans,
+            "het_groups": ",".join(str(p.het_group) for p in plans),
+            "spank": self.site.use_spank_plugin,
+            "spank_stage": spank_stage_arg(plans),
+            "ckpt_dir": self.site.checkpoint.root / j.name,
+            "env": _quoted_env(_job_env(self.job, self.site, self.job_file, plans)),
+            "exit": exit_code_table(),
+            "command": command,
+            **self.extra,
+        }
+
+    def materialize(self) -> str:
+        return engine.render(self.template, self.context())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ArrayJobRequest:
+    """A sweep: one array task per job file, each an independent elastic job.
+
+    Slurm 22.05 has no arrays of heterogeneous jobs, so an array task packs all stages into one
+    component: stage ``k`` takes global ranks after those of stages ``0..k-1`` (the SPANK plugin
+    and ``OMNI_STAGE_TASKS`` say which). The files must ask for the same shape.
+    """
+
+    jobs: tuple[JobFile, ...]
+    site: SiteConfig
+    job_files: tuple[Path, ...]
+    job_sha256s: tuple[str, ...]
+    name: str = ""
+    """Array job name; empty: the first job's name."""
+    max_parallel: int = 0
+    """``--array=0-N%max_parallel``; 0: no limit."""
+    command: tuple[str, ...] = ()
+    """The step's argv before ``--config FILE``; empty: ``omni train``."""
+
+    def context(self) -> dict[str, Any]:
+        if not self.jobs or len(self.jobs) != len(self.job_files) or len(self.jobs) != len(self.job_sha256s):
+            raise ConfigError("render: couldn't build a sweep: expected one digest per job file, at least one")
+        plans = [plan_stages(job, self.site) for job in self.jobs]
+        shape = _array_shape(plans[0], str(self.job_files[0]))
+        for path, p in zip(self.job_files[1:], plans[1:], strict=True):
+            if _array_shape(p, str(path)) != shape:
+                raise ConfigError(f"render: couldn't put {path} in the sweep: its stages ask for another "
+                                  f"shape than {self.job_files[0]} (array tasks share one request)")
+        first = self.jobs[0].job
+        names = [job.job.name for job in self.jobs]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"render: couldn't build a sweep: job names {names} repeat (each names its "
+                              f"checkpoint folder)")
+        limits = {job.job.time_limit for job in self.jobs}
+        if len(limits) > 1:
+            raise ConfigError(f"render: couldn't build a sweep: time limits differ ({sorted(limits)})")
+        tasks = [
+            {"job_file_comment": quoting.Quoted(json.dumps(str(f))), "env": _quoted_env(_job_env(job, self.site, f, p)),
+             "sha256": s, "name": job.job.name, "spank_stage": quoting.shell(spank_stage_arg(p))}
+            for job, f, p, s in zip(self.jobs, self.job_files, plans, self.job_sha256s, strict=True)
+        ]
+        return {
+            "version": __version__,
+            "name": self.name or first.name,
+            "job": first,
+            "output": _output(first.log_dir, "%x-%A_%a.out"),
+            "log_dir": first.log_dir,
+            "shape": shape,
+            "array": f"0-{len(self.jobs) - 1}" + (f"%{self.max_parallel}" if self.max_parallel else ""),
+            "tasks": tasks,
+            "spank": self.site.use_spank_plugin,
+            "exit": exit_code_table(),
+            "command": self.command or ("omni", "train"),
+        }
+
+    def materialize(self) -> str:
+        return engine.render(ARRAY_TEMPLATE, self.context())
+
+
+def _output(log_dir: Path, pattern: str) -> quoting.Quoted:
+    """``--output`` value: the user's folder taken literally, then Slurm's own ``pattern``."""
+    return quoting.sbatch(quoting.slurm_filename(log_dir) + "/" + pattern)
+
+
+def _array_shape(plans: Sequence[StagePlan], where: str) -> dict[str, Any]:
+    tpn = {p.tasks_per_node for p in plans}
+    gres = {p.gres for p in plans}
+    if len(tpn) > 1 or len(gres) > 1:
+        raise ConfigError(f"render: couldn't put {where} in a sweep: its stages differ in tasks per node "
+                          f"or gres ({sorted(tpn)}, {sorted(gres)}); one array task is one component")
+    partitions = list(dict.fromkeys(p.partition for p in plans))
+    return {"partition": ",".join(partitions), "nodes": sum(p.nodes for p in plans),
+            "tasks_per_node": tpn.pop(), "gres": gres.pop(), "switches": max(p.switches for p in plans),
+            "switch_wait": plans[0].switch_wait, "ntasks": sum(p.ntasks for p in plans)}

@@ -1,0 +1,37 @@
+/* Fault records: one JSON object per abnormal task exit, written into the manager's spool
+ * directory under a temporary name, fsynced, then renamed, so the manager never reads half a
+ * record. No Slurm calls here (tests/spank/harness.c builds this file alone). */
+#ifndef OMNI_SPANK_FAULT_H
+#define OMNI_SPANK_FAULT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "args.h"
+
+#define OMNI_FAULT_VERSION 1
+#define OMNI_NODE_MAX 256
+
+struct omni_fault {
+	uint32_t job_id;      /* this component's job id */
+	long het_job_id;      /* leader's job id, -1 for an ordinary job */
+	long het_offset;      /* -1 for an ordinary job */
+	uint32_t step_id;
+	char node[OMNI_NODE_MAX];
+	char stage[OMNI_NAME_MAX]; /* empty: unknown */
+	long task_id;         /* global task id (rank) of the step */
+	long local_task_id;   /* task id on this node */
+	long pid;
+	int status;           /* wait(2) status */
+	struct timespec time; /* CLOCK_REALTIME when slurmstepd reaped the task */
+};
+
+/* Formats the record into buf; -1 if it does not fit. */
+int omni_fault_format(const struct omni_fault *f, char *buf, size_t len);
+
+/* Writes the record atomically into dir; path gets the final file name. */
+int omni_fault_write(const char *dir, const struct omni_fault *f, char *path, size_t pathlen, char *err,
+		     size_t errlen);
+
+#endif

@@ -1,0 +1,151 @@
+#include "remote.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "fault.h"
+#include "options.h"
+
+#define ENV_VALUE_MAX 64
+
+/* -1 when the variable is missing or not a number in [0, LONG_MAX]. */
+static long env_long(spank_t sp, const char *name)
+{
+	char buf[ENV_VALUE_MAX];
+	long v;
+
+	if (spank_getenv(sp, name, buf, sizeof(buf)) != ESPANK_SUCCESS)
+		return -1;
+	if (omni_parse_long(buf, 0, LONG_MAX, &v) < 0)
+		return -1;
+	return v;
+}
+
+static int set_env(spank_t sp, const char *name, const char *value, int overwrite)
+{
+	spank_err_t rc = spank_setenv(sp, name, value, overwrite);
+
+	if (rc != ESPANK_SUCCESS && rc != ESPANK_ENV_EXISTS) {
+		slurm_error("omni: task_init: couldn't set %s: %s", name, spank_strerror(rc));
+		return -1;
+	}
+	return 0;
+}
+
+static int set_env_long(spank_t sp, const char *name, long value, int overwrite)
+{
+	char buf[ENV_VALUE_MAX];
+
+	snprintf(buf, sizeof(buf), "%ld", value);
+	return set_env(sp, name, buf, overwrite);
+}
+
+/* The task's component in a heterogeneous step; -1 in an ordinary step. */
+static long het_offset(spank_t sp)
+{
+	return env_long(sp, "SLURM_HET_JOB_OFFSET");
+}
+
+int omni_remote_task_init(spank_t sp)
+{
+	char err[OMNI_ERR_MAX];
+	struct omni_placement place;
+	uint32_t comp_rank = 0;
+	uint32_t comp_size = 0;
+	long offset;
+	long rank;
+	long size;
+	long local;
+
+	if (omni_opts.ckpt_set == 1 && set_env(sp, "OMNI_CKPT_DIR", omni_opts.ckpt, 1) < 0)
+		return -1;
+	if (omni_opts.stage_set != 1)
+		return 0;
+	rank = env_long(sp, "SLURM_PROCID");
+	size = env_long(sp, "SLURM_NTASKS");
+	local = env_long(sp, "SLURM_LOCALID");
+	if (rank < 0 || size < 1 || local < 0) {
+		slurm_error("omni: task_init: couldn't read SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID of the task");
+		return -1;
+	}
+	offset = het_offset(sp);
+	if (offset >= 0 &&
+	    (spank_get_item(sp, S_TASK_GLOBAL_ID, &comp_rank) != ESPANK_SUCCESS ||
+	     spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &comp_size) != ESPANK_SUCCESS)) {
+		slurm_error("omni: task_init: couldn't read the task's rank in its het component");
+		return -1;
+	}
+	if (omni_place(&omni_opts.stages, offset, comp_rank, comp_size, rank, size, &place, err,
+		       sizeof(err)) < 0) {
+		slurm_error("omni: task_init: --omni-stage: %s", err);
+		return -1;
+	}
+	if (set_env(sp, "OMNI_STAGE", omni_opts.stages.stages[place.stage].name, 1) < 0 ||
+	    set_env_long(sp, "OMNI_STAGE_INDEX", place.stage, 1) < 0 ||
+	    set_env_long(sp, "OMNI_STAGE_RANK", place.stage_rank, 1) < 0 ||
+	    set_env_long(sp, "OMNI_STAGE_SIZE", place.stage_size, 1) < 0)
+		return -1;
+	/* torch.distributed names; a launcher that already set them wins */
+	if (set_env_long(sp, "RANK", rank, 0) < 0 || set_env_long(sp, "WORLD_SIZE", size, 0) < 0 ||
+	    set_env_long(sp, "LOCAL_RANK", local, 0) < 0)
+		return -1;
+	return 0;
+}
+
+int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
+{
+	char err[OMNI_ERR_MAX];
+	char path[PATH_MAX];
+	struct omni_fault f;
+	uint32_t global_id = 0;
+	int local_id = -1;
+	pid_t pid = 0;
+	int status = 0;
+	long offset;
+	long leader;
+
+	if (cfg->spool[0] == '\0' || omni_opts.stage_set != 1)
+		return 0;
+	if (spank_get_item(sp, S_TASK_EXIT_STATUS, &status) != ESPANK_SUCCESS) {
+		slurm_error("omni: task_exit: couldn't read the task's exit status");
+		return -1;
+	}
+	/* Only abnormal ends are fault signals; a clean exit says nothing the manager needs. */
+	if (status == 0)
+		return 0;
+	memset(&f, 0, sizeof(f));
+	f.status = status;
+	clock_gettime(CLOCK_REALTIME, &f.time);
+	if (spank_get_item(sp, S_JOB_ID, &f.job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &f.step_id) != ESPANK_SUCCESS) {
+		slurm_error("omni: task_exit: couldn't read the job and step id");
+		return -1;
+	}
+	(void)spank_get_item(sp, S_TASK_GLOBAL_ID, &global_id);
+	(void)spank_get_item(sp, S_TASK_ID, &local_id);
+	(void)spank_get_item(sp, S_TASK_PID, &pid);
+	offset = het_offset(sp);
+	leader = env_long(sp, "SLURM_HET_JOB_ID");
+	f.het_offset = offset;
+	f.het_job_id = offset >= 0 ? leader : -1;
+	f.task_id = global_id;
+	f.local_task_id = local_id;
+	f.pid = pid;
+	if (spank_getenv(sp, "SLURMD_NODENAME", f.node, sizeof(f.node)) != ESPANK_SUCCESS)
+		snprintf(f.node, sizeof(f.node), "%s", "unknown");
+	if (omni_opts.stages.count > 0) {
+		long idx = offset >= 0 && offset < omni_opts.stages.count ? offset : 0;
+
+		if (offset >= 0 || omni_opts.stages.count == 1)
+			snprintf(f.stage, sizeof(f.stage), "%s", omni_opts.stages.stages[idx].name);
+	}
+	if (omni_fault_write(cfg->spool, &f, path, sizeof(path), err, sizeof(err)) < 0) {
+		slurm_error("omni: task_exit: %s", err);
+		return -1;
+	}
+	slurm_info("omni: task %u of job %u exited abnormally (status %d): %s", global_id, f.job_id, status, path);
+	return 0;
+}
