@@ -50,10 +50,11 @@ _STATE_KIND: dict[NodeState, str] = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConfirmConfig:
-    """Windows of the confirmation rule. Defaults confirm a node loss within about 3 s for steps
-    of 0.2-1 s and heartbeats every 0.5-1 s, and never confirm a 5 x median stop alone."""
+    """Windows of the confirmation rule. Defaults confirm a node loss within about 3 s of the
+    fault for steps of 0.2-1 s and heartbeats every 0.5-1 s (5 s with 2 s heartbeats), and never
+    confirm a stop of 5 x the median step time alone."""
 
-    stale_factor: float = 3.0
+    stale_factor: float = 2.5
     """A rank is stale after this many median heartbeat intervals without a heartbeat..."""
     stale_floor_s: float = 1.5
     """...and never sooner than this."""
@@ -129,7 +130,10 @@ class Heartbeat:
     global_step: int
     node: str = ""
     het_offset: int | None = None
+    phase: str = "training"     # a rank in a phase of QUIET_PHASES may stop beating
 
+
+QUIET_PHASES = frozenset({"done", "stopping"})
 
 Observation = NodeObservation | TaskExit | Heartbeat
 
@@ -172,6 +176,7 @@ class _RankState:
     last_step: int
     node: str
     het_offset: int | None
+    phase: str
 
 
 @dataclass(slots=True)
@@ -238,7 +243,7 @@ class Confirmer:
             if hb.time <= prev.last_time:
                 return   # a re-read or out-of-order file; it says nothing new
             self._hb_intervals.append(hb.time - prev.last_time)
-        self._ranks[hb.rank] = _RankState(hb.time, hb.global_step, hb.node, hb.het_offset)
+        self._ranks[hb.rank] = _RankState(hb.time, hb.global_step, hb.node, hb.het_offset, hb.phase)
         if hb.global_step > self._global_step:
             if self._last_advance is not None and self._global_step >= 0 and hb.time > self._last_advance:
                 per_step = (hb.time - self._last_advance) / (hb.global_step - self._global_step)
@@ -281,8 +286,8 @@ class Confirmer:
             return self._confirm(now, alone[0].kind, alone, {}, None,
                                  f"level 1 alone ({alone[0].kind} is in level1_alone)")
         if onset is not None:
-            stale_nodes = {r.node for rank, r in self._ranks.items() if rank in stale_since}
-            agreeing = [s for s in level1 if s.node in stale_nodes or "" in stale_nodes]
+            stale = [self._ranks[rank] for rank in stale_since]
+            agreeing = [s for s in level1 if any(self._agree(s, r) for r in stale)]
             if agreeing:
                 first = min(agreeing, key=lambda s: s.time)
                 return self._confirm(now, first.kind, agreeing, stale_since, onset,
@@ -303,10 +308,22 @@ class Confirmer:
                             reasons=tuple(reasons))
         return Decision(Verdict.NONE, now, last_progress_at=self._last_advance)
 
+    def _agree(self, signal: Level1Signal, rank: _RankState) -> bool:
+        """Does a level-1 signal concern a stale rank: the same node, or (for a heartbeat that does
+        not name its node) the same het component, or any node of the job when neither is known."""
+        if rank.node:
+            return rank.node == signal.node
+        if rank.het_offset is None:
+            return True
+        offsets = {signal.het_offset} if signal.het_offset is not None else self._node_offsets.get(signal.node, set())
+        return rank.het_offset in offsets
+
     def _stale_since(self, now: float) -> dict[int, float]:
-        """Rank -> the time it became stale, for ranks stale at ``now``."""
+        """Rank -> the time it became stale, for ranks stale at ``now`` (not those that said they
+        are done or stopping)."""
         limit = self.stale_after()
-        return {rank: r.last_time + limit for rank, r in self._ranks.items() if now - r.last_time >= limit}
+        return {rank: r.last_time + limit for rank, r in self._ranks.items()
+                if now - r.last_time >= limit and r.phase not in QUIET_PHASES}
 
     def _level2_onset(self, stale_since: Mapping[int, float], now: float) -> float | None:
         """When level 2 began, if it holds at ``now``: some rank stale and no new global step."""

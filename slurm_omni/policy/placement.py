@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from slurm_omni.errors import ConfigError
 from slurm_omni.policy.cluster_index import ClusterIndex
@@ -28,6 +29,8 @@ from slurm_omni.policy.confirm import Decision
 from slurm_omni.slurm.types import Gres, NodeState
 
 DRAIN_PREFIX = "omni:"
+
+SpareScope = Literal["same_switch", "any_switch", "none"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +47,11 @@ class PlacementConfig:
     """Nodes partly used by other jobs count as free."""
     dp_divides: int = 0
     """When set, a data-parallel size must divide this (e.g. the global batch in micro-batches)."""
+    spare_scope: SpareScope = "any_switch"
+    """Where replacements may come from: the survivors' leaf switches only, anywhere (nearest
+    first), or nowhere (shrink or wait only). The site's ``elasticity.spare_policy``."""
+    spare_nodes: tuple[str, ...] = ()
+    """When not empty, replacements come only from these nodes (the site's held-back spares)."""
 
     def __post_init__(self) -> None:
         if self.min_data_parallel_size < 1:
@@ -155,8 +163,11 @@ def _fits(index: ClusterIndex, name: str, comp: ComponentLayout) -> bool:
 
 
 def _pick(index: ClusterIndex, comp: ComponentLayout, anchors: Sequence[str], want: int,
-          blocked: set[str], allow_mixed: bool) -> tuple[list[str], list[str]]:
+          blocked: set[str], config: PlacementConfig) -> tuple[list[str], list[str]]:
     """Up to ``want`` candidates nearest the anchor nodes, and one reason per ring used."""
+    if config.spare_scope == "none" or want <= 0:
+        return [], []
+    only = frozenset(config.spare_nodes)
     weights: dict[str, int] = {}
     for n in anchors:
         leaf = index.leaf_of.get(n)
@@ -168,7 +179,9 @@ def _pick(index: ClusterIndex, comp: ComponentLayout, anchors: Sequence[str], wa
         before = len(chosen)
         for leaf in ring.leaves:
             for name in index.by_leaf[leaf]:
-                if name in blocked or not index.is_free(name, allow_mixed=allow_mixed):
+                if name in blocked or not index.is_free(name, allow_mixed=config.allow_mixed):
+                    continue
+                if only and name not in only:
                     continue
                 if _fits(index, name, comp):
                     chosen.append(name)
@@ -180,7 +193,7 @@ def _pick(index: ClusterIndex, comp: ComponentLayout, anchors: Sequence[str], wa
             where = ("the survivors' leaf switch" if ring.hops == 0 else
                      f"lowest common switch {ring.via}" if ring.via else "elsewhere in the cluster")
             reasons.append(f"component {comp.het_offset}: {len(chosen) - before} node(s) on {where}")
-        if len(chosen) == want:
+        if len(chosen) == want or config.spare_scope == "same_switch":
             break
     return chosen, reasons
 
@@ -218,7 +231,7 @@ def plan_recovery(index: ClusterIndex, layout: JobLayout, failed: Iterable[str],
             found[comp.het_offset] = []
             continue
         anchors = survivors[comp.het_offset] or list(comp.nodes)   # all lost: where it was
-        picked, why = _pick(index, comp, anchors, want, blocked, config.allow_mixed)
+        picked, why = _pick(index, comp, anchors, want, blocked, config)
         blocked.update(picked)
         found[comp.het_offset] = picked
         reasons.extend(why)
@@ -267,8 +280,7 @@ def plan_grow(index: ClusterIndex, layout: JobLayout, *, now: float, quarantine:
     reasons: list[str] = []
     extra = layout.target - layout.data_parallel_size
     for comp in layout.components:
-        picked, why = _pick(index, comp, comp.nodes, extra * comp.nodes_per_replica, blocked,
-                            config.allow_mixed)
+        picked, why = _pick(index, comp, comp.nodes, extra * comp.nodes_per_replica, blocked, config)
         blocked.update(picked)
         found[comp.het_offset] = picked
         reasons.extend(why)

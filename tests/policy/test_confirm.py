@@ -221,7 +221,7 @@ def test_windows_follow_measured_step_times() -> None:
         c.observe(Heartbeat(i * 2.0, 0, i, "v1"))
     assert c.median_step_s() == pytest.approx(2.0)
     assert c.progress_window() == pytest.approx(6.0)
-    assert c.stale_after() == pytest.approx(6.0)
+    assert c.stale_after() == pytest.approx(5.0)   # 2.5 x the 2 s heartbeat interval
     assert c.hang_timeout() == pytest.approx(60.0)
 
 
@@ -230,3 +230,41 @@ def test_windows_follow_measured_step_times() -> None:
 def test_bad_config_rejected(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         ConfirmConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_heartbeats_without_node_agree_by_component() -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    for t in range(10):   # rank 0 is stage 0 (vision), rank 2 stage 1 (text); no node in the beats
+        c.observe(Heartbeat(float(t), 0, min(t, 4), het_offset=0))   # blocked once rank 2 is gone
+        if t < 5:
+            c.observe(Heartbeat(float(t), 2, t, het_offset=1))
+    c.observe(NodeObservation(9.5, "v1", NodeState.DRAINING))   # a vision node drained: no agreement
+    assert c.evaluate(9.6).verdict is not Verdict.CONFIRMED
+    c.observe(NodeObservation(9.7, "t1", NodeState.DOWN))
+    d = c.evaluate(9.8)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.het_offsets == (1,)
+
+
+def test_done_rank_is_not_stale() -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    for t in range(5):
+        c.observe(Heartbeat(float(t), 3, t, "t2", 1, phase="training" if t < 4 else "done"))
+    c.observe(NodeObservation(5.0, "t2", NodeState.DRAINED))
+    assert c.evaluate(20.0).verdict is Verdict.SUSPECT
+    assert c.evaluate(200.0).verdict is Verdict.SUSPECT    # never a hang either
+
+
+@pytest.mark.parametrize("step_s", [0.2, 1.0])
+def test_node_down_with_2s_heartbeats_within_5s(step_s: float) -> None:
+    d = first(simulate(step_s, 2.0, (Fault("down", 20.0, node="t1", level1_delay=1.0),), 40.0),
+              Verdict.CONFIRMED)
+    assert d is not None and d.confirmed_at is not None and d.first_signal_at is not None
+    assert d.confirmed_at - d.first_signal_at <= 5.0 and d.confirmed_at - 20.0 <= 5.0
+
+
+def test_config_loads_from_toml_table() -> None:
+    from slurm_omni.config.schema import load_dataclass
+    cfg = load_dataclass(ConfirmConfig, {"hang_floor_s": 60, "level1_alone": ["down"]}, source="site.toml")
+    assert cfg.hang_floor_s == 60.0 and cfg.level1_alone == ("down",)
+    with pytest.raises(ConfigError, match="level1_alone"):
+        load_dataclass(ConfirmConfig, {"level1_alone": ["oops"]}, source="site.toml")

@@ -190,3 +190,28 @@ def test_nodes_outside_the_tree_come_last() -> None:
     idx2 = ClusterIndex.build(topo, [dataclasses.replace(nodes[1], state=NodeState.ALLOCATED), nodes[0], stray])
     plan = plan_recovery(idx2, one, ("n000",), now=1.0, fault_at=1.0)
     assert plan.nodelist(0) == ("stray",) and any("elsewhere" in r for r in plan.reasons)
+
+
+@pytest.mark.parametrize("scope,spares,expect_action,expect_added", [
+    ("any_switch", (), Action.RESUBMIT, {"n002", "n003"}),
+    ("same_switch", (), Action.SHRINK, set()),
+    ("none", (), Action.SHRINK, set()),
+    ("any_switch", ("n103",), Action.RESUBMIT, {"n103"}),
+])
+def test_spare_scope_and_held_back_spares(scope: str, spares: tuple[str, ...], expect_action: Action,
+                                          expect_added: set[str]) -> None:
+    idx = cluster({**JOB, **busy("n012", "n013"), "n011": NodeState.DOWN})
+    cfg = PlacementConfig(spare_scope=scope, spare_nodes=spares)  # type: ignore[arg-type]
+    plan = plan_recovery(idx, layout(), ("n011",), now=1.0, fault_at=1.0, config=cfg)
+    assert plan.action is expect_action
+    added = set(plan.components[1].added) if plan.components else set()
+    assert (added <= expect_added and len(added) == 1) if expect_added else not added
+
+
+def test_config_loads_from_toml_table() -> None:
+    from slurm_omni.config.schema import load_dataclass
+    cfg = load_dataclass(PlacementConfig, {"min_data_parallel_size": 2, "spare_scope": "same_switch",
+                                           "spare_nodes": ["n1", "n2"], "spare_wait_s": 30}, source="site.toml")
+    assert cfg.spare_nodes == ("n1", "n2") and cfg.spare_wait_s == 30.0
+    with pytest.raises(ConfigError, match="spare_scope"):
+        load_dataclass(PlacementConfig, {"spare_scope": "rack"}, source="site.toml")
