@@ -1,0 +1,181 @@
+"""The training loop of one rank: resume, step, checkpoint, stop on a signal, report.
+
+Every rank derives the global batch of each step from the data plan, takes its replica's run of
+micro-batches and reads only what its stage needs (images on the vision stage, text on the text
+stage). Gradient accumulation is done by running more micro-batches through the pipeline, so the
+global batch and the loss normalisation are the same for every replica count.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+from slurm_omni.config.training import TrainingConfig
+from slurm_omni.errors import OmniError
+from slurm_omni.runtime import exitcodes
+from slurm_omni.runtime.checkpointing import StageCheckpointer
+from slurm_omni.runtime.data import DataPlan, SampleRef, ShardReader, open_sources
+from slurm_omni.runtime.heartbeat import Heartbeat
+from slurm_omni.runtime.layout import Layout
+from slurm_omni.runtime.metrics import MetricsWriter
+from slurm_omni.runtime.model import (
+    SampleMisalignedError,
+    TextMicroBatch,
+    TextStage,
+    build_stage,
+    next_token_labels,
+)
+from slurm_omni.runtime.pipeline import (
+    any_rank,
+    average_gradients,
+    backend_for,
+    build_schedule,
+    clip_global_norm,
+    device_for,
+    init_distributed,
+    lr_at,
+)
+
+log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainingConfig, layout: Layout) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.stop_requested = False
+        self.heartbeat = Heartbeat(layout)
+        self.metrics = MetricsWriter(layout)
+        mb = cfg.parallel.micro_batches_for(layout.data_parallel_size)
+        if layout.micro_batches and layout.micro_batches != mb:
+            raise OmniError(f"runtime: couldn't use OMNI_MICRO_BATCHES={layout.micro_batches}: global batch "
+                            f"{cfg.parallel.global_batch_size} over {layout.data_parallel_size} replicas "
+                            f"of {cfg.parallel.micro_batch_size} needs {mb}")
+        self.micro_batches = mb
+        self._trace_ids: list[int] = []
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.warning("runtime: rank %d got %s; checkpointing at the end of this step",
+                    self.layout.rank, signal.Signals(signum).name)
+        self.stop_requested = True
+
+    def run(self) -> int:
+        """Train to ``max_steps``; returns an exit code from :mod:`exitcodes`."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        self.heartbeat.start()
+        try:
+            code = self._run()
+        except BaseException:
+            self.heartbeat.stop("failed")
+            self.metrics.close()
+            raise
+        self.heartbeat.stop("done" if code == exitcodes.EXIT_DONE else "stopping")
+        self.metrics.close()
+        return code
+
+    def _run(self) -> int:
+        cfg, layout = self.cfg, self.layout
+        device = device_for(layout)
+        groups = init_distributed(layout, backend_for(cfg.parallel, device), device)
+        module = build_stage(cfg.model, layout.stage, seed=cfg.optim.seed).to(device)
+        optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                                      betas=(cfg.optim.beta1, cfg.optim.beta2), foreach=False)
+        sources = open_sources(cfg.data)
+        plan = DataPlan(cfg.data, sources)
+        reader = ShardReader(cfg.model, sources)
+        ckpt = StageCheckpointer(cfg, layout, module, optimizer)
+        restored = ckpt.restore_latest(plan)
+        start = restored.global_step if restored else 0
+        if restored:
+            log.info("runtime: rank %d resumed at step %d (saved with %s) in %.2fs", layout.rank, start,
+                     restored.meta.get("layout"), restored.load_s)
+        self.heartbeat.update(step=start, phase="training", last_checkpoint_step=ckpt.last_step)
+        schedule = build_schedule(layout, cfg.model, cfg.parallel, module, self.micro_batches, device,
+                                  groups.pipeline)
+        per_replica = self.micro_batches * cfg.parallel.micro_batch_size
+        first = layout.data_parallel_rank * per_replica
+        code = exitcodes.EXIT_DONE
+        try:
+            for step in range(start, cfg.max_steps):
+                t0 = time.monotonic()
+                refs = plan.next_global_batch(step, cfg.parallel.global_batch_size)[first:first + per_replica]
+                lr = lr_at(cfg.optim, step, cfg.max_steps)
+                loss = self._forward_backward(schedule, module, reader, refs, device)
+                average_gradients(module, groups.data_parallel, layout.data_parallel_size)
+                grad_norm = clip_global_norm(module, groups.pipeline, cfg.optim.grad_clip)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if loss is not None and layout.data_parallel_size > 1:
+                    dist.all_reduce(loss, group=groups.data_parallel)
+                    loss.div_(layout.data_parallel_size)
+                global_step = step + 1
+                step_s = time.monotonic() - t0
+                self.heartbeat.update(step=global_step, step_time_s=step_s)
+                self.metrics.trace(global_step, self._trace_ids)
+                if layout.step_delay_s:
+                    time.sleep(layout.step_delay_s)
+                stop = any_rank(self.stop_requested, device)
+                last = global_step == cfg.max_steps
+                every = cfg.checkpoint.every_steps
+                if stop or last or (every and global_step % every == 0):
+                    self.heartbeat.update(phase="checkpointing")
+                    ckpt.save(global_step, plan, self.micro_batches, sync=stop or last)
+                    self.heartbeat.update(phase="training", last_checkpoint_step=global_step)
+                if global_step % cfg.log_every == 0 or last or stop:
+                    self._log(global_step, loss, lr, grad_norm, step_s, len(refs), ckpt)
+                if stop:
+                    code = exitcodes.EXIT_CHECKPOINTED
+                    break
+        finally:
+            ckpt.close()
+            reader.close()
+        dist.barrier()
+        dist.destroy_process_group()
+        return code
+
+    def _forward_backward(self, schedule: PipelineScheduleSingle, module: torch.nn.Module, reader: ShardReader,
+                          refs: list[SampleRef], device: torch.device) -> torch.Tensor | None:
+        step_fn = schedule.step
+        ids = reader.sample_ids(refs)
+        self._trace_ids = ids.tolist()
+        if self.layout.stage == 0:
+            step_fn(reader.images(refs).to(device), ids.to(device))
+            return None
+        tokens, has_image = reader.tokens(refs)
+        b = self.cfg.parallel.micro_batch_size
+        if not isinstance(module, TextStage):
+            raise TypeError(f"stage 1 runs a TextStage, not {type(module).__name__}")
+        feed = module.feed
+        for m in range(self.micro_batches):
+            sl = slice(m * b, (m + 1) * b)
+            feed.append(TextMicroBatch(ids[sl].to(device), tokens[sl].to(device), has_image[sl].to(device)))
+        losses: list[torch.Tensor] = []
+        step_fn(target=next_token_labels(tokens).to(device), losses=losses)
+        if feed:
+            raise SampleMisalignedError(f"text stage: couldn't pair micro-batches: {len(feed)} text "
+                                        "micro-batches left unconsumed after the step")
+        return torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
+
+    def _log(self, global_step: int, loss: torch.Tensor | None, lr: float, grad_norm: float, step_s: float,
+             samples: int, ckpt: StageCheckpointer) -> None:
+        m = self.cfg.model
+        tokens_per_sample = m.num_patches if self.layout.stage == 0 else m.num_patches + m.seq_len
+        self.metrics.log_step({
+            "step": global_step, "loss": float(loss.item()) if loss is not None else None, "lr": lr,
+            "grad_norm": grad_norm, "step_time_seconds": step_s, "samples_per_second": samples / step_s,
+            "tokens_per_second": samples * tokens_per_sample / step_s,
+            "global_samples_per_second": self.cfg.parallel.global_batch_size / step_s,
+            "ckpt_blocking_seconds": ckpt.last_blocking_s, "ckpt_persist_seconds": None,
+            "data_parallel_size": self.layout.data_parallel_size, "micro_batches": self.micro_batches,
+        })

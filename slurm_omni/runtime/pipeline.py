@@ -1,0 +1,132 @@
+"""Process groups, the pipeline schedule and the gradient collectives of one rank.
+
+Groups (every rank creates every group, in the same order, as torch.distributed requires):
+- one pipeline group per replica ``r``: ranks ``(r, dp + r)`` (its vision rank and its text rank);
+  the schedule's send/recv run in it, and the global gradient norm is summed over it;
+- one data-parallel group per stage: that stage's ``dp`` ranks; gradients are averaged in it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+from slurm_omni.config.training import ModelConfig, OptimConfig, ParallelConfig
+from slurm_omni.errors import RuntimeLayoutError
+from slurm_omni.runtime.layout import NUM_STAGES, Layout
+from slurm_omni.runtime.model import lm_loss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    pipeline: dist.ProcessGroup
+    data_parallel: dist.ProcessGroup
+
+
+def backend_for(parallel: ParallelConfig, device: torch.device) -> str:
+    if parallel.backend != "auto":
+        return parallel.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def device_for(layout: Layout) -> torch.device:
+    if layout.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeLayoutError("layout: couldn't use OMNI_DEVICE=cuda: torch sees no CUDA device")
+        index = layout.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init_distributed(layout: Layout, backend: str, device: torch.device) -> Groups:
+    """Join the job's rendezvous (MASTER_ADDR:MASTER_PORT) and build the groups."""
+    timeout = datetime.timedelta(seconds=float(os.environ.get("OMNI_COLLECTIVE_TIMEOUT", "300")))
+    dist.init_process_group(
+        backend, init_method=f"tcp://{layout.master_addr}:{layout.master_port}", rank=layout.rank,
+        world_size=layout.world_size, timeout=timeout,
+        device_id=device if device.type == "cuda" else None)
+    dp = layout.data_parallel_size
+    pipeline_groups = [dist.new_group([layout.global_rank_of(s, r) for s in range(NUM_STAGES)])
+                       for r in range(dp)]
+    dp_groups = [dist.new_group([layout.global_rank_of(s, r) for r in range(dp)]) for s in range(NUM_STAGES)]
+    return Groups(pipeline=pipeline_groups[layout.data_parallel_rank], data_parallel=dp_groups[layout.stage])
+
+
+def build_schedule(layout: Layout, model: ModelConfig, parallel: ParallelConfig, module: nn.Module,
+                   micro_batches: int, device: torch.device, group: dist.ProcessGroup) -> PipelineScheduleSingle:
+    """The schedule of this rank's stage. Shapes are given up front (static metadata), so the stage
+    never runs an extra forward to infer them."""
+    b = parallel.micro_batch_size
+    ids = torch.zeros(b, dtype=torch.int64, device=device)
+    image_tokens = torch.zeros(b, model.num_patches, model.text_width, device=device, requires_grad=True)
+    if layout.stage == 0:
+        images = torch.zeros(b, model.image_size, model.image_size, model.channels, device=device)
+        stage = PipelineStage(module, 0, NUM_STAGES, device, input_args=(images, ids),
+                              output_args=(image_tokens, ids), group=group)
+    else:
+        logits = torch.zeros(b, model.seq_len, model.vocab_size, device=device, requires_grad=True)
+        stage = PipelineStage(module, 1, NUM_STAGES, device, input_args=(image_tokens, ids),
+                              output_args=logits, group=group)
+    cls = ScheduleGPipe if parallel.schedule == "gpipe" else Schedule1F1B
+    return cls(stage, n_microbatches=micro_batches, loss_fn=lm_loss)
+
+
+def average_gradients(module: nn.Module, group: dist.ProcessGroup, dp_size: int) -> None:
+    """Average this stage's gradients over its replicas with one flat all-reduce."""
+    if dp_size == 1:
+        return
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat.div_(dp_size)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def clip_global_norm(module: nn.Module, group: dist.ProcessGroup, max_norm: float) -> float:
+    """Clip by the norm over both stages' gradients; returns the norm before clipping."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    device = grads[0].device
+    sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum().reshape(1).to(device)
+    dist.all_reduce(sq, group=group)
+    norm = float(sq.sqrt())
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(scale)
+    return norm
+
+
+def lr_at(optim: OptimConfig, global_step: int, max_steps: int) -> float:
+    """Learning rate for the step that takes the job from ``global_step`` to ``global_step + 1``.
+    A function of the global step only, so a resized or resumed run follows the same curve."""
+    if global_step < optim.warmup_steps:
+        return optim.lr * (global_step + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
+        return optim.lr
+    span = max(1, max_steps - optim.warmup_steps)
+    progress = min(1.0, (global_step - optim.warmup_steps) / span)
+    if optim.schedule == "linear":
+        return optim.lr + (optim.min_lr - optim.lr) * progress
+    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any rank (signals reach ranks at different times)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
