@@ -37,6 +37,8 @@ def cluster() -> None:
 @click.option("--gpus-per-node", type=int, help="Fake GPUs per node [4].")
 @click.option("--gres-type", help="GPU type name [h100].")
 @click.option("--cpus-per-node", type=int, help="CPUs each node declares [4].")
+@click.option("--ctld-port", type=int, help="slurmctld's port [16817]; a second cluster needs others.")
+@click.option("--slurmd-base-port", type=int, help="First slurmd port [16900].")
 @click.option("--wait", "wait_s", type=float, default=90.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
 def up(state_dir: Path, config_file: Path | None, wait_s: float, **shape: Any) -> None:
