@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from slurm_omni.config.training import DataConfig, ModelConfig, ParallelConfig, SourceConfig, load_training_file
+from slurm_omni.config.training import (
+    DataConfig,
+    ModelConfig,
+    ParallelConfig,
+    SourceConfig,
+    load_training_file,
+)
 from slurm_omni.errors import ConfigError, RuntimeLayoutError
 from slurm_omni.runtime import exitcodes
 from slurm_omni.runtime.data import DataError, DataPlan, ShardReader, open_sources
