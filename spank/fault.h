@@ -20,7 +20,8 @@ struct omni_fault {
 	uint32_t step_id;
 	char node[OMNI_NODE_MAX];
 	char stage[OMNI_NAME_MAX]; /* empty: unknown */
-	long task_id;         /* global task id (rank) of the step */
+	long stage_rank;      /* rank inside the stage, -1: unknown */
+	long task_id;         /* task id in the step; per component in a het step (Slurm's S_TASK_GLOBAL_ID) */
 	long local_task_id;   /* task id on this node */
 	long pid;
 	int status;           /* wait(2) status */

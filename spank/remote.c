@@ -43,10 +43,23 @@ static int set_env_long(spank_t sp, const char *name, long value, int overwrite)
 	return set_env(sp, name, buf, overwrite);
 }
 
-/* The task's component in a heterogeneous step; -1 in an ordinary step. */
-static long het_offset(spank_t sp)
+/* The component of a heterogeneous job this slurmstepd serves; -1 in an ordinary job.
+ * Slurm 22.05 exports no offset to a het step: its tasks see the leader's SLURM_JOB_ID, the
+ * job's SLURM_HET_SIZE and a step-global SLURM_PROCID, while each component's slurmstepd has its
+ * own job id (leader + offset) and per-component S_TASK_GLOBAL_ID / S_JOB_TOTAL_TASK_COUNT. */
+static long het_offset(spank_t sp, long *leader)
 {
-	return env_long(sp, "SLURM_HET_JOB_OFFSET");
+	uint32_t job_id = 0;
+	long het_size = env_long(sp, "SLURM_HET_SIZE");
+	long lead = env_long(sp, "SLURM_JOB_ID");
+
+	*leader = -1;
+	if (het_size < 1 || lead < 0 || spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+		return -1;
+	if ((long)job_id < lead || (long)job_id - lead >= het_size)
+		return -1;
+	*leader = lead;
+	return (long)job_id - lead;
 }
 
 int omni_remote_task_init(spank_t sp)
@@ -56,6 +69,7 @@ int omni_remote_task_init(spank_t sp)
 	uint32_t comp_rank = 0;
 	uint32_t comp_size = 0;
 	long offset;
+	long leader;
 	long rank;
 	long size;
 	long local;
@@ -71,7 +85,7 @@ int omni_remote_task_init(spank_t sp)
 		slurm_error("omni: task_init: couldn't read SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID of the task");
 		return -1;
 	}
-	offset = het_offset(sp);
+	offset = het_offset(sp, &leader);
 	if (offset >= 0 &&
 	    (spank_get_item(sp, S_TASK_GLOBAL_ID, &comp_rank) != ESPANK_SUCCESS ||
 	     spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &comp_size) != ESPANK_SUCCESS)) {
@@ -100,7 +114,9 @@ int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
 	char err[OMNI_ERR_MAX];
 	char path[PATH_MAX];
 	struct omni_fault f;
+	struct omni_placement place;
 	uint32_t global_id = 0;
+	uint32_t total = 0;
 	int local_id = -1;
 	pid_t pid = 0;
 	int status = 0;
@@ -117,6 +133,7 @@ int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
 	if (status == 0)
 		return 0;
 	memset(&f, 0, sizeof(f));
+	f.stage_rank = -1;
 	f.status = status;
 	clock_gettime(CLOCK_REALTIME, &f.time);
 	if (spank_get_item(sp, S_JOB_ID, &f.job_id) != ESPANK_SUCCESS ||
@@ -127,20 +144,19 @@ int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
 	(void)spank_get_item(sp, S_TASK_GLOBAL_ID, &global_id);
 	(void)spank_get_item(sp, S_TASK_ID, &local_id);
 	(void)spank_get_item(sp, S_TASK_PID, &pid);
-	offset = het_offset(sp);
-	leader = env_long(sp, "SLURM_HET_JOB_ID");
+	offset = het_offset(sp, &leader);
 	f.het_offset = offset;
-	f.het_job_id = offset >= 0 ? leader : -1;
+	f.het_job_id = leader;
 	f.task_id = global_id;
 	f.local_task_id = local_id;
 	f.pid = pid;
 	if (spank_getenv(sp, "SLURMD_NODENAME", f.node, sizeof(f.node)) != ESPANK_SUCCESS)
 		snprintf(f.node, sizeof(f.node), "%s", "unknown");
-	if (omni_opts.stages.count > 0) {
-		long idx = offset >= 0 && offset < omni_opts.stages.count ? offset : 0;
-
-		if (offset >= 0 || omni_opts.stages.count == 1)
-			snprintf(f.stage, sizeof(f.stage), "%s", omni_opts.stages.stages[idx].name);
+	if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &total) == ESPANK_SUCCESS &&
+	    omni_place(&omni_opts.stages, offset, global_id, total, global_id, total, &place, err,
+		       sizeof(err)) == 0) {
+		snprintf(f.stage, sizeof(f.stage), "%s", omni_opts.stages.stages[place.stage].name);
+		f.stage_rank = place.stage_rank;
 	}
 	if (omni_fault_write(cfg->spool, &f, path, sizeof(path), err, sizeof(err)) < 0) {
 		slurm_error("omni: task_exit: %s", err);

@@ -1,0 +1,31 @@
+"""Builds the plugin (``make -C spank``) and the harness of its pure parts once per session."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SPANK = REPO / "spank"
+HARDENING = ["-O2", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong", "-Wall", "-Wextra", "-Werror"]
+
+
+@pytest.fixture(scope="session")
+def plugin() -> Path:
+    subprocess.run(["make", "-s", "-C", str(SPANK)], check=True, capture_output=True, text=True, timeout=120)
+    return SPANK / "omni_spank.so"
+
+
+@pytest.fixture(scope="session")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("spank") / "harness"
+    sources = [Path(__file__).with_name("harness.c"), SPANK / "args.c", SPANK / "fault.c"]
+    subprocess.run(["cc", *HARDENING, "-std=gnu11", f"-I{SPANK}", "-o", str(out), *map(str, sources)],
+                   check=True, capture_output=True, text=True, timeout=120)
+    return out
+
+
+def run_harness(harness: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(harness), *args], capture_output=True, text=True, timeout=10, check=False)

@@ -1,0 +1,83 @@
+/* Drives the plugin's pure parts (args.c, fault.c) from the command line for tests/spank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "args.h"
+#include "fault.h"
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: harness stages ARG | path ARG | config ARGS... | "
+			"place STAGES HET_OFFSET COMP_RANK COMP_SIZE RANK SIZE | fault DIR NODE STAGE STATUS\n");
+	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	char err[OMNI_ERR_MAX] = "";
+
+	if (argc < 2)
+		return usage();
+	if (strcmp(argv[1], "stages") == 0 && argc == 3) {
+		struct omni_stage_list l;
+
+		if (omni_parse_stages(argv[2], &l, err, sizeof(err)) < 0)
+			goto fail;
+		for (int i = 0; i < l.count; i++)
+			printf("%s %ld\n", l.stages[i].name, l.stages[i].ntasks);
+		return 0;
+	}
+	if (strcmp(argv[1], "path") == 0 && argc == 3) {
+		if (omni_check_path("--omni-ckpt", argv[2], err, sizeof(err)) < 0)
+			goto fail;
+		return 0;
+	}
+	if (strcmp(argv[1], "config") == 0) {
+		struct omni_config c;
+
+		if (omni_parse_config(argc - 2, argv + 2, &c, err, sizeof(err)) < 0)
+			goto fail;
+		printf("spool=%s\n", c.spool);
+		return 0;
+	}
+	if (strcmp(argv[1], "place") == 0 && argc == 8) {
+		struct omni_stage_list l;
+		struct omni_placement p;
+
+		if (omni_parse_stages(argv[2], &l, err, sizeof(err)) < 0 ||
+		    omni_place(&l, atol(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]), atol(argv[7]), &p,
+			       err, sizeof(err)) < 0)
+			goto fail;
+		printf("%s %ld %ld\n", l.stages[p.stage].name, p.stage_rank, p.stage_size);
+		return 0;
+	}
+	if (strcmp(argv[1], "fault") == 0 && argc == 6) {
+		struct omni_fault f;
+		char path[PATH_MAX];
+
+		memset(&f, 0, sizeof(f));
+		f.job_id = 42;
+		f.het_job_id = 41;
+		f.het_offset = 1;
+		f.step_id = 0;
+		snprintf(f.node, sizeof(f.node), "%s", argv[3]);
+		snprintf(f.stage, sizeof(f.stage), "%s", argv[4]);
+		f.stage_rank = 3;
+		f.task_id = 3;
+		f.local_task_id = 1;
+		f.pid = 1234;
+		f.status = atoi(argv[5]);
+		f.time.tv_sec = 1700000000;
+		f.time.tv_nsec = 5000000;
+		if (omni_fault_write(argv[2], &f, path, sizeof(path), err, sizeof(err)) < 0)
+			goto fail;
+		printf("%s\n", path);
+		return 0;
+	}
+	return usage();
+fail:
+	printf("%s\n", err);
+	return 1;
+}
