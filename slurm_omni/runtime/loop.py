@@ -26,6 +26,7 @@ from slurm_omni.runtime.heartbeat import Heartbeat
 from slurm_omni.runtime.layout import Layout
 from slurm_omni.runtime.metrics import MetricsWriter
 from slurm_omni.runtime.model import (
+    MODULES_BY_STAGE,
     SampleMisalignedError,
     TextMicroBatch,
     TextStage,
@@ -87,17 +88,20 @@ class Trainer:
         device = device_for(layout)
         groups = init_distributed(layout, backend_for(cfg.parallel, device), device)
         module = build_stage(cfg.model, layout.stage, seed=cfg.optim.seed).to(device)
-        optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                      betas=(cfg.optim.beta1, cfg.optim.beta2), foreach=False)
+        # One optimiser per module, so that each module's state is saved and restored with it.
+        optimizers = {name: torch.optim.AdamW(getattr(module, name).parameters(), lr=cfg.optim.lr,
+                                              weight_decay=cfg.optim.weight_decay,
+                                              betas=(cfg.optim.beta1, cfg.optim.beta2), foreach=False)
+                      for name in MODULES_BY_STAGE[layout.stage]}
         sources = open_sources(cfg.data)
         plan = DataPlan(cfg.data, sources)
         reader = ShardReader(cfg.model, sources)
-        ckpt = StageCheckpointer(cfg, layout, module, optimizer)
+        ckpt = StageCheckpointer(cfg, layout, module, optimizers)
         restored = ckpt.restore_latest(plan)
         start = restored.global_step if restored else 0
         if restored:
             log.info("runtime: rank %d resumed at step %d (saved with %s) in %.2fs", layout.rank, start,
-                     restored.meta.get("layout"), restored.load_s)
+                     restored.state.get("layout"), restored.load_s)
         self.heartbeat.update(step=start, phase="training", last_checkpoint_step=ckpt.last_step)
         schedule = build_schedule(layout, cfg.model, cfg.parallel, module, self.micro_batches, device,
                                   groups.pipeline)
@@ -112,10 +116,11 @@ class Trainer:
                 loss = self._forward_backward(schedule, module, reader, refs, device)
                 average_gradients(module, groups.data_parallel, layout.data_parallel_size)
                 grad_norm = clip_global_norm(module, groups.pipeline, cfg.optim.grad_clip)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                for optimizer in optimizers.values():
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
                 if loss is not None and layout.data_parallel_size > 1:
                     dist.all_reduce(loss, group=groups.data_parallel)
                     loss.div_(layout.data_parallel_size)
@@ -132,6 +137,7 @@ class Trainer:
                     self.heartbeat.update(phase="checkpointing")
                     ckpt.save(global_step, plan, self.micro_batches, sync=stop or last)
                     self.heartbeat.update(phase="training", last_checkpoint_step=global_step)
+                ckpt.poll()
                 if global_step % cfg.log_every == 0 or last or stop:
                     self._log(global_step, loss, lr, grad_norm, step_s, len(refs), ckpt)
                 if stop:
@@ -176,6 +182,6 @@ class Trainer:
             "grad_norm": grad_norm, "step_time_seconds": step_s, "samples_per_second": samples / step_s,
             "tokens_per_second": samples * tokens_per_sample / step_s,
             "global_samples_per_second": self.cfg.parallel.global_batch_size / step_s,
-            "ckpt_blocking_seconds": ckpt.last_blocking_s, "ckpt_persist_seconds": None,
+            "ckpt_blocking_seconds": ckpt.last_blocking_s, "ckpt_persist_seconds": ckpt.last_persist_s,
             "data_parallel_size": self.layout.data_parallel_size, "micro_batches": self.micro_batches,
         })

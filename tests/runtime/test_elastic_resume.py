@@ -1,0 +1,220 @@
+"""Real processes, torchrun-style environment, gloo on CPU: kill, resume, resize.
+
+2 vision ranks + 2 text ranks (dp=2) with the tiny model. Losses and sample ids come from the ranks'
+metrics and trace files; parameters from the checkpoints the runs leave behind. When a run is
+killed and resumed, steps after the last checkpoint run twice; the later incarnation's record is the
+one that counts (it is what the model was trained on).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine
+from slurm_omni.checkpoint.format import latest_step
+from slurm_omni.checkpoint.snapshot import ShardLayout
+from slurm_omni.config.training import DataConfig, SourceConfig
+from slurm_omni.runtime import exitcodes
+from slurm_omni.runtime.data import DataPlan, open_sources
+from slurm_omni.runtime.launch import LocalJob, launch_local
+from slurm_omni.runtime.metrics import read_jsonl
+from slurm_omni.runtime.model import MODULES_BY_STAGE
+from slurm_omni.runtime.synth import SynthSpec, write_shards
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+MAX_STEPS = 40
+JOB = """\
+[training]
+max_steps = {max_steps}
+[training.model]
+preset = "tiny"
+[training.parallel]
+schedule = "{schedule}"
+global_batch_size = 8
+micro_batch_size = 2
+[training.optim]
+warmup_steps = 5
+[training.data]
+shard_dir = "{shards}"
+[[training.data.sources]]
+name = "pairs"
+weight = 3
+[[training.data.sources]]
+name = "text"
+weight = 1
+[training.checkpoint]
+every_steps = {every}
+keep_last = 10
+"""
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("elastic")
+    write_shards(SynthSpec(out_dir=root / "shards", pairs=48, text=16, shard_size=16))
+    return root
+
+
+def job_file(work: Path, name: str, *, max_steps: int = MAX_STEPS, every: int = 10,
+             schedule: str = "1f1b") -> Path:
+    path = work / f"{name}.toml"
+    path.write_text(JOB.format(max_steps=max_steps, every=every, schedule=schedule, shards=work / "shards"))
+    return path
+
+
+def run(job: Path, run_dir: Path, *, dp: int = 2, incarnation: int = 0, delay_s: float = 0.0,
+        stop_when: Callable[[], bool] | None = None, stop_signal: signal.Signals = signal.SIGKILL,
+        timeout_s: float = 150) -> list[int]:
+    """Launch the ranks; if ``stop_when`` turns true, send ``stop_signal`` to all of them."""
+    env = {"OMNI_TRACE_SAMPLES": "1", "OMNI_STEP_DELAY_S": str(delay_s), "OMNI_HEARTBEAT_INTERVAL": "0.5"}
+    job_ = launch_local(job, data_parallel_size=dp, run_dir=run_dir, incarnation=incarnation, extra_env=env)
+    if stop_when is not None:
+        _stop_when(job_, stop_when, stop_signal, timeout_s)
+    codes = job_.wait(timeout_s)
+    if stop_signal != signal.SIGKILL or stop_when is None:
+        assert all(c in (exitcodes.EXIT_DONE, exitcodes.EXIT_CHECKPOINTED) for c in codes), job_.logs()
+    return codes
+
+
+def _stop_when(job: LocalJob, cond: Callable[[], bool], sig: signal.Signals, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in job.procs):
+            job.kill()
+            pytest.fail("run ended before the stop condition\n" + job.logs())
+        time.sleep(0.05)
+    job.send(sig)
+
+
+def latest_ckpt(run_dir: Path) -> int:
+    step = latest_step(run_dir / "ckpt")
+    return -1 if step is None else step
+
+
+def heartbeat_step(run_dir: Path, rank: int = 0) -> int:
+    records = read_jsonl(run_dir / "heartbeat" / f"rank-{rank}.json") if (
+        run_dir / "heartbeat" / f"rank-{rank}.json").exists() else []
+    return int(records[0]["step"]) if records else -1
+
+
+def losses(run_dir: Path, dp: int) -> dict[int, float]:
+    """Step -> loss from text replica 0 (the loss is already averaged over replicas)."""
+    out: dict[int, float] = {}
+    for rec in read_jsonl(run_dir / "metrics" / f"metrics-rank-{dp}.jsonl"):
+        out[int(rec["step"])] = float(rec["loss"])  # type: ignore[arg-type]
+    return out
+
+
+def sample_ids(run_dir: Path, ranks: list[int]) -> dict[int, list[int]]:
+    """Step -> ids of the global batch, concatenated over ``ranks`` (in replica order)."""
+    per_rank: list[dict[int, list[int]]] = []
+    for rank in ranks:
+        steps: dict[int, list[int]] = {}
+        for rec in read_jsonl(run_dir / "metrics" / f"samples-rank-{rank}.jsonl"):
+            steps[int(rec["step"])] = list(rec["ids"])  # type: ignore[call-overload]
+        per_rank.append(steps)
+    return {s: [i for steps in per_rank for i in steps[s]] for s in per_rank[0]}
+
+
+def final_params(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for stage, names in MODULES_BY_STAGE.items():
+        layout = ShardLayout(stage="vision" if stage == 0 else "text")
+        with CheckpointEngine(CheckpointConfig(root=run_dir / "ckpt", incarnation="reader"), layout) as eng:
+            session = eng.restore(step=step, apply_rng=False)
+            assert session is not None
+            for name in names:
+                out.update({f"{name}.{k}": v for k, v in session.module(name).items()})
+            session.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(work: Path) -> Path:
+    run_dir = work / "reference"
+    run(job_file(work, "ref"), run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def killed_at_20(work: Path) -> Path:
+    """dp=2, SIGKILL on every rank once checkpoint 20 is complete (steps paced so the kill lands
+    before 30)."""
+    run_dir = work / "killed"
+    codes = run(job_file(work, "ref"), run_dir, delay_s=0.1, stop_when=lambda: latest_ckpt(run_dir) >= 20)
+    assert all(c == -signal.SIGKILL for c in codes)
+    assert latest_ckpt(run_dir) == 20
+    return run_dir
+
+
+def test_same_layout_resume_is_bitwise_identical(work: Path, reference: Path, killed_at_20: Path) -> None:
+    run_dir = work / "resumed-dp2"
+    shutil.copytree(killed_at_20, run_dir)
+    run(job_file(work, "ref"), run_dir, incarnation=1)
+    ref, got = losses(reference, 2), losses(run_dir, 2)
+    assert sorted(got) == list(range(1, MAX_STEPS + 1))
+    assert got == ref  # float equality, step by step
+    a, b = final_params(reference, MAX_STEPS), final_params(run_dir, MAX_STEPS)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_shrink_to_one_replica_keeps_samples_and_losses(work: Path, reference: Path, killed_at_20: Path) -> None:
+    run_dir = work / "resumed-dp1"
+    shutil.copytree(killed_at_20, run_dir)
+    run(job_file(work, "ref"), run_dir, dp=1, incarnation=1)
+    ref, got = losses(reference, 2), losses(run_dir, 1)
+    assert sorted(got) == list(range(1, MAX_STEPS + 1))
+    for step in range(21, MAX_STEPS + 1):
+        assert got[step] == pytest.approx(ref[step], rel=1e-4), step
+    metrics = read_jsonl(run_dir / "metrics" / "metrics-rank-1.jsonl")
+    assert {(r["data_parallel_size"], r["micro_batches"]) for r in metrics if int(r["step"]) > 20} == {(1, 4)}  # type: ignore[call-overload]
+    ref_ids = sample_ids(reference, [2, 3])
+    got_ids = sample_ids(run_dir, [1])
+    assert all(got_ids[s] == ref_ids[s] for s in range(1, MAX_STEPS + 1))
+    assert sample_ids(run_dir, [0]) == got_ids  # vision and text read the same samples
+
+
+def _steps_for_one_epoch(work: Path) -> int:
+    cfg = DataConfig(shard_dir=work / "shards",
+                     sources=[SourceConfig(name="pairs", weight=3), SourceConfig(name="text", weight=1)])
+    plan = DataPlan(cfg, open_sources(cfg))
+    step = 0
+    while min(epoch for epoch, _ in plan.positions) < 1:
+        plan.next_global_batch(step, 8)
+        step += 1
+    return max(step, 8)
+
+
+def test_epoch_interrupted_three_times_uses_every_sample_once(work: Path) -> None:
+    """One epoch of both sources (48 pairs, 16 text) with stops after steps 2 (SIGUSR1), 4 (SIGKILL)
+    and 6 (SIGTERM); checkpoints every 2 steps."""
+    steps = _steps_for_one_epoch(work)
+    job = job_file(work, "epoch", max_steps=steps, every=2, schedule="gpipe")
+    run_dir = work / "epoch"
+    stops = [(2, signal.SIGUSR1), (4, signal.SIGKILL), (6, signal.SIGTERM)]
+    for incarnation, (at, sig) in enumerate(stops):
+        codes = run(job, run_dir, incarnation=incarnation, delay_s=0.3, stop_signal=sig,
+                    stop_when=lambda at=at: heartbeat_step(run_dir) >= at)
+        if sig == signal.SIGKILL:
+            assert all(c == -signal.SIGKILL for c in codes)
+        else:
+            assert codes == [exitcodes.EXIT_CHECKPOINTED] * 4
+    run(job, run_dir, incarnation=len(stops))
+    text_ids = sample_ids(run_dir, [2, 3])
+    assert sorted(text_ids) == list(range(1, steps + 1))
+    assert sample_ids(run_dir, [0, 1]) == text_ids
+    consumed = [i for s in range(1, steps + 1) for i in text_ids[s]]
+    pairs = [i for i in consumed if i < 48]
+    text = [i for i in consumed if i >= 48]
+    assert sorted(pairs[:48]) == list(range(48))   # 48 pairs: each exactly once in the first epoch
+    assert sorted(text[:16]) == list(range(48, 64))
+    assert len(pairs) >= 48 and len(text) >= 16, (len(pairs), len(text))
