@@ -1,0 +1,307 @@
+"""The checkpoint engine the training runtime calls: save (async or sync), restore, close.
+
+Policy while a persist is in flight: a new save first waits for it (the wait counts as blocking time
+and is reported in ``SaveResult.waited_s``), so every rank saves every step it is asked to and no rank's
+shard goes missing from a commit. A runtime that would rather skip a save than wait must decide that
+collectively (``persist_in_flight`` on every rank, then an all-reduce), never per rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.persist import PersistStats, persist
+from slurm_omni.checkpoint.restore import Restore, open_restore
+from slurm_omni.checkpoint.snapshot import HostArena, ShardLayout, ShardState, take
+from slurm_omni.checkpoint.tree import flatten
+from slurm_omni.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    root: Path
+    """Checkpoint root on storage every node sees; one directory per step below it."""
+    keep_last: int = 3
+    """Complete checkpoints kept; older ones are removed after each commit. 0 keeps all."""
+    pin_memory: bool = True
+    """Page-lock the host buffers when CUDA is there (faster device-to-host copies)."""
+    load_order: tuple[str, ...] = ()
+    """Module names in the order the first step needs them; unnamed modules follow in save order."""
+    critical: tuple[str, ...] | None = None
+    """Modules whose weights must be in memory before training resumes; None means all weights."""
+    restore_threads: int = 4
+    """I/O threads reading tensors during a restore."""
+    commit_timeout_s: float = 600.0
+    """How long rank 0 waits for the other ranks' shards before giving a checkpoint up."""
+    crash_commit_timeout_s: float = 60.0
+    """The same, for a save on the way out of a crash (other ranks may be gone)."""
+    incarnation: str | None = None
+    """One value shared by every rank of this run; None reads OMNI_INCARNATION, TORCHELASTIC_RUN_ID,
+    or SLURM_JOB_ID with SLURM_RESTART_COUNT (ordinary jobs only)."""
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 0:
+            raise CheckpointError(f"checkpoint: keep_last = {self.keep_last} (0 keeps all, or a positive count)")
+        if self.restore_threads < 1:
+            raise CheckpointError(f"checkpoint: restore_threads = {self.restore_threads} (at least 1)")
+        if not (self.commit_timeout_s > 0 and self.crash_commit_timeout_s > 0):
+            raise CheckpointError("checkpoint: commit timeouts must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    step: int
+    blocking_s: float          # what training waited for: a previous persist plus the snapshot
+    waited_s: float            # the part spent waiting for the previous persist
+    bytes: int                 # tensor bytes this rank snapshotted
+    persisted: Future[PersistStats] = field(repr=False)
+    skipped: bool = False      # the step was already saved by this engine
+
+
+class CheckpointEngine:
+    """One per training process. Not thread-safe: call it from the training loop only."""
+
+    def __init__(self, config: CheckpointConfig, layout: ShardLayout | None = None) -> None:
+        self.config = config
+        self.layout = layout or ShardLayout()
+        self.incarnation = _incarnation(config.incarnation, self.layout.world_size)
+        self._arena = HostArena(pin=config.pin_memory)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="omni-ckpt-persist")
+        self._inflight: Future[PersistStats] | None = None
+        self._last_step: int | None = None
+        self._closed = False
+        try:
+            config.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"checkpoint: couldn't create root {config.root}: {e.strerror}") from e
+
+    # -- saving -------------------------------------------------------------------------------------
+
+    def prepare(self, state: ShardState) -> None:
+        """Allocate and fault in the host buffers now, so the first save blocks no longer than later ones."""
+        self._check_open()
+        self._wait_inflight()
+        take(self._arena, -1, state, self.layout, self.config.load_order, copy=False)
+
+    def save(self, step: int, state: ShardState, *, sync: bool = False,
+             commit_timeout_s: float | None = None) -> SaveResult:
+        """Snapshot ``state`` as of ``step``; persist it in the background, or before returning if ``sync``.
+
+        ``sync`` is for the signal Slurm sends before a time limit or preemption: on rank 0 it returns
+        once the checkpoint is complete (all ranks' shards committed), on other ranks once their shard
+        is durable.
+        """
+        self._check_open()
+        if step == self._last_step:
+            waited = self._wait_inflight() if sync else 0.0
+            done: Future[PersistStats] = Future()
+            done.set_result(PersistStats(step, 0, 0.0, False))
+            return SaveResult(step, waited, waited, 0, done, skipped=True)
+        waited = self._wait_inflight()
+        snap = take(self._arena, step, state, self.layout, self.config.load_order)
+        self._last_step = step
+        timeout = commit_timeout_s or self.config.commit_timeout_s
+        if sync:
+            future: Future[PersistStats] = Future()
+            future.set_result(self._persist(snap, timeout))
+            blocking = waited + snap.blocking_s + future.result().persist_s
+        else:
+            future = self._writer.submit(self._persist, snap, timeout)
+            self._inflight = future
+            blocking = waited + snap.blocking_s
+        return SaveResult(step, blocking, waited, snap.nbytes, future)
+
+    def _persist(self, snap: Any, timeout: float) -> PersistStats:
+        try:
+            stats = persist(self.config.root, snap, self.layout, incarnation=self.incarnation,
+                            keep_last=self.config.keep_last, commit_timeout_s=timeout)
+        except CheckpointError as e:
+            log.error("%s", e)
+            raise
+        except OSError as e:
+            log.error("checkpoint: couldn't persist step %d: %s", snap.step, e)
+            raise CheckpointError(f"checkpoint: couldn't persist step {snap.step}: {e}") from e
+        log.info("checkpoint: step %d persisted: %.1f MiB in %.2f s%s", stats.step, stats.bytes / 2**20,
+                 stats.persist_s, " (committed)" if stats.committed else "")
+        return stats
+
+    @property
+    def persist_in_flight(self) -> bool:
+        return self._inflight is not None and not self._inflight.done()
+
+    def wait(self) -> PersistStats | None:
+        """Wait for the persist in flight; its error, if any, is raised here."""
+        future = self._inflight
+        self._wait_inflight()
+        return future.result() if future is not None else None
+
+    def _wait_inflight(self) -> float:
+        future, self._inflight = self._inflight, None
+        if future is None:
+            return 0.0
+        started = time.monotonic()
+        if not future.done():
+            log.warning("checkpoint: the previous persist is still running; this save waits for it "
+                        "(checkpoint less often, or use faster storage)")
+        future.result()
+        return time.monotonic() - started
+
+    def wait_complete(self, step: int, timeout_s: float) -> bool:
+        """On any rank: wait until ``step`` is committed (rank 0 wrote its marker)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (fmt.step_dir(self.config.root, step) / fmt.MARKER).exists():
+                return True
+            time.sleep(0.05)
+        return False
+
+    # -- crashes ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def save_on_crash(self, current: Callable[[], tuple[int, ShardState]]) -> Iterator[CrashGuard]:
+        """Around the training loop: if it raises while the state is still sane, save synchronously.
+
+        ``current()`` gives the global step and state as of the last completed optimizer step. Wrap the
+        optimizer step in ``guard.torn()``: a crash there leaves weights half-updated and is not saved.
+        A device fault (CUDA or NCCL error) or a non-finite weight is not saved either.
+        """
+        guard = CrashGuard()
+        try:
+            yield guard
+        except (Exception, KeyboardInterrupt) as exc:
+            self._crash_save(current, guard, exc)
+            raise
+
+    def _crash_save(self, current: Callable[[], tuple[int, ShardState]], guard: CrashGuard,
+                    exc: BaseException) -> None:
+        why = _insane(exc) or ("it happened inside the optimizer step" if guard.inside else "")
+        try:
+            if not why:
+                step, state = current()
+                why = _non_finite(state)
+            if why:
+                log.error("checkpoint: not saving on the way out of %s: %s", type(exc).__name__, why)
+                return
+            if step == self._last_step:
+                self._wait_inflight()
+                log.warning("checkpoint: step %d was already saved; nothing more to save after %s",
+                            step, type(exc).__name__)
+                return
+            result = self.save(step, state, sync=True, commit_timeout_s=self.config.crash_commit_timeout_s)
+            log.warning("checkpoint: saved step %d on the way out of %s in %.2f s", step,
+                        type(exc).__name__, result.blocking_s)
+        except Exception as e:  # noqa: BLE001 - the original error matters more than this one
+            log.error("checkpoint: couldn't save on the way out of %s: %s", type(exc).__name__, e)
+
+    # -- restoring ----------------------------------------------------------------------------------
+
+    def restore(self, *, step: int | None = None, critical: Iterable[str] | None = None,
+                modules: Iterable[str] | None = None, into: Mapping[str, Mapping[str, Any]] | None = None,
+                device: torch.device | str = "cpu", apply_rng: bool = True) -> Restore | None:
+        """Load the newest complete checkpoint that verifies (see ``restore.open_restore``).
+
+        Returns once the critical modules' weights are in memory (``critical`` or the config's; None
+        means all weights); ``into`` maps a module to its ``state_dict()`` so tensors load in place.
+        """
+        self._check_open()
+        session = open_restore(self.config.root, self.layout, step=step,
+                               critical=critical if critical is not None else self.config.critical,
+                               modules=modules, into=into, device=device,
+                               threads=self.config.restore_threads, apply_rng=apply_rng)
+        if session is not None:
+            self._last_step = session.step
+        return session
+
+    def latest_step(self) -> int | None:
+        return fmt.latest_step(self.config.root)
+
+    def close(self) -> None:
+        """Wait for the persist in flight, then stop the writer. Its error, if any, is raised here."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._wait_inflight()
+        finally:
+            self._writer.shutdown(wait=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("checkpoint: the engine is closed")
+
+
+class CrashGuard:
+    def __init__(self) -> None:
+        self.inside = False
+
+    @contextlib.contextmanager
+    def torn(self) -> Iterator[None]:
+        """Mark a region (the optimizer step) where a crash leaves the state inconsistent."""
+        self.inside = True
+        yield
+        self.inside = False   # not reached when the region raises: the state stays marked torn
+
+
+_DEVICE_FAULTS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL", "device-side assert",
+                  "illegal memory access", "ECC error", "uncorrectable")
+
+
+def _insane(exc: BaseException) -> str:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return ""  # an allocation failed; nothing was written
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return "the accelerator reported a fault"
+    text = str(exc)
+    hit = next((f for f in _DEVICE_FAULTS if f in text), None)
+    return f"a device fault ({hit}): device memory cannot be trusted" if hit else ""
+
+
+def _non_finite(state: ShardState) -> str:
+    for part, tree in (("weights", state.modules), ("optimizer state", state.optimizer)):
+        for module, obj in tree.items():
+            _, leaves = flatten(obj, where=module)
+            for leaf in leaves:
+                t = leaf.tensor
+                if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                    return f"{module} {part} hold non-finite values ({leaf.path})"
+    return ""
+
+
+def _incarnation(given: str | None, world_size: int) -> str:
+    env = os.environ
+    if given:
+        return given
+    for name in ("OMNI_INCARNATION", "TORCHELASTIC_RUN_ID"):
+        if env.get(name):
+            return env[name]
+    # In a heterogeneous job each component has its own SLURM_JOB_ID, so ranks would disagree.
+    if env.get("SLURM_JOB_ID") and not env.get("SLURM_HET_SIZE"):
+        return f"{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT', '0')}"
+    if world_size == 1:
+        return uuid.uuid4().hex
+    raise CheckpointError(
+        f"checkpoint: couldn't tell this run from earlier ones: world_size={world_size} and no "
+        f"incarnation (set OMNI_INCARNATION to one value on every rank, e.g. "
+        f"$SLURM_JOB_ID.$SLURM_RESTART_COUNT of the leader, or pass incarnation=)")
+

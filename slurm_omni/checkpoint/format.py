@@ -1,0 +1,373 @@
+"""The on-disk format: names, the manifest, the completion marker, and what counts as complete.
+
+A checkpoint root holds one directory per step::
+
+    step-120.tmp/         being written (never read)
+    step-120/             renamed once every shard is durable
+        rank-00000.h5     one HDF5 file per rank that holds tensors: /<module>/<part>/<tensor path>
+        rank-00000.json   that rank's shard record (written before the rename)
+        manifest.json     step, layout, units, load order, per-rank data and RNG state
+        COMPLETE          written last; names the manifest's size and checksum
+        CORRUPT           written by a reader that found a bad checksum; the directory no longer counts
+
+Only a directory with a valid ``COMPLETE`` and no ``CORRUPT`` counts. This module needs neither torch nor
+h5py, so ``omni ckpt ls`` and the requeue manager stay cheap.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from slurm_omni.errors import CheckpointError
+
+FORMAT_NAME = "slurm-omni-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MARKER = "COMPLETE"
+CORRUPT = "CORRUPT"
+CHECKSUM = "xxh3_64"
+
+
+
+class CheckpointCorrupt(CheckpointError):
+    """The bytes on disk are not what was written: a truncated file, a bad checksum, a broken manifest.
+
+    Unlike other CheckpointErrors (a caller's mistake, a layout that does not fit), this one makes a
+    restore fall back to the previous complete checkpoint.
+    """
+
+
+_STEP_RE = re.compile(r"^step-(\d+)(\.tmp|\.old-\d+)?$")
+
+
+def checksum(data: Any) -> str:
+    """xxh3-64 of a buffer (bytes, memoryview, numpy array), as 16 hex digits."""
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step}"
+
+
+def tmp_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step}.tmp"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+class Status(enum.Enum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"    # step-N/ without a valid marker: a crash between rename and marker
+    WRITING = "writing"          # step-N.tmp/: a persist in flight or abandoned
+    RETIRED = "retired"          # step-N.old-T/: an older copy of the same step being replaced
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One directory under a checkpoint root."""
+
+    step: int
+    path: Path
+    status: Status
+    reason: str = ""
+
+
+def scan(root: Path) -> list[Entry]:
+    """Every step directory under ``root``, oldest first; a missing root is an empty list."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise CheckpointError(f"checkpoint: couldn't list {root}: {e.strerror}") from e
+    entries = []
+    for name in names:
+        m = _STEP_RE.match(name)
+        if not m:
+            continue
+        path = root / name
+        step = int(m.group(1))
+        if m.group(2) == ".tmp":
+            entries.append(Entry(step, path, Status.WRITING))
+        elif m.group(2):
+            entries.append(Entry(step, path, Status.RETIRED))
+        else:
+            status, reason = _status_of(path)
+            entries.append(Entry(step, path, status, reason))
+    return sorted(entries, key=lambda e: (e.step, e.status is Status.COMPLETE))
+
+
+def complete(root: Path) -> list[Entry]:
+    """Complete checkpoints, newest first."""
+    return [e for e in reversed(scan(root)) if e.status is Status.COMPLETE]
+
+
+def find_latest_complete(root: Path) -> Entry | None:
+    """The newest checkpoint whose marker and manifest check out (no tensor checksums read), or None."""
+    for entry in complete(root):
+        try:
+            read_manifest(entry.path)
+        except CheckpointError:
+            continue
+        return entry
+    return None
+
+
+def latest_step(root: Path) -> int | None:
+    """The newest complete step under ``root`` (no checksums read), or None."""
+    done = complete(root)
+    return done[0].step if done else None
+
+
+def _status_of(path: Path) -> tuple[Status, str]:
+    if (path / CORRUPT).exists():
+        return Status.CORRUPT, _read_text(path / CORRUPT)
+    try:
+        read_marker(path)
+    except CheckpointError as e:
+        return Status.INCOMPLETE, str(e)
+    return Status.COMPLETE, ""
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """The completion marker of ``path``; checks that the manifest it names is intact."""
+    try:
+        marker = json.loads((path / MARKER).read_bytes())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"checkpoint: {path.name} is incomplete: no {MARKER} marker") from e
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint: {path.name} is incomplete: unreadable {MARKER} ({e})") from e
+    try:
+        raw = (path / MANIFEST).read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint: {path.name}: couldn't read {MANIFEST}: {e.strerror}") from e
+    if not isinstance(marker, dict) or marker.get("manifest_bytes") != len(raw) \
+            or marker.get("manifest_xxh3_64") != checksum(raw):
+        raise CheckpointCorrupt(f"checkpoint: {path.name}: {MANIFEST} does not match its {MARKER} marker")
+    return marker
+
+
+def read_manifest(path: Path) -> Manifest:
+    """The manifest of a complete checkpoint directory; anything off is a CheckpointError."""
+    read_marker(path)
+    try:
+        data = json.loads((path / MANIFEST).read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointCorrupt(f"checkpoint: {path.name}: couldn't parse {MANIFEST}: {e}") from e
+    return Manifest.from_json(data, where=path.name)
+
+
+def mark_corrupt(path: Path, reason: str) -> None:
+    """Take a checkpoint out of use, keeping its files for inspection. Safe while others read it."""
+    try:
+        write_atomic(path / CORRUPT, (reason.strip() + "\n").encode())
+    except OSError:
+        pass  # a read-only store: the reader still falls back, it just cannot tell the next one
+
+
+# -- the manifest --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Where one dataset's bytes lie: a whole tensor, or one data-parallel piece of a split one."""
+
+    shard: str
+    dataset: str           # HDF5 path inside the shard's file
+    offset: int            # byte offset of the contiguous data in the file; -1 for zero bytes
+    nbytes: int
+    xxh3: str
+    shape: tuple[int, ...]
+    index: int = 0         # position along the split dimension
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    dtype: str                     # torch dtype name without "torch.", e.g. "bfloat16"
+    shape: tuple[int, ...]         # the full tensor's shape
+    pieces: tuple[Piece, ...]
+    split_dim: int | None = None   # set when the tensor was cut across data-parallel ranks
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pieces)
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What loads as one piece: one module's weights ("model") or its optimizer state ("optim")."""
+
+    module: str
+    part: str
+    stage: str
+    skeleton: Any                       # the nested structure with tensor placeholders (see tree.py)
+    tensors: dict[str, TensorEntry]
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}/{self.part}"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One rank at save time: where it sat in the layout, its file, and its own small state."""
+
+    name: str
+    rank: int
+    stage: str
+    data_parallel_rank: int
+    data_parallel_size: int
+    file: str | None
+    file_bytes: int
+    state: Any                     # the runtime's JSON state: data pipeline positions and so on
+    rng: Any                       # rng.capture() output
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    step: int
+    world_size: int
+    incarnation: str
+    created: float
+    writer_version: str
+    load_order: tuple[str, ...]     # module names, in the order the first step needs them
+    units: dict[str, Unit]          # "module/part" -> unit
+    shards: dict[str, ShardInfo]    # shard name -> info
+
+    @property
+    def nbytes(self) -> int:
+        return sum(u.nbytes for u in self.units.values())
+
+    def stages(self) -> dict[str, int]:
+        """Stage name -> its data-parallel size."""
+        return {s.stage: s.data_parallel_size for s in self.shards.values()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "step": self.step,
+            "world_size": self.world_size,
+            "incarnation": self.incarnation,
+            "created": self.created,
+            "writer_version": self.writer_version,
+            "load_order": list(self.load_order),
+            "layout": [
+                {"rank": s.rank, "stage": s.stage, "data_parallel_rank": s.data_parallel_rank,
+                 "data_parallel_size": s.data_parallel_size, "shard": s.name}
+                for s in sorted(self.shards.values(), key=lambda s: s.rank)
+            ],
+            "shards": {
+                s.name: {"rank": s.rank, "file": s.file, "file_bytes": s.file_bytes, "state": s.state,
+                         "rng": s.rng}
+                for s in self.shards.values()
+            },
+            "units": {
+                u.name: {
+                    "module": u.module, "part": u.part, "stage": u.stage, "skeleton": u.skeleton,
+                    "tensors": {k: _tensor_json(t) for k, t in u.tensors.items()},
+                }
+                for u in self.units.values()
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str) -> Manifest:
+        try:
+            if data.get("format") != FORMAT_NAME:
+                raise CheckpointError(f"checkpoint: {where}: not a {FORMAT_NAME} manifest")
+            if data["format_version"] > FORMAT_VERSION:
+                raise CheckpointError(
+                    f"checkpoint: {where}: format version {data['format_version']} is newer than this "
+                    f"slurm-omni reads ({FORMAT_VERSION}; upgrade slurm-omni)")
+            layout = {row["shard"]: row for row in data["layout"]}
+            shards = {
+                name: ShardInfo(name=name, rank=int(s["rank"]), stage=layout[name]["stage"],
+                                data_parallel_rank=int(layout[name]["data_parallel_rank"]),
+                                data_parallel_size=int(layout[name]["data_parallel_size"]),
+                                file=s["file"], file_bytes=int(s["file_bytes"]), state=s["state"],
+                                rng=s["rng"])
+                for name, s in data["shards"].items()
+            }
+            units = {
+                name: Unit(module=u["module"], part=u["part"], stage=u["stage"], skeleton=u["skeleton"],
+                           tensors={k: _tensor_from_json(t) for k, t in u["tensors"].items()})
+                for name, u in data["units"].items()
+            }
+            return cls(step=int(data["step"]), world_size=int(data["world_size"]),
+                       incarnation=str(data["incarnation"]), created=float(data["created"]),
+                       writer_version=str(data["writer_version"]),
+                       load_order=tuple(data["load_order"]), units=units, shards=shards)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CheckpointCorrupt(f"checkpoint: {where}: malformed {MANIFEST}: {e!r}") from e
+
+
+def _tensor_json(t: TensorEntry) -> dict[str, Any]:
+    return {
+        "dtype": t.dtype, "shape": list(t.shape), "split_dim": t.split_dim,
+        "pieces": [{"shard": p.shard, "dataset": p.dataset, "offset": p.offset, "nbytes": p.nbytes,
+                    CHECKSUM: p.xxh3, "shape": list(p.shape), "index": p.index} for p in t.pieces],
+    }
+
+
+def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:
+    return TensorEntry(
+        dtype=str(t["dtype"]), shape=tuple(int(d) for d in t["shape"]), split_dim=t["split_dim"],
+        pieces=tuple(Piece(shard=p["shard"], dataset=p["dataset"], offset=int(p["offset"]),
+                           nbytes=int(p["nbytes"]), xxh3=str(p[CHECKSUM]),
+                           shape=tuple(int(d) for d in p["shape"]), index=int(p["index"]))
+                     for p in t["pieces"]))
+
+
+# -- durable files -------------------------------------------------------------------------------------
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_marker(path: Path, step: int) -> None:
+    raw = (path / MANIFEST).read_bytes()
+    marker = {"step": step, "manifest_bytes": len(raw), "manifest_xxh3_64": checksum(raw),
+              "time": time.time()}
+    write_atomic(path / MARKER, json.dumps(marker).encode())

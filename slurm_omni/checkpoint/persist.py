@@ -1,0 +1,276 @@
+"""Phase two of a save, in the background: shard files, the commit, retention.
+
+Each rank writes ``step-N.tmp/rank-R.h5`` and then its record ``rank-R.json``, both fsynced. The HDF5
+file is laid out first (h5py, metadata only: contiguous datasets allocated early, never filled), then the
+tensor bytes go straight from the host buffer to their offsets with ``pwrite``, which releases the GIL
+and moves the bytes once. Rank 0 then waits for every rank's record of the same incarnation, writes the
+manifest, fsyncs, renames the directory to ``step-N`` and writes ``COMPLETE`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+
+from slurm_omni import __version__
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.dtypes import h5_type, name_of
+from slurm_omni.checkpoint.snapshot import ShardLayout, Snapshot
+from slurm_omni.checkpoint.tree import tensor_paths
+from slurm_omni.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 30   # Linux moves at most 2 GiB - 4 KiB per read or write call
+
+
+@dataclass(frozen=True, slots=True)
+class PersistStats:
+    step: int
+    bytes: int          # tensor bytes this rank wrote
+    persist_s: float    # shard written and durable (and, on rank 0, the commit)
+    committed: bool     # this process wrote the COMPLETE marker
+
+
+def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str, keep_last: int,
+            commit_timeout_s: float) -> PersistStats:
+    started = time.monotonic()
+    tmp = fmt.tmp_dir(root, snap.step)
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_shard(tmp, snap, layout, incarnation)
+    committed = False
+    if layout.rank == 0:
+        manifest = commit(root, snap.step, layout.world_size, incarnation, commit_timeout_s)
+        committed = True
+        retire(root, keep_last=keep_last, newest=manifest.step)
+    return PersistStats(snap.step, snap.nbytes, time.monotonic() - started, committed)
+
+
+def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str) -> None:
+    name = fmt.shard_name(layout.rank)
+    owned = [i for i in snap.items if i.owned]
+    sums = [fmt.checksum(snap.view(i)) for i in owned]
+    file_name, file_bytes, offsets = None, 0, [-1] * len(owned)
+    if owned:
+        file_name = f"{name}.h5"
+        partial = tmp / f"{file_name}.partial"
+        offsets = _layout_file(partial, snap, owned, sums, layout, incarnation)
+        fd = os.open(partial, os.O_WRONLY)
+        try:
+            for item, offset in zip(owned, offsets, strict=True):
+                if item.nbytes:
+                    _pwrite_all(fd, snap.view(item), offset)
+            os.fsync(fd)
+            file_bytes = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        os.replace(partial, tmp / file_name)
+    units: dict[str, Any] = {}
+    for unit in snap.skeletons:
+        units[unit] = {"stage": snap.stages[unit], "spec": snap.spec_digest.get(unit, ""), "datasets": []}
+        if layout.data_parallel_rank == 0:
+            units[unit]["skeleton"] = snap.skeletons[unit]
+    for item, offset, xxh in zip(owned, offsets, sums, strict=True):
+        units[item.unit]["datasets"].append({
+            "path": item.path, "dataset": f"/{item.unit}/{item.path}", "dtype": name_of(item.dtype),
+            "shape": list(item.shape), "split_dim": item.split_dim, "offset": offset,
+            "nbytes": item.nbytes, fmt.CHECKSUM: xxh,
+        })
+    # Replicated tensors that another replica writes are still listed, so the committer can check that
+    # every tensor of every unit found its writer.
+    for item in snap.items:
+        if not item.owned:
+            units[item.unit].setdefault("elsewhere", []).append(item.path)
+    record = {
+        "step": snap.step, "incarnation": incarnation, "shard": name, "rank": layout.rank,
+        "world_size": layout.world_size, "stage": layout.stage,
+        "data_parallel_rank": layout.data_parallel_rank, "data_parallel_size": layout.data_parallel_size,
+        "file": file_name, "file_bytes": file_bytes, "load_order": list(snap.load_order),
+        "units": units, "state": json.loads(snap.state_json), "rng": snap.rng,
+    }
+    fmt.write_atomic(tmp / f"{name}.json", json.dumps(record).encode())
+
+
+def _layout_file(path: Path, snap: Snapshot, owned: list[Any], sums: list[str], layout: ShardLayout,
+                 incarnation: str) -> list[int]:
+    """Create the HDF5 structure with space reserved for every dataset; return their byte offsets."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)   # the bytes come by pwrite; never write them twice
+    offsets = []
+    with h5py.File(path, "w") as f:
+        f.attrs.update({"format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "step": snap.step,
+                        "rank": layout.rank, "stage": layout.stage,
+                        "data_parallel_rank": layout.data_parallel_rank, "incarnation": incarnation,
+                        "writer_version": __version__})
+        for item, xxh in zip(owned, sums, strict=True):
+            group_name, _, leaf = f"{item.unit}/{item.path}".rpartition("/")
+            group = f.require_group(group_name)
+            space = h5py.h5s.create_simple(item.shape) if item.shape else h5py.h5s.create(h5py.h5s.SCALAR)
+            dset = h5py.h5d.create(group.id, leaf.encode(), h5_type(item.dtype), space, dcpl=dcpl)
+            attrs = h5py.AttributeManager(h5py.Dataset(dset))
+            attrs["dtype"] = name_of(item.dtype)
+            attrs[fmt.CHECKSUM] = xxh
+            if item.split_dim is not None:
+                attrs["split_dim"] = item.split_dim
+            offset = dset.get_offset()
+            offsets.append(-1 if offset is None else int(offset))
+    return offsets
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        n = os.pwrite(fd, data[done:done + _CHUNK], offset + done)
+        if n <= 0:
+            raise CheckpointError(f"checkpoint: couldn't write: pwrite returned {n}")
+        done += n
+
+
+# -- the commit (rank 0) ------------------------------------------------------------------------------
+
+
+def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: float) -> fmt.Manifest:
+    tmp = fmt.tmp_dir(root, step)
+    records = _await_records(tmp, step, world_size, incarnation, timeout_s)
+    manifest = merge(records, step=step, incarnation=incarnation)
+    fmt.write_atomic(tmp / fmt.MANIFEST, json.dumps(manifest.to_json()).encode())
+    final = fmt.step_dir(root, step)
+    if final.exists():
+        # The same step again (a restore fell back past it): retire the old copy first, marker first.
+        old = root / f"step-{step}.old-{time.time_ns()}"
+        (final / fmt.MARKER).unlink(missing_ok=True)
+        os.rename(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.rename(tmp, final)
+    fmt.fsync_dir(root)
+    fmt.write_marker(final, step)
+    return manifest
+
+
+def _await_records(tmp: Path, step: int, world_size: int, incarnation: str,
+                   timeout_s: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    found: dict[int, dict[str, Any]] = {}
+    delay = 0.01
+    while True:
+        for rank in range(world_size):
+            if rank in found:
+                continue
+            try:
+                record = json.loads((tmp / f"{fmt.shard_name(rank)}.json").read_bytes())
+            except (FileNotFoundError, ValueError):
+                continue
+            if record.get("incarnation") == incarnation and record.get("step") == step:
+                found[rank] = record
+        if len(found) == world_size:
+            return [found[r] for r in range(world_size)]
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(world_size)) - set(found))
+            raise CheckpointError(
+                f"checkpoint: couldn't commit step {step}: no shard from rank(s) {_ranges(missing)} after "
+                f"{timeout_s:.0f} s (those ranks died or are slow; the previous checkpoint stays in use)")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _ranges(ranks: list[int]) -> str:
+    return ",".join(str(r) for r in ranks[:16]) + (",..." if len(ranks) > 16 else "")
+
+
+def merge(records: list[dict[str, Any]], *, step: int, incarnation: str) -> fmt.Manifest:
+    """Join the shard records into one manifest; replicas that disagree are an error, not a checkpoint."""
+    stages: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        stages.setdefault(r["stage"], []).append(r)
+    for stage, rs in stages.items():
+        sizes = {r["data_parallel_size"] for r in rs}
+        dp_ranks = sorted(r["data_parallel_rank"] for r in rs)
+        if len(sizes) != 1 or dp_ranks != list(range(len(rs))) or len(rs) != sizes.pop():
+            raise CheckpointError(f"checkpoint: couldn't commit step {step}: stage {stage!r} has "
+                                  f"data-parallel ranks {dp_ranks} (each of 0..size-1 exactly once expected)")
+        specs = {json.dumps({u: v["spec"] for u, v in r["units"].items()}, sort_keys=True) for r in rs}
+        if len(specs) != 1:
+            raise CheckpointError(f"checkpoint: couldn't commit step {step}: the replicas of stage "
+                                  f"{stage!r} saved different tensors (same modules, keys, shapes expected)")
+    units: dict[str, dict[str, Any]] = {}
+    pieces: dict[tuple[str, str], list[tuple[fmt.Piece, str, tuple[int, ...], int | None]]] = {}
+    for r in records:
+        for name, u in r["units"].items():
+            if name in units and units[name]["stage"] != r["stage"]:
+                raise CheckpointError(f"checkpoint: couldn't commit step {step}: module unit {name!r} "
+                                      f"is saved by two stages ({units[name]['stage']!r}, {r['stage']!r})")
+            entry = units.setdefault(name, {"stage": r["stage"], "skeleton": None})
+            if "skeleton" in u:
+                entry["skeleton"] = u["skeleton"]
+            for d in u["datasets"]:
+                piece = fmt.Piece(shard=r["shard"], dataset=d["dataset"], offset=d["offset"],
+                                  nbytes=d["nbytes"], xxh3=d[fmt.CHECKSUM], shape=tuple(d["shape"]),
+                                  index=r["data_parallel_rank"] if d["split_dim"] is not None else 0)
+                pieces.setdefault((name, d["path"]), []).append((piece, d["dtype"], piece.shape, d["split_dim"]))
+    built: dict[str, fmt.Unit] = {}
+    for name, entry in units.items():
+        module, _, part = name.rpartition("/")
+        tensors: dict[str, fmt.TensorEntry] = {}
+        for path in tensor_paths(entry["skeleton"]):
+            got = sorted(pieces.get((name, path), []), key=lambda p: p[0].index)
+            if not got:
+                raise CheckpointError(f"checkpoint: couldn't commit step {step}: no rank wrote {name}/{path}")
+            dtype, split_dim = got[0][1], got[0][3]
+            shape = list(got[0][2])
+            if split_dim is not None:
+                shape[split_dim] = sum(p[2][split_dim] for p in got)
+            elif len(got) != 1:
+                raise CheckpointError(f"checkpoint: couldn't commit step {step}: {name}/{path} written twice")
+            tensors[path] = fmt.TensorEntry(dtype=dtype, shape=tuple(shape), split_dim=split_dim,
+                                            pieces=tuple(p[0] for p in got))
+        built[name] = fmt.Unit(module=module, part=part, stage=entry["stage"], skeleton=entry["skeleton"],
+                               tensors=tensors)
+    shards = {
+        r["shard"]: fmt.ShardInfo(name=r["shard"], rank=r["rank"], stage=r["stage"],
+                                  data_parallel_rank=r["data_parallel_rank"],
+                                  data_parallel_size=r["data_parallel_size"], file=r["file"],
+                                  file_bytes=r["file_bytes"], state=r["state"], rng=r["rng"])
+        for r in records
+    }
+    order: list[str] = []
+    for r in sorted(records, key=lambda r: r["rank"]):
+        order += [m for m in r["load_order"] if m not in order]
+    return fmt.Manifest(step=step, world_size=len(records), incarnation=incarnation, created=time.time(),
+                        writer_version=__version__, load_order=tuple(order), units=built, shards=shards)
+
+
+# -- retention (rank 0) -------------------------------------------------------------------------------
+
+
+def retire(root: Path, *, keep_last: int, newest: int) -> None:
+    """Keep the newest ``keep_last`` complete checkpoints (0 keeps all); sweep what crashes left behind.
+
+    Only steps older than ``newest`` are swept: other ranks may already be writing a later step.
+    """
+    entries = fmt.scan(root)
+    done = [e for e in entries if e.status is fmt.Status.COMPLETE]
+    doomed = done[:-keep_last] if keep_last > 0 else []
+    oldest_kept = min((e.step for e in done if e not in doomed), default=newest)
+    for e in entries:
+        stale = e.status in (fmt.Status.INCOMPLETE, fmt.Status.WRITING, fmt.Status.RETIRED) and e.step < newest
+        old_corrupt = e.status is fmt.Status.CORRUPT and e.step < oldest_kept
+        if e in doomed or stale or old_corrupt:
+            _remove(e.path)
+
+
+def _remove(path: Path) -> None:
+    try:
+        (path / fmt.MARKER).unlink(missing_ok=True)   # no longer complete before anything else goes
+        shutil.rmtree(path)
+    except OSError as e:
+        log.warning("checkpoint: couldn't remove %s: %s", path, e)
