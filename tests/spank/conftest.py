@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SPANK = REPO / "spank"
-HARDENING = ["-O2", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong", "-Wall", "-Wextra", "-Werror"]
+from spank_support import HARDENING, SPANK
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +23,3 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["cc", *HARDENING, "-std=gnu11", f"-I{SPANK}", "-o", str(out), *map(str, sources)],
                    check=True, capture_output=True, text=True, timeout=120)
     return out
-
-
-def run_harness(harness: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(harness), *args], capture_output=True, text=True, timeout=10, check=False)

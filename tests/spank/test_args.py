@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_harness
+from spank_support import run_harness
 
 
 @pytest.mark.parametrize(("arg", "parsed"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from conftest import SPANK
+from spank_support import SPANK
 
 
 def _readelf(*args: str) -> str:

@@ -1,0 +1,58 @@
+"""Rendered scripts compared word for word with tests/templates/golden/.
+
+A difference or a missing golden file fails. To accept a change on purpose, run with
+OMNI_WRITE_GOLDEN=1: the files are written and the test still fails once, so that nobody
+regenerates by accident; review the diff and commit it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from render_support import GOLDEN, JOB_FILE
+from slurm_omni.config.job import JobFile
+from slurm_omni.config.site import SiteConfig
+from slurm_omni.render import ArrayJobRequest, HetJobRequest
+
+
+def _compare(name: str, rendered: str, golden_dir: Path = GOLDEN) -> None:
+    path = golden_dir / name
+    if os.environ.get("OMNI_WRITE_GOLDEN") == "1":
+        path.write_text(rendered)
+        pytest.fail(f"wrote {path}: review the diff, commit it, and run again without OMNI_WRITE_GOLDEN")
+    if not path.exists():
+        pytest.fail(f"golden file {path} is missing (create it with OMNI_WRITE_GOLDEN=1 and review it)")
+    expected = path.read_text()
+    assert rendered == expected, f"{name} differs from its golden file"
+
+
+def test_het_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    script = HetJobRequest(job=job, site=site, job_file=JOB_FILE, job_sha256=job_sha256).materialize()
+    _compare("het.sbatch", script)
+
+
+def test_array_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    second = replace(job, job=replace(job.job, name="omni-tiny-lr2"))
+    script = ArrayJobRequest(jobs=(job, second), site=site,
+                             job_files=(JOB_FILE, JOB_FILE.with_name("job-lr2.toml")),
+                             job_sha256s=(job_sha256, "0" * 64), max_parallel=1).materialize()
+    _compare("array.sbatch", script)
+
+
+def test_missing_golden_fails_rather_than_regenerates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMNI_WRITE_GOLDEN", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="is missing"):
+        _compare("het.sbatch", "x", golden_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_different_golden_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMNI_WRITE_GOLDEN", raising=False)
+    (tmp_path / "het.sbatch").write_text("y")
+    with pytest.raises(AssertionError, match="differs"):
+        _compare("het.sbatch", "x", golden_dir=tmp_path)
+    assert (tmp_path / "het.sbatch").read_text() == "y"
