@@ -7,6 +7,7 @@ pay for it). Each entry names ``module:attribute`` of a click command or group.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import sys

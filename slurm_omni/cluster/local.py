@@ -116,10 +116,10 @@ class LocalCluster:
         """Bring the cluster up; returns False when everything was already running (a no-op)."""
         check_packages()
         recorded = self.recorded_spec()
-        if recorded is not None and self._spec is not None and recorded != self._spec:
-            if any(self.running().values()):
-                raise ClusterError(f"cluster: couldn't reshape the running cluster in {self.paths.root} "
-                                   "(run 'omni cluster down' first)")
+        if (recorded is not None and self._spec is not None and recorded != self._spec
+                and any(self.running().values())):
+            raise ClusterError(f"cluster: couldn't reshape the running cluster in {self.paths.root} "
+                               "(run 'omni cluster down' first)")
         alive = self.running()
         if alive and all(alive.values()) and self.paths.slurm_conf.exists():
             log.info("cluster already up in %s", self.paths.root)
@@ -233,7 +233,7 @@ class LocalCluster:
             raise ClusterError(f"cluster: {d.name} exited: {tail} (see {d.log_file})")
 
     @staticmethod
-    def _wait_for(cond, wait_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    def _wait_for(cond: Callable[[], bool], wait_s: float, what: str) -> None:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if cond():

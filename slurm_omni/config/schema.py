@@ -115,7 +115,7 @@ def _convert(tp: Any, value: Any, *, source: str, key: str) -> Any:
         kt, vt = typing.get_args(tp) or (str, Any)
         return {k: _convert(vt, v, source=source, key=f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return load_dataclass(tp, value, source=source, prefix=key)  # type: ignore[type-var]
+        return load_dataclass(typing.cast(type, tp), value, source=source, prefix=key)
     if tp is bool:
         if isinstance(value, bool):
             return value

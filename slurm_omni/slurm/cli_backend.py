@@ -10,10 +10,10 @@ from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.backend import ClusterSnapshot
 from slurm_omni.slurm.parse_json import parse_sinfo_json, parse_squeue_json
 from slurm_omni.slurm.parse_text import parse_topology
-from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.runner import CommandResult, CommandRunner
 from slurm_omni.slurm.types import Job, Node, Topology
 
-_SBATCH_ID = re.compile(r"^Submitted batch job (\d+)", re.M)
+_SBATCH_ID = re.compile(r"^Submitted batch job (\d+)", re.MULTILINE)
 _JOB_REF = re.compile(r"^\d+(\+\d+|_\d+)?$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
 
@@ -40,12 +40,13 @@ class CliBackend:
         return self._topology
 
     def nodes(self) -> list[Node]:
-        out = self.runner.run(["sinfo", "--json"]).stdout
+        out = self.runner.run(["sinfo", "--json"], unreachable_if=json_reports_error).stdout
         return parse_sinfo_json(out, self.topology())
 
     def jobs(self, *, user: str | None = None) -> list[Job]:
         # squeue --json ignores filters in 22.05 (BACKGROUND.md): filter here.
-        jobs = parse_squeue_json(self.runner.run(["squeue", "--json"]).stdout)
+        out = self.runner.run(["squeue", "--json"], unreachable_if=json_reports_error).stdout
+        jobs = parse_squeue_json(out)
         return [j for j in jobs if user is None or j.user == user]
 
     def snapshot(self, *, user: str | None = None) -> ClusterSnapshot:
@@ -84,6 +85,12 @@ class CliBackend:
         if reason:
             argv.append(f"reason={reason}")
         self.runner.run(argv)
+
+
+def json_reports_error(result: CommandResult) -> bool:
+    """22.05's --json commands exit 0 and put "errors" in the document when slurmctld is unreachable."""
+    head = result.stdout[:2000]
+    return '"errors"' in head and '"error"' in head.split('"errors"', 1)[1][:400]
 
 
 def _check_ref(ref: str) -> None:

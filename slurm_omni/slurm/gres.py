@@ -17,8 +17,7 @@ def parse_gres(text: str) -> tuple[Gres, ...]:
     out = []
     for item in _split(text):
         item = re.sub(r"\(.*\)$", "", item.strip())  # socket or index annotations
-        if item.startswith("gres:"):
-            item = item[len("gres:"):]
+        item = item.removeprefix("gres:")
         m = _GRES.match(item)
         if m is None:
             continue

@@ -11,7 +11,7 @@ from slurm_omni.slurm.states import node_state, split_node_state
 from slurm_omni.slurm.types import Node, Switch, Topology
 
 # Key=Value pairs; a value runs to the next " Key=" (values such as Reason= and OS= hold spaces).
-_PAIR = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/:]*=|\s*$)", re.S)
+_PAIR = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/:]*=|\s*$)", re.DOTALL)
 
 
 def parse_records(text: str, first_key: str) -> list[dict[str, str]]:

@@ -20,7 +20,7 @@ from slurm_omni.slurm.types import HetComponent, Job, Node
 
 _IMPORT_ERROR: str | None = None
 try:  # pragma: no cover - depends on the installed Slurm
-    import pyslurm  # type: ignore[import-not-found]
+    import pyslurm
 except Exception as e:  # noqa: BLE001 - any failure means "not usable here"
     pyslurm = None
     _IMPORT_ERROR = f"{type(e).__name__}: {e}"

@@ -6,12 +6,13 @@ slurmctld is unreachable, and a bounded call rate so that no loop can hammer slu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_omni.errors import SlurmError, SlurmUnreachable
@@ -98,7 +99,10 @@ class CommandRunner:
         retry_unreachable: bool = True,
         input_text: str | None = None,
         cwd: str | None = None,
+        unreachable_if: Callable[[CommandResult], bool] | None = None,
     ) -> CommandResult:
+        """Run ``argv``; ``unreachable_if`` flags outputs that mean "slurmctld did not answer" even with
+        exit 0 (``sinfo --json`` in 22.05 exits 0 with an "Unspecified error" in its JSON)."""
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise SlurmError(f"runner: couldn't run {argv!r}: argv must be a non-empty list of strings")
         env = {**os.environ, **self.env}
@@ -106,6 +110,9 @@ class CommandRunner:
         delay = self.backoff_s
         for attempt in range(1, attempts + 1):
             result = self._once(tuple(argv), env, timeout_s or self.timeout_s, input_text, cwd)
+            if unreachable_if is not None and result.ok and unreachable_if(result):
+                result = dataclasses.replace(result, returncode=-1, stderr=result.stderr + "\n"
+                                             + UNREACHABLE_MARKERS[0] + " (reported in the output)")
             if result.ok or not _unreachable(result.stderr) or attempt == attempts:
                 break
             log.warning("%s: slurmctld unreachable (attempt %d/%d), retrying in %.1fs",

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cluster
 
 def omni(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "slurm_omni.cli.main", *args], capture_output=True,
-                          text=True, timeout=180, env={**os.environ, **(env or {})})
+                          check=False, text=True, timeout=180, env={**os.environ, **(env or {})})
 
 
 def our_processes(state_dir: Path) -> list[str]:
