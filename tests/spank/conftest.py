@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from spank_support import HARDENING, SPANK
 
 

@@ -9,7 +9,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from spank_support import run_harness
 
 

@@ -8,10 +8,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from render_support import DATA, STUB_SCONTROL, STUB_SRUN
 
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site
-from render_support import DATA, STUB_SCONTROL, STUB_SRUN
+
 
 @pytest.fixture(scope="session")
 def site() -> SiteConfig:

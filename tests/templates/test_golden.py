@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from render_support import GOLDEN, JOB_FILE
+
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.render import ArrayJobRequest, HetJobRequest

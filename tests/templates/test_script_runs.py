@@ -11,12 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.render import ArrayJobRequest, HetJobRequest
 from slurm_omni.runtime import exitcodes
-from support import wait_until
 
 HOSTILE = "dir with space/quote'\"/$(touch PWNED)/`touch PWNED2`/semi;colon|pipe/new\nline/*?[a]/%x/tab\t/"
 

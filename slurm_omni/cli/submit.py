@@ -1,0 +1,114 @@
+"""``omni render`` prints a batch script; ``omni submit`` renders, submits and registers it."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from pathlib import Path
+
+import click
+
+from slurm_omni.config.job import JobFile, load_job
+from slurm_omni.config.site import SiteConfig, load_site, site_path
+from slurm_omni.errors import SlurmError
+from slurm_omni.render import ArrayJobRequest, HetJobRequest, plan_stages
+from slurm_omni.render.registry import Registration, register
+
+log = logging.getLogger(__name__)
+
+_SBATCH_ID = re.compile(r"(\d+)(?:;\S+)?")
+
+
+def parse_sbatch_id(stdout: str) -> int:
+    """Job id from ``sbatch --parsable``: ``1234`` or ``1234;cluster``."""
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    m = _SBATCH_ID.fullmatch(line.strip())
+    if m is None:
+        raise SlurmError(f"sbatch: couldn't read the job id from {stdout.strip()[:80]!r}")
+    return int(m[1])
+
+
+def _load(job_files: tuple[Path, ...], site_file: Path | None) -> tuple[list[tuple[Path, JobFile, str]], SiteConfig]:
+    site = load_site(site_path(site_file))
+    loaded = []
+    for path in job_files:
+        absolute = path.resolve()
+        job = load_job(absolute)
+        loaded.append((absolute, job, hashlib.sha256(absolute.read_bytes()).hexdigest()))
+    return loaded, site
+
+
+def _request(loaded: list[tuple[Path, JobFile, str]], site: SiteConfig, max_parallel: int,
+             sweep: bool) -> HetJobRequest | ArrayJobRequest:
+    if len(loaded) == 1 and not sweep:
+        path, job, digest = loaded[0]
+        return HetJobRequest(job=job, site=site, job_file=path, job_sha256=digest)
+    return ArrayJobRequest(jobs=tuple(j for _, j, _ in loaded), site=site,
+                           job_files=tuple(p for p, _, _ in loaded),
+                           job_sha256s=tuple(d for _, _, d in loaded), max_parallel=max_parallel)
+
+
+_site_option = click.option("--site", "site_file", type=click.Path(path_type=Path, dir_okay=False),
+                            help="Site config (default: $OMNI_SITE_CONFIG, else /etc/slurm-omni/omni.toml).")
+_sweep_option = click.option("--sweep", is_flag=True,
+                             help="A job array, one task per job file (implied by several files).")
+_parallel_option = click.option("--max-parallel", type=click.IntRange(min=0), default=0,
+                                help="At most this many array tasks at once (0: no limit).")
+_files_argument = click.argument("job_files", nargs=-1, required=True,
+                                 type=click.Path(path_type=Path, dir_okay=False))
+
+
+@click.command()
+@_files_argument
+@_site_option
+@_sweep_option
+@_parallel_option
+def render(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max_parallel: int) -> None:
+    """Print the batch script for JOB_FILES (one: a heterogeneous job; several: a sweep)."""
+    loaded, site = _load(job_files, site_file)
+    click.echo(_request(loaded, site, max_parallel, sweep).materialize(), nl=False)
+
+
+@click.command()
+@_files_argument
+@_site_option
+@_sweep_option
+@_parallel_option
+@click.option("--hold", is_flag=True, help="Submit held (release with scontrol release).")
+def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max_parallel: int,
+           hold: bool) -> None:
+    """Render, submit with sbatch and register the job with the manager."""
+    from slurm_omni.slurm.runner import CommandRunner
+
+    loaded, site = _load(job_files, site_file)
+    request = _request(loaded, site, max_parallel, sweep)
+    script = request.materialize()
+    argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]
+    result = CommandRunner().run(argv, input_text=script, timeout_s=60)
+    job_id = parse_sbatch_id(result.stdout)
+    first_path, first, digest = loaded[0]
+    script_path = _keep_script(first.job.log_dir, first.job.name, job_id, script)
+    registration = Registration(
+        job_id=job_id, kind="het" if isinstance(request, HetJobRequest) else "array", name=first.job.name,
+        cluster=site.cluster, job_file=first_path, job_sha256=digest, script=script_path,
+        ckpt_dir=site.checkpoint.root / first.job.name, data_parallel_size=first.job.data_parallel_size,
+        max_requeues=first.job.max_requeues, stages=plan_stages(first, site),
+        array_tasks=None if isinstance(request, HetJobRequest) else tuple(
+            {"task_id": i, "job_file": str(p), "name": j.job.name, "job_sha256": d,
+             "ckpt_dir": str(site.checkpoint.root / j.job.name)} for i, (p, j, d) in enumerate(loaded)))
+    record = register(site.manager.registry_dir, registration)
+    click.echo(f"submitted job {job_id} ({first.job.name}); registered in {record}")
+
+
+def _keep_script(log_dir: Path, name: str, job_id: int, script: str) -> Path | None:
+    """A copy of what was submitted, next to the job's logs; losing it is not an error."""
+    path = log_dir / f"{name}-{job_id}.sbatch"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(script)
+    except OSError as e:
+        log.warning("couldn't keep a copy of the script in %s: %s", path, e.strerror)
+        return None
+    return path
+

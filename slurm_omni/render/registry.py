@@ -1,0 +1,101 @@
+"""Registration of submitted jobs with the manager: one JSON file per job in the site's registry.
+
+``<registry_dir>/<slurm job id>.json`` (directory 0700, file 0600, written to a temporary name,
+fsynced and renamed, so the manager never reads half a record)::
+
+    {"format": 1, "job_id": 1234, "kind": "het" | "array", "name": "omni-tiny",
+     "cluster": "omni", "user": "alice", "submitted_at": "2026-11-30T00:40:00Z",
+     "job_file": "/abs/job.toml", "job_sha256": "...", "script": "/abs/.omni/scripts/1234.sbatch",
+     "ckpt_dir": "/shared/ckpt/omni-tiny", "data_parallel_size": 2, "max_requeues": 5,
+     "stages": [{"het_group": 0, "name": "vision", "partition": "vision", "nodes": 1,
+                 "tasks_per_node": 2, "gres": "gpu:h100:4", "switches": 1}, ...],
+     "array_tasks": null | [{"task_id": 0, "job_file": ..., "name": ..., "ckpt_dir": ...}, ...]}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from slurm_omni.errors import ConfigError, OmniError
+from slurm_omni.render.request import StagePlan
+
+REGISTRY_FORMAT = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Registration:
+    job_id: int
+    kind: Literal["het", "array"]
+    name: str
+    cluster: str
+    job_file: Path
+    job_sha256: str
+    script: Path | None
+    ckpt_dir: Path
+    data_parallel_size: int
+    max_requeues: int
+    stages: tuple[StagePlan, ...]
+    array_tasks: tuple[dict[str, Any], ...] | None = None
+    user: str = ""
+    submitted_at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": REGISTRY_FORMAT, "job_id": self.job_id, "kind": self.kind, "name": self.name,
+            "cluster": self.cluster, "user": self.user or getpass.getuser(),
+            "submitted_at": self.submitted_at or _now(), "job_file": str(self.job_file),
+            "job_sha256": self.job_sha256, "script": str(self.script) if self.script else None,
+            "ckpt_dir": str(self.ckpt_dir), "data_parallel_size": self.data_parallel_size,
+            "max_requeues": self.max_requeues,
+            "stages": [{"het_group": s.het_group, "name": s.name, "partition": s.partition, "nodes": s.nodes,
+                        "tasks_per_node": s.tasks_per_node, "gres": s.gres, "switches": s.switches}
+                       for s in self.stages],
+            "array_tasks": list(self.array_tasks) if self.array_tasks is not None else None,
+        }
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def register(registry_dir: Path, registration: Registration) -> Path:
+    """Write the record atomically; returns its path."""
+    try:
+        registry_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = registry_dir / f"{registration.job_id}.json"
+        fd, tmp = tempfile.mkstemp(prefix=f".{registration.job_id}.", suffix=".tmp", dir=registry_dir)
+        try:
+            with os.fdopen(fd, "w") as f:      # mkstemp creates it 0600
+                json.dump(registration.to_json(), f, indent=1, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise OmniError(f"submit: couldn't register job {registration.job_id} in {registry_dir}: "
+                        f"{e.strerror} (check manager.registry_dir in the site config)") from e
+    return path
+
+
+def read_registrations(registry_dir: Path) -> list[dict[str, Any]]:
+    """Every complete record, oldest job id first (for the manager)."""
+    records = []
+    for path in sorted(registry_dir.glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"registry: couldn't read {path}: {e}") from e
+        if record.get("format") != REGISTRY_FORMAT:
+            raise ConfigError(f"registry: {path}: format {record.get('format')!r} is not {REGISTRY_FORMAT}")
+        records.append(record)
+    return records
