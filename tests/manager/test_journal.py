@@ -150,8 +150,8 @@ KILLED = textwrap.dedent("""
 @pytest.mark.parametrize("point", ["before_confirm", "before_submit", "after_submit", "after_done"])
 def test_killed_process_then_restart(tmp_path: Path, point: str) -> None:
     db, slurm = fresh(tmp_path), FakeSlurm(tmp_path / "slurm.jsonl")
-    proc = subprocess.run([sys.executable, "-c", KILLED, str(db), str(slurm.path), point], timeout=60,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(db), str(slurm.path), point], check=False,
+                          timeout=60, capture_output=True, text=True)
     assert proc.returncode == 137, proc.stderr
     restart_and_finish(db, slurm).close()
     assert len(slurm.jobs()) == 1
