@@ -25,18 +25,39 @@ How the training runtime uses it::
 that is cut across data-parallel ranks (ZeRO) in ``DpSplit``. The on-disk format is in ``format.py``.
 """
 
-from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, CrashGuard, SaveResult
-from slurm_omni.checkpoint.format import CheckpointCorrupt, find_latest_complete, latest_step
-from slurm_omni.checkpoint.persist import PersistStats
-from slurm_omni.checkpoint.restore import Restore
-from slurm_omni.checkpoint.rng import capture as capture_rng_state
-from slurm_omni.checkpoint.rng import restore as restore_rng_state
-from slurm_omni.checkpoint.signals import SaveRequest
-from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
-from slurm_omni.checkpoint.tree import DpSplit
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointConfig", "CheckpointCorrupt", "CheckpointEngine", "CrashGuard", "DpSplit", "PersistStats",
-    "Restore", "SaveRequest", "SaveResult", "ShardLayout", "ShardState", "capture_rng_state",
-    "find_latest_complete", "latest_step", "restore_rng_state",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# torch takes seconds to import; ``omni ckpt ls`` and the requeue manager use format.py alone, so the
+# names below load on first use.
+_LAZY = {
+    "CheckpointConfig": "engine", "CheckpointEngine": "engine", "CrashGuard": "engine", "SaveResult": "engine",
+    "CheckpointCorrupt": "format", "find_latest_complete": "format", "latest_step": "format",
+    "PersistStats": "persist", "Restore": "restore", "SaveRequest": "signals",
+    "ShardLayout": "snapshot", "ShardState": "snapshot", "DpSplit": "tree",
+    "capture_rng_state": "rng:capture", "restore_rng_state": "rng:restore",
+}
+
+if TYPE_CHECKING:
+    from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, CrashGuard, SaveResult
+    from slurm_omni.checkpoint.format import CheckpointCorrupt, find_latest_complete, latest_step
+    from slurm_omni.checkpoint.persist import PersistStats
+    from slurm_omni.checkpoint.restore import Restore
+    from slurm_omni.checkpoint.rng import capture as capture_rng_state
+    from slurm_omni.checkpoint.rng import restore as restore_rng_state
+    from slurm_omni.checkpoint.signals import SaveRequest
+    from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
+    from slurm_omni.checkpoint.tree import DpSplit
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attr or name)
+
+
+__all__ = sorted(_LAZY)

@@ -84,6 +84,7 @@ class CheckpointEngine:
         self._inflight: Future[PersistStats] | None = None
         self._last_step: int | None = None
         self._closed = False
+        self._warned_wait = False
         try:
             config.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -154,11 +155,14 @@ class CheckpointEngine:
         if future is None:
             return 0.0
         started = time.monotonic()
-        if not future.done():
-            log.warning("checkpoint: the previous persist is still running; this save waits for it "
-                        "(checkpoint less often, or use faster storage)")
         future.result()
-        return time.monotonic() - started
+        waited = time.monotonic() - started
+        if waited > 0.1:
+            log.log(logging.INFO if self._warned_wait else logging.WARNING,
+                    "checkpoint: waited %.2f s for the previous persist (checkpoint less often, or use faster "
+                    "storage)", waited)
+            self._warned_wait = True
+        return waited
 
     def wait_complete(self, step: int, timeout_s: float) -> bool:
         """On any rank: wait until ``step`` is committed (rank 0 wrote its marker)."""
