@@ -1,0 +1,193 @@
+"""Site config and job file: what loads, and one test per error, each naming file, key, value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.config.job import load_job, parse_slurm_time
+from slurm_omni.config.site import load_site, parse_gres
+from slurm_omni.errors import ConfigError
+from slurm_omni.render import plan_stages
+
+REPO = Path(__file__).resolve().parents[2]
+
+SITE = """
+cluster = "omni"
+[stages.vision]
+partition = "vision"
+gres = "gpu:h100:4"
+[stages.text]
+partition = "text"
+gres = "gpu:h100:4"
+[checkpoint]
+root = "/shared/ckpt"
+[detection]
+heartbeat_interval_s = 5
+confirmation_window_s = 15
+progress_window_s = 60
+[elasticity]
+min_data_parallel_size = 1
+spare_policy = "same_switch"
+spare_nodes = "node[7-8]"
+[drills]
+allowed_nodes = "node[5-8]"
+[manager]
+spool_dir = "/var/spool/omni"
+registry_dir = "/var/lib/omni/registry"
+metrics_dir = "/var/lib/node_exporter/textfile"
+"""
+
+JOB = """
+[job]
+name = "omni-tiny"
+data_parallel_size = 2
+time_limit = "01:00:00"
+[[stages]]
+name = "vision"
+nodes = 1
+[[stages]]
+name = "text"
+nodes = 1
+[training.data]
+shard_dir = "shards"
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_site_loads(tmp_path: Path) -> None:
+    site = load_site(_write(tmp_path, "omni.toml", SITE))
+    assert site.stages["vision"].partition == "vision"
+    assert site.drills.nodes == ("node5", "node6", "node7", "node8")
+    assert site.detection.heartbeat_interval_s == 5.0
+    assert site.manager.spool_dir == Path("/var/spool/omni")
+
+
+def test_job_loads_with_paths_from_its_folder(tmp_path: Path) -> None:
+    job = load_job(_write(tmp_path, "job.toml", JOB))
+    assert [s.name for s in job.stages] == ["vision", "text"]
+    assert job.job.log_dir == tmp_path / "logs"
+    assert job.training.data.shard_dir == tmp_path / "shards"
+    assert job.job.time_limit_s == 3600
+
+
+@pytest.mark.parametrize("path", ["site-config/omni.toml", "site-config/examples/job.toml"])
+def test_shipped_files_load(path: str) -> None:
+    full = REPO / path
+    if full.name == "job.toml":
+        plan_stages(load_job(full), load_site(REPO / "site-config/omni.toml"))
+    else:
+        load_site(full)
+
+
+SITE_ERRORS = [
+    ("unknown top-level key", ("cluster = \"omni\"", "cluster = \"omni\"\nclustre = 1"), "unknown key 'clustre'"),
+    ("unknown nested key", ("root = \"/shared/ckpt\"", "root = \"/shared/ckpt\"\nrot = 1"),
+     "unknown key 'checkpoint.rot'"),
+    ("bad partition", ("partition = \"vision\"", "partition = \"vi sion\""), "partition 'vi sion' is not allowed"),
+    ("bad gres", ("gres = \"gpu:h100:4\"\n[stages.text]", "gres = \"gpu:h100\"\n[stages.text]"),
+     "gres 'gpu:h100' is not allowed"),
+    ("relative ckpt root", ("root = \"/shared/ckpt\"", "root = \"shared/ckpt\""), "checkpoint.root 'shared/ckpt'"),
+    ("relative spool", ("spool_dir = \"/var/spool/omni\"", "spool_dir = \"spool\""), "manager.spool_dir 'spool'"),
+    ("heartbeat zero", ("heartbeat_interval_s = 5", "heartbeat_interval_s = 0"), "heartbeat_interval_s = 0.0"),
+    ("confirmation shorter than heartbeat", ("confirmation_window_s = 15", "confirmation_window_s = 1"),
+     "confirmation_window_s = 1.0 is not allowed"),
+    ("progress window too short", ("progress_window_s = 60", "progress_window_s = 6"), "progress_window_s = 6.0"),
+    ("min dp zero", ("min_data_parallel_size = 1", "min_data_parallel_size = 0"), "min_data_parallel_size = 0"),
+    ("spare policy", ("spare_policy = \"same_switch\"", "spare_policy = \"nearby\""),
+     "elasticity.spare_policy = 'nearby' is not allowed (expected one of 'same_switch', 'any_switch', 'none')"),
+    ("bad hostlist", ("allowed_nodes = \"node[5-8]\"", "allowed_nodes = \"node[5-\""), "drills.allowed_nodes"),
+    ("wrong type", ("heartbeat_interval_s = 5", "heartbeat_interval_s = \"5s\""),
+     "detection.heartbeat_interval_s = '5s' is not allowed (expected a number)"),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "message"), SITE_ERRORS, ids=[c[0] for c in SITE_ERRORS])
+def test_site_error(tmp_path: Path, case: str, edit: tuple[str, str], message: str) -> None:
+    assert edit[0] in SITE, case
+    path = _write(tmp_path, "omni.toml", SITE.replace(edit[0], edit[1], 1))
+    with pytest.raises(ConfigError) as e:
+        load_site(path)
+    assert str(path) in str(e.value) and message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+JOB_ERRORS = [
+    ("unknown key", ("time_limit = \"01:00:00\"", "time_limit = \"01:00:00\"\ntimelimit = 1"),
+     "unknown key 'job.timelimit'"),
+    ("missing name", ("name = \"omni-tiny\"\n", ""), "missing required key 'job.name'"),
+    ("bad name", ("name = \"omni-tiny\"", "name = \"omni tiny\""), "job.name 'omni tiny' is not allowed"),
+    ("dp zero", ("data_parallel_size = 2", "data_parallel_size = 0"), "job.data_parallel_size = 0"),
+    ("bad time", ("time_limit = \"01:00:00\"", "time_limit = \"1h\""), "time '1h' is not allowed"),
+    ("signal after limit", ("time_limit = \"01:00:00\"", "time_limit = \"2\""), "job.signal_before_s = 300"),
+    ("bad requeue signal", ("time_limit = \"01:00:00\"", "time_limit = \"01:00:00\"\nrequeue_signal = \"KILL\""),
+     "job.requeue_signal = 'KILL' is not allowed (expected one of 'USR1', 'USR2')"),
+    ("no stages", [("[[stages]]\nname = \"vision\"\nnodes = 1\n[[stages]]\nname = \"text\"\nnodes = 1\n", ""),
+                   ("[job]\n", "stages = []\n[job]\n")], "stages is empty"),
+    ("duplicate stage", ("name = \"text\"", "name = \"vision\""), "expected distinct names"),
+    ("nodes do not divide dp", ("name = \"text\"\nnodes = 1", "name = \"text\"\nnodes = 3"),
+     "nodes = 3 x tasks_per_node = derived is not allowed"),
+    ("bad switch wait", ("name = \"text\"\nnodes = 1", "name = \"text\"\nnodes = 1\nswitch_wait = \"soon\""),
+     "time 'soon' is not allowed"),
+    ("bad stage gres", ("name = \"text\"\nnodes = 1", "name = \"text\"\nnodes = 1\ngres = \"gpu:-1\""),
+     "gres 'gpu:-1' is not allowed"),
+    ("training error passes through", ("shard_dir = \"shards\"", "shard_dir = \"shards\"\nshuffle = 1"),
+     "unknown key 'training.data.shuffle'"),
+    ("missing training", ("[training.data]\nshard_dir = \"shards\"\n", ""), "missing required key 'training'"),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "message"), JOB_ERRORS, ids=[c[0] for c in JOB_ERRORS])
+def test_job_error(tmp_path: Path, case: str, edit: tuple[str, str] | list[tuple[str, str]],
+                   message: str) -> None:
+    text = JOB
+    for old, new in edit if isinstance(edit, list) else [edit]:
+        assert old in text, case
+        text = text.replace(old, new, 1)
+    path = _write(tmp_path, "job.toml", text)
+    with pytest.raises(ConfigError) as e:
+        load_job(path)
+    assert str(path) in str(e.value) and message in str(e.value)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("name = \"text\"\nnodes = 1", "name = \"audio\"\nnodes = 1"), "stage 'audio' is not in the site config"),
+    (("data_parallel_size = 2", "data_parallel_size = 16"), "has 16 tasks per node but gres 'gpu:h100:4' gives 4"),
+])
+def test_job_against_site_error(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
+    site = load_site(_write(tmp_path, "omni.toml", SITE))
+    job = load_job(_write(tmp_path, "job.toml", JOB.replace(*edit, 1)))
+    with pytest.raises(ConfigError, match=message):
+        plan_stages(job, site)
+
+
+def test_job_below_site_minimum(tmp_path: Path) -> None:
+    site = load_site(_write(tmp_path, "omni.toml", SITE.replace("min_data_parallel_size = 1",
+                                                                "min_data_parallel_size = 4")))
+    job = load_job(_write(tmp_path, "job.toml", JOB))
+    with pytest.raises(ConfigError, match="site minimum is elasticity.min_data_parallel_size = 4"):
+        plan_stages(job, site)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30", 1800), ("30:15", 1815), ("01:00:00", 3600), ("2-0", 172800), ("1-02:03", 93780), ("1-02:03:04", 93784),
+])
+def test_slurm_time(text: str, seconds: int) -> None:
+    assert parse_slurm_time(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "1h", "1:2:3:4", "-5", "1-", "a-1"])
+def test_slurm_time_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="is not allowed"):
+        parse_slurm_time(text)
+
+
+@pytest.mark.parametrize(("text", "shown"), [("gpu:h100:4", "gpu:h100:4"), ("gpu:2", "gpu:2")])
+def test_gres(text: str, shown: str) -> None:
+    assert str(parse_gres(text)) == shown
