@@ -90,7 +90,7 @@ class FaultRecord:
     time: float
 
     def observation(self) -> TaskExit:
-        return TaskExit(self.time, self.node, self.het_offset or 0, self.task_id, self.exit_code, self.signal)
+        return TaskExit(self.time, self.node, self.het_offset, self.task_id, self.exit_code, self.signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +109,9 @@ class HeartbeatRecord:
     beats: int
     node: str = ""
 
-    def observation(self) -> Heartbeat:
-        # stage n runs in het component n (runtime/layout.py)
-        return Heartbeat(self.time, self.rank, self.step, self.node, self.stage, self.phase)
+    def observation(self, *, het_job: bool = True) -> Heartbeat:
+        """Stage n runs in het component n (runtime/layout.py); an ordinary job has only offset 0."""
+        return Heartbeat(self.time, self.rank, self.step, self.node, self.stage if het_job else None, self.phase)
 
 
 SpoolEvent = NodeEvent | FaultRecord

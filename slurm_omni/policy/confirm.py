@@ -9,7 +9,8 @@ when some rank is stale and there is no progress.
 The rule (evaluated at an injected ``now``; all times in one clock, the manager's):
 
 - CONFIRMED when level 1 and level 2 agree: a level-1 signal names a node on which a stale rank
-  runs (a heartbeat without a node agrees with any level-1 signal of the job);
+  runs; when a heartbeat does not name its node, a signal of the same het component agrees (a
+  rank whose last heartbeat says phase "failed" counts as a task exit of its component);
 - CONFIRMED as a hang when level 2 alone has held for ``hang_timeout``;
 - CONFIRMED on level 1 alone only for the kinds the site lists in ``level1_alone`` (none by
   default: a drained node whose ranks still make progress is not a failure of the job);
@@ -111,7 +112,7 @@ class TaskExit:
 
     time: float
     node: str
-    het_offset: int
+    het_offset: int | None      # None: an ordinary job, or unknown
     task_id: int
     exit_code: int | None = None
     signal: int | None = None
@@ -235,6 +236,7 @@ class Confirmer:
             self.observe(obs)
 
     def _add_level1(self, signal: Level1Signal) -> None:
+        # keyed by (kind, node): a node's repeated DOWN reports are one signal
         self._level1.setdefault((signal.kind, signal.node), signal)  # keep the first sighting
 
     def _heartbeat(self, hb: Heartbeat) -> None:
@@ -244,6 +246,9 @@ class Confirmer:
                 return   # a re-read or out-of-order file; it says nothing new
             self._hb_intervals.append(hb.time - prev.last_time)
         self._ranks[hb.rank] = _RankState(hb.time, hb.global_step, hb.node, hb.het_offset, hb.phase)
+        if hb.phase == "failed":   # the rank's own last word: as good as its task's exit record
+            self._level1.setdefault(("rank_failed", f"{hb.node}#{hb.rank}"), Level1Signal(
+                "task_exit", hb.node, hb.time, hb.het_offset, f"rank {hb.rank} reported failed"))
         if hb.global_step > self._global_step:
             if self._last_advance is not None and self._global_step >= 0 and hb.time > self._last_advance:
                 per_step = (hb.time - self._last_advance) / (hb.global_step - self._global_step)
@@ -311,12 +316,13 @@ class Confirmer:
     def _agree(self, signal: Level1Signal, rank: _RankState) -> bool:
         """Does a level-1 signal concern a stale rank: the same node, or (for a heartbeat that does
         not name its node) the same het component, or any node of the job when neither is known."""
-        if rank.node:
+        if rank.node and signal.node:
             return rank.node == signal.node
         if rank.het_offset is None:
             return True
-        offsets = {signal.het_offset} if signal.het_offset is not None else self._node_offsets.get(signal.node, set())
-        return rank.het_offset in offsets
+        if signal.het_offset is not None:
+            return rank.het_offset == signal.het_offset
+        return not signal.node or rank.het_offset in self._node_offsets.get(signal.node, set())
 
     def _stale_since(self, now: float) -> dict[int, float]:
         """Rank -> the time it became stale, for ranks stale at ``now`` (not those that said they

@@ -66,6 +66,7 @@ def test_fault_record_parses_to_task_exit() -> None:
     plain = events.parse_fault_record(dumps({**FAULT, "het_job_id": -1, "het_offset": -1, "signal": None,
                                              "exit_code": 1}))
     assert plain.het_job_id is None and plain.het_offset is None and plain.observation().faulty
+    assert plain.observation().het_offset is None
 
 
 @pytest.mark.parametrize("change,match", [
@@ -82,6 +83,7 @@ def test_fault_record_rejected(change: dict[str, object], match: str) -> None:
 def test_heartbeat_parses_with_and_without_node() -> None:
     hb = events.parse_heartbeat(dumps(BEAT))
     assert hb.observation().het_offset == 1 and hb.observation().global_step == 17 and hb.node == ""
+    assert hb.observation(het_job=False).het_offset is None
     assert events.parse_heartbeat(dumps({**BEAT, "node": "n4", "step_time_s": None})).observation().node == "n4"
 
 

@@ -268,3 +268,30 @@ def test_config_loads_from_toml_table() -> None:
     assert cfg.hang_floor_s == 60.0 and cfg.level1_alone == ("down",)
     with pytest.raises(ConfigError, match="level1_alone"):
         load_dataclass(ConfirmConfig, {"level1_alone": ["oops"]}, source="site.toml")
+
+
+def test_rank_reporting_failed_confirms_without_a_fault_record() -> None:
+    # no SPANK plugin: rank 2 is killed; rank 3's collective breaks, it beats "failed" once and exits
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    for i in range(20):
+        t = i * 0.5
+        for rank in (0, 1):
+            c.observe(Heartbeat(t, rank, min(i, 10), het_offset=RANK_OFFSET[rank]))
+        if t < 5.0:
+            c.observe(Heartbeat(t, 2, i, het_offset=1))
+        if t <= 6.0:
+            c.observe(Heartbeat(t, 3, min(i, 10), het_offset=1, phase="failed" if t == 6.0 else "training"))
+    d = c.evaluate(9.0)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "task_exit" and d.het_offsets == (1,)
+    assert 2 in d.ranks
+
+
+def test_fault_record_of_an_ordinary_job_agrees_by_node() -> None:
+    c = Confirmer(ConfirmConfig(), {0: ("a1", "a2")})
+    for t in range(6):
+        c.observe(Heartbeat(float(t), 0, min(t, 2), "a1"))
+        if t <= 2:
+            c.observe(Heartbeat(float(t), 1, t, "a2"))
+    c.observe(TaskExit(2.5, "a2", None, 1, None, 9))
+    d = c.evaluate(6.0)
+    assert d.verdict is Verdict.CONFIRMED and d.het_offsets == (0,) and d.nodes == ("a2",)
