@@ -60,4 +60,8 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{module}"), attr or name)
 
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "CheckpointConfig", "CheckpointCorrupt", "CheckpointEngine", "CrashGuard", "DpSplit", "PersistStats",
+    "Restore", "SaveRequest", "SaveResult", "ShardLayout", "ShardState", "capture_rng_state",
+    "find_latest_complete", "latest_step", "restore_rng_state",
+]

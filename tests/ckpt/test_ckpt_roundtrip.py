@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
 
+from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
 from slurm_omni.checkpoint import ShardState, capture_rng_state, restore_rng_state
 from slurm_omni.checkpoint.tree import escape, flatten, unflatten
 
