@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import click
@@ -24,4 +25,6 @@ def train(config_path: Path) -> None:
     logging.getLogger(__name__).info("train: rank %d stage %s replica %d/%d", layout.rank, layout.stage_name,
                                      layout.data_parallel_rank, layout.data_parallel_size)
     code = Trainer(cfg, layout).run()
-    raise click.exceptions.Exit(code)
+    # SystemExit, not click's Exit: main() runs click with standalone_mode=False, which turns Exit into
+    # a return value that main() does not pass on.
+    sys.exit(code)

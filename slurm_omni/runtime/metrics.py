@@ -1,9 +1,14 @@
 """Training metrics as JSON lines and as a Prometheus textfile, one of each per rank.
 
-``<OMNI_METRICS_DIR>/metrics-rank-<RANK>.jsonl``: one object per logged step (keys below).
-``<OMNI_METRICS_DIR>/omni-rank-<RANK>.prom``: the latest values as gauges ``omni_<key>`` labelled
-with job, rank, stage and dp_rank, written to a temporary name and renamed (node_exporter's textfile
-collector convention).
+Files are named by stage and replica (``<stage>-<dp_rank>``, e.g. ``text-0``), not by rank, so that
+one replica's history stays in one file when a resized run renumbers the ranks:
+
+``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl``: one object per logged step (keys below).
+``<OMNI_METRICS_DIR>/omni-<stage>-<dp_rank>.prom``: the latest values as gauges ``omni_<key>``
+labelled with job, rank, stage and dp_rank, written to a temporary name and renamed (node_exporter's
+textfile collector convention). Replica 0 removes the textfiles of replicas that no longer exist.
+``<OMNI_METRICS_DIR>/samples-<stage>-<dp_rank>.jsonl`` (with OMNI_TRACE_SAMPLES=1): the sample ids of
+every step, ``{"step", "ids", "dp_rank", "incarnation"}``.
 """
 
 from __future__ import annotations
@@ -36,9 +41,14 @@ class MetricsWriter:
     def __init__(self, layout: Layout) -> None:
         layout.metrics_dir.mkdir(parents=True, exist_ok=True)
         self.layout = layout
-        self.jsonl_path = layout.metrics_dir / f"metrics-rank-{layout.rank}.jsonl"
-        self.prom_path = layout.metrics_dir / f"omni-rank-{layout.rank}.prom"
-        self.trace_path = layout.metrics_dir / f"samples-rank-{layout.rank}.jsonl"
+        name = f"{layout.stage_name}-{layout.data_parallel_rank}"
+        self.jsonl_path = layout.metrics_dir / f"metrics-{name}.jsonl"
+        self.prom_path = layout.metrics_dir / f"omni-{name}.prom"
+        self.trace_path = layout.metrics_dir / f"samples-{name}.jsonl"
+        if layout.data_parallel_rank == 0:
+            for old in layout.metrics_dir.glob(f"omni-{layout.stage_name}-*.prom"):
+                if int(old.stem.rsplit("-", 1)[1]) >= layout.data_parallel_size:
+                    old.unlink(missing_ok=True)
         self._jsonl: IO[str] = open(self.jsonl_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         self._trace: IO[str] | None = (
             open(self.trace_path, "a", buffering=1) if layout.trace_samples else None)  # noqa: SIM115
@@ -52,8 +62,8 @@ class MetricsWriter:
 
     def trace(self, step: int, sample_ids: list[int]) -> None:
         if self._trace is not None:
-            self._trace.write(json.dumps({"step": step, "ids": sample_ids, "incarnation": self.layout.incarnation})
-                              + "\n")
+            self._trace.write(json.dumps({"step": step, "ids": sample_ids, "dp_rank": self.layout.data_parallel_rank,
+                                          "incarnation": self.layout.incarnation}) + "\n")
 
     def _write_prom(self, values: dict[str, float | int | None]) -> None:
         l = self.layout

@@ -99,29 +99,35 @@ def latest_ckpt(run_dir: Path) -> int:
     return -1 if step is None else step
 
 
-def heartbeat_step(run_dir: Path, rank: int = 0) -> int:
-    records = read_jsonl(run_dir / "heartbeat" / f"rank-{rank}.json") if (
-        run_dir / "heartbeat" / f"rank-{rank}.json").exists() else []
-    return int(records[0]["step"]) if records else -1
+def heartbeat_step(run_dir: Path, incarnation: int, rank: int = 0) -> int:
+    """Last step rank ``rank`` of ``incarnation`` reported (-1 before its first beat)."""
+    records = read_jsonl(run_dir / "heartbeat" / f"rank-{rank}.json")
+    if not records or records[0]["incarnation"] != incarnation:
+        return -1
+    return int(records[0]["step"])  # type: ignore[call-overload]
 
 
-def losses(run_dir: Path, dp: int) -> dict[int, float]:
-    """Step -> loss from text replica 0 (the loss is already averaged over replicas)."""
+def losses(run_dir: Path) -> dict[int, float]:
+    """Step -> loss logged by text replica 0 (already averaged over replicas); the latest run of a step wins."""
     out: dict[int, float] = {}
-    for rec in read_jsonl(run_dir / "metrics" / f"metrics-rank-{dp}.jsonl"):
+    for rec in read_jsonl(run_dir / "metrics" / "metrics-text-0.jsonl"):
         out[int(rec["step"])] = float(rec["loss"])  # type: ignore[arg-type]
     return out
 
 
-def sample_ids(run_dir: Path, ranks: list[int]) -> dict[int, list[int]]:
-    """Step -> ids of the global batch, concatenated over ``ranks`` (in replica order)."""
-    per_rank: list[dict[int, list[int]]] = []
-    for rank in ranks:
-        steps: dict[int, list[int]] = {}
-        for rec in read_jsonl(run_dir / "metrics" / f"samples-rank-{rank}.jsonl"):
-            steps[int(rec["step"])] = list(rec["ids"])  # type: ignore[call-overload]
-        per_rank.append(steps)
-    return {s: [i for steps in per_rank for i in steps[s]] for s in per_rank[0]}
+def sample_ids(run_dir: Path, stage: str) -> dict[int, list[int]]:
+    """Step -> ids of its global batch as ``stage`` read them: the latest incarnation that ran the step,
+    its replicas' ids concatenated in replica order."""
+    runs: dict[int, dict[int, dict[int, list[int]]]] = {}   # step -> incarnation -> dp_rank -> ids
+    for path in sorted((run_dir / "metrics").glob(f"samples-{stage}-*.jsonl")):
+        for rec in read_jsonl(path):
+            runs.setdefault(int(rec["step"]), {}).setdefault(int(rec["incarnation"]), {})[  # type: ignore[call-overload]
+                int(rec["dp_rank"])] = list(rec["ids"])  # type: ignore[call-overload]
+    out = {}
+    for step, by_inc in runs.items():
+        replicas = by_inc[max(by_inc)]
+        out[step] = [i for r in sorted(replicas) for i in replicas[r]]
+    return out
 
 
 def final_params(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -159,7 +165,7 @@ def test_same_layout_resume_is_bitwise_identical(work: Path, reference: Path, ki
     run_dir = work / "resumed-dp2"
     shutil.copytree(killed_at_20, run_dir)
     run(job_file(work, "ref"), run_dir, incarnation=1)
-    ref, got = losses(reference, 2), losses(run_dir, 2)
+    ref, got = losses(reference), losses(run_dir)
     assert sorted(got) == list(range(1, MAX_STEPS + 1))
     assert got == ref  # float equality, step by step
     a, b = final_params(reference, MAX_STEPS), final_params(run_dir, MAX_STEPS)
@@ -171,16 +177,16 @@ def test_shrink_to_one_replica_keeps_samples_and_losses(work: Path, reference: P
     run_dir = work / "resumed-dp1"
     shutil.copytree(killed_at_20, run_dir)
     run(job_file(work, "ref"), run_dir, dp=1, incarnation=1)
-    ref, got = losses(reference, 2), losses(run_dir, 1)
+    ref, got = losses(reference), losses(run_dir)
     assert sorted(got) == list(range(1, MAX_STEPS + 1))
     for step in range(21, MAX_STEPS + 1):
         assert got[step] == pytest.approx(ref[step], rel=1e-4), step
-    metrics = read_jsonl(run_dir / "metrics" / "metrics-rank-1.jsonl")
+    metrics = read_jsonl(run_dir / "metrics" / "metrics-text-0.jsonl")
     assert {(r["data_parallel_size"], r["micro_batches"]) for r in metrics if int(r["step"]) > 20} == {(1, 4)}  # type: ignore[call-overload]
-    ref_ids = sample_ids(reference, [2, 3])
-    got_ids = sample_ids(run_dir, [1])
-    assert all(got_ids[s] == ref_ids[s] for s in range(1, MAX_STEPS + 1))
-    assert sample_ids(run_dir, [0]) == got_ids  # vision and text read the same samples
+    ref_ids = sample_ids(reference, "text")
+    got_ids = sample_ids(run_dir, "text")
+    assert got_ids == ref_ids
+    assert sample_ids(run_dir, "vision") == got_ids  # vision and text read the same samples
 
 
 def _steps_for_one_epoch(work: Path) -> int:
@@ -203,15 +209,15 @@ def test_epoch_interrupted_three_times_uses_every_sample_once(work: Path) -> Non
     stops = [(2, signal.SIGUSR1), (4, signal.SIGKILL), (6, signal.SIGTERM)]
     for incarnation, (at, sig) in enumerate(stops):
         codes = run(job, run_dir, incarnation=incarnation, delay_s=0.3, stop_signal=sig,
-                    stop_when=lambda at=at: heartbeat_step(run_dir) >= at)
+                    stop_when=lambda at=at, inc=incarnation: heartbeat_step(run_dir, inc) >= at)
         if sig == signal.SIGKILL:
             assert all(c == -signal.SIGKILL for c in codes)
         else:
             assert codes == [exitcodes.EXIT_CHECKPOINTED] * 4
     run(job, run_dir, incarnation=len(stops))
-    text_ids = sample_ids(run_dir, [2, 3])
+    text_ids = sample_ids(run_dir, "text")
     assert sorted(text_ids) == list(range(1, steps + 1))
-    assert sample_ids(run_dir, [0, 1]) == text_ids
+    assert sample_ids(run_dir, "vision") == text_ids
     consumed = [i for s in range(1, steps + 1) for i in text_ids[s]]
     pairs = [i for i in consumed if i < 48]
     text = [i for i in consumed if i >= 48]
