@@ -12,6 +12,10 @@ The rule (evaluated at an injected ``now``; all times in one clock, the manager'
   runs; when a heartbeat does not name its node, a signal of the same het component agrees (a
   rank whose last heartbeat says phase "failed" counts as a task exit of its component);
 - CONFIRMED as a hang when level 2 alone has held for ``hang_timeout``;
+- CONFIRMED as stuck when the global step has not advanced for ``stuck_timeout`` although
+  heartbeats move (side-thread heartbeats keep beating inside a collective that never returns);
+  paused while a rank reports phase checkpointing, stopping or done; before the first step the
+  limit is ``startup_timeout_s``;
 - CONFIRMED on level 1 alone only for the kinds the site lists in ``level1_alone`` (none by
   default: a drained node whose ranks still make progress is not a failure of the job);
 - SUSPECT when either level holds without the above, NONE otherwise.
@@ -67,6 +71,13 @@ class ConfirmConfig:
     """Level 2 alone confirms (a hang) after this many median step times..."""
     hang_floor_s: float = 30.0
     """...and never sooner than this."""
+    stuck_factor: float = 100.0
+    """No new global step for this many median step times confirms as stuck even while every
+    heartbeat moves (a collective that never returns, with the heartbeat thread alive)..."""
+    stuck_floor_s: float = 120.0
+    """...and never sooner than this. Paused while a rank reports checkpointing, stopping or done."""
+    startup_timeout_s: float = 900.0
+    """No first step this long after the first heartbeat confirms as stuck (restore hung)."""
     initial_step_s: float = 1.0
     """Step time assumed until ``min_samples`` steps were measured."""
     initial_heartbeat_s: float = 1.0
@@ -80,10 +91,11 @@ class ConfirmConfig:
     task_exit). Empty by default."""
 
     def __post_init__(self) -> None:
-        for name in ("stale_factor", "progress_factor", "hang_factor"):
+        for name in ("stale_factor", "progress_factor", "hang_factor", "stuck_factor"):
             if getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} = {getattr(self, name)} must be at least 1")
-        for name in ("stale_floor_s", "progress_floor_s", "hang_floor_s", "initial_step_s",
+        for name in ("stale_floor_s", "progress_floor_s", "hang_floor_s", "stuck_floor_s", "startup_timeout_s",
+                     "initial_step_s",
                      "initial_heartbeat_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} = {getattr(self, name)} must be positive")
@@ -249,12 +261,14 @@ class Confirmer:
         if hb.phase == "failed":   # the rank's own last word: as good as its task's exit record
             self._level1.setdefault(("rank_failed", f"{hb.node}#{hb.rank}"), Level1Signal(
                 "task_exit", hb.node, hb.time, hb.het_offset, f"rank {hb.rank} reported failed"))
+        if self._last_advance is None:   # the first beat starts the clock of startup progress
+            self._last_advance = hb.time
         if hb.global_step > self._global_step:
             if self._last_advance is not None and self._global_step >= 0 and hb.time > self._last_advance:
                 per_step = (hb.time - self._last_advance) / (hb.global_step - self._global_step)
                 self._step_times.append(per_step)
             self._global_step = hb.global_step
-            self._last_advance = hb.time if self._last_advance is None else max(self._last_advance, hb.time)
+            self._last_advance = max(self._last_advance, hb.time)
 
     # -- windows ------------------------------------------------------------------------------
     def median_step_s(self) -> float:
@@ -274,6 +288,12 @@ class Confirmer:
     def progress_window(self) -> float:
         c = self.config
         return max(c.progress_factor * self.median_step_s(), c.progress_floor_s)
+
+    def stuck_timeout(self) -> float:
+        c = self.config
+        if self._global_step < 0:
+            return c.startup_timeout_s
+        return max(c.stuck_factor * self.median_step_s(), c.stuck_floor_s)
 
     def hang_timeout(self) -> float:
         c = self.config
@@ -301,6 +321,11 @@ class Confirmer:
                 return self._confirm(now, "hang", [], stale_since, onset,
                                      f"level 2 alone for {now - onset:.1f} s "
                                      f"(hang timeout {self.hang_timeout():.1f} s)")
+        if (self._last_advance is not None and now - self._last_advance >= self.stuck_timeout()
+                and not any(r.phase == "checkpointing" or r.phase in QUIET_PHASES for r in self._ranks.values())):
+            return self._confirm(now, "stuck", [], stale_since, onset,
+                                 f"no new global step for {now - self._last_advance:.1f} s "
+                                 f"(stuck timeout {self.stuck_timeout():.1f} s)")
         if level1 or onset is not None:
             reasons = [f"level 1: {s.kind} on {s.node}" for s in level1]
             if onset is not None:
@@ -347,6 +372,8 @@ class Confirmer:
         for s in level1:
             nodes.add(s.node)
             offsets.update({s.het_offset} if s.het_offset is not None else self._node_offsets.get(s.node, ()))
+        if not level1 and not stale_since:   # stuck with every rank beating: the whole job
+            offsets.update(self.layout)
         if not level1:   # a hang: the stale ranks say where
             for rank in stale_since:
                 r = self._ranks[rank]

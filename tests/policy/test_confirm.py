@@ -295,3 +295,50 @@ def test_fault_record_of_an_ordinary_job_agrees_by_node() -> None:
     c.observe(TaskExit(2.5, "a2", None, 1, None, 9))
     d = c.evaluate(6.0)
     assert d.verdict is Verdict.CONFIRMED and d.het_offsets == (0,) and d.nodes == ("a2",)
+
+
+def beat_all(c: Confirmer, t: float, step: int, phase: str = "training") -> None:
+    for rank, node in RANK_NODE.items():
+        c.observe(Heartbeat(t, rank, step, node, RANK_OFFSET[rank], phase))
+
+
+@pytest.mark.parametrize("phase,confirmed", [("training", True), ("checkpointing", False)])
+def test_stuck_with_live_heartbeats(phase: str, confirmed: bool) -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    t = 0.0
+    for step in range(10):            # 0.5 s steps
+        beat_all(c, t, step)
+        t += 0.5
+    stuck_from = t - 0.5
+    while t < stuck_from + 130.0:     # beats go on, the step does not
+        beat_all(c, t, 9, phase)
+        t += 0.5
+        d = c.evaluate(t)
+        if d.verdict is Verdict.CONFIRMED:
+            break
+    assert (d.verdict is Verdict.CONFIRMED) is confirmed
+    if confirmed:
+        assert d.cause == "stuck" and d.het_offsets == (0, 1) and d.ranks == ()
+        assert d.confirmed_at is not None and d.confirmed_at - stuck_from >= ConfirmConfig().stuck_floor_s
+
+
+def test_restore_that_never_reaches_a_step_is_stuck() -> None:
+    c = Confirmer(ConfirmConfig(startup_timeout_s=60.0), LAYOUT)
+    for i in range(200):
+        beat_all(c, i * 0.5, -1, "starting")
+        if c.evaluate(i * 0.5).verdict is Verdict.CONFIRMED:
+            break
+    d = c.evaluate(100.0)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "stuck" and d.confirmed_at == pytest.approx(60.0)
+
+
+def test_node_lost_during_restore_confirms() -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    for i in range(10):
+        t = i * 0.5
+        for rank, node in RANK_NODE.items():
+            if node != "t1" or t < 2.0:
+                c.observe(Heartbeat(t, rank, -1, node, RANK_OFFSET[rank], "starting"))
+    c.observe(NodeObservation(2.2, "t1", NodeState.DOWN))
+    d = c.evaluate(4.5)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.het_offsets == (1,)
