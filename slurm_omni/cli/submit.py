@@ -11,7 +11,7 @@ import click
 
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site, site_path
-from slurm_omni.errors import SlurmError
+from slurm_omni.errors import ConfigError, SlurmError
 from slurm_omni.render import ArrayJobRequest, HetJobRequest, plan_stages
 from slurm_omni.render.registry import Registration, register
 
@@ -84,6 +84,8 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     loaded, site = _load(job_files, site_file)
     request = _request(loaded, site, max_parallel, sweep)
     script = request.materialize()
+    for _, job, _ in loaded:
+        _make_log_dir(job.job.log_dir)
     argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]
     result = CommandRunner().run(argv, input_text=script, timeout_s=60)
     job_id = parse_sbatch_id(result.stdout)
@@ -101,11 +103,18 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     click.echo(f"submitted job {job_id} ({first.job.name}); registered in {record}")
 
 
+def _make_log_dir(log_dir: Path) -> None:
+    """sbatch does not create the ``--output`` folder; without it the job fails unseen."""
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"submit: couldn't create log_dir {log_dir}: {e.strerror} (job.log_dir)") from e
+
+
 def _keep_script(log_dir: Path, name: str, job_id: int, script: str) -> Path | None:
     """A copy of what was submitted, next to the job's logs; losing it is not an error."""
     path = log_dir / f"{name}-{job_id}.sbatch"
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(script)
     except OSError as e:
         log.warning("couldn't keep a copy of the script in %s: %s", path, e.strerror)

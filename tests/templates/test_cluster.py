@@ -1,0 +1,126 @@
+"""On the embedded cluster: a rendered heterogeneous job runs both stages where it asked to run,
+hostile #SBATCH values reach slurmctld unchanged, and ``omni submit`` registers what it submits."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from render_support import DATA, REPO
+from support import wait_until
+
+from slurm_omni.cli.submit import parse_sbatch_id, submit
+from slurm_omni.config.job import JobFile, load_job
+from slurm_omni.config.site import SiteConfig, load_site
+from slurm_omni.render import HetJobRequest
+from slurm_omni.slurm.runner import CommandRunner
+
+pytestmark = pytest.mark.cluster
+
+PROBE = ('printf "%s %s %s %s %s %s %s\\n" "$OMNI_STAGE" "$SLURMD_NODENAME" "$OMNI_STAGE_RANK" "$RANK" '
+         '"$WORLD_SIZE" "$MASTER_ADDR" "${CUDA_VISIBLE_DEVICES:-none}" > "$0/rank-$RANK"')
+
+
+@pytest.fixture(scope="module")
+def plugin_built() -> None:
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True, capture_output=True, timeout=120)
+
+
+def _site(tmp_path: Path, spool: Path) -> SiteConfig:
+    site = load_site(DATA / "site.toml")
+    manager = replace(site.manager, spool_dir=spool, registry_dir=tmp_path / "registry")
+    return replace(site, checkpoint=replace(site.checkpoint, root=tmp_path / "ckpt"), manager=manager)
+
+
+def _job(tmp_path: Path, **job_changes: object) -> JobFile:
+    (tmp_path / "logs").mkdir(exist_ok=True)        # sbatch does not create the --output folder
+    job = load_job(DATA / "job.toml")
+    return replace(job, job=replace(job.job, log_dir=tmp_path / "logs", **job_changes))
+
+
+def _wait_gone(runner: CommandRunner, job_id: int, timeout_s: float = 90) -> None:
+    wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(),
+               timeout_s, f"job {job_id} to leave the queue", interval_s=1.0)
+
+
+def _components(runner: CommandRunner, job_id: int) -> list[dict[str, str]]:
+    out = runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
+
+
+def test_het_job_runs_both_stages_on_matching_nodes(slurm_cluster, plugin_built, tmp_path: Path) -> None:
+    runner = CommandRunner(slurm_cluster.env)
+    out_dir = tmp_path / "ranks"
+    out_dir.mkdir()
+    job = _job(tmp_path)
+    job = replace(job, stages=[replace(s, nodes=2, tasks_per_node=1) for s in job.stages])
+    request = HetJobRequest(job=job, site=_site(tmp_path, slurm_cluster.spool), job_file=tmp_path / "job.toml",
+                            job_sha256="0" * 64, command=("bash", "-c", PROBE, str(out_dir)))
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    _wait_gone(runner, job_id)
+
+    ranks = [line.split() for path in sorted(out_dir.iterdir()) for line in path.read_text().splitlines()]
+    assert len(ranks) == 4, list((tmp_path / "logs").glob("*"))
+    by_stage: dict[str, list[list[str]]] = {}
+    for stage, node, stage_rank, rank, world, master, gpus in ranks:
+        by_stage.setdefault(stage, []).append([node, stage_rank, rank])
+        assert (world, master) == ("4", "127.0.0.1")
+        assert gpus != "none"                                      # the gres plugin bound GPUs
+    topology = slurm_cluster.backend().topology()
+    nodes_by_name = {n.name: n for n in slurm_cluster.backend().nodes()}
+    components = _components(runner, job_id)
+    assert [c["Partition"] for c in components] == ["vision", "text"]
+    for offset, stage in enumerate(("vision", "text")):
+        nodes = sorted(n for n, _, _ in by_stage[stage])
+        assert sorted(r for _, r, _ in by_stage[stage]) == ["0", "1"]
+        assert len(set(nodes)) == 2                                 # --nodes=2 --ntasks-per-node=1
+        assert len({topology.switch_path(n)[-1] for n in nodes}) == 1   # --switches=1: one leaf switch
+        assert components[offset]["TresPerNode"] == "gres:gpu:h100:4"
+        assert all(n.gres_count("gpu", "h100") >= 4 for n in nodes_by_name.values() if n.name in nodes)
+    assert sorted(int(r) for _, _, r in by_stage["vision"]) == [0, 1]
+    assert sorted(int(r) for _, _, r in by_stage["text"]) == [2, 3]
+    log = next((tmp_path / "logs").glob(f"omni-tiny-{job_id}.out")).read_text()
+    assert "step finished: training done" in log
+
+
+def test_hostile_output_path_reaches_slurm_unchanged(slurm_cluster, plugin_built, tmp_path: Path) -> None:
+    runner = CommandRunner(slurm_cluster.env)
+    log_dir = tmp_path / "logs with space" / "it's \"quoted\" $(x) `y` #hash 100%"
+    log_dir.mkdir(parents=True)
+    job = _job(tmp_path)
+    job = replace(job, job=replace(job.job, log_dir=log_dir))
+    request = HetJobRequest(job=job, site=_site(tmp_path, slurm_cluster.spool), job_file=tmp_path / "j.toml",
+                            job_sha256="0" * 64, command=("true",))
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    _wait_gone(runner, job_id)
+    assert [p.name for p in log_dir.iterdir()] == [f"omni-tiny-{job_id}.out"]
+    assert "training done" in (log_dir / f"omni-tiny-{job_id}.out").read_text()
+
+
+def test_submit_registers_the_job(slurm_cluster, plugin_built, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    site = _site(tmp_path, slurm_cluster.spool)
+    site_file = tmp_path / "omni.toml"
+    site_file.write_text((DATA / "site.toml").read_text()
+                         .replace("/shared/omni/checkpoints", str(tmp_path / "ckpt"))
+                         .replace("/var/lib/slurm-omni/registry", str(site.manager.registry_dir)))
+    job_file = tmp_path / "job.toml"
+    job_file.write_text((DATA / "job.toml").read_text().replace("/shared/logs/omni-tiny", str(tmp_path / "logs")))
+    result = CliRunner().invoke(submit, [str(job_file), "--site", str(site_file), "--hold"])
+    assert result.exit_code == 0, result.output
+    job_id = int(re.search(r"submitted job (\d+)", result.output)[1])   # type: ignore[index]
+    CommandRunner(slurm_cluster.env).run(["scancel", str(job_id)], check=False)
+    record_path = site.manager.registry_dir / f"{job_id}.json"
+    assert stat.S_IMODE(record_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(record_path.parent.stat().st_mode) == 0o700
+    record = json.loads(record_path.read_text())
+    assert (record["job_id"], record["kind"], record["name"], record["job_file"]) == \
+        (job_id, "het", "omni-tiny", str(job_file))
+    assert [s["name"] for s in record["stages"]] == ["vision", "text"]
+    assert Path(record["script"]).read_text().startswith("#!/bin/bash\n# Rendered by slurm-omni")
