@@ -3,6 +3,6 @@
 ``HetJobRequest(...).materialize()`` returns the script; nothing in this package runs a command.
 """
 
-from slurm_omni.render.request import ArrayJobRequest, HetJobRequest, StagePlan, plan_stages
+from slurm_omni.render.request import ArrayJobRequest, DrillRequest, HetJobRequest, StagePlan, plan_stages
 
-__all__ = ["ArrayJobRequest", "HetJobRequest", "StagePlan", "plan_stages"]
+__all__ = ["ArrayJobRequest", "DrillRequest", "HetJobRequest", "StagePlan", "plan_stages"]

@@ -2,7 +2,7 @@
 
 ``finalize`` lets through only integers and :class:`~slurm_omni.config.quoting.Quoted` strings,
 so a template that prints a raw value fails to render instead of producing an unsafe script.
-Filters: ``sh`` (one bash word), ``sbatch`` (one ``#SBATCH`` word), ``comment`` (JSON-escaped, for ``#`` lines), ``literal`` (a template's own constant, checked to be plain).
+Filters: ``sh`` (one bash word), ``argv`` (a list of bash words), ``sbatch`` (one ``#SBATCH`` word), ``comment`` (JSON-escaped, for ``#`` lines), ``literal`` (a template's own constant, checked to be plain).
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ def _literal(value: object) -> quoting.Quoted:
     return quoting.Quoted(text)
 
 
+def _argv(values: object) -> quoting.Quoted:
+    """Several bash words, each quoted, separated by spaces."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ConfigError(f"render: couldn't print {values!r} as words: not a list")
+    return quoting.Quoted(" ".join(quoting.shell(v) for v in values))
+
+
 def _comment(value: object) -> quoting.Quoted:
     """A value inside a ``#`` comment line: JSON-escaped, so a newline cannot end the comment."""
     return quoting.Quoted(json.dumps(str(value), ensure_ascii=True))
@@ -66,6 +73,7 @@ def make_environment(directory: Path | None = None) -> jinja2.Environment:
     env.filters["sbatch"] = quoting.sbatch
     env.filters["literal"] = _literal
     env.filters["comment"] = _comment
+    env.filters["argv"] = _argv
     return env
 
 

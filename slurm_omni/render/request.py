@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from slurm_omni import __version__
 from slurm_omni.config import quoting
@@ -136,6 +136,62 @@ class HetJobRequest:
 
     def materialize(self) -> str:
         return engine.render(self.template, self.context())
+
+
+# Runs in every task of a drill step: the target rank arms a timer that signals the task itself,
+# then every rank execs the real command (same pid, so the timer hits the trainer).
+DRILL_WRAPPER = """\
+allowed=$1 target=$2 after=$3 sig=$4
+shift 4
+me=${RANK:-${SLURM_PROCID:-}}
+if [[ $me == "$target" ]]; then
+    if [[ ",$allowed," == *",${SLURMD_NODENAME:-},"* ]]; then
+        echo "omni drill: rank $me on $SLURMD_NODENAME gets SIG$sig in ${after}s" >&2
+        ( sleep "$after"; kill -s "$sig" "$$" ) &
+    else
+        echo "omni drill: rank $me runs on ${SLURMD_NODENAME:-?}, outside drills.allowed_nodes: no fault" >&2
+    fi
+fi
+exec "$@"
+"""
+
+DrillSignal = Literal["KILL", "TERM", "SEGV", "ABRT", "BUS"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrillRequest:
+    """A training job with one fault injected on purpose: ``rank`` gets ``signal`` ``after_s``
+    seconds after it starts, if it runs on a node the site lets drills touch."""
+
+    job: JobFile
+    site: SiteConfig
+    job_file: Path
+    job_sha256: str
+    rank: int
+    after_s: int
+    signal: DrillSignal = "KILL"
+    command: tuple[str, ...] = ()
+    """The step's argv under the drill wrapper; empty: ``omni train --config JOB_FILE``."""
+
+    def het_request(self) -> HetJobRequest:
+        allowed = self.site.drills.nodes
+        if not allowed:
+            raise ConfigError("drill: couldn't render: drills.allowed_nodes is empty in the site config "
+                              "(drills are refused)")
+        ranks = sum(p.ntasks for p in plan_stages(self.job, self.site))
+        if not 0 <= self.rank < ranks or self.after_s < 0:
+            raise ConfigError(f"drill: rank = {self.rank}, after_s = {self.after_s} are not allowed "
+                              f"(expected 0 <= rank < {ranks}, after_s >= 0)")
+        inner = self.command or ("omni", "train", "--config", str(self.job_file))
+        command = ("bash", "-c", DRILL_WRAPPER, "omni-drill", ",".join(allowed), str(self.rank),
+                   str(self.after_s), self.signal, *inner)
+        drill = {"rank": self.rank, "signal": self.signal, "after_s": self.after_s,
+                 "allowed": self.site.drills.allowed_nodes}
+        return HetJobRequest(job=self.job, site=self.site, job_file=self.job_file, job_sha256=self.job_sha256,
+                             command=command, template=DRILL_TEMPLATE, extra={"drill": drill})
+
+    def materialize(self) -> str:
+        return self.het_request().materialize()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

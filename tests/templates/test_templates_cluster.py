@@ -7,6 +7,7 @@ import json
 import re
 import stat
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from support import wait_until
 from slurm_omni.cli.submit import parse_sbatch_id, submit
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site
-from slurm_omni.render import HetJobRequest
+from slurm_omni.render import DrillRequest, HetJobRequest
 from slurm_omni.slurm.runner import CommandRunner
 
 pytestmark = pytest.mark.cluster
@@ -124,3 +125,19 @@ def test_submit_registers_the_job(slurm_cluster, plugin_built, tmp_path: Path,
         (job_id, "het", "omni-tiny", str(job_file))
     assert [s["name"] for s in record["stages"]] == ["vision", "text"]
     assert Path(record["script"]).read_text().startswith("#!/bin/bash\n# Rendered by slurm-omni")
+
+
+def test_drill_kills_the_target_rank(slurm_cluster, plugin_built, tmp_path: Path) -> None:
+    runner = CommandRunner(slurm_cluster.env)
+    site = _site(tmp_path, slurm_cluster.spool)
+    site = replace(site, drills=replace(site.drills, allowed_nodes="node[1-8]"))
+    request = DrillRequest(job=_job(tmp_path), site=site, job_file=tmp_path / "j.toml", job_sha256="0" * 64,
+                           rank=3, after_s=1, command=("sleep", "30"))
+    started = time.time()
+    leader = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    _wait_gone(runner, leader)
+    log = (tmp_path / "logs" / f"omni-tiny-{leader}.out").read_text()
+    assert "omni drill: rank 3 on node" in log and "step failed" in log
+    faults = [json.loads(p.read_text()) for p in slurm_cluster.spool.glob(f"fault-{leader + 1}.*.json")]
+    target = [f for f in faults if f["time_unix"] >= started - 1 and f["task_id"] == 1]
+    assert target and target[0]["signal"] == 9 and target[0]["stage"] == "text"

@@ -16,7 +16,7 @@ from render_support import GOLDEN, JOB_FILE
 
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig
-from slurm_omni.render import ArrayJobRequest, HetJobRequest
+from slurm_omni.render import ArrayJobRequest, DrillRequest, HetJobRequest
 
 
 def _compare(name: str, rendered: str, golden_dir: Path = GOLDEN) -> None:
@@ -41,6 +41,12 @@ def test_array_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: st
                              job_files=(JOB_FILE, JOB_FILE.with_name("job-lr2.toml")),
                              job_sha256s=(job_sha256, "0" * 64), max_parallel=1).materialize()
     _compare("array.sbatch", script)
+
+
+def test_drill_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    script = DrillRequest(job=job, site=site, job_file=JOB_FILE, job_sha256=job_sha256, rank=3,
+                          after_s=30).materialize()
+    _compare("drill.sbatch", script)
 
 
 def test_missing_golden_fails_rather_than_regenerates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

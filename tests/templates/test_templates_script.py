@@ -15,7 +15,9 @@ from support import wait_until
 
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig
-from slurm_omni.render import ArrayJobRequest, HetJobRequest
+from slurm_omni.errors import ConfigError
+from slurm_omni.render import ArrayJobRequest, DrillRequest, HetJobRequest
+from slurm_omni.render.request import DRILL_WRAPPER
 from slurm_omni.runtime import exitcodes
 
 HOSTILE = "dir with space/quote'\"/$(touch PWNED)/`touch PWNED2`/semi;colon|pipe/new\nline/*?[a]/%x/tab\t/"
@@ -147,3 +149,24 @@ def test_array_task_runs_its_own_job_file(job: JobFile, site: SiteConfig, tmp_pa
     assert (env["OMNI_JOB_NAME"], env["OMNI_CKPT_DIR"]) == ("omni-b", str(tmp_path / "ckpt" / "omni-b"))
     r = _run(script, {**stub_env, "SLURM_ARRAY_TASK_ID": "2"}, tmp_path)
     assert r.returncode == exitcodes.EXIT_FAILED and "has no job file" in r.stderr
+
+
+@pytest.mark.parametrize(("rank", "node", "killed"), [("3", "node5", True), ("2", "node5", False),
+                                                      ("3", "node1", False)])
+def test_drill_wrapper_signals_only_the_target_on_an_allowed_node(rank: str, node: str, killed: bool) -> None:
+    argv = ["bash", "-c", DRILL_WRAPPER, "omni-drill", "node5,node6", "3", "0", "KILL", "sleep", "2"]
+    r = subprocess.run(argv, env={**os.environ, "RANK": rank, "SLURMD_NODENAME": node}, capture_output=True,
+                       text=True, timeout=30, check=False)
+    assert (r.returncode == -signal.SIGKILL) is killed, r.stderr
+    assert r.returncode in (0, -signal.SIGKILL)
+
+
+def test_drill_refused_without_allowed_nodes(job: JobFile, site: SiteConfig) -> None:
+    site = replace(site, drills=replace(site.drills, allowed_nodes=""))
+    with pytest.raises(ConfigError, match="drills.allowed_nodes is empty"):
+        DrillRequest(job=job, site=site, job_file=Path("/j.toml"), job_sha256="0", rank=0, after_s=1).materialize()
+
+
+def test_drill_rank_checked(job: JobFile, site: SiteConfig) -> None:
+    with pytest.raises(ConfigError, match="expected 0 <= rank < 4"):
+        DrillRequest(job=job, site=site, job_file=Path("/j.toml"), job_sha256="0", rank=4, after_s=1).materialize()
