@@ -1,0 +1,324 @@
+"""Inputs of the goodput simulator: defaults, a TOML file that overrides them, measured files.
+
+Defaults live in the dataclasses below (each field says where its number comes from). A TOML file
+(``--config``) may override any of them, table by table (``[run]``, ``[storage]``, ``[start]``,
+``[manual]``, ``[slurm]``, ``[omni]``), loaded strictly. Measured files override on top:
+
+``--drill-json FILE`` (written by ``omni drill``; all keys optional, seconds)::
+
+    {"detection_s": 3.1,                 # fault -> confirmed, for every fault kind ...
+     "detection_by_kind": {"node_down": 4.2, "task_crash": 2.9, "hang": 31.0},  # ... or per kind
+     "resubmit_s": 0.9,                  # confirmed -> resubmitted
+     "start_s": 6.5,                     # resubmitted -> running (pending + launch + init)
+     "restore_s": 1.8,                   # running -> first step after restore
+     "recovery_s": 9.2,                  # confirmed -> first step; used only without the three above
+     "nodes": 4, "gpus": 0,              # size of the drilled job (recorded, not used)
+     "source": "omni drill --matrix ...", "runs": [...]}   # free text and raw records (ignored)
+
+``--ckpt-json FILE`` (written by the checkpoint benchmark; one process's save and restore)::
+
+    {"bytes": 1073741824,                # state bytes the process snapshotted and wrote
+     "blocking_s": 0.21,                 # time save() blocked training (the snapshot)
+     "persist_s": 1.4,                   # save() -> durable (complete marker written)
+     "restore_full_s": 1.1,              # restore() -> every module and the optimizer loaded
+     "restore_critical_s": 0.3,          # restore() -> critical modules loaded
+     "critical_bytes": 268435456,        # optional: bytes of the critical modules
+     "source": "bench/ckpt_bench.py ..."}
+
+``--timeline FILE``: the manager's recovery timeline (see ``slurm_omni.report.timeline``); the
+medians of its recoveries fill detection, resubmit, start and restore like a drill file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_omni.config.schema import load_dataclass, read_toml
+from slurm_omni.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    """The large run (Llama 3 405B pre-training: 16,384 H100, TP 8, PP 16, DP 128)."""
+
+    gpus: int = 16384
+    gpus_per_node: int = 8
+    tensor_parallel: int = 8
+    pipeline_parallel: int = 16
+    days: float = 54.0
+    interruptions: float = 419.0
+    """Expected unexpected interruptions over ``days`` (Llama 3: 419)."""
+    params: float = 405e9
+    weight_bytes_per_param: float = 2.0
+    """bf16 weights."""
+    optimizer_bytes_per_param: float = 12.0
+    """fp32 master weights + Adam first and second moments, sharded over data parallelism."""
+    step_time_s: float = 6.0
+    """16M tokens per step at ~400 TFLOP/s per GPU: 6 x 405e9 x 16e6 / (16384 x 400e12) = 5.9 s."""
+    spare_nodes: int = 16
+    """Healthy nodes outside the job that a recovery may take."""
+    repair_s: float = 86400.0
+    """A replaced node returns to the spare pool after this long."""
+
+    def __post_init__(self) -> None:
+        model = self.tensor_parallel * self.pipeline_parallel
+        if min(self.gpus, self.gpus_per_node, model) < 1 or self.gpus % model or model % self.gpus_per_node:
+            raise ConfigError(f"gpus = {self.gpus}, tp x pp = {model}, gpus_per_node = {self.gpus_per_node}: "
+                              "need gpus divisible by tp x pp, and tp x pp by gpus_per_node")
+        if self.days <= 0 or self.interruptions < 0 or self.step_time_s <= 0 or self.repair_s < 0:
+            raise ConfigError("days and step_time_s must be positive, interruptions and repair_s >= 0")
+        if self.spare_nodes < 0:
+            raise ConfigError(f"spare_nodes = {self.spare_nodes} must be >= 0")
+
+    @property
+    def wall_s(self) -> float:
+        return self.days * 86400.0
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+    @property
+    def data_parallel(self) -> int:
+        return self.gpus // (self.tensor_parallel * self.pipeline_parallel)
+
+    @property
+    def nodes_per_replica(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel // self.gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StorageConfig:
+    """Shared storage and host copies (bytes per second)."""
+
+    aggregate_write_bw: float = 2e12
+    """Llama 3's Tectonic: 2 TB/s sustained (7 TB/s peak)."""
+    aggregate_read_bw: float = 2e12
+    node_write_bw: float = 2e9
+    """One node's client write rate; replaced by the checkpoint benchmark's bytes / persist_s."""
+    node_read_bw: float = 5e9
+    """One node's client read rate; replaced by the benchmark's bytes / restore_full_s."""
+    host_copy_bw: float = 25e9
+    """GPU -> pinned host copy per GPU (PCIe Gen5 x16 in practice); replaced by the benchmark's
+    bytes / blocking_s."""
+    critical_read_bw: float | None = None
+    """Read rate of the critical modules when the benchmark measured it (critical_bytes /
+    restore_critical_s); None: node_read_bw."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None and v <= 0:
+                raise ConfigError(f"{f.name} = {v} must be positive")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartConfig:
+    """Job start (resubmitted -> running) on the large cluster."""
+
+    start_small_s: float = 15.0
+    """Start on the small drill cluster (pending + srun launch + imports); replaced by the drill's
+    start_s."""
+    init_s_per_1k_gpus: float = 4.0
+    """Added per 1,000 GPUs: process-group and NCCL communicator set-up, imports from a shared file
+    system at 16k processes (about a minute at 16k GPUs)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ManualConfig:
+    """(a) A person restarts from the hourly checkpoint."""
+
+    human_detect_s: float = 1800.0
+    """Mean time until someone notices (exponential: a page at night takes long)."""
+    human_fix_s: float = 1200.0
+    """Read logs, find and exclude the bad node, edit the host list, resubmit."""
+    ckpt_interval_s: float = 3600.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmConfig:
+    """(b) Slurm 22.05's own requeue (JobRequeue=1, --requeue, RequeueExit for aborted jobs)."""
+
+    slurmd_timeout_s: float = 300.0
+    """SlurmdTimeout default: a dead host is DOWN 300 s after its last answer, plus the phase of
+    the ping that notices (pings every SlurmdTimeout/3)."""
+    nccl_timeout_s: float = 600.0
+    """A crashed task leaves its peers blocked in a collective until NCCL's watchdog aborts them
+    (torch's default process-group timeout, 10 min); then the job exits and RequeueExit requeues."""
+    hang_timeout_s: float = 1800.0
+    """A hang is noticed only by a long timeout (the 30 min NCCL timeout many launchers still set)."""
+    requeue_pending_s: float = 60.0
+    """Requeue -> scheduled: epilogs on every node, then the next backfill pass (bf_interval 30 s)."""
+    ckpt_interval_s: float = 1800.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OmniConfig:
+    """(c) slurm-omni: two-level confirmation, replacement or shrink, async checkpoints."""
+
+    detect_node_down_s: float = 5.0
+    """Fault -> confirmed; ConfirmConfig's windows with 2 s heartbeats (stale after 2.5 beats)."""
+    detect_task_crash_s: float = 5.0
+    detect_hang_s: float | None = None
+    """None: ConfirmConfig's hang rule at the run's step time, max(hang_factor x step, floor)."""
+    resubmit_s: float = 2.0
+    """Confirmed -> resubmitted: plan (<50 ms at 10k nodes, bench/plan_bench.py) + scontrol."""
+    restore_small_s: float = 2.0
+    """Running -> first step on the drill cluster; kept as a fixed overhead at scale."""
+    heartbeat_read_s: float = 2e-4
+    """The manager reads one heartbeat file per rank per poll; added to detection at scale."""
+    ckpt_interval_s: float | None = None
+    """None: max(Young/Daly sqrt(2 x blocking x MTBF), persist time, storage-share floor)."""
+    storage_share: float = 0.05
+    """Average share of the aggregate write bandwidth checkpoints may take (they hurt other jobs)."""
+    shrink: bool = True
+    """Drop a data-parallel replica when no spare is free (else wait, like the others)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    start: StartConfig = field(default_factory=StartConfig)
+    manual: ManualConfig = field(default_factory=ManualConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    omni: OmniConfig = field(default_factory=OmniConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where one input came from: ``source`` is "default", "config FILE" or "measured FILE"."""
+
+    name: str
+    value: float
+    source: str
+
+
+def load_config(path: Path | None) -> tuple[SimConfig, list[Provenance]]:
+    if path is None:
+        return SimConfig(), []
+    cfg = load_dataclass(SimConfig, read_toml(path), source=str(path))
+    table = read_toml(path)
+    prov = [Provenance(f"{section}.{key}", float(value), f"config {path}")
+            for section, keys in table.items() for key, value in keys.items()
+            if isinstance(value, (int, float))]
+    return cfg, prov
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"goodput: couldn't read {what} {path}: no such file") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"goodput: couldn't parse {what} {path}: {e.msg} at line {e.lineno}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"goodput: couldn't use {what} {path}: expected a JSON object")
+    return data
+
+
+def _seconds(data: dict[str, Any], key: str, path: Path) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"goodput: couldn't use {path}: {key} = {value!r} (expected seconds >= 0)")
+    return float(value)
+
+
+DRILL_KEYS = {"detection_s", "detection_by_kind", "resubmit_s", "start_s", "restore_s", "recovery_s",
+              "nodes", "gpus", "source", "runs"}
+CKPT_KEYS = {"bytes", "blocking_s", "persist_s", "restore_full_s", "restore_critical_s", "critical_bytes",
+             "source"}
+
+
+def apply_drill(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]:
+    data = _read_json(path, "drill file")
+    unknown = sorted(set(data) - DRILL_KEYS)
+    if unknown:
+        raise ConfigError(f"goodput: couldn't use drill file {path}: unknown key {unknown[0]!r} "
+                          f"(allowed: {', '.join(sorted(DRILL_KEYS))})")
+    by_kind = data.get("detection_by_kind") or {}
+    if not isinstance(by_kind, dict) or set(by_kind) - {"node_down", "task_crash", "hang"}:
+        raise ConfigError(f"goodput: couldn't use drill file {path}: detection_by_kind must map "
+                          "node_down, task_crash, hang to seconds")
+    detection = _seconds(data, "detection_s", path)
+    values: dict[str, float | None] = {
+        "detect_node_down_s": _seconds(by_kind, "node_down", path) if "node_down" in by_kind else detection,
+        "detect_task_crash_s": _seconds(by_kind, "task_crash", path) if "task_crash" in by_kind else detection,
+        "detect_hang_s": _seconds(by_kind, "hang", path),
+        "resubmit_s": _seconds(data, "resubmit_s", path),
+        "restore_small_s": _seconds(data, "restore_s", path),
+    }
+    start = _seconds(data, "start_s", path)
+    recovery = _seconds(data, "recovery_s", path)
+    if recovery is not None and values["resubmit_s"] is None and start is None and values["restore_small_s"] is None:
+        # Only the total is known: keep all of it as a fixed overhead, scale terms come on top.
+        values.update(resubmit_s=recovery, restore_small_s=0.0)
+        start = 0.0
+    return _override(cfg, values, start, f"measured {path}")
+
+
+def apply_timeline(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]:
+    from slurm_omni.report.timeline import load_timeline
+
+    recoveries = load_timeline(path).recoveries
+    if not recoveries:
+        raise ConfigError(f"goodput: couldn't use timeline {path}: it holds no recovery")
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    detection = median([r.detection_s for r in recoveries])
+    values = {
+        "detect_node_down_s": detection, "detect_task_crash_s": detection,
+        "resubmit_s": median([r.resubmit_s for r in recoveries]),
+        "restore_small_s": median([r.restore_s for r in recoveries]),
+    }
+    return _override(cfg, values, median([r.start_s for r in recoveries]), f"measured {path}")
+
+
+def _override(cfg: SimConfig, omni: dict[str, float | None], start: float | None,
+              source: str) -> tuple[SimConfig, list[Provenance]]:
+    known = {k: v for k, v in omni.items() if v is not None}
+    prov = [Provenance(f"omni.{k}", v, source) for k, v in known.items()]
+    omni_cfg: OmniConfig = dataclasses.replace(cfg.omni, **known)  # type: ignore[arg-type]
+    cfg = dataclasses.replace(cfg, omni=omni_cfg)
+    if start is not None:
+        cfg = dataclasses.replace(cfg, start=dataclasses.replace(cfg.start, start_small_s=start))
+        prov.append(Provenance("start.start_small_s", start, source))
+    return cfg, prov
+
+
+def apply_ckpt(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]:
+    data = _read_json(path, "checkpoint benchmark file")
+    unknown = sorted(set(data) - CKPT_KEYS)
+    if unknown:
+        raise ConfigError(f"goodput: couldn't use checkpoint file {path}: unknown key {unknown[0]!r} "
+                          f"(allowed: {', '.join(sorted(CKPT_KEYS))})")
+    size = data.get("bytes")
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
+        raise ConfigError(f"goodput: couldn't use checkpoint file {path}: bytes = {size!r} (expected > 0)")
+    source = f"measured {path}"
+    bws: dict[str, float] = {}
+    for key, bw in (("blocking_s", "host_copy_bw"), ("persist_s", "node_write_bw"),
+                    ("restore_full_s", "node_read_bw")):
+        seconds = _seconds(data, key, path)
+        if seconds:
+            bws[bw] = size / seconds
+    full, critical = _seconds(data, "restore_full_s", path), _seconds(data, "restore_critical_s", path)
+    if full is not None and critical is not None and critical > full:
+        raise ConfigError(f"goodput: couldn't use checkpoint file {path}: restore_critical_s = {critical} "
+                          f"exceeds restore_full_s = {full}")
+    critical_bytes = data.get("critical_bytes")
+    if critical and isinstance(critical_bytes, (int, float)) and critical_bytes > 0:
+        bws["critical_read_bw"] = critical_bytes / critical
+    prov = [Provenance(f"storage.{k}", v, source) for k, v in bws.items()]
+    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, **bws)), prov

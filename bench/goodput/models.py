@@ -1,0 +1,159 @@
+"""Scaling models: from the inputs (small drills, one-process benchmark, defaults) to per-event
+costs of each policy on the large run.
+
+Bytes at scale (TP x PP model shards replicated over DP replicas, optimizer sharded over DP):
+
+- written per GPU per checkpoint: the unique state spread over all GPUs,
+  ``params x (weight + optimizer bytes) / gpus`` (each replica writes 1/DP of the weights);
+- read per node on restore: every GPU needs its whole TP x PP weight shard and its optimizer
+  shard, ``gpus_per_node x params x (weight / (tp x pp) + optimizer / gpus)``;
+- critical bytes per node: the weight part of that (the optimizer loads behind the first
+  forward/backward, ``slurm_omni.checkpoint``'s critical-module-first restore).
+
+Times at scale:
+
+- blocking (snapshot) = bytes written per GPU / host copy bandwidth (GPUs copy in parallel);
+- persist = bytes written per node / min(node write bandwidth, aggregate write / nodes);
+- restore = bytes read per node / min(node read bandwidth, aggregate read / nodes), critical part
+  at the critical read bandwidth when measured; plus the small run's fixed restore overhead;
+- job start = start on the small cluster + init seconds per 1,000 GPUs x GPUs / 1,000;
+- slurm-omni detection = measured detection + one heartbeat file read per rank per poll; a hang
+  confirms by ConfirmConfig's rule at the large run's step time;
+- a synchronous checkpoint (policies a, b) blocks for snapshot + persist.
+
+Not modelled: placement quality (topology-aware replacement keeps throughput; a far replacement
+would slow the others by an amount we have not measured), false alarms, failures during recovery
+(an interruption that arrives while the job is down is absorbed; it is counted, not charged).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bench.goodput.failures import KINDS, kind_shares
+from bench.goodput.inputs import SimConfig
+from slurm_omni.policy.confirm import ConfirmConfig
+
+Spread = Literal["uniform", "exponential"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyCosts:
+    """Per-event costs of one policy on the large run (seconds).
+
+    Detection of an event of kind k = ``detect_base[k] + detect_spread[k] x g(draw)`` where g is
+    the draw itself (uniform, e.g. the phase of a ping) or ``-ln(1 - draw)`` (exponential, mean 1)."""
+
+    name: str
+    detect_base: dict[str, float]
+    detect_spread: dict[str, float] = field(default_factory=dict)
+    spread: Spread = "uniform"
+    resubmit_s: float
+    pending_s: float = 0.0
+    start_s: float
+    restore_s: float
+    first_step_s: float
+    ckpt_interval_s: float
+    ckpt_blocking_s: float
+    ckpt_persist_s: float = 0.0
+    """Background persist after the snapshot (async only); 0 for a synchronous save."""
+    ckpt_async: bool = False
+    shrink: bool = False
+    grow_save_s: float = 0.0
+    """A planned grow first saves synchronously (snapshot + persist)."""
+
+    def __post_init__(self) -> None:
+        if self.ckpt_interval_s <= 0:
+            raise ValueError(f"{self.name}: ckpt_interval_s = {self.ckpt_interval_s} must be positive")
+
+    def detection_s(self, kind: str, draw: float) -> float:
+        spread = self.detect_spread.get(kind, 0.0)
+        g = draw if self.spread == "uniform" else -math.log1p(-min(draw, 1 - 1e-12))
+        return self.detect_base[kind] + spread * g
+
+    @property
+    def restart_s(self) -> float:
+        return self.resubmit_s + self.pending_s + self.start_s + self.restore_s + self.first_step_s
+
+
+@dataclass(frozen=True, slots=True)
+class Scaled:
+    """The three policies' costs, plus the model's intermediate figures for the printout."""
+
+    manual: PolicyCosts
+    slurm: PolicyCosts
+    omni: PolicyCosts
+    figures: dict[str, float]
+
+    @property
+    def policies(self) -> tuple[PolicyCosts, PolicyCosts, PolicyCosts]:
+        return self.manual, self.slurm, self.omni
+
+
+def scale(cfg: SimConfig) -> Scaled:
+    run, st = cfg.run, cfg.storage
+    state_per_param = run.weight_bytes_per_param + run.optimizer_bytes_per_param
+    write_per_gpu = run.params * state_per_param / run.gpus
+    write_per_node = write_per_gpu * run.gpus_per_node
+    model_shards = run.tensor_parallel * run.pipeline_parallel
+    weights_per_node = run.gpus_per_node * run.params * run.weight_bytes_per_param / model_shards
+    optim_per_node = run.gpus_per_node * run.params * run.optimizer_bytes_per_param / run.gpus
+    read_bw = min(st.node_read_bw, st.aggregate_read_bw / run.nodes)
+    write_bw = min(st.node_write_bw, st.aggregate_write_bw / run.nodes)
+    critical_bw = min(st.critical_read_bw or st.node_read_bw, st.aggregate_read_bw / run.nodes)
+
+    blocking = write_per_gpu / st.host_copy_bw
+    persist = write_per_node / write_bw
+    restore_full = (weights_per_node + optim_per_node) / read_bw
+    restore_critical = weights_per_node / critical_bw
+    start = cfg.start.start_small_s + cfg.start.init_s_per_1k_gpus * run.gpus / 1000.0
+    step = run.step_time_s
+    sync_save = blocking + persist
+    mtbf = run.wall_s / run.interruptions if run.interruptions else math.inf
+
+    om = cfg.omni
+    confirm = ConfirmConfig()
+    hang = om.detect_hang_s
+    if hang is None:
+        hang = max(confirm.hang_factor * step, confirm.hang_floor_s)
+    scan = om.heartbeat_read_s * run.gpus
+    interval = om.ckpt_interval_s
+    if interval is None:
+        young_daly = math.sqrt(2 * blocking * mtbf) if math.isfinite(mtbf) else math.inf
+        storage_floor = write_per_node * run.nodes / (om.storage_share * st.aggregate_write_bw)
+        interval = max(min(young_daly, 3600.0), persist, storage_floor)
+    else:
+        interval = max(interval, persist)  # at most one save in flight
+
+    manual = PolicyCosts(
+        name="(a) manual restart, hourly ckpt", detect_base=dict.fromkeys(KINDS, 0.0),
+        detect_spread=dict.fromkeys(KINDS, cfg.manual.human_detect_s), spread="exponential",
+        resubmit_s=cfg.manual.human_fix_s, start_s=start, restore_s=restore_full, first_step_s=step,
+        ckpt_interval_s=cfg.manual.ckpt_interval_s, ckpt_blocking_s=sync_save)
+    sl = cfg.slurm
+    slurm = PolicyCosts(
+        name="(b) Slurm requeue", spread="uniform",
+        detect_base={"node_down": sl.slurmd_timeout_s, "task_crash": sl.nccl_timeout_s,
+                     "hang": sl.hang_timeout_s},
+        detect_spread={"node_down": sl.slurmd_timeout_s / 3},
+        resubmit_s=0.0, pending_s=sl.requeue_pending_s, start_s=start, restore_s=restore_full,
+        first_step_s=step, ckpt_interval_s=sl.ckpt_interval_s, ckpt_blocking_s=sync_save)
+    omni = PolicyCosts(
+        name="(c) slurm-omni",
+        detect_base={"node_down": om.detect_node_down_s + scan, "task_crash": om.detect_task_crash_s + scan,
+                     "hang": hang + scan},
+        resubmit_s=om.resubmit_s, start_s=start, restore_s=om.restore_small_s + restore_critical,
+        first_step_s=step, ckpt_interval_s=interval, ckpt_blocking_s=blocking, ckpt_persist_s=persist,
+        ckpt_async=True, shrink=om.shrink, grow_save_s=sync_save)
+    shares = kind_shares()
+    figures = {
+        "write_per_gpu_bytes": write_per_gpu, "write_per_node_bytes": write_per_node,
+        "read_per_node_bytes": weights_per_node + optim_per_node, "critical_per_node_bytes": weights_per_node,
+        "node_read_bw": read_bw, "node_write_bw": write_bw, "blocking_s": blocking, "persist_s": persist,
+        "restore_full_s": restore_full, "restore_critical_s": restore_critical, "start_s": start,
+        "omni_ckpt_interval_s": interval, "omni_hang_detect_s": hang, "heartbeat_scan_s": scan,
+        "mtbf_s": mtbf, **{f"share_{k}": v for k, v in shares.items()},
+    }
+    return Scaled(manual, slurm, omni, figures)

@@ -1,0 +1,106 @@
+"""Measured input files override the defaults, say so in the output, and bad files fail in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.goodput.inputs import SimConfig, apply_ckpt, apply_drill, apply_timeline, load_config
+from bench.goodput.models import scale
+from bench.goodput.run import main
+from slurm_omni.errors import OmniError
+
+
+def write(path: Path, obj: object) -> Path:
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_drill_file_sets_detection_and_start(tmp_path: Path) -> None:
+    f = write(tmp_path / "drill.json", {"detection_s": 3.0, "detection_by_kind": {"hang": 40.0},
+                                        "resubmit_s": 1.0, "start_s": 6.0, "restore_s": 2.5, "nodes": 4})
+    cfg, prov = apply_drill(SimConfig(), f)
+    assert (cfg.omni.detect_node_down_s, cfg.omni.detect_task_crash_s, cfg.omni.detect_hang_s) == (3.0, 3.0, 40.0)
+    assert cfg.start.start_small_s == 6.0 and cfg.omni.restore_small_s == 2.5
+    assert {p.name for p in prov} >= {"omni.detect_hang_s", "start.start_small_s"}
+    assert all(p.source == f"measured {f}" for p in prov)
+    omni = scale(cfg).omni
+    assert omni.detection_s("hang", 0.5) == pytest.approx(40.0 + 2e-4 * 16384)
+
+
+def test_drill_total_only_is_a_fixed_overhead(tmp_path: Path) -> None:
+    cfg, _ = apply_drill(SimConfig(), write(tmp_path / "d.json", {"recovery_s": 9.0}))
+    assert (cfg.omni.resubmit_s, cfg.start.start_small_s, cfg.omni.restore_small_s) == (9.0, 0.0, 0.0)
+
+
+def test_ckpt_file_sets_bandwidths(tmp_path: Path) -> None:
+    f = write(tmp_path / "ckpt.json", {"bytes": 1e9, "blocking_s": 0.1, "persist_s": 2.0, "restore_full_s": 0.5,
+                                       "restore_critical_s": 0.2, "critical_bytes": 3e8})
+    cfg, prov = apply_ckpt(SimConfig(), f)
+    st = cfg.storage
+    assert (st.host_copy_bw, st.node_write_bw, st.node_read_bw) == pytest.approx((1e10, 5e8, 2e9))
+    assert st.critical_read_bw == pytest.approx(1.5e9)
+    assert len(prov) == 4
+    # the slower measured write rate (0.5 GB/s < 2 TB/s / 2048 nodes) now sets the persist time
+    assert scale(cfg).figures["persist_s"] == pytest.approx(405e9 * 14 / 2048 / 5e8)
+
+
+def test_timeline_medians(tmp_path: Path) -> None:
+    rec = {"job_id": "7", "incarnation": 0, "fault": 100.0, "detected": 101.0, "confirmed": 104.0,
+           "resubmitted": 105.0, "running": 111.0, "first_step_after_restore": 113.0}
+    f = write(tmp_path / "t.json", {"recoveries": [rec, {**rec, "confirmed": 106.0, "resubmitted": 106.5}]})
+    cfg, _ = apply_timeline(SimConfig(), f)
+    assert cfg.omni.detect_node_down_s == pytest.approx(5.0)
+    assert cfg.start.start_small_s == pytest.approx(5.25)
+    assert cfg.omni.restore_small_s == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "couldn't parse"),
+    ('{"detection_s": -1}', "expected seconds"),
+    ('{"detect_s": 1}', "unknown key 'detect_s'"),
+    ('[1, 2]', "expected a JSON object"),
+])
+def test_bad_drill_file(tmp_path: Path, content: str, message: str) -> None:
+    f = tmp_path / "d.json"
+    f.write_text(content)
+    with pytest.raises(OmniError, match=message):
+        apply_drill(SimConfig(), f)
+
+
+def test_bad_ckpt_file(tmp_path: Path) -> None:
+    with pytest.raises(OmniError, match="bytes"):
+        apply_ckpt(SimConfig(), write(tmp_path / "c.json", {"blocking_s": 1.0}))
+    with pytest.raises(OmniError, match="exceeds"):
+        apply_ckpt(SimConfig(), write(tmp_path / "c.json", {"bytes": 1, "restore_full_s": 1.0,
+                                                            "restore_critical_s": 2.0}))
+
+
+def test_toml_config(tmp_path: Path) -> None:
+    f = tmp_path / "sim.toml"
+    f.write_text("[run]\ninterruptions = 100\n[slurm]\nckpt_interval_s = 900\n")
+    cfg, prov = load_config(f)
+    assert cfg.run.interruptions == 100 and cfg.slurm.ckpt_interval_s == 900
+    assert [p.name for p in prov] == ["run.interruptions", "slurm.ckpt_interval_s"]
+    f.write_text("[run]\ninterruptons = 100\n")
+    with pytest.raises(OmniError, match="interruptons"):
+        load_config(f)
+
+
+def test_cli_prints_sources_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    drill = write(tmp_path / "drill.json", {"detection_s": 2.0})
+    out_json = tmp_path / "out.json"
+    assert main(["--runs", "2", "--drill-json", str(drill), "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "(c) slurm-omni" in text and "97% target" in text
+    assert f"measured {drill}" in text
+    payload = json.loads(out_json.read_text())
+    assert [p["policy"][:3] for p in payload["policies"]] == ["(a)", "(b)", "(c)"]
+
+
+def test_cli_missing_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--runs", "1", "--ckpt-json", str(tmp_path / "nope.json")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "no such file" in err and "\n" not in err
