@@ -180,4 +180,7 @@ def site_path(explicit: Path | None = None) -> Path:
 
 
 def load_site(path: Path) -> SiteConfig:
+    if not path.exists():
+        raise ConfigError(f"site: couldn't read {path}: no such file (pass --site or set ${SITE_ENV}; "
+                          f"site-config/omni.toml is an annotated example)")
     return load_dataclass(SiteConfig, read_toml(path), source=str(path))
