@@ -15,6 +15,7 @@ from typing import Literal
 
 from slurm_omni.config.schema import load_dataclass, read_toml
 from slurm_omni.errors import ConfigError, SlurmError
+from slurm_omni.policy.confirm import ConfirmConfig
 from slurm_omni.slurm import hostlist
 from slurm_omni.slurm.types import Gres
 
@@ -83,12 +84,17 @@ class CheckpointSite:
 class DetectionSite:
     """Failure confirmation: level-2 heartbeats and the sliding progress window."""
 
-    heartbeat_interval_s: float = 10.0
-    """How often every rank reports its last completed step."""
+    heartbeat_interval_s: float = 1.0
+    """How often every rank reports its last completed step (also the confirmer's initial
+    heartbeat interval until it has measured one)."""
     confirmation_window_s: float = 30.0
-    """How long a level-1 signal must stand before the manager acts on it."""
+    """Level 2 alone (stale heartbeats, no progress) confirms a hang after this long (the
+    confirmer's ``hang_floor_s``); with a level-1 signal the two levels confirm together at once."""
     progress_window_s: float = 300.0
-    """No step completed for this long means stuck, not slow."""
+    """No step completed for this long means stuck, not slow (the confirmer's ``stuck_floor_s``)."""
+    confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
+    """``[detection.confirm]``: every other window of the confirmation rule
+    (slurm_omni.policy.confirm.ConfirmConfig); the defaults confirm a node loss within 5 s."""
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0:
@@ -109,16 +115,23 @@ SparePolicy = Literal["same_switch", "any_switch", "none"]
 class ElasticitySite:
     min_data_parallel_size: int = 1
     """Below this many data-parallel replicas the job waits for nodes instead of shrinking."""
-    spare_policy: SparePolicy = "same_switch"
-    """Where replacements come from: the failed node's leaf switch only, any switch, or nowhere."""
+    spare_policy: SparePolicy = "any_switch"
+    """Where replacements come from: the failed node's leaf switch only, any switch (the same
+    leaf switch first, then the lowest common switch), or nowhere."""
     spare_nodes: str = ""
     """Hostlist of nodes held back as spares (empty: any idle node of the partition)."""
+    spare_wait_s: float = 0.0
+    """Wait this long after a fault for spares before shrinking (0: shrink at once)."""
+    drain_failed: bool = False
+    """Drain nodes the manager found failed, with a reason starting ``omni:``."""
 
     def __post_init__(self) -> None:
         if self.min_data_parallel_size < 1:
             raise ConfigError(f"elasticity.min_data_parallel_size = {self.min_data_parallel_size} is "
                               f"not allowed (expected >= 1)")
         check_hostlist("elasticity.spare_nodes", self.spare_nodes)
+        if self.spare_wait_s < 0:
+            raise ConfigError(f"elasticity.spare_wait_s = {self.spare_wait_s} is not allowed (expected >= 0)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
