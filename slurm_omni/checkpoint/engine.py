@@ -219,7 +219,9 @@ class CheckpointEngine:
         """Load the newest complete checkpoint that verifies (see ``restore.open_restore``).
 
         Returns once the critical modules' weights are in memory (``critical`` or the config's; None
-        means all weights); ``into`` maps a module to its ``state_dict()`` so tensors load in place.
+        means all weights). ``into`` maps a module to its ``state_dict()``, and ``"module/optim"`` to its
+        optimizer's ``state_dict()``, so tensors load in place (host tensors are read into directly;
+        device tensors through a page-locked staging buffer).
         """
         self._check_open()
         session = open_restore(self.config.root, self.layout, step=step,

@@ -55,13 +55,15 @@ class Restore:
         self._error: CheckpointError | None = None
         self._lock = threading.Lock()
         self._fds: dict[str, int] = {}
+        self._local = threading.local()
         self._closed = False
         self._handed_out = False   # set by open_restore once it hands the session out
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="omni-ckpt-restore")
         self.started = time.monotonic()
         self.loaded_s: dict[str, float] = {}
         for u in units:
-            self._schedule(u, into.get(u.module, {}) if u.part == MODEL else {}, device)
+            targets = into.get(u.name, into.get(u.module) if u.part == MODEL else None)
+            self._schedule(u, targets or {}, device)
 
     # -- what the runtime uses ----------------------------------------------------------------------
 
@@ -156,7 +158,7 @@ class Restore:
                 if self._error is not None or self._closed:
                     return
                 direct = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
-                loaded[path][piece.index] = self._read(unit, path, entry, piece, direct)
+                loaded[path][piece.index] = self._read(unit, path, entry, piece, direct, device)
                 with self._lock:
                     pending[0] -= 1
                     last = pending[0] == 0
@@ -180,11 +182,19 @@ class Restore:
         return [entry.pieces[self.layout.data_parallel_rank]]
 
     def _read(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, piece: fmt.Piece,
-              target: torch.Tensor | None) -> torch.Tensor:
+              target: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """Read one piece into its destination: the target itself when it is plain host memory, else
+        through this thread's page-locked staging buffer onto the device, else a new host tensor."""
         dtype = from_name(entry.dtype)
-        out = target if (target is not None and target.device.type == "cpu" and target.is_contiguous()
-                         and target.dtype == dtype and tuple(target.shape) == piece.shape) \
-            else torch.empty(piece.shape, dtype=dtype)
+        fits = target is not None and target.dtype == dtype and tuple(target.shape) == piece.shape
+        staged = (target.device.type != "cpu" if target is not None else device.type != "cpu") \
+            and piece.nbytes > 0
+        if fits and target is not None and target.device.type == "cpu" and target.is_contiguous():
+            out = target
+        elif staged:
+            out = self._staging(piece.nbytes)[:piece.nbytes].view(dtype).view(piece.shape)
+        else:
+            out = torch.empty(piece.shape, dtype=dtype)
         buf = out.reshape(-1).view(torch.uint8).numpy().data.cast("B") if piece.nbytes else b""
         if len(buf) != piece.nbytes:
             raise CheckpointCorrupt(f"checkpoint: step-{self.step}: {unit.name}/{path}: {piece.nbytes} bytes "
@@ -200,7 +210,19 @@ class Restore:
         if fmt.checksum(buf) != piece.xxh3:
             raise CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {unit.name}/{path} "
                                     f"({piece.shard}.h5)")
+        if staged:
+            dest = target if fits and target is not None else torch.empty(piece.shape, dtype=dtype, device=device)
+            dest.copy_(out)   # synchronous: the staging buffer is reused by this thread's next read
+            return dest
         return out
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        buf: torch.Tensor | None = getattr(self._local, "staging", None)
+        if buf is None or buf.numel() < nbytes:
+            size = max(nbytes, 64 << 20)
+            buf = torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            self._local.staging = buf
+        return buf
 
     def _assemble(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, pieces: dict[int, torch.Tensor],
                   target: torch.Tensor | None, device: torch.device) -> torch.Tensor:
