@@ -1,0 +1,75 @@
+"""Read every input, build every output in memory, then write them all or none.
+
+Outputs go to temporary names in their folders first and are renamed only once all of them were
+written, so a bad input or a failed write leaves nothing half-done (and an older report intact).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_omni.errors import OmniError
+from slurm_omni.report.inputs import HeartbeatRecord, load_heartbeats, load_metrics
+from slurm_omni.report.render import html_page, prom_text, summary_json, text_table
+from slurm_omni.report.summary import ReportSummary, step_points, summarize
+from slurm_omni.report.timeline import Recovery, load_timeline
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    summary: ReportSummary
+    text: str
+    png: bytes
+    html: str
+    prom: str
+    json: str
+
+
+def build_report(metrics: Sequence[Path], *, reference: Sequence[Path] = (), heartbeats: Path | None = None,
+                 timeline: Path | None = None, job_id: str = "", title: str = "") -> Report:
+    records = load_metrics(metrics)
+    ref_records = load_metrics(reference) if reference else []
+    recoveries: list[Recovery] | None = list(load_timeline(timeline).recoveries) if timeline else None
+    beats: list[HeartbeatRecord] = load_heartbeats(heartbeats) if heartbeats else []
+    if not job_id and recoveries:
+        job_id = recoveries[0].job_id
+    summary = summarize(records, reference=ref_records, recoveries=recoveries, job_id=job_id)
+    text = text_table(summary)
+    title = title or f"slurm-omni run report: job {summary.job_id or '?'}"
+    from slurm_omni.report.plot import render_png  # matplotlib takes a second to import
+
+    points = step_points(records)
+    png = render_png(points, step_points(ref_records) if ref_records else [],
+                     recoveries if recoveries is not None else [], beats, text, title=title)
+    return Report(summary, text, png, html_page(summary, png, title=title), prom_text(summary),
+                  summary_json(summary))
+
+
+def write_all(files: dict[Path, bytes]) -> None:
+    """Write each file to a temporary name beside it, then rename them all."""
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            temps.append((tmp, path))
+        for tmp, path in temps:
+            os.replace(tmp, path)
+    except OSError as e:
+        for tmp, _path in temps:
+            tmp.unlink(missing_ok=True)
+        raise OmniError(f"report: couldn't write {e.filename or 'outputs'}: {e.strerror}") from e
+
+
+def report_files(report: Report, out_dir: Path, *, prom: Path | None = None) -> dict[Path, bytes]:
+    return {
+        out_dir / "report.png": report.png,
+        out_dir / "report.html": report.html.encode(),
+        out_dir / "summary.txt": (report.text + "\n").encode(),
+        out_dir / "summary.jsonl": report.json.encode(),
+        (prom or out_dir / "omni-report.prom"): report.prom.encode(),
+    }

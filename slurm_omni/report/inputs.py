@@ -1,0 +1,151 @@
+"""Readers of the files a run leaves behind: metrics JSON lines and heartbeat files.
+
+Metrics (``slurm_omni.runtime.metrics``): ``metrics-rank-<RANK>.jsonl``, one object per logged step
+with ``time`` (unix), ``rank``, ``stage``, ``dp_rank``, ``incarnation``, ``step``, ``loss`` (text
+stage only, else null), ``step_time_seconds``, ``samples_per_second``, ``tokens_per_second``,
+``global_samples_per_second``, ``ckpt_blocking_seconds``, ``ckpt_persist_seconds``,
+``data_parallel_size``, ... Keys this reader does not use are ignored (the runtime may add some);
+``time``, ``rank`` and ``step`` are required.
+
+Heartbeats (``slurm_omni.runtime.heartbeat``): ``rank-<RANK>.json``, the latest beat of a rank
+(``rank``, ``time``, ``step``, ``phase``, ``incarnation``, ...). A ``*.jsonl`` file in the same folder
+is read as a history of such beats, one per line (the manager may keep one).
+
+A path given for metrics may be a file or a folder (then every ``metrics-rank-*.jsonl`` in it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_omni.report.timeline import ReportInputError
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRecord:
+    time: float
+    rank: int
+    step: int
+    stage: int = 0
+    incarnation: int = 0
+    loss: float | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    global_samples_per_s: float | None = None
+    ckpt_blocking_s: float | None = None
+    ckpt_persist_s: float | None = None
+    data_parallel_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRecord:
+    time: float
+    rank: int
+    step: int = -1
+    phase: str = ""
+    incarnation: int = 0
+
+
+def _number(obj: dict[str, Any], key: str, where: str, *, required: bool = False) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ReportInputError(f"report: couldn't read {where}: missing {key!r}")
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ReportInputError(f"report: couldn't read {where}: {key} = {value!r} (expected a number)")
+    return float(value)
+
+
+def _int(obj: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ReportInputError(f"report: couldn't read {where}: {key} = {value!r} (expected an integer)")
+    return value
+
+
+def _lines(path: Path) -> Iterable[tuple[str, dict[str, Any]]]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError as e:
+        raise ReportInputError(f"report: couldn't read {path}: no such file") from e
+    except OSError as e:
+        raise ReportInputError(f"report: couldn't read {path}: {e.strerror}") from e
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReportInputError(f"report: couldn't parse {where}: {e.msg} (expected one JSON object "
+                                   "per line)") from e
+        if not isinstance(obj, dict):
+            raise ReportInputError(f"report: couldn't read {where}: expected a JSON object")
+        yield where, obj
+
+
+def metric_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(path.glob("metrics-rank-*.jsonl"))
+        if not files:
+            raise ReportInputError(f"report: couldn't find metrics in {path}: no metrics-rank-*.jsonl "
+                                   "(give OMNI_METRICS_DIR or a file)")
+        return files
+    if not path.exists():
+        raise ReportInputError(f"report: couldn't read {path}: no such file or folder")
+    return [path]
+
+
+def load_metrics(paths: Iterable[Path]) -> list[MetricRecord]:
+    records: list[MetricRecord] = []
+    for path in paths:
+        for file in metric_files(path):
+            for where, obj in _lines(file):
+                step = _int(obj, "step", where)
+                records.append(MetricRecord(
+                    time=_number(obj, "time", where, required=True) or 0.0,
+                    rank=_int(obj, "rank", where), step=step, stage=_int(obj, "stage", where, 0),
+                    incarnation=_int(obj, "incarnation", where, 0),
+                    loss=_number(obj, "loss", where),
+                    step_time_s=_number(obj, "step_time_seconds", where),
+                    tokens_per_s=_number(obj, "tokens_per_second", where),
+                    global_samples_per_s=_number(obj, "global_samples_per_second", where),
+                    ckpt_blocking_s=_number(obj, "ckpt_blocking_seconds", where),
+                    ckpt_persist_s=_number(obj, "ckpt_persist_seconds", where),
+                    data_parallel_size=(_int(obj, "data_parallel_size", where)
+                                        if obj.get("data_parallel_size") is not None else None)))
+    if not records:
+        raise ReportInputError("report: couldn't find any metrics record in "
+                               + ", ".join(str(p) for p in paths))
+    return sorted(records, key=lambda r: (r.time, r.rank))
+
+
+def _heartbeat(obj: dict[str, Any], where: str) -> HeartbeatRecord:
+    return HeartbeatRecord(time=_number(obj, "time", where, required=True) or 0.0, rank=_int(obj, "rank", where),
+                           step=_int(obj, "step", where, -1), phase=str(obj.get("phase", "")),
+                           incarnation=_int(obj, "incarnation", where, 0))
+
+
+def load_heartbeats(folder: Path) -> list[HeartbeatRecord]:
+    if not folder.is_dir():
+        raise ReportInputError(f"report: couldn't read heartbeats {folder}: no such folder")
+    beats: list[HeartbeatRecord] = []
+    for file in sorted(folder.glob("rank-*.json")):
+        try:
+            obj = json.loads(file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ReportInputError(f"report: couldn't parse heartbeat {file}: {e}") from e
+        if not isinstance(obj, dict):
+            raise ReportInputError(f"report: couldn't read heartbeat {file}: expected a JSON object")
+        beats.append(_heartbeat(obj, str(file)))
+    for file in sorted(folder.glob("*.jsonl")):
+        beats.extend(_heartbeat(obj, where) for where, obj in _lines(file))
+    if not beats:
+        raise ReportInputError(f"report: couldn't find heartbeats in {folder}: no rank-*.json or *.jsonl")
+    return sorted(set(beats), key=lambda b: (b.time, b.rank))
