@@ -1,7 +1,8 @@
 """Readers of the files a run leaves behind: metrics JSON lines and heartbeat files.
 
-Metrics (``slurm_omni.runtime.metrics``): ``metrics-rank-<RANK>.jsonl``, one object per logged step
-with ``time`` (unix), ``rank``, ``stage``, ``dp_rank``, ``incarnation``, ``step``, ``loss`` (text
+Metrics (``slurm_omni.runtime.metrics``): ``metrics-<stage>-<dp_rank>.jsonl`` (``metrics-text-0.jsonl``,
+``metrics-vision+text-0.jsonl`` when colocated; older runs: ``metrics-rank-<RANK>.jsonl``), one object per logged step
+with ``time`` (unix), ``rank``, ``stage`` (0 vision, 1 text, -1 both colocated), ``dp_rank``, ``incarnation``, ``step``, ``loss`` (text
 stage only, else null), ``step_time_seconds``, ``samples_per_second``, ``tokens_per_second``,
 ``global_samples_per_second``, ``ckpt_blocking_seconds``, ``ckpt_persist_seconds``,
 ``data_parallel_size``, ... Keys this reader does not use are ignored (the runtime may add some);
@@ -11,7 +12,7 @@ Heartbeats (``slurm_omni.runtime.heartbeat``): ``rank-<RANK>.json``, the latest 
 (``rank``, ``time``, ``step``, ``phase``, ``incarnation``, ...). A ``*.jsonl`` file in the same folder
 is read as a history of such beats, one per line (the manager may keep one).
 
-A path given for metrics may be a file or a folder (then every ``metrics-rank-*.jsonl`` in it).
+A path given for metrics may be a file or a folder (then every ``metrics-*.jsonl`` in it).
 """
 
 from __future__ import annotations
@@ -92,9 +93,9 @@ def _lines(path: Path) -> Iterable[tuple[str, dict[str, Any]]]:
 
 def metric_files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(path.glob("metrics-rank-*.jsonl"))
+        files = sorted(path.glob("metrics-*.jsonl"))
         if not files:
-            raise ReportInputError(f"report: couldn't find metrics in {path}: no metrics-rank-*.jsonl "
+            raise ReportInputError(f"report: couldn't find metrics in {path}: no metrics-*.jsonl "
                                    "(give OMNI_METRICS_DIR or a file)")
         return files
     if not path.exists():

@@ -20,6 +20,7 @@ from slurm_omni.report.inputs import HeartbeatRecord
 from slurm_omni.report.summary import StepPoint, loss_by_step
 from slurm_omni.report.timeline import Recovery
 
+STAGE_NAMES = {0: "vision", 1: "text", -1: "vision+text"}
 PHASES = (("fault", "detected", "fault -> detected", "#d62728"),
           ("detected", "confirmed", "detected -> confirmed", "#ff7f0e"),
           ("confirmed", "resubmitted", "confirmed -> resubmitted", "#9467bd"),
@@ -87,7 +88,7 @@ def _throughput(ax: Axes, points: Sequence[StepPoint], recoveries: Sequence[Reco
             for n, inc in enumerate(incarnations):
                 ps = [p for p in points if p.incarnation == inc and stage in p.tokens_per_s_by_stage]
                 twin.plot([p.time - t0 for p in ps], [p.tokens_per_s_by_stage[stage] for p in ps], lw=0.8,
-                          alpha=0.7, color=color, label=f"stage {stage} tokens/s" if n == 0 else None)
+                          alpha=0.7, color=color, label=f"{STAGE_NAMES.get(stage, stage)} tokens/s" if n == 0 else None)
         twin.set_ylabel("tokens/s per stage")
         twin.legend(fontsize=7, loc="lower right")
     for rec in recoveries:

@@ -41,7 +41,7 @@ def text_table(s: ReportSummary) -> str:
     header = ["recovery", "job", "inc", "kind"] + [name for name, _f, _g in COLUMNS]
     rows = [[str(i + 1), r.job_id, str(r.incarnation), r.kind or "-"]
             + [_fmt(fmt, get(r)) for _n, fmt, get in COLUMNS] for i, r in enumerate(s.recoveries)]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(header)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     if not rows:

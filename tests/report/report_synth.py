@@ -44,8 +44,9 @@ def write_run(root: Path, *, failed: bool = True) -> dict[str, Path]:
                                     ref_loss(s) + (0.001 if s == 25 else 0.0)))
         else:
             lines += [record(rank, s, T0 + s, 0, 100.0, ref_loss(s)) for s in range(1, 41)]
-        (metrics / f"metrics-rank-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-        (ref / f"metrics-rank-{rank}.jsonl").write_text("".join(
+        name = f"metrics-{('vision', 'text')[rank // 2]}-{rank % 2}.jsonl"  # the runtime's file names
+        (metrics / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (ref / name).write_text("".join(
             json.dumps(record(rank, s, T0 + s, 0, 100.0, ref_loss(s))) + "\n" for s in range(1, 41)))
         (beats / f"rank-{rank}.json").write_text(json.dumps(
             {"rank": rank, "stage": rank // 2, "dp_rank": rank % 2, "pid": 100 + rank, "incarnation": 1,

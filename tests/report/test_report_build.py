@@ -12,6 +12,7 @@ from slurm_omni.cli.main import main
 from slurm_omni.errors import OmniError
 from slurm_omni.report.build import build_report
 from slurm_omni.report.inputs import load_metrics
+from slurm_omni.report.render import text_table
 from slurm_omni.report.summary import summarize
 from slurm_omni.report.timeline import load_timeline
 
@@ -48,6 +49,7 @@ def test_never_failed_run_has_no_recovery(tmp_path: Path) -> None:
     paths = write_run(tmp_path / "ok", failed=False)
     s = summarize(load_metrics([paths["metrics"]]), reference=load_metrics([paths["reference"]]))
     assert s.recoveries == () and s.max_loss_deviation == 0.0
+    assert "(no recovery" in text_table(s) and "0 at step" in text_table(s)
 
 
 def test_cli_writes_everything(run: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,7 +74,7 @@ def test_cli_writes_everything(run: dict[str, Path], tmp_path: Path, capsys: pyt
 
 
 def bad_metrics_line(run: dict[str, Path]) -> list[str]:
-    f = run["metrics"] / "metrics-rank-2.jsonl"
+    f = run["metrics"] / "metrics-text-0.jsonl"
     f.write_text(f.read_text() + '{"time": 1, "rank": 2, "step": \n')
     return ["-m", str(run["metrics"])]
 
@@ -86,7 +88,7 @@ def bad_timeline(run: dict[str, Path]) -> list[str]:
 
 @pytest.mark.parametrize("make_args, message", [
     (lambda run: ["-m", str(run["metrics"].parent / "nope")], "no such file or folder"),
-    (bad_metrics_line, "metrics-rank-2.jsonl line 44"),
+    (bad_metrics_line, "metrics-text-0.jsonl line 44"),
     (lambda run: ["-m", str(run["metrics"]), "--timeline", str(run["metrics"] / "nope.json")], "no such file"),
     (bad_timeline, "is before"),
     (lambda run: ["-m", str(run["metrics"]), "--heartbeats", str(run["metrics"] / "none")], "no such folder"),
