@@ -19,13 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, SaveResult
-from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
+from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardLayout, ShardState
+from slurm_omni.checkpoint.engine import SaveResult
 from slurm_omni.config.training import TrainingConfig
 from slurm_omni.errors import CheckpointError
 from slurm_omni.runtime.data import DataPlan
 from slurm_omni.runtime.layout import Layout
-from slurm_omni.runtime.model import MODULES_BY_STAGE
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +49,13 @@ def shard_layout(layout: Layout) -> ShardLayout:
 class StageCheckpointer:
     """Saves and restores one rank's modules, optimisers and the data positions."""
 
-    def __init__(self, cfg: TrainingConfig, layout: Layout, module: nn.Module,
+    def __init__(self, cfg: TrainingConfig, layout: Layout, parts: Mapping[str, nn.Module],
                  optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
         self.cfg = cfg
         self.layout = layout
-        self.module = module
+        self.parts = parts
         self.optimizers = optimizers
-        self.names = MODULES_BY_STAGE[layout.stage]
+        self.names = tuple(parts)
         self.engine = CheckpointEngine(
             CheckpointConfig(root=layout.ckpt_dir, keep_last=cfg.checkpoint.keep_last, load_order=LOAD_ORDER,
                              critical=self.names[:1], incarnation=f"{layout.job_id}.{layout.incarnation}"),
@@ -68,7 +67,7 @@ class StageCheckpointer:
 
     def _state(self, global_step: int, plan: DataPlan, micro_batches: int) -> ShardState:
         return ShardState(
-            modules={name: getattr(self.module, name).state_dict() for name in self.names},
+            modules={name: self.parts[name].state_dict() for name in self.names},
             optimizer={name: self.optimizers[name].state_dict() for name in self.names},
             state={
                 "global_step": global_step,
@@ -77,6 +76,10 @@ class StageCheckpointer:
                 "layout": {"data_parallel_size": self.layout.data_parallel_size, "micro_batches": micro_batches,
                            "schedule": self.cfg.parallel.schedule, "incarnation": self.layout.incarnation},
             })
+
+    def prepare(self, plan: DataPlan, micro_batches: int) -> None:
+        """Allocate the host buffers before the first step, so the first save blocks no longer than later ones."""
+        self.engine.prepare(self._state(-1, plan, micro_batches))
 
     def save(self, global_step: int, plan: DataPlan, micro_batches: int, *, sync: bool) -> None:
         """Checkpoint ``global_step``; async unless ``sync`` (signals and the last step)."""
@@ -103,7 +106,7 @@ class StageCheckpointer:
             return None
         try:
             for name in self.names:
-                getattr(self.module, name).load_state_dict(session.module(name))
+                self.parts[name].load_state_dict(session.module(name))
                 self.optimizers[name].load_state_dict(session.optimizer(name))
             state = session.state if session.state is not None else session.states[0]
             if not isinstance(state, dict) or int(state.get("global_step", -1)) != session.step:

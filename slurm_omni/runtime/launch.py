@@ -61,12 +61,14 @@ class LocalJob:
 
 
 def launch_local(config: Path, *, data_parallel_size: int, run_dir: Path, incarnation: int = 0,
-                 extra_env: Mapping[str, str] | None = None, threads_per_rank: int = 1) -> LocalJob:
-    """Start ``2 * data_parallel_size`` ranks of ``omni train --config config``.
+                 extra_env: Mapping[str, str] | None = None, threads_per_rank: int = 1,
+                 colocated: bool = False) -> LocalJob:
+    """Start ``2 * data_parallel_size`` ranks of ``omni train --config config`` (``data_parallel_size``
+    ranks running both stages when ``colocated``).
 
     ``run_dir`` gets ckpt/, heartbeat/, metrics/ and logs/ (shared by incarnations, as on a cluster
     where the job's folders outlive its processes)."""
-    world = NUM_STAGES * data_parallel_size
+    world = data_parallel_size if colocated else NUM_STAGES * data_parallel_size
     port = free_port()
     log_dir = run_dir / "logs" / f"incarnation-{incarnation}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -76,12 +78,16 @@ def launch_local(config: Path, *, data_parallel_size: int, run_dir: Path, incarn
         env.update({
             "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "OMNI_STAGE": str(rank // data_parallel_size), "OMNI_DP_SIZE": str(data_parallel_size),
+            "OMNI_DP_SIZE": str(data_parallel_size),
             "OMNI_DP_RANK": str(rank % data_parallel_size),
             "OMNI_CKPT_DIR": str(run_dir / "ckpt"), "OMNI_HEARTBEAT_DIR": str(run_dir / "heartbeat"),
             "OMNI_METRICS_DIR": str(run_dir / "metrics"), "OMNI_INCARNATION": str(incarnation),
             "OMP_NUM_THREADS": str(threads_per_rank), "OMNI_LOG_LEVEL": env.get("OMNI_LOG_LEVEL", "INFO"),
         })
+        if colocated:
+            env["OMNI_COLOCATE"] = "1"
+        else:
+            env["OMNI_STAGE"] = str(rank // data_parallel_size)
         env.setdefault("OMNI_DEVICE", "cpu")
         env.update(extra_env or {})
         argv = [sys.executable, "-m", "slurm_omni.cli.main", "train", "--config", str(config)]

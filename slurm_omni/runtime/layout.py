@@ -18,7 +18,11 @@ OMNI_* variables:
 ======================  ===============================================================================
 OMNI_STAGE              pipeline stage of this rank: 0 = vision encoder + projector (het component 0),
                         1 = text decoder (het component 1). Default: RANK // OMNI_DP_SIZE.
-OMNI_DP_SIZE            data-parallel replicas (ranks per stage). Default: WORLD_SIZE // 2.
+OMNI_COLOCATE           "1": every rank runs both stages (a one-rank pipeline; partitions packed onto
+                        fewer devices, and the way to run on a single GPU, since NCCL refuses two ranks
+                        on one device). Then WORLD_SIZE = OMNI_DP_SIZE and OMNI_STAGE is ignored.
+OMNI_DP_SIZE            data-parallel replicas (ranks per stage). Default: WORLD_SIZE // 2
+                        (WORLD_SIZE when colocated).
 OMNI_DP_RANK            replica index of this rank within its stage. Default: RANK % OMNI_DP_SIZE.
 OMNI_MICRO_BATCHES      micro-batches per replica per step; when set it must agree with the global
                         batch (used by the manager to check its plan). Default: derived.
@@ -59,7 +63,7 @@ class Layout:
     master_addr: str
     master_port: int
     stage: int
-    """0 = vision, 1 = text."""
+    """0 = vision, 1 = text, -1 = both (colocated)."""
     data_parallel_size: int
     data_parallel_rank: int
     micro_batches: int
@@ -75,6 +79,12 @@ class Layout:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if self.stage == -1:
+            if self.world_size != self.data_parallel_size or self.rank != self.data_parallel_rank:
+                raise RuntimeLayoutError(
+                    f"layout: couldn't place colocated rank {self.rank}: WORLD_SIZE={self.world_size} must be "
+                    f"OMNI_DP_SIZE={self.data_parallel_size} and OMNI_DP_RANK={self.data_parallel_rank} the rank")
+            return
         if self.world_size != NUM_STAGES * self.data_parallel_size:
             raise RuntimeLayoutError(
                 f"layout: couldn't place ranks: WORLD_SIZE={self.world_size} is not "
@@ -90,18 +100,28 @@ class Layout:
                 "(ranks are stage-major: component 0's tasks first)")
 
     def global_rank_of(self, stage: int, dp_rank: int) -> int:
-        return stage * self.data_parallel_size + dp_rank
+        return dp_rank if self.colocated else stage * self.data_parallel_size + dp_rank
+
+    @property
+    def colocated(self) -> bool:
+        return self.stage == -1
+
+    @property
+    def stages(self) -> tuple[int, ...]:
+        """The pipeline stages this rank runs."""
+        return tuple(range(NUM_STAGES)) if self.colocated else (self.stage,)
 
     @property
     def stage_name(self) -> str:
-        return "vision" if self.stage == 0 else "text"
+        return "+".join(("vision", "text")[s] for s in self.stages)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Layout:
         env = os.environ if env is None else env
         rank = _int(env, "RANK")
         world = _int(env, "WORLD_SIZE")
-        dp = _int(env, "OMNI_DP_SIZE", world // NUM_STAGES)
+        colocated = env.get("OMNI_COLOCATE", "") == "1"
+        dp = _int(env, "OMNI_DP_SIZE", world if colocated else world // NUM_STAGES)
         if dp <= 0:
             raise RuntimeLayoutError(f"layout: couldn't place ranks: OMNI_DP_SIZE={dp} (must be > 0)")
         device = env.get("OMNI_DEVICE", "")
@@ -112,7 +132,7 @@ class Layout:
         return cls(
             rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", 0),
             master_addr=_str(env, "MASTER_ADDR"), master_port=_int(env, "MASTER_PORT"),
-            stage=_int(env, "OMNI_STAGE", rank // dp), data_parallel_size=dp,
+            stage=-1 if colocated else _int(env, "OMNI_STAGE", rank // dp), data_parallel_size=dp,
             data_parallel_rank=_int(env, "OMNI_DP_RANK", rank % dp),
             micro_batches=_int(env, "OMNI_MICRO_BATCHES", 0),
             ckpt_dir=Path(_str(env, "OMNI_CKPT_DIR")), heartbeat_dir=Path(_str(env, "OMNI_HEARTBEAT_DIR")),

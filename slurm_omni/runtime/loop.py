@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from dataclasses import dataclass
 from types import FrameType
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from slurm_omni.config.training import TrainingConfig
 from slurm_omni.errors import OmniError
@@ -48,6 +49,16 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One replica's samples of a step, as this rank's stages need them."""
+
+    ids: torch.Tensor
+    images: torch.Tensor | None        # vision stage
+    tokens: torch.Tensor | None        # text stage
+    has_image: torch.Tensor | None     # text stage
+
+
 class Trainer:
     def __init__(self, cfg: TrainingConfig, layout: Layout) -> None:
         self.cfg = cfg
@@ -61,7 +72,6 @@ class Trainer:
                             f"{cfg.parallel.global_batch_size} over {layout.data_parallel_size} replicas "
                             f"of {cfg.parallel.micro_batch_size} needs {mb}")
         self.micro_batches = mb
-        self._trace_ids: list[int] = []
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.warning("runtime: rank %d got %s; checkpointing at the end of this step",
@@ -87,24 +97,27 @@ class Trainer:
         cfg, layout = self.cfg, self.layout
         device = device_for(layout)
         groups = init_distributed(layout, backend_for(cfg.parallel, device), device)
-        module = build_stage(cfg.model, layout.stage, seed=cfg.optim.seed).to(device)
+        stages = {s: build_stage(cfg.model, s, seed=cfg.optim.seed).to(device) for s in layout.stages}
+        parts = {name: getattr(stages[s], name) for s in layout.stages for name in MODULES_BY_STAGE[s]}
+        params = [p for m in stages.values() for p in m.parameters()]
         # One optimiser per module, so that each module's state is saved and restored with it.
-        optimizers = {name: torch.optim.AdamW(getattr(module, name).parameters(), lr=cfg.optim.lr,
+        optimizers = {name: torch.optim.AdamW(part.parameters(), lr=cfg.optim.lr,
                                               weight_decay=cfg.optim.weight_decay,
                                               betas=(cfg.optim.beta1, cfg.optim.beta2), foreach=False)
-                      for name in MODULES_BY_STAGE[layout.stage]}
+                      for name, part in parts.items()}
         sources = open_sources(cfg.data)
         plan = DataPlan(cfg.data, sources)
         reader = ShardReader(cfg.model, sources)
-        ckpt = StageCheckpointer(cfg, layout, module, optimizers)
+        ckpt = StageCheckpointer(cfg, layout, parts, optimizers)
         restored = ckpt.restore_latest(plan)
         start = restored.global_step if restored else 0
         if restored:
             log.info("runtime: rank %d resumed at step %d (saved with %s) in %.2fs", layout.rank, start,
                      restored.state.get("layout"), restored.load_s)
+        ckpt.prepare(plan, self.micro_batches)
         self.heartbeat.update(step=start, phase="training", last_checkpoint_step=ckpt.last_step)
-        schedule = build_schedule(layout, cfg.model, cfg.parallel, module, self.micro_batches, device,
-                                  groups.pipeline)
+        schedule = build_schedule(cfg.model, cfg.parallel, stages, self.micro_batches, device, groups.pipeline)
+        text_stage = stages.get(1)
         per_replica = self.micro_batches * cfg.parallel.micro_batch_size
         first = layout.data_parallel_rank * per_replica
         code = exitcodes.EXIT_DONE
@@ -113,9 +126,12 @@ class Trainer:
                 t0 = time.monotonic()
                 refs = plan.next_global_batch(step, cfg.parallel.global_batch_size)[first:first + per_replica]
                 lr = lr_at(cfg.optim, step, cfg.max_steps)
-                loss = self._forward_backward(schedule, module, reader, refs, device)
-                average_gradients(module, groups.data_parallel, layout.data_parallel_size)
-                grad_norm = clip_global_norm(module, groups.pipeline, cfg.optim.grad_clip)
+                batch = self._read(reader, refs, device)
+                t_pipe = time.monotonic()
+                loss = self._forward_backward(schedule, text_stage, batch)
+                pipeline_s = time.monotonic() - t_pipe
+                average_gradients(params, groups.data_parallel, layout.data_parallel_size)
+                grad_norm = clip_global_norm(params, groups.pipeline, cfg.optim.grad_clip)
                 for optimizer in optimizers.values():
                     for group in optimizer.param_groups:
                         group["lr"] = lr
@@ -127,7 +143,7 @@ class Trainer:
                 global_step = step + 1
                 step_s = time.monotonic() - t0
                 self.heartbeat.update(step=global_step, step_time_s=step_s)
-                self.metrics.trace(global_step, self._trace_ids)
+                self.metrics.trace(global_step, batch.ids.tolist())
                 if layout.step_delay_s:
                     time.sleep(layout.step_delay_s)
                 stop = any_rank(self.stop_requested, device)
@@ -139,7 +155,7 @@ class Trainer:
                     self.heartbeat.update(phase="training", last_checkpoint_step=global_step)
                 ckpt.poll()
                 if global_step % cfg.log_every == 0 or last or stop:
-                    self._log(global_step, loss, lr, grad_norm, step_s, len(refs), ckpt)
+                    self._log(global_step, loss, lr, grad_norm, step_s, pipeline_s, len(refs), ckpt)
                 if stop:
                     code = exitcodes.EXIT_CHECKPOINTED
                     break
@@ -150,36 +166,45 @@ class Trainer:
         dist.destroy_process_group()
         return code
 
-    def _forward_backward(self, schedule: PipelineScheduleSingle, module: torch.nn.Module, reader: ShardReader,
-                          refs: list[SampleRef], device: torch.device) -> torch.Tensor | None:
-        step_fn = schedule.step
+    def _read(self, reader: ShardReader, refs: list[SampleRef], device: torch.device) -> Batch:
+        """What this rank's stages read of its replica's samples."""
         ids = reader.sample_ids(refs)
-        self._trace_ids = ids.tolist()
-        if self.layout.stage == 0:
-            step_fn(reader.images(refs).to(device), ids.to(device))
+        images = reader.images(refs).to(device) if 0 in self.layout.stages else None
+        tokens, has_image = reader.tokens(refs) if 1 in self.layout.stages else (None, None)
+        return Batch(ids, images, tokens, has_image)
+
+    def _forward_backward(self, schedule: _PipelineSchedule, text_stage: torch.nn.Module | None,
+                          batch: Batch) -> torch.Tensor | None:
+        """One pass of the replica's micro-batches through the schedule; the text stage's mean loss."""
+        device = batch.ids.device if batch.images is None else batch.images.device
+        args = (batch.images, batch.ids.to(device)) if batch.images is not None else ()
+        if text_stage is None or batch.tokens is None or batch.has_image is None:
+            schedule.step(*args)
             return None
-        tokens, has_image = reader.tokens(refs)
+        if not isinstance(text_stage, TextStage):
+            raise TypeError(f"stage 1 runs a TextStage, not {type(text_stage).__name__}")
+        device = next(text_stage.parameters()).device
         b = self.cfg.parallel.micro_batch_size
-        if not isinstance(module, TextStage):
-            raise TypeError(f"stage 1 runs a TextStage, not {type(module).__name__}")
-        feed = module.feed
         for m in range(self.micro_batches):
             sl = slice(m * b, (m + 1) * b)
-            feed.append(TextMicroBatch(ids[sl].to(device), tokens[sl].to(device), has_image[sl].to(device)))
+            text_stage.feed.append(TextMicroBatch(batch.ids[sl].to(device), batch.tokens[sl].to(device),
+                                                  batch.has_image[sl].to(device)))
         losses: list[torch.Tensor] = []
-        step_fn(target=next_token_labels(tokens).to(device), losses=losses)
-        if feed:
-            raise SampleMisalignedError(f"text stage: couldn't pair micro-batches: {len(feed)} text "
+        schedule.step(*args, target=next_token_labels(batch.tokens).to(device), losses=losses)
+        if text_stage.feed:
+            left = len(text_stage.feed)
+            text_stage.feed.clear()
+            raise SampleMisalignedError(f"text stage: couldn't pair micro-batches: {left} text "
                                         "micro-batches left unconsumed after the step")
         return torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
 
     def _log(self, global_step: int, loss: torch.Tensor | None, lr: float, grad_norm: float, step_s: float,
-             samples: int, ckpt: StageCheckpointer) -> None:
+             pipeline_s: float, samples: int, ckpt: StageCheckpointer) -> None:
         m = self.cfg.model
-        tokens_per_sample = m.num_patches if self.layout.stage == 0 else m.num_patches + m.seq_len
+        tokens_per_sample = m.num_patches if self.layout.stages == (0,) else m.num_patches + m.seq_len
         self.metrics.log_step({
             "step": global_step, "loss": float(loss.item()) if loss is not None else None, "lr": lr,
-            "grad_norm": grad_norm, "step_time_seconds": step_s, "samples_per_second": samples / step_s,
+            "grad_norm": grad_norm, "step_time_seconds": step_s, "pipeline_seconds": pipeline_s, "samples_per_second": samples / step_s,
             "tokens_per_second": samples * tokens_per_sample / step_s,
             "global_samples_per_second": self.cfg.parallel.global_batch_size / step_s,
             "ckpt_blocking_seconds": ckpt.last_blocking_s, "ckpt_persist_seconds": ckpt.last_persist_s,

@@ -27,6 +27,7 @@ GAUGES = {
     "lr": "Learning rate used for the step.",
     "grad_norm": "Global gradient norm before clipping.",
     "step_time_seconds": "Wall time of the step on this rank.",
+    "pipeline_seconds": "Part of the step spent in the pipeline schedule (forward and backward).",
     "samples_per_second": "Samples this rank's stage processed per second (this replica).",
     "tokens_per_second": "Tokens (image + text) this rank's stage processed per second (this replica).",
     "global_samples_per_second": "Samples per second of the whole job.",

@@ -4,6 +4,8 @@ Groups (every rank creates every group, in the same order, as torch.distributed 
 - one pipeline group per replica ``r``: ranks ``(r, dp + r)`` (its vision rank and its text rank);
   the schedule's send/recv run in it, and the global gradient norm is summed over it;
 - one data-parallel group per stage: that stage's ``dp`` ranks; gradients are averaged in it.
+Colocated ranks (both stages on one rank) have one-rank pipeline groups and one data-parallel group
+of all ranks; their two stages run under the looped schedules (BFS for GPipe, interleaved 1F1B).
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+)
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from slurm_omni.config.training import ModelConfig, OptimConfig, ParallelConfig
 from slurm_omni.errors import RuntimeLayoutError
@@ -58,36 +67,41 @@ def init_distributed(layout: Layout, backend: str, device: torch.device) -> Grou
         world_size=layout.world_size, timeout=timeout,
         device_id=device if device.type == "cuda" else None)
     dp = layout.data_parallel_size
-    pipeline_groups = [dist.new_group([layout.global_rank_of(s, r) for s in range(NUM_STAGES)])
-                       for r in range(dp)]
-    dp_groups = [dist.new_group([layout.global_rank_of(s, r) for r in range(dp)]) for s in range(NUM_STAGES)]
-    return Groups(pipeline=pipeline_groups[layout.data_parallel_rank], data_parallel=dp_groups[layout.stage])
+    stages = range(NUM_STAGES)
+    pipeline_groups = [dist.new_group(sorted({layout.global_rank_of(s, r) for s in stages})) for r in range(dp)]
+    dp_groups = [dist.new_group([layout.global_rank_of(s, r) for r in range(dp)])
+                 for s in (stages if not layout.colocated else [0])]
+    return Groups(pipeline=pipeline_groups[layout.data_parallel_rank],
+                  data_parallel=dp_groups[0 if layout.colocated else layout.stage])
 
 
-def build_schedule(layout: Layout, model: ModelConfig, parallel: ParallelConfig, module: nn.Module,
-                   micro_batches: int, device: torch.device, group: dist.ProcessGroup) -> PipelineScheduleSingle:
-    """The schedule of this rank's stage. Shapes are given up front (static metadata), so the stage
+def build_schedule(model: ModelConfig, parallel: ParallelConfig, modules: dict[int, nn.Module],
+                   micro_batches: int, device: torch.device, group: dist.ProcessGroup) -> _PipelineSchedule:
+    """The schedule of this rank's stage(s). Shapes are given up front (static metadata), so a stage
     never runs an extra forward to infer them."""
     b = parallel.micro_batch_size
     ids = torch.zeros(b, dtype=torch.int64, device=device)
     image_tokens = torch.zeros(b, model.num_patches, model.text_width, device=device, requires_grad=True)
-    if layout.stage == 0:
-        images = torch.zeros(b, model.image_size, model.image_size, model.channels, device=device)
-        stage = PipelineStage(module, 0, NUM_STAGES, device, input_args=(images, ids),
-                              output_args=(image_tokens, ids), group=group)
-    else:
-        logits = torch.zeros(b, model.seq_len, model.vocab_size, device=device, requires_grad=True)
-        stage = PipelineStage(module, 1, NUM_STAGES, device, input_args=(image_tokens, ids),
-                              output_args=logits, group=group)
-    cls = ScheduleGPipe if parallel.schedule == "gpipe" else Schedule1F1B
-    return cls(stage, n_microbatches=micro_batches, loss_fn=lm_loss)
+    images = torch.zeros(b, model.image_size, model.image_size, model.channels, device=device)
+    logits = torch.zeros(b, model.seq_len, model.vocab_size, device=device, requires_grad=True)
+    shapes: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = {
+        0: ((images, ids), (image_tokens, ids)), 1: ((image_tokens, ids), (logits,))}
+    stages: list[_PipelineStageBase] = [
+        PipelineStage(module, index, NUM_STAGES, device, input_args=shapes[index][0],
+                      output_args=shapes[index][1], group=group)
+        for index, module in sorted(modules.items())]
+    if len(stages) == 1:
+        single = ScheduleGPipe if parallel.schedule == "gpipe" else Schedule1F1B
+        return single(stages[0], n_microbatches=micro_batches, loss_fn=lm_loss)
+    looped = ScheduleLoopedBFS if parallel.schedule == "gpipe" else ScheduleInterleaved1F1B
+    return looped(stages, n_microbatches=micro_batches, loss_fn=lm_loss)
 
 
-def average_gradients(module: nn.Module, group: dist.ProcessGroup, dp_size: int) -> None:
-    """Average this stage's gradients over its replicas with one flat all-reduce."""
+def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup, dp_size: int) -> None:
+    """Average this rank's gradients over its replicas with one flat all-reduce."""
     if dp_size == 1:
         return
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
     flat.div_(dp_size)
@@ -97,9 +111,9 @@ def average_gradients(module: nn.Module, group: dist.ProcessGroup, dp_size: int)
         offset += g.numel()
 
 
-def clip_global_norm(module: nn.Module, group: dist.ProcessGroup, max_norm: float) -> float:
+def clip_global_norm(params: list[nn.Parameter], group: dist.ProcessGroup, max_norm: float) -> float:
     """Clip by the norm over both stages' gradients; returns the norm before clipping."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    grads = [p.grad for p in params if p.grad is not None]
     device = grads[0].device
     sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum().reshape(1).to(device)
     dist.all_reduce(sq, group=group)

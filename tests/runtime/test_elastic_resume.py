@@ -224,3 +224,19 @@ def test_epoch_interrupted_three_times_uses_every_sample_once(work: Path) -> Non
     assert sorted(pairs[:48]) == list(range(48))   # 48 pairs: each exactly once in the first epoch
     assert sorted(text[:16]) == list(range(48, 64))
     assert len(pairs) >= 48 and len(text) >= 16, (len(pairs), len(text))
+
+
+def test_colocated_rank_trains_like_the_split_pipeline(work: Path) -> None:
+    """Both stages on one rank (the single-GPU layout) against one vision rank + one text rank."""
+    job = job_file(work, "short", max_steps=6, every=0)
+    split, colocated = work / "split-dp1", work / "colocated-dp1"
+    run(job, split, dp=1)
+    env = {"OMNI_TRACE_SAMPLES": "1"}
+    codes = launch_local(job, data_parallel_size=1, run_dir=colocated, colocated=True, extra_env=env).wait(120)
+    assert codes == [exitcodes.EXIT_DONE]
+    a = losses(split)
+    b = {int(r["step"]): float(r["loss"])  # type: ignore[arg-type]
+         for r in read_jsonl(colocated / "metrics" / "metrics-vision+text-0.jsonl")}
+    assert sorted(b) == list(range(1, 7))
+    assert all(b[s] == pytest.approx(a[s], rel=1e-5) for s in a)
+    assert sample_ids(colocated, "vision+text") == sample_ids(split, "text")
