@@ -91,10 +91,10 @@ int omni_fault_format(const struct omni_fault *f, char *buf, size_t len)
 	n = snprintf(buf, len,
 		     "{\"version\": %d, \"kind\": \"task_exit\", \"job_id\": %u, \"het_job_id\": %ld, "
 		     "\"het_offset\": %ld, \"step_id\": %u, \"node\": \"%s\", \"stage\": \"%s\", "
-		     "\"stage_rank\": %ld, \"task_id\": %ld, \"local_task_id\": %ld, \"pid\": %ld, \"exit_code\": %s, \"signal\": %s, "
+		     "\"stage_index\": %ld, \"stage_rank\": %ld, \"task_id\": %ld, \"local_task_id\": %ld, \"pid\": %ld, \"exit_code\": %s, \"signal\": %s, "
 		     "\"core_dumped\": %s, \"time\": \"%s.%03ldZ\", \"time_unix\": %lld.%09ld}\n",
 		     OMNI_FAULT_VERSION, f->job_id, f->het_job_id, f->het_offset, f->step_id, node, stage,
-		     f->stage_rank, f->task_id, f->local_task_id, f->pid, exit_code, signal,
+		     f->stage_index, f->stage_rank, f->task_id, f->local_task_id, f->pid, exit_code, signal,
 		     (WIFSIGNALED(f->status) && WCOREDUMP(f->status)) ? "true" : "false", when,
 		     f->time.tv_nsec / 1000000L, (long long)f->time.tv_sec, f->time.tv_nsec);
 	if (n < 0 || (size_t)n >= len)

@@ -20,6 +20,7 @@ struct omni_fault {
 	uint32_t step_id;
 	char node[OMNI_NODE_MAX];
 	char stage[OMNI_NAME_MAX]; /* empty: unknown */
+	long stage_index;     /* stage's place in --omni-stage (= het offset in a het step), -1: unknown */
 	long stage_rank;      /* rank inside the stage, -1: unknown */
 	long task_id;         /* task id in the step; per component in a het step (Slurm's S_TASK_GLOBAL_ID) */
 	long local_task_id;   /* task id on this node */

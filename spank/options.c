@@ -10,8 +10,8 @@ static int cb_ckpt(int val, const char *optarg, int remote);
 static struct spank_option spank_opts[] = {
 	{"omni-stage", "NAME[:N][,...]",
 	 "slurm-omni: pipeline stage of each heterogeneous component (in group order), or of each "
-	 "N-task block of an ordinary step; exported to tasks as OMNI_STAGE, OMNI_STAGE_RANK, "
-	 "OMNI_STAGE_SIZE",
+	 "N-task block of an ordinary step; exported to tasks as OMNI_STAGE (index), OMNI_STAGE_NAME, "
+	 "OMNI_STAGE_RANK, OMNI_STAGE_SIZE",
 	 1, 0, cb_stage},
 	{"omni-ckpt", "PATH",
 	 "slurm-omni: absolute checkpoint directory of the job on shared storage; exported as OMNI_CKPT_DIR",

@@ -97,14 +97,15 @@ int omni_remote_task_init(spank_t sp)
 		slurm_error("omni: task_init: --omni-stage: %s", err);
 		return -1;
 	}
-	if (set_env(sp, "OMNI_STAGE", omni_opts.stages.stages[place.stage].name, 1) < 0 ||
-	    set_env_long(sp, "OMNI_STAGE_INDEX", place.stage, 1) < 0 ||
+	/* OMNI_STAGE is the stage's index (what slurm_omni.runtime.layout reads), the name beside it */
+	if (set_env_long(sp, "OMNI_STAGE", place.stage, 1) < 0 ||
+	    set_env(sp, "OMNI_STAGE_NAME", omni_opts.stages.stages[place.stage].name, 1) < 0 ||
 	    set_env_long(sp, "OMNI_STAGE_RANK", place.stage_rank, 1) < 0 ||
 	    set_env_long(sp, "OMNI_STAGE_SIZE", place.stage_size, 1) < 0)
 		return -1;
-	/* torch.distributed names; a launcher that already set them wins */
+	/* torch.distributed and runtime names; a launcher that already set them wins */
 	if (set_env_long(sp, "RANK", rank, 0) < 0 || set_env_long(sp, "WORLD_SIZE", size, 0) < 0 ||
-	    set_env_long(sp, "LOCAL_RANK", local, 0) < 0)
+	    set_env_long(sp, "LOCAL_RANK", local, 0) < 0 || set_env_long(sp, "OMNI_DP_RANK", place.stage_rank, 0) < 0)
 		return -1;
 	return 0;
 }
@@ -133,6 +134,7 @@ int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
 	if (status == 0)
 		return 0;
 	memset(&f, 0, sizeof(f));
+	f.stage_index = -1;
 	f.stage_rank = -1;
 	f.status = status;
 	clock_gettime(CLOCK_REALTIME, &f.time);
@@ -156,6 +158,7 @@ int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
 	    omni_place(&omni_opts.stages, offset, global_id, total, global_id, total, &place, err,
 		       sizeof(err)) == 0) {
 		snprintf(f.stage, sizeof(f.stage), "%s", omni_opts.stages.stages[place.stage].name);
+		f.stage_index = place.stage;
 		f.stage_rank = place.stage_rank;
 	}
 	if (omni_fault_write(cfg->spool, &f, path, sizeof(path), err, sizeof(err)) < 0) {

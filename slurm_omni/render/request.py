@@ -83,12 +83,15 @@ def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[Sta
         "OMNI_JOB_NAME": job.job.name,
         "OMNI_JOB_FILE": str(job_file),
         "OMNI_CKPT_DIR": str(site.checkpoint.root / job.job.name),
+        # where slurm_omni.manager.registry looks for them: shared storage every rank and the manager see
+        "OMNI_HEARTBEAT_DIR": str(site.checkpoint.root / job.job.name / "heartbeat"),
         "OMNI_DP_SIZE": str(job.job.data_parallel_size),
         "OMNI_STAGES": ",".join(p.name for p in plans),
         "OMNI_STAGE_TASKS": ",".join(str(p.ntasks) for p in plans),
         "OMNI_SPOOL_DIR": str(site.manager.spool_dir),
-        "OMNI_METRICS_DIR": str(site.manager.metrics_dir),
-        "OMNI_HEARTBEAT_INTERVAL_S": f"{site.detection.heartbeat_interval_s:g}",
+        # one folder per job: the runtime replaces its own omni-<stage>-*.prom files at start
+        "OMNI_METRICS_DIR": str(site.manager.metrics_dir / job.job.name),
+        "OMNI_HEARTBEAT_INTERVAL": f"{site.detection.heartbeat_interval_s:g}",
     }
 
 

@@ -64,6 +64,7 @@ int main(int argc, char **argv)
 		f.step_id = 0;
 		snprintf(f.node, sizeof(f.node), "%s", argv[3]);
 		snprintf(f.stage, sizeof(f.stage), "%s", argv[4]);
+		f.stage_index = 1;
 		f.stage_rank = 3;
 		f.task_id = 3;
 		f.local_task_id = 1;

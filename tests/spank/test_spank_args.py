@@ -104,7 +104,7 @@ def test_fault_record_for_a_signal(harness: Path, tmp_path: Path) -> None:
     record = json.loads(path.read_text())
     assert record == {
         "version": 1, "kind": "task_exit", "job_id": 42, "het_job_id": 41, "het_offset": 1, "step_id": 0,
-        "node": "node5", "stage": "text", "stage_rank": 3, "task_id": 3, "local_task_id": 1, "pid": 1234,
+        "node": "node5", "stage": "text", "stage_index": 1, "stage_rank": 3, "task_id": 3, "local_task_id": 1, "pid": 1234,
         "exit_code": None, "signal": 9, "core_dumped": False, "time": "2023-11-14T22:13:20.005Z",
         "time_unix": 1700000000.005}
 

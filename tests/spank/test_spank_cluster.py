@@ -58,8 +58,8 @@ def test_bad_values_refused_at_submit(slurm_cluster, plugin: Path, argv: list[st
 def test_ordinary_step_splits_ranks_into_stages(slurm_cluster, plugin: Path, tmp_path: Path) -> None:
     r = CommandRunner(slurm_cluster.env).run(
         ["srun", "--ntasks=3", "--nodes=1", "--omni-stage=vision:1,text:2", "bash", "-c",
-         'echo "$SLURM_PROCID $OMNI_STAGE $OMNI_STAGE_RANK $OMNI_STAGE_SIZE"'], timeout_s=60)
-    assert sorted(r.stdout.splitlines()) == ["0 vision 0 1", "1 text 0 2", "2 text 1 2"]
+         'echo "$SLURM_PROCID $OMNI_STAGE_NAME $OMNI_STAGE $OMNI_STAGE_RANK $OMNI_STAGE_SIZE"'], timeout_s=60)
+    assert sorted(r.stdout.splitlines()) == ["0 vision 0 0 1", "1 text 1 0 2", "2 text 1 1 2"]
 
 
 def test_sigkilled_task_leaves_a_fault_record(slurm_cluster, plugin: Path, tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_sigkilled_task_leaves_a_fault_record(slurm_cluster, plugin: Path, tmp_p
     fault = json.loads(path.read_text())
     assert fault["kind"] == "task_exit" and fault["version"] == 1
     assert (fault["job_id"], fault["het_job_id"], fault["het_offset"]) == (leader + 1, leader, 1)
-    assert (fault["stage"], fault["stage_rank"], fault["task_id"]) == ("text", 1, 1)
+    assert (fault["stage"], fault["stage_index"], fault["stage_rank"], fault["task_id"]) == ("text", 1, 1, 1)
     assert (fault["signal"], fault["exit_code"], fault["core_dumped"]) == (9, None, False)
     assert fault["node"] in slurm_cluster.nodes and fault["pid"] > 0
     assert before - 1 <= fault["time_unix"] <= time.time() + 1
@@ -94,9 +94,9 @@ def test_sigkilled_task_leaves_a_fault_record(slurm_cluster, plugin: Path, tmp_p
     assert sorted(envs) == [0, 1, 2, 3]
     for rank, env in envs.items():
         stage_index = 0 if rank < 2 else 1
-        assert env["OMNI_STAGE"] == ("vision", "text")[stage_index]
-        assert (env["OMNI_STAGE_INDEX"], env["OMNI_STAGE_RANK"], env["OMNI_STAGE_SIZE"]) == \
-            (str(stage_index), str(rank % 2), "2")
+        assert env["OMNI_STAGE_NAME"] == ("vision", "text")[stage_index]
+        assert (env["OMNI_STAGE"], env["OMNI_STAGE_RANK"], env["OMNI_STAGE_SIZE"], env["OMNI_DP_RANK"]) == \
+            (str(stage_index), str(rank % 2), "2", str(rank % 2))
         assert (env["RANK"], env["WORLD_SIZE"]) == (str(rank), "4")
         assert env["OMNI_CKPT_DIR"] == str(tmp_path / "ckpt")
     # Only abnormal exits leave records: the three clean tasks did not.

@@ -24,7 +24,7 @@ from slurm_omni.slurm.runner import CommandRunner
 
 pytestmark = pytest.mark.cluster
 
-PROBE = ('printf "%s %s %s %s %s %s %s\\n" "$OMNI_STAGE" "$SLURMD_NODENAME" "$OMNI_STAGE_RANK" "$RANK" '
+PROBE = ('printf "%s %s %s %s %s %s %s\\n" "$OMNI_STAGE_NAME" "$SLURMD_NODENAME" "$OMNI_STAGE_RANK" "$RANK" '
          '"$WORLD_SIZE" "$MASTER_ADDR" "${CUDA_VISIBLE_DEVICES:-none}" > "$0/rank-$RANK"')
 
 
