@@ -143,7 +143,10 @@ class ManualConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlurmConfig:
-    """(b) Slurm 22.05's own requeue (JobRequeue=1, --requeue, RequeueExit for aborted jobs)."""
+    """(b) Slurm 22.05's own requeue (JobRequeue=1, --requeue, RequeueExit for aborted jobs).
+
+    Generous to Slurm: a node health check (HealthCheckProgram) is assumed to drain a node with a
+    bad GPU before the requeued job could land on it again; full synchronous restore."""
 
     slurmd_timeout_s: float = 300.0
     """SlurmdTimeout default: a dead host is DOWN 300 s after its last answer, plus the phase of
@@ -166,7 +169,8 @@ class OmniConfig:
     """Fault -> confirmed; ConfirmConfig's windows with 2 s heartbeats (stale after 2.5 beats)."""
     detect_task_crash_s: float = 5.0
     detect_hang_s: float | None = None
-    """None: ConfirmConfig's hang rule at the run's step time, max(hang_factor x step, floor)."""
+    """A measured hang confirmation; at scale the larger of this and ConfirmConfig's hang rule at
+    the run's step time, max(hang_factor x step, floor) (the rule scales with the step time)."""
     resubmit_s: float = 2.0
     """Confirmed -> resubmitted: plan (<50 ms at 10k nodes, bench/plan_bench.py) + scontrol."""
     restore_small_s: float = 2.0

@@ -34,6 +34,9 @@ from bench.goodput.sim import BUCKETS, Outcome, simulate
 from slurm_omni.errors import OmniError
 
 TARGET_ETTR = 0.97
+KEY_INPUTS = ("omni.detect_node_down_s", "omni.detect_task_crash_s", "omni.detect_hang_s", "omni.resubmit_s",
+              "start.start_small_s", "omni.restore_small_s", "storage.host_copy_bw", "storage.node_write_bw",
+              "storage.node_read_bw", "storage.critical_read_bw")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,7 @@ class Summary:
     ettr_p95: float
     hours: dict[str, float]
     interruptions: float
+    absorbed: float
     shrinks: float
     waits: float
 
@@ -68,7 +72,8 @@ def summarize(outcomes: Sequence[Outcome]) -> Summary:
     return Summary(
         outcomes[0].policy, statistics.fmean(ettrs), pct(0.05), pct(0.95),
         {b: sum(o.seconds[b] for o in outcomes) / n / 3600 for b in BUCKETS},
-        sum(o.interruptions for o in outcomes) / n, sum(o.shrinks for o in outcomes) / n,
+        sum(o.interruptions for o in outcomes) / n, sum(o.absorbed for o in outcomes) / n,
+        sum(o.shrinks for o in outcomes) / n,
         sum(o.waits for o in outcomes) / n)
 
 
@@ -99,7 +104,7 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
         lost = s.hours["recompute"] * 3600 / max(s.interruptions, 1e-9)
         lines.append(f"  {p.name:34} detect {detect:7.1f}  restart {p.restart_s:7.1f}  lost work {lost:7.1f}"
                      f"  ckpt every {p.ckpt_interval_s:6.0f} (blocks {p.ckpt_blocking_s:.3f})"
-                     f"  interruptions {s.interruptions:.0f}, shrinks {s.shrinks:.1f}, waits {s.waits:.1f}")
+                     f"  hit {s.interruptions:.0f}, absorbed {s.absorbed:.0f}, shrinks {s.shrinks:.1f}, waits {s.waits:.1f}")
     gb = 1e9
     lines += ["", "models at scale:",
               (f"  checkpoint written per GPU {f['write_per_gpu_bytes'] / gb:.3f} GB, per node "
@@ -111,12 +116,15 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
               (f"  job start {f['start_s']:.1f} s; slurm-omni: hang confirm {f['omni_hang_detect_s']:.0f} s, "
               f"heartbeat scan {f['heartbeat_scan_s']:.1f} s, async ckpt every {f['omni_ckpt_interval_s']:.0f} s"),
               "  interruption kinds: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()),
-              "", ("inputs (measured or config; everything else is the documented default in "
-              "bench/goodput/inputs.py):")]
-    if prov:
-        lines += [f"  {p.name:28} = {p.value:<14.6g} {p.source}" for p in prov]
-    else:
-        lines.append("  none: all inputs are defaults (no --drill-json, --ckpt-json, --timeline or --config)")
+              "", ("inputs the drills and the checkpoint benchmark measure, and any config override "
+                   "(default: the documented value in bench/goodput/inputs.py):")]
+    source = {p.name: p.source for p in prov}
+    for name in KEY_INPUTS:
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        shown = "(see models)" if value is None else f"{value:<14.6g}"
+        lines.append(f"  {name:28} = {shown:<14} {source.get(name, 'default')}")
+    lines += [f"  {p.name:28} = {p.value:<14.6g} {p.source}" for p in prov if p.name not in KEY_INPUTS]
     return "\n".join(lines)
 
 

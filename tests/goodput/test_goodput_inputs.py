@@ -26,8 +26,13 @@ def test_drill_file_sets_detection_and_start(tmp_path: Path) -> None:
     assert cfg.start.start_small_s == 6.0 and cfg.omni.restore_small_s == 2.5
     assert {p.name for p in prov} >= {"omni.detect_hang_s", "start.start_small_s"}
     assert all(p.source == f"measured {f}" for p in prov)
-    omni = scale(cfg).omni
-    assert omni.detection_s("hang", 0.5) == pytest.approx(40.0 + 2e-4 * 16384)
+    scan = 2e-4 * 16384
+    # a small run's 40 s stall confirmation is below the hang rule at 6 s steps (30 x 6 s)...
+    assert scale(cfg).omni.detection_s("hang", 0.5) == pytest.approx(180.0 + scan)
+    # ...a longer measured one is kept
+    cfg, _ = apply_drill(SimConfig(), write(tmp_path / "d2.json", {"detection_by_kind": {"hang": 400.0}}))
+    assert scale(cfg).omni.detection_s("hang", 0.5) == pytest.approx(400.0 + scan)
+    assert scale(cfg).omni.detection_s("node_down", 0.5) == pytest.approx(5.0 + scan)
 
 
 def test_drill_total_only_is_a_fixed_overhead(tmp_path: Path) -> None:
