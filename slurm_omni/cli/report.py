@@ -9,7 +9,7 @@ import click
 
 @click.command()
 @click.option("-m", "--metrics", "metrics", type=click.Path(path_type=Path), multiple=True, required=True,
-              help="Metrics folder (OMNI_METRICS_DIR: metrics-rank-*.jsonl) or file; may repeat.")
+              help="Metrics folder (OMNI_METRICS_DIR: metrics-*.jsonl) or file; may repeat.")
 @click.option("-r", "--reference", "reference", type=click.Path(path_type=Path), multiple=True,
               help="Metrics of a reference run that never failed (folder or file); may repeat.")
 @click.option("--heartbeats", type=click.Path(path_type=Path), help="Heartbeat folder (OMNI_HEARTBEAT_DIR).")
