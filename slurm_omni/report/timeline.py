@@ -32,9 +32,11 @@ in the writer shows up at once.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,12 @@ class Recovery:
 @dataclass(frozen=True, slots=True)
 class Timeline:
     recoveries: tuple[Recovery, ...]
+
+
+def timeline_json(recoveries: Sequence[Recovery]) -> str:
+    """The file's text for ``recoveries`` (the manager writes it to a temporary name and renames)."""
+    return json.dumps({"recoveries": [dataclasses.asdict(r) for r in recoveries]}, sort_keys=True,
+                      indent=1) + "\n"
 
 
 def parse_recovery(obj: Any, *, where: str) -> Recovery:

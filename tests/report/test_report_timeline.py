@@ -48,3 +48,13 @@ def test_malformed_line_names_it(tmp_path: Path) -> None:
     f.write_text(json.dumps(REC) + "\n{oops\n")
     with pytest.raises(ReportInputError, match="line 2"):
         load_timeline(f)
+
+
+def test_writer_round_trip(tmp_path: Path) -> None:
+    from slurm_omni.report import Recovery, timeline_json
+
+    recs = [Recovery(job_id="42+0", incarnation=0, confirmed=3.0, fault=1.0, kind="task_crash"),
+            Recovery(**{**REC, "incarnation": 1})]  # type: ignore[arg-type]
+    f = tmp_path / "t.json"
+    f.write_text(timeline_json(recs))
+    assert load_timeline(f).recoveries == tuple(recs)
