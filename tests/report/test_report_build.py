@@ -117,3 +117,22 @@ def test_unwritable_output_leaves_no_temporaries(run: dict[str, Path], tmp_path:
         write_all(files)
     assert not any(p.name.endswith(".tmp") for p in out.iterdir())
     assert not (out / "report.png").exists()
+
+
+def test_colocated_ranks_and_heartbeat_history(run: dict[str, Path], tmp_path: Path) -> None:
+    # One colocated rank (stage -1: vision+text in one process) and a manager's heartbeat history.
+    metrics = tmp_path / "colo"
+    metrics.mkdir()
+    lines = [{"time": 100.0 + s, "rank": 0, "stage": -1, "dp_rank": 0, "incarnation": 0, "step": s,
+              "loss": 3.0 - 0.1 * s, "global_samples_per_second": 50.0, "tokens_per_second": 900.0}
+             for s in range(1, 6)]
+    (metrics / "metrics-vision+text-0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    beats = tmp_path / "hb"
+    beats.mkdir()
+    (beats / "history.jsonl").write_text("".join(
+        json.dumps({"rank": 0, "time": 100.0 + t, "step": int(t), "phase": "training"}) + "\n"
+        for t in (0.0, 2.0, 4.0, 9.0)))
+    report = build_report([metrics], heartbeats=beats, job_id="7")
+    assert report.summary.recoveries == () and report.summary.last_step == 5
+    assert report.png.startswith(b"\x89PNG")
+    assert 'omni_report_last_step{job="7"} 5' in report.prom
