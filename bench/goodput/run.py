@@ -13,6 +13,7 @@ input with its source (default, config file, measured file).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -133,6 +134,23 @@ def _mean_detection(p: PolicyCosts, kind: str) -> float:
     return statistics.fmean(p.detection_s(kind, (i + 0.5) / 2000) for i in range(2000))
 
 
+def config_toml(cfg: SimConfig) -> str:
+    lines: list[str] = []
+    for section in dataclasses.fields(cfg):
+        lines.append(f"[{section.name}]")
+        table = getattr(cfg, section.name)
+        for f in dataclasses.fields(table):
+            value = getattr(table, f.name)
+            if value is None:
+                lines.append(f"# {f.name} = (unset: derived, see bench/goodput/models.py)")
+            elif isinstance(value, bool):
+                lines.append(f"{f.name} = {str(value).lower()}")
+            else:
+                lines.append(f"{f.name} = {value!r}")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--runs", type=int, default=20, help="Monte-Carlo runs (seeds seed..seed+runs-1)")
@@ -142,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ckpt-json", type=Path, help="checkpoint benchmark result (format: inputs.py)")
     ap.add_argument("--timeline", type=Path, help="the manager's recovery timeline JSON")
     ap.add_argument("--json", type=Path, help="also write the summaries as JSON here")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the effective inputs as TOML (a starting point for --config) and exit")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
@@ -152,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if path is not None:
                 cfg, more = apply(cfg, path)
                 prov += more
+        if args.print_config:
+            print(config_toml(cfg))
+            return 0
         scaled = scale(cfg)
     except OmniError as e:
         print(f"goodput: {e}" if not str(e).startswith("goodput:") else str(e), file=sys.stderr)

@@ -109,3 +109,11 @@ def test_cli_missing_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["--runs", "1", "--ckpt-json", str(tmp_path / "nope.json")]) != 0
     err = capsys.readouterr().err.strip()
     assert "no such file" in err and "\n" not in err
+
+
+def test_printed_config_loads_back_to_the_same(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--print-config"]) == 0
+    f = tmp_path / "all.toml"
+    f.write_text(capsys.readouterr().out)
+    cfg, _ = load_config(f)
+    assert cfg == SimConfig()
