@@ -1,0 +1,82 @@
+"""End to end on the embedded cluster: ``omni submit`` of a tiny job file trains both stages with
+the real ``omni train`` (plugin environment, heartbeats, checkpoints) and finishes 'done'."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from render_support import REPO
+from support import wait_until
+
+from slurm_omni.cli.submit import submit
+from slurm_omni.slurm.runner import CommandRunner
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SITE = """
+cluster = "omni"
+[stages.vision]
+partition = "vision"
+gres = "gpu:h100:4"
+[stages.text]
+partition = "text"
+gres = "gpu:h100:4"
+[checkpoint]
+root = "{tmp}/ckpt"
+[manager]
+spool_dir = "{spool}"
+registry_dir = "{tmp}/registry"
+metrics_dir = "{tmp}/metrics"
+"""
+
+JOB = """
+[job]
+name = "e2e-tiny"
+data_parallel_size = 1
+time_limit = "00:05:00"
+signal_before_s = 60
+[[stages]]
+name = "vision"
+nodes = 1
+[[stages]]
+name = "text"
+nodes = 1
+[training]
+max_steps = 4
+[training.parallel]
+global_batch_size = 4
+micro_batch_size = 2
+[training.data]
+shard_dir = "shards"
+[training.checkpoint]
+every_steps = 2
+"""
+
+
+def test_submit_trains_both_stages_to_done(slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True, capture_output=True, timeout=120)
+    bin_dir = Path(sys.executable).parent
+    subprocess.run([str(bin_dir / "omni"), "data", "synth", "--out", str(tmp_path / "shards"), "--pairs", "32",
+                    "--text", "16"], check=True, capture_output=True, timeout=300)
+    (tmp_path / "site.toml").write_text(SITE.format(tmp=tmp_path, spool=slurm_cluster.spool))
+    (tmp_path / "job.toml").write_text(JOB)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")     # the job finds `omni` through it
+    result = CliRunner().invoke(submit, [str(tmp_path / "job.toml"), "--site", str(tmp_path / "site.toml")])
+    assert result.exit_code == 0, result.output
+    job_id = json.loads(next((tmp_path / "registry").glob("*.json")).read_text())["job_id"]
+    runner = CommandRunner(slurm_cluster.env)
+    wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(), 240,
+               f"job {job_id} to finish", interval_s=2.0)
+    log = (tmp_path / "logs" / f"e2e-tiny-{job_id}.out").read_text()
+    assert log.rstrip().endswith("omni: step finished: training done"), log[-2000:]
+    ckpt = tmp_path / "ckpt" / "e2e-tiny"
+    assert {p.name for p in ckpt.glob("step-*")} == {"step-2", "step-4"}
+    assert sorted(p.name for p in (ckpt / "heartbeat").iterdir()) == ["rank-0.json", "rank-1.json"]
+    assert {p.name for p in (tmp_path / "metrics" / "e2e-tiny").glob("*.prom")} == \
+        {"omni-vision-0.prom", "omni-text-0.prom"}
