@@ -20,6 +20,7 @@ import enum
 import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,19 +356,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one; ``durable``
+    also fsyncs the file and its directory before returning."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def write_marker(path: Path, step: int) -> None:
-    raw = (path / MANIFEST).read_bytes()
+def write_marker(path: Path, step: int, raw: bytes) -> None:
+    """The completion marker for ``path``, whose manifest is ``raw``."""
     marker = {"step": step, "manifest_bytes": len(raw), "manifest_xxh3_64": checksum(raw),
               "time": time.time()}
     write_atomic(path / MARKER, json.dumps(marker).encode())

@@ -90,7 +90,8 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
         "file": file_name, "file_bytes": file_bytes, "load_order": list(snap.load_order),
         "units": units, "state": json.loads(snap.state_json), "rng": snap.rng,
     }
-    fmt.write_atomic(tmp / f"{name}.json", json.dumps(record).encode())
+    # Not fsynced: only the commit reads it, and the commit makes the directory durable as a whole.
+    fmt.write_atomic(tmp / f"{name}.json", json.dumps(record).encode(), durable=False)
 
 
 def _write_file(path: Path, snap: Snapshot, owned: list[Item], offsets: list[int], sums: list[str],
@@ -162,7 +163,8 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
     tmp = fmt.tmp_dir(root, step)
     records = _await_records(tmp, step, world_size, incarnation, timeout_s)
     manifest = merge(records, step=step, incarnation=incarnation)
-    fmt.write_atomic(tmp / fmt.MANIFEST, json.dumps(manifest.to_json()).encode())
+    raw = json.dumps(manifest.to_json()).encode()
+    fmt.write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
     final = fmt.step_dir(root, step)
     if final.exists():
         # The same step again (a restore fell back past it): retire the old copy first, marker first.
@@ -172,7 +174,7 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
         shutil.rmtree(old, ignore_errors=True)
     os.rename(tmp, final)
     fmt.fsync_dir(root)
-    fmt.write_marker(final, step)
+    fmt.write_marker(final, step, raw)
     return manifest
 
 
