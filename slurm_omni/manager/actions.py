@@ -1,0 +1,121 @@
+"""What the manager does to Slurm, all through the backend (never a command of its own).
+
+Resubmission renders the heterogeneous job again through the render code (``HetJobRequest``) with
+the job file resized to the new layout, keeps the rendered script next to the journal and submits
+it with one set of per-component options per het group (``sbatch OPTS0 : OPTS1 script``, which
+Slurm 22.05 merges with the script's ``#SBATCH hetjob`` components in order): ``--nodelist`` for
+the chosen nodes, ``--exclude`` for failed and quarantined ones, and ``--comment`` with the
+incarnation's tag so that a restarted manager finds a submission it made but did not journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_omni.config.job import JobFile, load_job
+from slurm_omni.config.site import SiteConfig
+from slurm_omni.errors import OmniError, SlurmError
+from slurm_omni.manager.registry import RegisteredJob
+from slurm_omni.manager.shape import Shape
+from slurm_omni.policy.placement import Plan
+from slurm_omni.render import HetJobRequest
+from slurm_omni.slurm.backend import SlurmBackend
+from slurm_omni.slurm.hostlist import compress
+
+log = logging.getLogger(__name__)
+
+# scancel's words for a job that is already gone: cancelling it again is success.
+_GONE = ("already completing or completed", "Invalid job id specified")
+
+
+class ResubmitRefused(OmniError):
+    """The job file changed since it was registered: resubmitting would train something else."""
+
+
+class Actions:
+    def __init__(self, backend: SlurmBackend, site: SiteConfig, state_dir: Path) -> None:
+        self.backend = backend
+        self.site = site
+        self.scripts = state_dir / "scripts"
+
+    def cancel(self, slurm_job_id: int) -> str:
+        """End what is left of an incarnation (the runner bounds scancel with its timeout)."""
+        try:
+            self.backend.cancel(str(slurm_job_id))
+        except SlurmError as e:
+            if not any(g in str(e) for g in _GONE):
+                raise
+            return f"{slurm_job_id} already gone"
+        return f"{slurm_job_id} cancelled"
+
+    def signal_checkpoint(self, slurm_job_id: int, signal: str = "USR1") -> str:
+        """Ask the step's ranks to checkpoint and exit 75 (before a planned resize)."""
+        self.backend.cancel(str(slurm_job_id), signal=signal)
+        return f"{slurm_job_id} signalled {signal}"
+
+    def drain(self, node: str, reason: str) -> str:
+        self.backend.set_node_state(node, "DRAIN", reason)
+        return f"{node} drained"
+
+    def requeue_task(self, array_ref: str) -> str:
+        """A failed array task alone (``scontrol requeue <array>_<task>``, bounded by a timeout)."""
+        self.backend.requeue(array_ref)
+        return f"{array_ref} requeued"
+
+    def job_file(self, reg: RegisteredJob) -> JobFile:
+        """The registered job file, refused when its bytes changed since registration."""
+        try:
+            data = reg.job_file.read_bytes()
+        except OSError as e:
+            raise ResubmitRefused(f"manager: couldn't read job file {reg.job_file}: {e.strerror}") from e
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != reg.job_sha256:
+            raise ResubmitRefused(f"manager: couldn't resubmit {reg.key}: {reg.job_file} changed since it was "
+                                  f"registered (sha256 {digest[:12]} != {reg.job_sha256[:12]}; submit it anew)")
+        return load_job(reg.job_file)
+
+    def render(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str) -> Path:
+        job = shape.resized(self.job_file(reg), units)
+        script = HetJobRequest(job=job, site=self.site, job_file=reg.job_file,
+                               job_sha256=reg.job_sha256).materialize()
+        self.scripts.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.scripts / f"{tag}.sbatch"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(script)
+        os.replace(tmp, path)
+        return path
+
+    def resubmit(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str) -> int:
+        """Submit the next incarnation; returns its Slurm job id (the het leader's)."""
+        script = self.render(reg, shape, plan, units, tag)
+        return self.backend.submit(str(script), placement_args(plan, tag, len(shape.stages)))
+
+    def find_by_tag(self, tag: str) -> str | None:
+        """A job carrying ``tag`` in its comment (a submission a crash kept out of the journal)."""
+        for job in self.backend.jobs():
+            if job.comment == tag:
+                return str(job.job_id)
+        return None
+
+
+def placement_args(plan: Plan, tag: str, components: int) -> list[str]:
+    """``OPTS0 : OPTS1 ...``: each component's nodelist and excluded nodes, the tag on the leader."""
+    args: list[str] = []
+    for offset in range(components):
+        nodes: Sequence[str] = plan.nodelist(offset) if plan.components else ()
+        if offset:
+            args.append(":")
+        else:
+            args.append(f"--comment={tag}")
+        if nodes:
+            args.append(f"--nodelist={compress(nodes)}")
+        exclude = [n for n in plan.exclude if n not in set(nodes)]
+        if exclude:
+            args.append(f"--exclude={compress(exclude)}")
+    return args

@@ -1,0 +1,347 @@
+"""The requeue manager: keeps registered jobs training.
+
+One loop, every ``tick_s``: a throttled poll (one ``sinfo --json`` + one ``squeue --json`` per
+``poll_interval_s``, serving every job), the spool (strigger node events, SPANK fault records) and
+each job's heartbeat files. Every observation is journaled (heartbeats when a rank's phase changes;
+the newest step and heartbeat time go to the job's progress row), fed to the job incarnation's
+``Confirmer``, and every change of verdict is journaled as a decision. A CONFIRMED failure starts a
+recovery (``recovery.py``): plan by topology, end the old incarnation, resubmit once.
+
+The runtime's exit codes are not failures: a rank whose last heartbeat says ``done`` (exit 0) or
+``stopping`` (exit 75, checkpointed for requeue) never goes stale, a fault record with exit 0 or 75
+is journaled but is no level-1 signal, and a job whose ranks all stopped for requeue but that Slurm
+did not requeue is resubmitted as it was (while its ``max_requeues`` allows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from slurm_omni.config.site import SiteConfig
+from slurm_omni.errors import OmniError
+from slurm_omni.manager import recovery
+from slurm_omni.manager.actions import Actions
+from slurm_omni.manager.events import FaultRecord, NodeEvent, consume
+from slurm_omni.manager.journal import Journal
+from slurm_omni.manager.registry import RegisteredJob, read_registry
+from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
+from slurm_omni.manager.status import write_timeline
+from slurm_omni.manager.watch import Watch, new_watch, restore_watch
+from slurm_omni.policy.confirm import ConfirmConfig, NodeObservation, TaskExit, Verdict
+from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED, EXIT_DONE
+from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
+from slurm_omni.slurm.types import Job, JobState, Node
+
+log = logging.getLogger(__name__)
+
+QUIET = frozenset({"stopping", "done"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ManagerConfig:
+    site: SiteConfig
+    state_dir: Path
+    """Journal (journal.sqlite), timeline export (timeline.json) and rendered scripts."""
+    poll_interval_s: float = 2.0
+    """One sinfo + one squeue per this many seconds, for every job together."""
+    tick_s: float = 0.25
+    """How often the spool and heartbeats are read and verdicts evaluated."""
+    grow: bool = True
+    """Grow a shrunk job back when free nodes allow."""
+    stop_timeout_s: float = 60.0
+    """Before a grow: how long the ranks may take to checkpoint and stop on USR1."""
+    crash_at: str = ""
+    """Drills only: SIGKILL the manager itself at this point (e.g. ``resubmit:after_submit``)."""
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_dir / "journal.sqlite"
+
+    @property
+    def timeline_path(self) -> Path:
+        return self.state_dir / "timeline.json"
+
+    def confirm_config(self) -> ConfirmConfig:
+        d = self.site.detection
+        return replace(d.confirm, initial_heartbeat_s=d.heartbeat_interval_s, hang_floor_s=d.confirmation_window_s,
+                       stuck_floor_s=d.progress_window_s)
+
+
+def default_state_dir(site: SiteConfig) -> Path:
+    """Beside the registry: ``/var/lib/slurm-omni/manager`` for the example site config."""
+    return site.manager.registry_dir.parent / "manager"
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+class Manager:
+    def __init__(self, config: ManagerConfig, backend: SlurmBackend, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.backend = backend
+        self.clock = clock
+        self.uid = os.geteuid()
+        self.user = user_name(self.uid)
+        config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.journal = Journal(config.journal_path)
+        self.poller = Poller(backend, config.poll_interval_s)
+        self.actions = Actions(backend, config.site, config.state_dir)
+        self.confirm_config = config.confirm_config()
+        self.watches: dict[str, Watch] = {}
+        self._refused: set[str] = set()
+        self._timeline_dirty = True
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def crash(self, point: str) -> None:
+        """The drills' fault injection: die here as SIGKILL would (no cleanup, nothing flushed)."""
+        if self.config.crash_at == point:
+            log.warning("manager: crash point %s reached: SIGKILL", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self, *, once: bool = False, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        log.info("manager: watching %s as %s (poll every %.1fs)", self.config.site.manager.registry_dir,
+                 self.user, self.config.poll_interval_s)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick(force_poll=once)
+            except OmniError as e:
+                log.error("%s", e)
+            if once:
+                return
+            stop.wait(max(0.0, self.config.tick_s - (time.monotonic() - started)))
+
+    def tick(self, *, force_poll: bool = False) -> None:
+        snap = self.poller.poll(force=force_poll)
+        now = self.clock()
+        if snap is not None or not self.watches:
+            self._sync_registry(now, snap)
+        self._spool(now)
+        nodes = {n.name: n for n in snap.nodes} if snap is not None else {}
+        for w in list(self.watches.values()):
+            if w.state in ("done", "failed"):
+                continue
+            if snap is not None:
+                self._observe_poll(w, snap, nodes, now)
+            self._heartbeats(w, now)
+            self._decide(w, now, snap)
+        self._export_timeline()
+
+    # -- registry -------------------------------------------------------------------------------
+    def _sync_registry(self, now: float, snap: ClusterSnapshot | None) -> None:
+        for reg in read_registry(self.config.site.manager.registry_dir, uid=self.uid):
+            if reg.kind == "het":
+                self._ensure_watch(reg, None, reg.key, now)
+            elif snap is not None:
+                for job in snap.jobs:
+                    if job.array_job_id == reg.job_id and job.array_task_id is not None:
+                        self._ensure_watch(reg, job, f"{reg.key}_{job.array_task_id}", now)
+
+    def _ensure_watch(self, reg: RegisteredJob, task_job: Job | None, key: str, now: float) -> None:
+        if key in self.watches:
+            return
+        known = {j["name"]: j for j in self.journal.jobs(self.uid, states=("active", "waiting", "done", "failed"))}
+        if key in known:
+            w = restore_watch(self, reg, key, task_job, known[key]["state"])
+        else:
+            self.journal.register_job(key, self.uid, reg.to_spec(), now)
+            w = new_watch(self, reg, key, task_job, now)
+        self.watches[key] = w
+        log.info("manager: watching %s (Slurm job %s, incarnation %d, state %s)", key, w.slurm_id,
+                 w.incarnation, w.state)
+
+    # -- sources --------------------------------------------------------------------------------
+    def _spool(self, now: float) -> None:
+        items = read_spool(self.config.site.manager.spool_dir)
+        for item in items:
+            matched = False
+            for w in self.watches.values():
+                if w.state in ("done", "failed") or not item.concerns(w.slurm_id, w.node_set):
+                    continue
+                matched = True
+                self._observe_event(w, item)
+            if not matched:
+                self.journal.record_observation("", None, _kind(item), item.event.time, item.event, key=item.key)
+            consume(item.path)
+
+    def _observe_event(self, w: Watch, item: SpoolItem) -> None:
+        event = item.event
+        fresh = self.journal.record_observation(w.key, w.incarnation, _kind(item), event.time, event,
+                                                key=f"{item.key}:{w.key}")
+        if not fresh:
+            return
+        if isinstance(event, NodeEvent):
+            w.confirmer.observe_all(event.observations())
+        elif isinstance(event, FaultRecord):
+            if event.signal is None and event.exit_code in (EXIT_DONE, EXIT_CHECKPOINTED):
+                return   # the runtime's own "done" / "checkpointed for requeue": not a fault
+            w.confirmer.observe(TaskExit(event.time, event.node, event.het_offset if w.array_task is None else 0,
+                                         event.task_id, event.exit_code, event.signal))
+
+    def _heartbeats(self, w: Watch, now: float) -> None:
+        if w.slurm_id is None:
+            return
+        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.restart_count]
+        for hb in beats:
+            if w.phases.get(hb.rank) != hb.phase:
+                w.phases[hb.rank] = hb.phase
+                self.journal.record_observation(w.key, w.incarnation, "heartbeat_phase", hb.time, hb,
+                                                key=f"hb:{w.key}:{w.slurm_id}:{hb.incarnation}:{hb.rank}:{hb.phase}")
+            w.confirmer.observe(hb.observation(het_job=w.array_task is None))
+            if w.awaiting is not None and hb.phase == "training" and hb.step > (w.restore_step or 0):
+                self.mark_phase(w.key, w.awaiting, "first_step", hb.time)
+                log.info("manager: %s incarnation %d trains again (step %d)", w.key, w.incarnation, hb.step)
+                w.awaiting = None
+        if beats:
+            progress = (max(hb.step for hb in beats),
+                        max((hb.last_checkpoint_step for hb in beats if hb.last_checkpoint_step is not None),
+                            default=None),
+                        max(hb.time for hb in beats))
+            if progress != w.progress:
+                w.progress = progress
+                self.journal.update_progress(w.key, global_step=progress[0], last_checkpoint_step=progress[1],
+                                             heartbeat_at=progress[2],
+                                             progress_at=w.confirmer.evaluate(now).last_progress_at)
+
+    def _observe_poll(self, w: Watch, snap: ClusterSnapshot, nodes: dict[str, Node], now: float) -> None:
+        if w.slurm_id is None:
+            return
+        job = snap.job(w.slurm_id)
+        if job is None:
+            if w.seen_in_slurm:
+                self._ended(w, None, snap.taken_at)
+            return
+        if job.user != self.user:
+            if w.key not in self._refused:
+                self._refused.add(w.key)
+                self.journal.record_decision(w.key, w.incarnation, now, "refused", "foreign_job",
+                                             {"slurm_user": job.user, "manager_user": self.user})
+                log.error("manager: couldn't act on %s: Slurm job %s belongs to %s, not %s", w.key,
+                          w.slurm_id, job.user, self.user)
+            w.state = "failed"
+            return
+        if not w.seen_in_slurm:   # a restarted manager learns the restart count from Slurm
+            w.seen_in_slurm = True
+            if not w.expect_restart:
+                w.restart_count = job.restart_count
+                if w.array_task is not None and w.pending is None and w.awaiting is None:
+                    w.incarnation = job.restart_count
+        if job.restart_count != w.restart_count:
+            self._restarted(w, job, snap.taken_at)
+        if job.slurm_state != w.slurm_state:
+            w.slurm_state = job.slurm_state
+            self.journal.record_observation(w.key, w.incarnation, "job_state", snap.taken_at,
+                                            {"slurm_job_id": w.slurm_id, "state": job.slurm_state,
+                                             "reason": job.reason, "restart_count": job.restart_count})
+        if job.state is JobState.RUNNING and not w.running:
+            w.started(job, snap.taken_at)
+            self.journal.set_incarnation(w.key, w.incarnation, started_at=snap.taken_at)
+            if w.awaiting is not None:
+                self.mark_phase(w.key, w.awaiting, "running", snap.taken_at)
+        for name in w.node_set:
+            node = nodes.get(name)
+            if node is None or w.node_states.get(name) == node.state:
+                continue
+            w.node_states[name] = node.state
+            obs = NodeObservation(snap.taken_at, name, node.state, node.reason)
+            self.journal.record_observation(w.key, w.incarnation, "node_state", snap.taken_at, obs)
+            w.confirmer.observe(obs)
+        if job.state.finished:
+            self._ended(w, job, snap.taken_at)
+
+    def _restarted(self, w: Watch, job: Job, at: float) -> None:
+        """Slurm requeued the job (same id, restart count + 1): after a checkpointed exit that is the
+        job's own requeue; otherwise (JobRequeue after a node failure) the incarnation ended badly."""
+        quiet = bool(w.phases) and set(w.phases.values()) <= QUIET
+        self.journal.record_observation(w.key, w.incarnation, "requeued", at,
+                                        {"restart_count": job.restart_count, "checkpointed": quiet})
+        if w.expect_restart:   # the array task we requeued
+            w.expect_restart = False
+            w.restart_count = w.incarnation = job.restart_count
+            w.new_life()
+        elif quiet or w.awaiting_grow is not None:
+            w.restart_count = job.restart_count
+            w.new_life()
+        else:
+            w.fail_all(at, f"requeued by Slurm ({job.reason or job.slurm_state})")
+            w.restart_count = job.restart_count
+
+    def _ended(self, w: Watch, job: Job | None, at: float) -> None:
+        if w.ended:
+            return
+        phases = set(w.phases.values())
+        if (job is not None and job.state is JobState.COMPLETED) or phases == {"done"}:
+            w.ended = True
+            w.state = "done"
+            self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason="done")
+            self.journal.set_job_state(w.key, "done")
+            log.info("manager: %s finished training", w.key)
+        elif phases and phases <= QUIET:
+            if w.awaiting_grow is not None:
+                return   # the planned stop before a grow: recovery.py takes it from here
+            w.ended = True
+            if w.restart_count < w.reg.max_requeues:
+                recovery.start_checkpointed(self, w, at)
+            else:
+                w.state = "failed"
+                self.journal.set_incarnation(w.key, w.incarnation, ended_at=at,
+                                             end_reason="checkpointed; max_requeues reached")
+                self.journal.set_job_state(w.key, "failed")
+        elif not phases:
+            w.ended = True
+            w.state = "failed"   # it never trained: resubmitting a job that cannot start helps nobody
+            self.journal.set_incarnation(w.key, w.incarnation, ended_at=at,
+                                         end_reason=f"ended {job.slurm_state if job else 'unseen'} before training")
+            self.journal.set_job_state(w.key, "failed")
+            log.error("manager: %s ended before its ranks reported; not resubmitting", w.key)
+        else:
+            w.fail_all(at, f"job {job.slurm_state if job else 'left the queue'}")
+
+    # -- decisions ------------------------------------------------------------------------------
+    def _decide(self, w: Watch, now: float, snap: ClusterSnapshot | None) -> None:
+        if w.pending is not None:
+            recovery.proceed(self, w, now)
+            return
+        if w.awaiting_grow is not None:
+            recovery.finish_grow(self, w, now)
+            return
+        decision = w.confirmer.evaluate(now)
+        if decision.verdict is not w.verdict:
+            w.verdict = decision.verdict
+            self.journal.record_decision(w.key, w.incarnation, now, decision.verdict.value, decision.cause, decision)
+        if decision.verdict is Verdict.CONFIRMED:
+            recovery.start(self, w, decision, now)
+        elif (snap is not None and self.config.grow and decision.verdict is Verdict.NONE and w.running
+              and w.awaiting is None):
+            recovery.consider_grow(self, w, snap, now)
+
+    def mark_phase(self, job: str, incarnation: int, phase: str, at: float, **extra: object) -> None:
+        """Journal a phase of a recovery timeline; the timeline file follows within the tick."""
+        self.journal.mark_phase(job, incarnation, phase, at, **extra)  # type: ignore[arg-type]
+        self._timeline_dirty = True
+
+    def _export_timeline(self) -> None:
+        if self._timeline_dirty:
+            write_timeline(self.journal, self.uid, self.config.timeline_path)
+            self._timeline_dirty = False
+
+
+def _kind(item: SpoolItem) -> str:
+    return f"node_{item.event.kind}" if isinstance(item.event, NodeEvent) else "task_exit"

@@ -1,0 +1,205 @@
+"""From a confirmed failure to the next incarnation: timeline, plan, cancel, drain, resubmit.
+
+Every step is keyed in the journal so that a manager killed anywhere and restarted carries the
+recovery on and does each step at most once: the timeline row per failed incarnation
+(``open_recovery``), the plan (stored with the ``confirmed`` phase), and the actions through
+``perform_once`` (``cancel:<job>:<n>``, ``drain:<job>:<n>:<node>``, ``resubmit:<job>:<n+1>``; an
+array task's ``requeue:<job>_<task>:<restart>``). A resubmission interrupted between sbatch and the
+journal is found again by its tag in the job comment.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from slurm_omni.checkpoint.format import latest_step
+from slurm_omni.errors import OmniError
+from slurm_omni.manager.actions import ResubmitRefused
+from slurm_omni.manager.journal import Recovery, action_key, incarnation_tag, perform_once
+from slurm_omni.manager.watch import Watch
+from slurm_omni.policy.cluster_index import ClusterIndex
+from slurm_omni.policy.confirm import Decision, Verdict
+from slurm_omni.policy.placement import (
+    Action,
+    ComponentPlan,
+    Plan,
+    Quarantine,
+    nodes_to_replace,
+    plan_grow,
+    plan_recovery,
+)
+from slurm_omni.slurm.backend import ClusterSnapshot
+
+if TYPE_CHECKING:
+    from slurm_omni.manager.daemon import Manager
+
+log = logging.getLogger(__name__)
+
+
+def plan_from_json(obj: dict[str, Any]) -> Plan:
+    """A plan as ``journal.to_json`` stored it."""
+    until = (obj.get("quarantine") or {}).get("until") or {}
+    return Plan(Action(obj["action"]), int(obj["data_parallel_size"]),
+                tuple(ComponentPlan(int(c["het_offset"]), tuple(c["nodes"]), tuple(c["added"]), tuple(c["removed"]))
+                      for c in obj.get("components") or ()),
+                exclude=tuple(obj.get("exclude") or ()), drain=tuple((n, r) for n, r in obj.get("drain") or ()),
+                quarantine=Quarantine({str(k): float(v) for k, v in until.items()}),
+                wait_until=obj.get("wait_until"), reasons=tuple(obj.get("reasons") or ()))
+
+
+def start(m: Manager, w: Watch, d: Decision, now: float) -> None:
+    """A CONFIRMED decision: open the timeline (once) and carry the recovery as far as it goes."""
+    fault, detected = d.fault_at, d.first_signal_at
+    if fault is not None and detected is not None:
+        fault = min(fault, detected)
+    w.pending = m.journal.open_recovery(w.key, w.incarnation, d.cause, d.nodes, fault_at=fault,
+                                        detected_at=detected, confirmed_at=d.confirmed_at or now)
+    m.mark_phase(w.key, w.incarnation, "confirmed", d.confirmed_at or now)
+    log.warning("manager: %s incarnation %d: failure confirmed (%s on %s): %s", w.key, w.incarnation, d.cause,
+                ",".join(d.nodes) or "-", "; ".join(d.reasons))
+    proceed(m, w, now)
+
+
+def start_checkpointed(m: Manager, w: Watch, at: float) -> None:
+    """Every rank stopped with a checkpoint for requeue but Slurm did not requeue the job."""
+    decision = Decision(Verdict.CONFIRMED, at, cause="checkpointed", het_offsets=tuple(w.nodes),
+                        first_signal_at=at, confirmed_at=at, reasons=("ranks checkpointed for requeue; the job was not requeued",))
+    m.journal.record_decision(w.key, w.incarnation, at, "confirmed", "checkpointed", decision)
+    start(m, w, decision, at)
+
+
+def proceed(m: Manager, w: Watch, now: float) -> None:
+    rec = w.pending
+    if rec is None:
+        return
+    try:
+        if w.array_task is not None:
+            _requeue_task(m, w, rec, now)
+            return
+        plan = _plan(m, w, rec, now)
+        if plan is None:
+            return
+        _once(m, w, "cancel", f"{w.incarnation}", lambda: m.actions.cancel(w.slurm_id or 0))
+        if plan.action is Action.WAIT:
+            if w.state != "waiting":
+                w.state = "waiting"
+                m.journal.set_job_state(w.key, "waiting")
+                log.warning("manager: %s waits for nodes: %s", w.key, "; ".join(plan.reasons))
+            return
+        for node, reason in plan.drain:
+            _once(m, w, "drain", f"{w.incarnation}:{node}", lambda n=node, r=reason: m.actions.drain(n, r))
+        _resubmit(m, w, rec, plan, now)
+    except ResubmitRefused as e:
+        log.error("%s", e)
+        m.journal.record_decision(w.key, w.incarnation, now, "refused", "job_file_changed", {"error": str(e)})
+        m.journal.set_job_state(w.key, "failed")
+        w.state, w.pending = "failed", None
+    except OmniError as e:   # Slurm unreachable, sbatch refused...: the next tick tries again
+        log.error("manager: %s: recovery step failed, retrying: %s", w.key, e)
+
+
+def _once(m: Manager, w: Watch, kind: str, suffix: str, act: Any) -> str:
+    return perform_once(m.journal, key=f"{kind}:{w.key}:{suffix}", job=w.key, incarnation=w.incarnation, kind=kind,
+                        payload={"slurm_job_id": w.slurm_id}, now=m.clock, act=act, find_existing=lambda: None)
+
+
+def _plan(m: Manager, w: Watch, rec: Recovery, now: float) -> Plan | None:
+    """The stored plan, or a new one from the newest snapshot (again on every poll while waiting)."""
+    if rec.plan is not None and rec.plan.get("action") != Action.WAIT.value:
+        return plan_from_json(rec.plan)
+    if w.state == "waiting":   # re-plan only from a new poll
+        snap = m.poller.last
+        if w.last_plan_poll == m.poller.polls:
+            return None
+    else:                      # node states as they are now, not before the failure
+        snap = m.poller.poll(force=True) or m.poller.last
+    if snap is None:
+        return None
+    w.last_plan_poll = m.poller.polls
+    plan = _make_plan(w, rec, snap, now)
+    if plan.action is Action.WAIT:
+        if w.state != "waiting":
+            m.journal.record_decision(w.key, w.incarnation, now, "plan", plan.action.value, plan)
+        return plan
+    m.journal.record_decision(w.key, w.incarnation, now, "plan", plan.action.value, plan)
+    m.mark_phase(w.key, w.incarnation, "confirmed", rec.times["confirmed"] or now, plan=plan)
+    w.pending = m.journal.recovery(w.key, w.incarnation)
+    return plan
+
+
+def _make_plan(w: Watch, rec: Recovery, snap: ClusterSnapshot, now: float) -> Plan:
+    if not w.nodes:   # the incarnation never ran: resubmit it as it was, away from what failed
+        return Plan(Action.RESUBMIT, w.units, exclude=tuple(rec.nodes), quarantine=w.quarantine,
+                    reasons=("the incarnation never ran: resubmit without a node list",))
+    index = ClusterIndex.build(snap.topology, snap.nodes)
+    layout = w.layout()
+    decision = Decision(Verdict.CONFIRMED, now, cause=rec.cause, nodes=rec.nodes)
+    failed = nodes_to_replace(decision, index, layout)
+    fault_at = rec.times["fault"] or rec.times["confirmed"] or now
+    return plan_recovery(index, layout, failed, now=now, fault_at=fault_at, quarantine=w.quarantine,
+                         config=w.placement, drain_reason=f"{rec.cause} in {w.key}")
+
+
+def _resubmit(m: Manager, w: Watch, rec: Recovery, plan: Plan, now: float) -> None:
+    new = w.incarnation + 1
+    tag = incarnation_tag(w.key, new)
+    restore_step = latest_step(w.reg.ckpt_dir)
+    nodes = {c.het_offset: list(c.nodes) for c in plan.components}
+    m.journal.add_incarnation(w.key, new, {"units": plan.data_parallel_size, "nodes": nodes,
+                                           "data_parallel_size": w.shape.data_parallel_size_for(plan.data_parallel_size),
+                                           "restore_step": restore_step, "tag": tag})
+
+    def act() -> str:
+        m.crash("resubmit:before_submit")
+        job_id = m.actions.resubmit(w.reg, w.shape, plan, plan.data_parallel_size, tag)
+        m.crash("resubmit:after_submit")
+        return str(job_id)
+
+    result = perform_once(m.journal, key=action_key("resubmit", w.key, new), job=w.key, incarnation=new,
+                          kind="resubmit", payload={"tag": tag, "plan": plan}, now=m.clock, act=act,
+                          find_existing=lambda: m.actions.find_by_tag(tag))
+    at = m.clock()
+    m.journal.set_incarnation(w.key, new, slurm_job_id=result, submitted_at=at)
+    m.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason=rec.cause)
+    m.mark_phase(w.key, w.incarnation, "resubmitted", at, new_incarnation=new)
+    m.journal.set_job_state(w.key, "active")
+    log.warning("manager: %s incarnation %d submitted as Slurm job %s (%s, dp units %d -> %d; %s)", w.key, new,
+                result, plan.action.value, w.units, plan.data_parallel_size, "; ".join(plan.reasons))
+    w.switch_to(new, int(result), plan.data_parallel_size, awaiting=w.incarnation, restore_step=restore_step,
+                quarantine=plan.quarantine)
+
+
+def _requeue_task(m: Manager, w: Watch, rec: Recovery, now: float) -> None:
+    """A failed array task: requeue it alone; the same Slurm job id runs again (restart count + 1)."""
+    ref = f"{w.reg.job_id}_{w.array_task}"
+    _once(m, w, "requeue", f"{w.incarnation}", lambda: m.actions.requeue_task(ref))
+    m.mark_phase(w.key, w.incarnation, "resubmitted", m.clock(), new_incarnation=w.incarnation + 1)
+    w.awaiting, w.pending, w.expect_restart = w.incarnation, None, True
+    w.restore_step = latest_step(w.heartbeat_dir.parent)
+
+
+def consider_grow(m: Manager, w: Watch, snap: ClusterSnapshot, now: float) -> None:
+    """A shrunk job with free nodes in reach: checkpoint, stop, and resubmit it larger."""
+    if w.units >= w.shape.units or w.array_task is not None or not w.nodes:
+        return
+    index = ClusterIndex.build(snap.topology, snap.nodes)
+    plan = plan_grow(index, w.layout(), now=now, quarantine=w.quarantine, config=w.placement)
+    if plan is None:
+        return
+    m.journal.record_decision(w.key, w.incarnation, now, "plan", plan.action.value, plan)
+    m.journal.open_recovery(w.key, w.incarnation, "grow", (), fault_at=None, detected_at=now, confirmed_at=now)
+    m.mark_phase(w.key, w.incarnation, "confirmed", now, plan=plan)
+    w.pending = None
+    w.awaiting_grow = now
+    _once(m, w, "stop", f"{w.incarnation}", lambda: m.actions.signal_checkpoint(w.slurm_id or 0))
+    log.warning("manager: %s: nodes returned; checkpointing to grow (%s)", w.key, "; ".join(plan.reasons))
+
+
+def finish_grow(m: Manager, w: Watch, now: float) -> None:
+    """Resubmit once every rank stopped with a checkpoint (or the stop timed out)."""
+    stopped = bool(w.phases) and set(w.phases.values()) <= {"stopping", "done"}
+    if not (stopped or not w.running or w.ended or now - (w.awaiting_grow or now) >= m.config.stop_timeout_s):
+        return
+    w.pending = m.journal.recovery(w.key, w.incarnation)
+    proceed(m, w, now)

@@ -1,0 +1,108 @@
+"""Where the manager's observations come from, fastest first: the spool (strigger node events and
+SPANK fault records), heartbeat files, and one throttled poll of ``sinfo --json`` + ``squeue
+--json`` that serves every registered job (never a query per job)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_omni.errors import SlurmError
+from slurm_omni.manager.events import (
+    EventRejected,
+    FaultRecord,
+    HeartbeatRecord,
+    SpoolEvent,
+    check_private_dir,
+    read_heartbeats,
+    scan_spool,
+)
+from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
+
+log = logging.getLogger(__name__)
+
+
+class Poller:
+    """At most one snapshot per ``interval_s``; after a failed poll, back off up to ``max_backoff_s``."""
+
+    def __init__(self, backend: SlurmBackend, interval_s: float, *, max_backoff_s: float = 30.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.backend = backend
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self._monotonic = monotonic
+        self._next = 0.0
+        self._failures = 0
+        self.polls = 0
+        self.last: ClusterSnapshot | None = None
+
+    def due(self) -> bool:
+        return self._monotonic() >= self._next
+
+    def poll(self, *, force: bool = False) -> ClusterSnapshot | None:
+        """A new snapshot when one is due (or ``force``), else None."""
+        if not force and not self.due():
+            return None
+        try:
+            snap = self.backend.snapshot()
+        except SlurmError as e:
+            self._failures += 1
+            delay = min(self.interval_s * 2 ** self._failures, self.max_backoff_s)
+            log.warning("manager: couldn't poll Slurm (%s); next try in %.1fs", e, delay)
+            self._next = self._monotonic() + delay
+            return None
+        self._failures = 0
+        self.polls += 1
+        self._next = self._monotonic() + self.interval_s
+        self.last = snap
+        return snap
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolItem:
+    path: Path
+    event: SpoolEvent
+
+    @property
+    def key(self) -> str:
+        return self.path.name
+
+    def concerns(self, slurm_job_id: int | None, nodes: frozenset[str]) -> bool:
+        """A fault record of this incarnation's Slurm job, or a node event naming one of its nodes."""
+        if isinstance(self.event, FaultRecord):
+            return slurm_job_id is not None and slurm_job_id in (self.event.het_job_id, self.event.job_id)
+        return bool(nodes.intersection(self.event.nodes))
+
+
+def read_spool(spool: Path) -> list[SpoolItem]:
+    """Valid events, oldest first (malformed files are set aside by ``scan_spool``). A spool that is
+    not ours and 0700 is refused: anyone who can write it can inject failures."""
+    try:
+        check_private_dir(spool)
+    except EventRejected as e:
+        log.error("%s", e)
+        return []
+    return [SpoolItem(path, event) for path, event in scan_spool(spool)]
+
+
+def read_job_heartbeats(heartbeat_dir: Path, slurm_job_id: int) -> list[HeartbeatRecord]:
+    """Heartbeats of one Slurm job: ranks of earlier incarnations (a larger world before a
+    shrink) stay in the folder and are ignored. The folder must be ours and 0700; one we own that
+    nobody else can write into is tightened to 0700 (the runtime creates it with the umask)."""
+    if not heartbeat_dir.is_dir():
+        return []
+    try:
+        st = heartbeat_dir.lstat()
+        if st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o022 and stat.S_IMODE(st.st_mode) & 0o077:
+            heartbeat_dir.chmod(0o700)
+        check_private_dir(heartbeat_dir)
+    except (EventRejected, OSError) as e:
+        log.error("manager: couldn't read heartbeats in %s: %s", heartbeat_dir, e)
+        return []
+    wanted = str(slurm_job_id)
+    return [hb for hb in read_heartbeats(heartbeat_dir) if hb.job_id == wanted]

@@ -1,0 +1,107 @@
+"""What ``omni status`` shows, and the recovery timeline file ``omni report`` reads
+(slurm_omni/report/timeline.py: ``{"recoveries": [...]}``, replaced atomically)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from slurm_omni.manager.journal import PHASES, Journal
+
+# The confirmer's causes in the words of the timeline's "kind".
+KINDS = {"down": "node_down", "fail": "node_fail", "not_responding": "node_not_responding",
+         "drain": "node_drain", "task_exit": "task_crash", "hang": "hang", "stuck": "stuck",
+         "checkpointed": "checkpointed", "grow": "grow"}
+# Journal phase -> timeline key.
+TIMELINE_KEYS = {"fault": "fault", "detected": "detected", "confirmed": "confirmed", "resubmitted": "resubmitted",
+                 "running": "running", "first_step": "first_step_after_restore"}
+
+
+def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
+    """Every job of ``uid``: state, incarnations with their layouts, progress, heartbeat lag and
+    recovery timelines with durations (the journal's view, plus the current incarnation)."""
+    out = []
+    for job in journal.status(uid, now):
+        incs = job["incarnations"]
+        current = next((i for i in reversed(incs) if i["slurm_job_id"]), None)
+        job["current_incarnation"] = current["number"] if current else None
+        job["slurm_job_id"] = current["slurm_job_id"] if current else None
+        job["data_parallel_size"] = (current["layout"] or {}).get("data_parallel_size") if current else None
+        out.append(job)
+    return out
+
+
+def timeline_entries(journal: Journal, uid: int) -> list[dict[str, Any]]:
+    """One entry per recovery, in the shape of ``slurm_omni.report.timeline``."""
+    entries = []
+    for job in journal.jobs(uid, states=("active", "waiting", "done", "failed")):
+        slurm_ids = {i["number"]: i["slurm_job_id"] for i in journal.incarnations(job["name"])}
+        for rec in journal.recoveries(job["name"]):
+            if rec.times["confirmed"] is None:
+                continue
+            times = _monotone([rec.times[p] for p in PHASES])
+            entry: dict[str, Any] = {"job_id": str(slurm_ids.get(rec.incarnation) or job["name"]),
+                                     "incarnation": rec.incarnation,
+                                     **{TIMELINE_KEYS[p]: t for p, t in zip(PHASES, times, strict=True)},
+                                     "kind": KINDS.get(rec.cause, rec.cause)}
+            if rec.plan is not None:
+                entry["action"] = str(rec.plan.get("action", ""))
+            elif rec.cause != "grow" and rec.new_incarnation is not None:
+                entry["action"] = "requeue"
+            entries.append(entry)
+    return entries
+
+
+def _monotone(times: list[float | None]) -> list[float | None]:
+    """Phase times as the timeline requires them (never decreasing): a phase seen late (the poll
+    that saw RUNNING came after the first heartbeat) is bounded by the next phase seen."""
+    out = list(times)
+    later: float | None = None
+    for i in range(len(out) - 1, -1, -1):
+        t = out[i]
+        if t is not None:
+            if later is not None and t > later:
+                out[i] = later
+            later = out[i]
+    return out
+
+
+def write_timeline(journal: Journal, uid: int, path: Path) -> None:
+    data = json.dumps({"recoveries": timeline_entries(journal, uid)}, indent=1, sort_keys=True) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def format_status(jobs: list[dict[str, Any]]) -> str:
+    """The human view: one block per job, one line per recovery."""
+    if not jobs:
+        return "no registered jobs\n"
+    lines = []
+    for job in jobs:
+        lag = job["heartbeat_lag_s"]
+        lines.append(f"{job['name']}  {job['state']}  incarnation {job['current_incarnation']} "
+                     f"(Slurm job {job['slurm_job_id']}, dp {job['data_parallel_size']})  "
+                     f"step {_n(job['global_step'])}  checkpoint {_n(job['last_checkpoint_step'])}  "
+                     f"heartbeat lag {'-' if lag is None else f'{lag:.1f}s'}")
+        for inc in job["incarnations"]:
+            nodes = (inc["layout"] or {}).get("nodes") or {}
+            where = " | ".join(f"{k}: {','.join(v)}" for k, v in sorted(nodes.items())) or "-"
+            lines.append(f"  incarnation {inc['number']}: Slurm job {_n(inc['slurm_job_id'])}  nodes {where}  "
+                         f"{inc['end_reason'] or ''}".rstrip())
+        for rec in job["recoveries"]:
+            d = rec["durations"]
+            steps = "  ".join(f"{p} +{d[p]:.1f}s" for p in PHASES[1:] if d.get(p) is not None)
+            total = "-" if d["total"] is None else f"{d['total']:.1f}s"
+            lines.append(f"  recovery of incarnation {rec['incarnation']} ({rec['cause']} on "
+                         f"{','.join(rec['nodes']) or '-'}): {steps}  total {total}"
+                         f"{'' if rec['complete'] else '  (in progress)'}")
+    return "\n".join(lines) + "\n"
+
+
+def _n(value: object) -> str:
+    return "-" if value is None else str(value)

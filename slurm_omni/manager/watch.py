@@ -1,0 +1,167 @@
+"""What the manager keeps in memory per watched job (or array task), and how it is rebuilt from
+the journal after a restart: the current incarnation, its Slurm job id, nodes and confirmer."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurm_omni.config.job import load_job
+from slurm_omni.errors import OmniError
+from slurm_omni.manager.journal import Recovery
+from slurm_omni.manager.registry import RegisteredJob
+from slurm_omni.manager.shape import Shape
+from slurm_omni.policy.confirm import Confirmer, TaskExit, Verdict
+from slurm_omni.policy.placement import JobLayout, PlacementConfig, Quarantine
+from slurm_omni.slurm.types import Job, NodeState
+
+if TYPE_CHECKING:
+    from slurm_omni.manager.daemon import Manager
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Watch:
+    key: str
+    reg: RegisteredJob
+    shape: Shape
+    placement: PlacementConfig
+    confirmer: Confirmer
+    heartbeat_dir: Path
+    incarnation: int
+    slurm_id: int | None
+    units: int
+    array_task: int | None = None
+    state: str = "active"                    # active, waiting, done, failed (the journal's job state)
+    nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)   # het offset -> nodes, once running
+    restart_count: int = 0
+    running: bool = False
+    seen_in_slurm: bool = False
+    ended: bool = False
+    slurm_state: str = ""
+    verdict: Verdict = Verdict.NONE
+    node_states: dict[str, NodeState] = field(default_factory=dict)
+    phases: dict[int, str] = field(default_factory=dict)        # rank -> last heartbeat phase
+    progress: tuple[Any, ...] = ()
+    quarantine: Quarantine = field(default_factory=Quarantine)
+    awaiting: int | None = None              # failed incarnation whose timeline waits for running / first step
+    restore_step: int | None = None          # newest complete checkpoint when this incarnation was submitted
+    pending: Recovery | None = None          # a recovery of this incarnation not yet resubmitted
+    awaiting_grow: float | None = None       # when the ranks were asked to stop for a grow
+    expect_restart: bool = False             # an array task we requeued: its restart is no failure
+    last_plan_poll: int = -1                 # the poll a waiting plan was last made from
+
+    @property
+    def node_set(self) -> frozenset[str]:
+        return frozenset(n for nodes in self.nodes.values() for n in nodes)
+
+    def layout(self) -> JobLayout:
+        return self.shape.layout(self.nodes, self.units)
+
+    def started(self, job: Job, at: float) -> None:
+        """The incarnation is RUNNING: its nodes are known; confirmation starts over on them."""
+        self.running = True
+        if self.array_task is None:
+            self.nodes = {c.het_offset: c.nodes for c in job.components}
+        else:
+            self.nodes = {0: job.nodes}
+        self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
+        self.node_states.clear()
+
+    def new_life(self) -> None:
+        """A requeue after a checkpointed exit: the same incarnation starts again."""
+        self.running = False
+        self.phases.clear()
+        self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
+        self.verdict = Verdict.NONE
+
+    def fail_all(self, at: float, why: str) -> None:
+        """Slurm says the incarnation ended badly: a level-1 signal on every node of the job (it agrees
+        with whichever rank goes stale)."""
+        log.info("manager: %s incarnation %d: %s", self.key, self.incarnation, why)
+        for offset, nodes in self.nodes.items():
+            for node in nodes:
+                self.confirmer.observe(TaskExit(at, node, offset, -1, 1, None))
+
+    def switch_to(self, incarnation: int, slurm_id: int, units: int, *, awaiting: int | None,
+                  restore_step: int | None, quarantine: Quarantine) -> None:
+        """The next incarnation was submitted: watch it instead."""
+        self.incarnation, self.slurm_id, self.units = incarnation, slurm_id, units
+        self.awaiting, self.restore_step, self.quarantine = awaiting, restore_step, quarantine
+        self.nodes = {}
+        self.restart_count = 0
+        self.running = self.seen_in_slurm = self.ended = False
+        self.slurm_state = ""
+        self.phases.clear()
+        self.node_states.clear()
+        self.confirmer.reset({})
+        self.verdict = Verdict.NONE
+        self.pending = None
+        self.awaiting_grow = None
+        self.state = "active"
+
+
+def _placement(m: Manager, reg: RegisteredJob, shape: Shape) -> PlacementConfig:
+    try:
+        job = load_job(reg.job_file)
+    except OmniError as e:
+        log.warning("manager: %s: %s (planning without the global batch constraint)", reg.key, e)
+        job = None
+    return shape.placement_config(m.config.site, job)
+
+
+def _base(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Watch:
+    shape = Shape(reg.stages, reg.data_parallel_size)
+    if task_job is None:
+        heartbeat_dir = reg.heartbeat_dir
+        slurm_id = reg.job_id
+        task = None
+    else:
+        task = task_job.array_task_id
+        ckpt = next((t.ckpt_dir for t in reg.array_tasks if t.task_id == task), reg.ckpt_dir)
+        heartbeat_dir = ckpt / "heartbeat"
+        slurm_id = task_job.job_id
+    return Watch(key=key, reg=reg, shape=shape, placement=_placement(m, reg, shape),
+                 confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir, incarnation=0,
+                 slurm_id=slurm_id, units=shape.units, array_task=task)
+
+
+def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, now: float) -> Watch:
+    w = _base(m, reg, key, task_job)
+    m.journal.add_incarnation(key, 0, {"units": w.units, "data_parallel_size": reg.data_parallel_size,
+                                       "nodes": {}, "restore_step": None})
+    m.journal.set_incarnation(key, 0, slurm_job_id=str(w.slurm_id), submitted_at=now)
+    return w
+
+
+def restore_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, state: str) -> Watch:
+    """Rebuild after a restart: the newest incarnation with a Slurm job id, its open recovery."""
+    w = _base(m, reg, key, task_job)
+    w.state = state
+    incarnations = [i for i in m.journal.incarnations(key) if i["slurm_job_id"]]
+    if incarnations and w.array_task is None:
+        cur = incarnations[-1]
+        layout = cur["layout"] or {}
+        w.incarnation, w.slurm_id = cur["number"], int(cur["slurm_job_id"])
+        w.units = int(layout.get("units") or w.units)
+        w.restore_step = layout.get("restore_step")
+    recoveries = m.journal.recoveries(key)
+    for rec in recoveries:
+        if rec.plan and isinstance(rec.plan.get("quarantine"), dict):
+            until = rec.plan["quarantine"].get("until") or {}
+            w.quarantine = Quarantine({str(k): float(v) for k, v in until.items()})
+        if w.array_task is not None:    # an array task's incarnations are its restart counts
+            if rec.times["resubmitted"] is None:
+                w.incarnation, w.pending = rec.incarnation, rec
+            elif rec.times["first_step"] is None:
+                w.incarnation, w.awaiting, w.expect_restart = rec.incarnation, rec.incarnation, True
+        elif rec.incarnation == w.incarnation and rec.times["resubmitted"] is None:
+            w.pending = rec
+        elif rec.new_incarnation == w.incarnation and rec.times["first_step"] is None:
+            w.awaiting = rec.incarnation
+    if w.pending is not None and w.pending.cause == "grow":
+        w.awaiting_grow = w.pending.times["confirmed"]
+    return w
