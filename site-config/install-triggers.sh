@@ -6,8 +6,9 @@
 #
 # Each event (down, fail, drained, up) gets a small program in BIN_DIR that slurmctld runs with
 # the hostlist as its argument; it writes one JSON record into the spool, atomically:
-#   node-<event>-<unix ns>.json  {"version": 1, "kind": "node_event", "event": "down",
-#                                 "nodes": "node[3-4]", "time_unix": 1796000000.123}
+#   node-<event>-<unix ns>.json  {"version": 1, "kind": "down", "nodes": "node[3-4]",
+#                                 "time": 1796000000.123}
+# (the format slurm_omni/manager/events.py validates; its trigger_main writes the same in Python)
 # slurmctld checks events about every 15 s and kills a program after 5 minutes.
 set -euo pipefail
 
@@ -51,7 +52,7 @@ now=\$(date +%s%N)
 nodes=\${1:-}
 nodes=\${nodes//[^A-Za-z0-9_.,\[\]-]/_}
 tmp=\$(mktemp "$spool/.node-$event-\$now.XXXXXX")
-printf '{"version": 1, "kind": "node_event", "event": "$event", "nodes": "%s", "time_unix": %s.%s}\n' \\
+printf '{"version": 1, "kind": "$event", "nodes": "%s", "time": %s.%s}\n' \\
     "\$nodes" "\${now:0:-9}" "\${now: -9}" > "\$tmp"
 chmod 0640 "\$tmp"
 mv -f "\$tmp" "$spool/node-$event-\$now.json"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_omni.manager.events import scan_spool
+
 pytestmark = pytest.mark.cluster
 
 SCRIPT = Path(__file__).resolve().parents[2] / "site-config" / "install-triggers.sh"
@@ -37,9 +39,14 @@ def test_install_fire_and_remove(slurm_cluster, tmp_path: Path) -> None:
         assert _ours(env, bin_dir) == [str(bin_dir / f"omni-node-{e}") for e in ("down", "drained", "fail", "up")]
         subprocess.run([str(bin_dir / "omni-node-down"), 'node[3-4]"}, {"x'], check=True, timeout=30)
         (record,) = [json.loads(p.read_text()) for p in spool.glob("node-down-*.json")]
-        assert record["kind"] == "node_event" and record["event"] == "down"
+        assert record["kind"] == "down" and isinstance(record["time"], float)
         assert record["nodes"] == "node[3-4]__,___x"                # quotes and spaces cannot break the JSON
         assert not list(spool.glob(".*"))
+        # The manager's validator takes what the trigger program wrote.
+        subprocess.run([str(bin_dir / "omni-node-down"), "node[5-6]"], check=True, timeout=30)
+        spool.chmod(0o700)
+        events = [e for _, e in scan_spool(spool) if getattr(e, "nodes", None) == ("node5", "node6")]
+        assert len(events) == 1 and events[0].kind == "down"
     finally:
         r = _install(env, "--remove", "--bin-dir", str(bin_dir))
     assert r.returncode == 0, r.stderr
