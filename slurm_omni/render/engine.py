@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,15 @@ _LITERAL = re.compile(r"[A-Za-z0-9_@%+=:,./-]*")
 
 
 def template_dir() -> Path:
-    """``sbatch_templates/`` of the source tree, or ``$OMNI_TEMPLATE_DIR``."""
+    """``$OMNI_TEMPLATE_DIR``, else ``sbatch_templates/`` of the source tree (editable install), else
+    the copy a wheel installs under ``<prefix>/share/slurm-omni/sbatch_templates``."""
     env = os.environ.get(TEMPLATE_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "sbatch_templates"
+    source = Path(__file__).resolve().parents[2] / "sbatch_templates"
+    if source.is_dir():
+        return source
+    return Path(sys.prefix) / "share" / "slurm-omni" / "sbatch_templates"
 
 
 def _finalize(value: Any) -> Any:
