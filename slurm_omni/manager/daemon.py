@@ -252,7 +252,10 @@ class Manager:
                                              "reason": job.reason, "restart_count": job.restart_count})
         if job.state is JobState.RUNNING and not w.running:
             w.started(job, snap.taken_at)
-            self.journal.set_incarnation(w.key, w.incarnation, started_at=snap.taken_at)
+            self.journal.add_incarnation(w.key, w.incarnation, {
+                "units": w.units, "data_parallel_size": w.shape.data_parallel_size_for(w.units),
+                "nodes": {str(k): list(v) for k, v in w.nodes.items()}, "restore_step": w.restore_step})
+            self.journal.set_incarnation(w.key, w.incarnation, slurm_job_id=str(w.slurm_id), started_at=snap.taken_at)
             if w.awaiting is not None:
                 self.mark_phase(w.key, w.awaiting, "running", snap.taken_at)
         for name in w.node_set:

@@ -130,11 +130,8 @@ def _base(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Wat
 
 
 def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, now: float) -> Watch:
-    w = _base(m, reg, key, task_job)
-    m.journal.add_incarnation(key, 0, {"units": w.units, "data_parallel_size": reg.data_parallel_size,
-                                       "nodes": {}, "restore_step": None})
-    m.journal.set_incarnation(key, 0, slurm_job_id=str(w.slurm_id), submitted_at=now)
-    return w
+    """A job seen for the first time; its incarnation 0 is journaled once it runs (with its nodes)."""
+    return _base(m, reg, key, task_job)
 
 
 def restore_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, state: str) -> Watch:
