@@ -15,6 +15,7 @@ from manager_fakes import NODES, Setup, beat, fault, make_setup
 from slurm_omni.manager.daemon import Manager
 from slurm_omni.manager.journal import Journal, incarnation_tag
 from slurm_omni.report.timeline import load_timeline
+from slurm_omni.slurm.hostlist import expand
 from slurm_omni.slurm.types import JobState, NodeState
 
 LEADER = 42
@@ -131,7 +132,7 @@ def test_manager_killed_after_sbatch_submits_exactly_once_after_restart(tmp_path
     assert len(s.slurm.submitted) == 1 and s.slurm.tagged(tag) == [s.slurm.submitted[0][0]]
     with Journal(s.config.journal_path, readonly=True) as j:
         assert j.incarnations("tiny-42")[1]["slurm_job_id"] == str(s.slurm.submitted[0][0])
-        assert j.action(f"resubmit:tiny-42:1").state == "done"   # type: ignore[union-attr]
+        assert j.action("resubmit:tiny-42:1").state == "done"   # type: ignore[union-attr]
 
 
 def test_no_spare_shrinks_then_grows_back_when_nodes_return(tmp_path: Path) -> None:
@@ -155,10 +156,11 @@ def test_no_spare_shrinks_then_grows_back_when_nodes_return(tmp_path: Path) -> N
     for rank, stage in {0: 0, 1: 1}.items():
         beat(s.heartbeat_dir, rank, stage=stage, job_id=shrunk_id, step=step + 5, at=s.clock.t, phase="stopping")
     idle(s, m, 2)
-    grown_id, script, args = s.slurm.submitted[1]
+    _, script, args = s.slurm.submitted[1]
     assert "export OMNI_DP_SIZE=2" in script and "#SBATCH --nodes=2" in script
-    comps = " ".join(args).split(" : ")
-    assert all(len(c.split("--nodelist=")[1].split()[0].split(",")) >= 1 for c in comps)
+    lists = [expand(a.split("=", 1)[1]) for a in args if a.startswith("--nodelist=")]
+    assert [len(x) for x in lists] == [2, 2] and "node1" in lists[0] and "node3" in lists[1]
+    assert "node4" not in lists[0] + lists[1]                # still quarantined
     with Journal(s.config.journal_path, readonly=True) as j:
         causes = [r.cause for r in j.recoveries("tiny-42")]
         assert causes == ["down", "grow"]
