@@ -127,9 +127,9 @@ class Trainer:
                 refs = plan.next_global_batch(step, cfg.parallel.global_batch_size)[first:first + per_replica]
                 lr = lr_at(cfg.optim, step, cfg.max_steps)
                 batch = self._read(reader, refs, device)
-                t_pipe = time.monotonic()
+                t_pipe, cpu_pipe = time.monotonic(), time.thread_time()
                 loss = self._forward_backward(schedule, text_stage, batch)
-                pipeline_s = time.monotonic() - t_pipe
+                pipeline_s, pipeline_cpu_s = time.monotonic() - t_pipe, time.thread_time() - cpu_pipe
                 average_gradients(params, groups.data_parallel, layout.data_parallel_size)
                 grad_norm = clip_global_norm(params, groups.pipeline, cfg.optim.grad_clip)
                 for optimizer in optimizers.values():
@@ -155,7 +155,7 @@ class Trainer:
                     self.heartbeat.update(phase="training", last_checkpoint_step=global_step)
                 ckpt.poll()
                 if global_step % cfg.log_every == 0 or last or stop:
-                    self._log(global_step, loss, lr, grad_norm, step_s, pipeline_s, len(refs), ckpt)
+                    self._log(global_step, loss, lr, grad_norm, step_s, (pipeline_s, pipeline_cpu_s), len(refs), ckpt)
                 if stop:
                     code = exitcodes.EXIT_CHECKPOINTED
                     break
@@ -199,12 +199,13 @@ class Trainer:
         return torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
 
     def _log(self, global_step: int, loss: torch.Tensor | None, lr: float, grad_norm: float, step_s: float,
-             pipeline_s: float, samples: int, ckpt: StageCheckpointer) -> None:
+             pipeline: tuple[float, float], samples: int, ckpt: StageCheckpointer) -> None:
         m = self.cfg.model
         tokens_per_sample = m.num_patches if self.layout.stages == (0,) else m.num_patches + m.seq_len
         self.metrics.log_step({
             "step": global_step, "loss": float(loss.item()) if loss is not None else None, "lr": lr,
-            "grad_norm": grad_norm, "step_time_seconds": step_s, "pipeline_seconds": pipeline_s, "samples_per_second": samples / step_s,
+            "grad_norm": grad_norm, "step_time_seconds": step_s, "pipeline_seconds": pipeline[0],
+            "pipeline_cpu_seconds": pipeline[1], "samples_per_second": samples / step_s,
             "tokens_per_second": samples * tokens_per_sample / step_s,
             "global_samples_per_second": self.cfg.parallel.global_batch_size / step_s,
             "ckpt_blocking_seconds": ckpt.last_blocking_s, "ckpt_persist_seconds": ckpt.last_persist_s,

@@ -28,6 +28,7 @@ GAUGES = {
     "grad_norm": "Global gradient norm before clipping.",
     "step_time_seconds": "Wall time of the step on this rank.",
     "pipeline_seconds": "Part of the step spent in the pipeline schedule (forward and backward).",
+    "pipeline_cpu_seconds": "CPU time of this rank's main thread in the schedule: its own compute on CPU.",
     "samples_per_second": "Samples this rank's stage processed per second (this replica).",
     "tokens_per_second": "Tokens (image + text) this rank's stage processed per second (this replica).",
     "global_samples_per_second": "Samples per second of the whole job.",
