@@ -113,6 +113,11 @@ class CheckpointEngine:
             done.set_result(PersistStats(step, 0, 0.0, False))
             return SaveResult(step, waited, waited, 0, done, skipped=True)
         waited = self._wait_inflight()
+        if waited > 0.1:
+            log.log(logging.INFO if self._warned_wait else logging.WARNING,
+                    "checkpoint: step %d waited %.2f s for the previous persist (checkpoint less often, or use "
+                    "faster storage)", step, waited)
+            self._warned_wait = True
         snap = take(self._arena, step, state, self.layout, self.config.load_order)
         self._last_step = step
         timeout = commit_timeout_s or self.config.commit_timeout_s
@@ -156,13 +161,7 @@ class CheckpointEngine:
             return 0.0
         started = time.monotonic()
         future.result()
-        waited = time.monotonic() - started
-        if waited > 0.1:
-            log.log(logging.INFO if self._warned_wait else logging.WARNING,
-                    "checkpoint: waited %.2f s for the previous persist (checkpoint less often, or use faster "
-                    "storage)", waited)
-            self._warned_wait = True
-        return waited
+        return time.monotonic() - started
 
     def wait_complete(self, step: int, timeout_s: float) -> bool:
         """On any rank: wait until ``step`` is committed (rank 0 wrote its marker)."""

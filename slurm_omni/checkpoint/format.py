@@ -133,12 +133,17 @@ def latest_step(root: Path) -> int | None:
 
 
 def _status_of(path: Path) -> tuple[Status, str]:
+    """From the marker alone (cheap); ``read_manifest`` checks that the manifest matches it."""
     if (path / CORRUPT).exists():
         return Status.CORRUPT, _read_text(path / CORRUPT)
     try:
-        read_marker(path)
-    except CheckpointError as e:
-        return Status.INCOMPLETE, str(e)
+        marker = json.loads((path / MARKER).read_bytes())
+    except FileNotFoundError:
+        return Status.INCOMPLETE, f"no {MARKER} marker"
+    except (OSError, ValueError) as e:
+        return Status.INCOMPLETE, f"unreadable {MARKER} ({e})"
+    if not isinstance(marker, dict) or "manifest_xxh3_64" not in marker:
+        return Status.INCOMPLETE, f"malformed {MARKER}"
     return Status.COMPLETE, ""
 
 
@@ -149,8 +154,8 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def read_marker(path: Path) -> dict[str, Any]:
-    """The completion marker of ``path``; checks that the manifest it names is intact."""
+def read_marker(path: Path) -> tuple[dict[str, Any], bytes]:
+    """The completion marker of ``path`` and the manifest's bytes, checked against each other."""
     try:
         marker = json.loads((path / MARKER).read_bytes())
     except FileNotFoundError as e:
@@ -164,15 +169,15 @@ def read_marker(path: Path) -> dict[str, Any]:
     if not isinstance(marker, dict) or marker.get("manifest_bytes") != len(raw) \
             or marker.get("manifest_xxh3_64") != checksum(raw):
         raise CheckpointCorrupt(f"checkpoint: {path.name}: {MANIFEST} does not match its {MARKER} marker")
-    return marker
+    return marker, raw
 
 
 def read_manifest(path: Path) -> Manifest:
     """The manifest of a complete checkpoint directory; anything off is a CheckpointError."""
-    read_marker(path)
+    _, raw = read_marker(path)
     try:
-        data = json.loads((path / MANIFEST).read_bytes())
-    except (OSError, ValueError) as e:
+        data = json.loads(raw)
+    except ValueError as e:
         raise CheckpointCorrupt(f"checkpoint: {path.name}: couldn't parse {MANIFEST}: {e}") from e
     return Manifest.from_json(data, where=path.name)
 

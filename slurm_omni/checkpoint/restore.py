@@ -58,7 +58,8 @@ class Restore:
         self._local = threading.local()
         self._closed = False
         self._handed_out = False   # set by open_restore once it hands the session out
-        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="omni-ckpt-restore")
+        self._threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="omni-ckpt-restore")
         self.started = time.monotonic()
         self.loaded_s: dict[str, float] = {}
         for u in units:
@@ -170,11 +171,24 @@ class Restore:
                 self._fail(CheckpointError(f"checkpoint: couldn't load {unit.name}/{path} from "
                                            f"step-{self.step}: {e!r}"))
 
+        def read_batch(batch: list[tuple[str, fmt.TensorEntry, fmt.Piece]]) -> None:
+            for path, entry, piece in batch:
+                read(path, entry, piece)
+
         if pending[0] == 0:
             finish()
+        # A few batches per unit, balanced by bytes: enough to keep every I/O thread busy, few enough
+        # that queueing hundreds of small tensors costs nothing.
+        batches: list[list[tuple[str, fmt.TensorEntry, fmt.Piece]]] = [[] for _ in range(self._threads)]
+        load = [0] * self._threads
         for path, entry, pieces in jobs:
             for piece in pieces:
-                self._pool.submit(read, path, entry, piece)
+                k = load.index(min(load))
+                batches[k].append((path, entry, piece))
+                load[k] += piece.nbytes + 4096
+        for batch in batches:
+            if batch:
+                self._pool.submit(read_batch, batch)
 
     def _pieces_for(self, entry: fmt.TensorEntry) -> list[fmt.Piece]:
         if entry.split_dim is None or self.layout_changed:

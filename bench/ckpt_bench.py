@@ -1,0 +1,297 @@
+"""Checkpoint engine against its bars, measured side by side in one run on the same state.
+
+    .venv/bin/python bench/ckpt_bench.py [--gib 1.0] [--tensors 300] [--repeat 3] [--dir PATH]
+                                         [--device cpu|cuda] [--json OUT]
+
+State: about ``--gib`` GiB of fp32 over ``--tensors`` tensors, shaped like a multimodal model with
+AdamW state: weights (vision_encoder 30 %, projector 3 %, text_decoder 67 % of the parameters) and two
+optimizer tensors per weight, so weights are a third of the bytes and the critical set (vision_encoder
+and projector weights) about 11 %. Each figure is the median of ``--repeat`` runs, the cases taking
+turns so that the page cache and the allocator see the same history. Bars (from issue 3):
+
+  save blocking            <= 0.25 x torch.distributed.checkpoint.async_save's blocking time
+  save blocking            <= 2 x a warm copy of the same bytes (host, or device-to-page-locked host)
+  persist throughput       >= 0.8 x a raw write + fsync of the same bytes to the same disk
+  time to training start   <= 0.35 x a full restore (critical set <= 1/4 of the bytes)
+  full restore throughput  >= 0.8 x a raw read of the same files (warm page cache, and cold)
+
+"Cold" drops the files' pages with posix_fadvise(DONTNEED) before each read (the pages are clean after
+fsync), for the raw read and the restore alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardState
+from slurm_omni.checkpoint import format as fmt
+
+SHARES = {"vision_encoder": 0.30, "projector": 0.03, "text_decoder": 0.67}
+CRITICAL = ("vision_encoder", "projector")
+
+
+def make_state(gib: float, tensors: int, device: str) -> tuple[dict[str, dict[str, torch.Tensor]],
+                                                               dict[str, Any]]:
+    """Weights and AdamW-shaped optimizer state; one third of the bytes each for w, exp_avg, exp_avg_sq."""
+    per_kind = int(gib * 2**30 / 4 / 3)
+    n_weights = max(len(SHARES), tensors // 3)
+    g = torch.Generator().manual_seed(0)
+    weights: dict[str, dict[str, torch.Tensor]] = {}
+    optim: dict[str, Any] = {}
+    for module, share in SHARES.items():
+        count = max(1, round(n_weights * share))
+        numel = max(1, int(per_kind * share) // count)
+        cols = 1024 if numel >= 1024 else 1
+        shape = (numel // cols, cols)
+        weights[module] = {f"layers.{i}.weight": torch.randn(shape, generator=g).to(device) for i in range(count)}
+        optim[f"{module}/optim"] = {"state": {i: {"exp_avg": torch.randn(shape, generator=g).to(device),
+                                                  "exp_avg_sq": torch.rand(shape, generator=g).to(device),
+                                                  "step": torch.tensor(10.0)}
+                                              for i in range(count)},
+                                    "param_groups": [{"lr": 1e-4, "params": list(range(count))}]}
+    return weights, optim
+
+
+def nbytes(tree: Any) -> int:
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(nbytes(v) for v in tree.values())
+    if isinstance(tree, list):
+        return sum(nbytes(v) for v in tree)
+    return 0
+
+
+def flat_for_dcp(weights: dict[str, dict[str, torch.Tensor]], optim: dict[str, Any]) -> dict[str, torch.Tensor]:
+    out = {f"{m}.{k}": t for m, sd in weights.items() for k, t in sd.items()}
+    for unit, tree in optim.items():
+        for i, s in tree["state"].items():
+            out |= {f"{unit}.{i}.{k}": t for k, t in s.items()}
+    return out
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def drop_cache(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def shard_files(path: Path) -> list[Path]:
+    return sorted(path.glob("*.h5"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--tensors", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--dir", type=Path, default=None, help="Where to write (default: a temporary directory).")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    warnings.filterwarnings("ignore")
+    work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
+    try:
+        figures = run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    device = args.device
+    weights, optim = make_state(args.gib, args.tensors, device)
+    state = ShardState(modules=weights, optimizer={u.split("/")[0]: t for u, t in optim.items()})
+    total = nbytes(weights) + nbytes(optim)
+    critical_bytes = sum(nbytes(weights[m]) for m in CRITICAL)
+    n_tensors = len(flat_for_dcp(weights, optim))
+    print(f"state: {total / 2**30:.2f} GiB fp32 in {n_tensors} tensors on {device}; critical set "
+          f"{critical_bytes / total:.1%} of the bytes; torch {torch.__version__}; {os.cpu_count()} CPUs; "
+          f"writing to {work}")
+
+    # -- baselines: a warm copy of the same bytes, a raw write + fsync, a raw read ----------------------
+    src = torch.randn(total // 4, device=device)
+    dst = torch.empty(total // 4, pin_memory=device == "cuda")
+    dst.fill_(0)
+
+    def memcpy() -> float:
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        return time.perf_counter() - t
+
+    host = dst.numpy().data.cast("B")
+
+    def raw_write(i: int) -> float:
+        """A new file each time, the previous one removed after, as the engine's retention does."""
+        raw_file = work / f"raw-{i}.bin"
+        t = time.perf_counter()
+        fd = os.open(raw_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            done = 0
+            while done < len(host):
+                done += os.pwrite(fd, host[done:done + (1 << 30)], done)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fmt.fsync_dir(work)
+        elapsed = time.perf_counter() - t
+        (work / f"raw-{i - 1}.bin").unlink(missing_ok=True)
+        return elapsed
+
+    read_buf = torch.empty(total + (64 << 20), dtype=torch.uint8)
+    read_buf.fill_(0)
+    read_view = read_buf.numpy().data.cast("B")
+
+    def raw_read(files: list[Path], cold: bool) -> float:
+        if cold:
+            drop_cache(files)
+        t = time.perf_counter()
+        at = 0
+        for f in files:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                done = 0
+                while done < size:
+                    n = os.preadv(fd, [read_view[at + done:at + size]], done)
+                    if n <= 0:
+                        break
+                    done += n
+            finally:
+                os.close(fd)
+            at += size
+        return time.perf_counter() - t
+
+    # -- torch.distributed.checkpoint.async_save ----------------------------------------------------------
+    import torch.distributed.checkpoint as dcp
+
+    dcp_state = flat_for_dcp(weights, optim)
+    dcp_first: list[float] = []
+
+    def dcp_save(i: int) -> float:
+        path = work / f"dcp-{i}"
+        t = time.perf_counter()
+        future = dcp.async_save(dcp_state, checkpoint_id=str(path))
+        blocking = time.perf_counter() - t
+        future.result()
+        shutil.rmtree(path, ignore_errors=True)
+        if not dcp_first:
+            dcp_first.append(blocking)
+        return blocking
+
+    # -- ours -----------------------------------------------------------------------------------------
+    root = work / "omni"
+    engine = CheckpointEngine(CheckpointConfig(root=root, keep_last=1, load_order=tuple(SHARES)))
+    started = time.perf_counter()
+    engine.prepare(state)
+    prepare_s = time.perf_counter() - started
+    step = [0]
+
+    def omni_save() -> tuple[float, float]:
+        step[0] += 1
+        result = engine.save(step[0], state)
+        stats = result.persisted.result()
+        return result.blocking_s, stats.persist_s
+
+    into_host = {m: {k: torch.empty_like(t, device="cpu").fill_(0) for k, t in sd.items()}
+                 for m, sd in weights.items()}
+    into_optim = {u: {"state": {i: {k: torch.empty_like(v, device="cpu").fill_(0) for k, v in s.items()}
+                                for i, s in tree["state"].items()},
+                      "param_groups": tree["param_groups"]} for u, tree in optim.items()}
+    into: dict[str, Any] = {**into_host, **into_optim}
+
+    def omni_restore(cold: bool, critical: tuple[str, ...] | None) -> tuple[float, float]:
+        files = shard_files(fmt.step_dir(root, step[0]))
+        if cold:
+            drop_cache(files)
+        reader = CheckpointEngine(CheckpointConfig(root=root))
+        t = time.perf_counter()
+        session = reader.restore(critical=critical, into=into, apply_rng=False)
+        start = time.perf_counter() - t
+        if session is None:
+            raise SystemExit("bench: nothing to restore")
+        session.wait()
+        full = time.perf_counter() - t
+        session.close()
+        reader.close()
+        return start, full
+
+    rows: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        rows.setdefault(name, []).append(value)
+
+    memcpy(), dcp_save(-1), omni_save()   # warm-up: allocator, thread pools, first-call costs
+    for i in range(args.repeat):
+        add("memcpy_s", memcpy())
+        add("dcp_blocking_s", dcp_save(i))
+        blocking, persist_s = omni_save()
+        add("save_blocking_s", blocking)
+        add("persist_s", persist_s)
+        add("raw_write_fsync_s", raw_write(i))
+        files = shard_files(fmt.step_dir(root, step[0]))
+        for cold in (False, True):
+            tag = "cold" if cold else "warm"
+            add(f"raw_read_{tag}_s", raw_read(files, cold))
+            _, full = omni_restore(cold, None)
+            add(f"full_restore_{tag}_s", full)
+            start, _ = omni_restore(cold, CRITICAL)
+            add(f"train_start_{tag}_s", start)
+    engine.close()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    file_bytes = sum(f.stat().st_size for f in shard_files(fmt.step_dir(root, step[0])))
+    ratios: list[tuple[str, float, str, float]] = [
+        ("save blocking / DCP async_save blocking", med["save_blocking_s"] / med["dcp_blocking_s"], "<=", 0.25),
+        ("save blocking / warm memcpy", med["save_blocking_s"] / med["memcpy_s"], "<=", 2.0),
+        ("persist throughput / raw write+fsync", med["raw_write_fsync_s"] / med["persist_s"], ">=", 0.8),
+    ]
+    for tag in ("warm", "cold"):
+        ratios += [
+            (f"training start / full restore ({tag})", med[f"train_start_{tag}_s"] / med[f"full_restore_{tag}_s"],
+             "<=", 0.35),
+            (f"full restore throughput / raw read ({tag})",
+             med[f"raw_read_{tag}_s"] / med[f"full_restore_{tag}_s"], ">=", 0.8),
+        ]
+    print(f"\n{'figure':<28}{'median s':>10}{'GiB/s':>8}   all runs")
+    for k, v in med.items():
+        size = file_bytes if "read" in k or "restore" in k else total
+        rate = f"{size / 2**30 / v:8.2f}" if "train_start" not in k else f"{'':>8}"
+        print(f"{k:<28}{v:>10.4f}{rate}   {', '.join(f'{x:.4f}' for x in rows[k])}")
+    print(f"{'dcp first call (s)':<28}{dcp_first[0]:>10.4f}")
+    print(f"{'prepare (s, once)':<28}{prepare_s:>10.4f}")
+    print(f"\n{'ratio':<46}{'value':>8}   bar")
+    for name, value, op, bar in ratios:
+        ok = value <= bar if op == "<=" else value >= bar
+        print(f"{name:<46}{value:>8.3f}   {op} {bar}  {'PASS' if ok else 'MISS'}")
+    return {"device": device, "torch": torch.__version__, "bytes": total, "tensors": n_tensors,
+            "critical_fraction": critical_bytes / total, "runs": rows, "median": med,
+            "dcp_first_call_s": dcp_first[0], "prepare_s": prepare_s,
+            "ratios": {name: value for name, value, _, _ in ratios}}
+
+
+if __name__ == "__main__":
+    main()
