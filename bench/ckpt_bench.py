@@ -217,12 +217,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         stats = result.persisted.result()
         return result.blocking_s, stats.persist_s
 
-    into_host = {m: {k: torch.empty_like(t, device="cpu").fill_(0) for k, t in sd.items()}
-                 for m, sd in weights.items()}
-    into_optim = {u: {"state": {i: {k: torch.empty_like(v, device="cpu").fill_(0) for k, v in s.items()}
+    # The restore loads into a model and optimizer that already exist, where the state lives (on the GPU
+    # with --device cuda: through the page-locked staging buffers).
+    into_model = {m: {k: torch.empty_like(t).zero_() for k, t in sd.items()} for m, sd in weights.items()}
+    into_optim = {u: {"state": {i: {k: torch.empty_like(v).zero_() for k, v in s.items()}
                                 for i, s in tree["state"].items()},
                       "param_groups": tree["param_groups"]} for u, tree in optim.items()}
-    into: dict[str, Any] = {**into_host, **into_optim}
+    into: dict[str, Any] = {**into_model, **into_optim}
 
     def omni_restore(cold: bool, critical: tuple[str, ...] | None) -> tuple[float, float]:
         files = shard_files(fmt.step_dir(root, step[0]))
@@ -235,6 +236,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if session is None:
             raise SystemExit("bench: nothing to restore")
         session.wait()
+        sync(device)
         full = time.perf_counter() - t
         session.close()
         reader.close()
