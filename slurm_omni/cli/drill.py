@@ -1,0 +1,123 @@
+"""``omni drill KIND --job NAME``: a fault on purpose against a running job, measured and checked.
+
+Kinds: node-down (scontrol DOWN, then RESUME), kill-rank (SIGKILL to a pid from scontrol listpids),
+stall-rank (SIGSTOP, SIGCONT after --stall-s), ckpt-crash (SIGKILL while a checkpoint persists),
+slurmd-crash (SIGKILL to the embedded cluster's slurmd, then restart). ``--matrix`` runs several in a
+row against the same job, each after the previous recovery. Only nodes of the site's
+``drills.allowed_nodes`` are touched; each is returned to service afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from slurm_omni.cluster.spec import DEFAULT_STATE_DIR
+
+
+def _kinds(kind: str | None, matrix: str) -> list[str]:
+    from slurm_omni.drill.run import KINDS
+    from slurm_omni.errors import ConfigError
+
+    if matrix:
+        names = list(KINDS) if matrix == "all" else [k.strip() for k in matrix.split(",") if k.strip()]
+    elif kind:
+        names = [kind]
+    else:
+        raise ConfigError(f"drill: couldn't tell what to drill: give KIND or --matrix (kinds: {', '.join(KINDS)})")
+    bad = [k for k in names if k not in KINDS]
+    if bad:
+        raise ConfigError(f"drill: kind {bad[0]!r} is not allowed (kinds: {', '.join(KINDS)}, or --matrix all)")
+    return names
+
+
+@click.command()
+@click.argument("kind", required=False)
+@click.option("--job", "job", required=True, help="Registered job: name or Slurm job id (omni submit).")
+@click.option("--site", "site_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Site config (default: $OMNI_SITE_CONFIG, else /etc/slurm-omni/omni.toml).")
+@click.option("--matrix", default="", help="Comma-separated kinds to run in a row, or 'all'.")
+@click.option("--node", default="", help="Node to drill (default: the job's last node drills may touch).")
+@click.option("--rank", type=int, help="Global rank for the rank drills (default: lowest on the node).")
+@click.option("--stall-s", type=float, default=10.0, show_default=True, help="stall-rank: SIGSTOP for this long.")
+@click.option("--after-steps", type=int, default=3, show_default=True,
+              help="Inject once the running incarnation has made this many steps.")
+@click.option("--timeout", "timeout_s", type=float, default=240.0, show_default=True,
+              help="Per drill: give up on the recovery after this long.")
+@click.option("--timeline", type=click.Path(path_type=Path, dir_okay=False),
+              help="The manager's timeline.json (default: its state dir beside the site's registry).")
+@click.option("--reference", type=click.Path(path_type=Path, file_okay=False),
+              help="Metrics folder of a run that never failed: wait for the job to finish and check "
+                   "the loss curve and the data against it.")
+@click.option("--rtol", type=float, default=1e-3, show_default=True,
+              help="Loss tolerance when the layout changed (a shrink); same layout must be bitwise.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("drills"),
+              show_default=True, help="Folder for drill-<n>-<kind>.json and drills.json (bench/goodput --drill-json).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=lambda: os.environ.get("OMNI_CLUSTER_DIR", str(DEFAULT_STATE_DIR)),
+              help="Embedded cluster state dir (slurmd-crash).")
+def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node: str, rank: int | None,
+          stall_s: float, after_steps: int, timeout_s: float, timeline: Path | None, reference: Path | None,
+          rtol: float, out_dir: Path, state_dir: Path) -> None:
+    """Inject KIND into a running job (node-down, kill-rank, stall-rank, ckpt-crash, slurmd-crash),
+    measure detection and recovery, and return the node to service."""
+    from slurm_omni.config.site import load_site, site_path
+    from slurm_omni.drill.inject import Injector, read_state_dir
+    from slurm_omni.drill.job import JobHandle, find_registration
+    from slurm_omni.drill.measure import goodput_document, render_table
+    from slurm_omni.drill.run import DrillRunner, DrillSpec
+    from slurm_omni.errors import OmniError
+    from slurm_omni.manager.daemon import default_state_dir
+    from slurm_omni.slurm.cli_backend import CliBackend
+
+    kinds = _kinds(kind, matrix)
+    path = site_path(site_file)
+    site = load_site(path)
+    allowed = site.drills.nodes
+    cluster = read_state_dir(state_dir)
+    backend = CliBackend(env=cluster.env if cluster else None, timeout_s=20, retries=3)
+    injector = Injector(allowed=allowed, site=str(path), backend=backend, cluster=cluster)
+    if node:
+        injector.check(node)
+    injector.check(*allowed)      # refuses an empty allowed set before anything runs
+    handle = JobHandle.from_registration(find_registration(site, job), site)
+    runner = DrillRunner(injector, backend, handle, timeline=timeline or default_state_dir(site) / "timeline.json",
+                         on_event=lambda line: click.echo(f"  {line}"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, name in enumerate(kinds, start=1):
+        click.echo(f"drill {i}/{len(kinds)}: {name} on job {handle.name}")
+        spec = DrillSpec(kind=name, node=node, rank=rank, stall_s=stall_s,  # type: ignore[arg-type]
+                         after_steps=after_steps, timeout_s=timeout_s)
+        result = runner.run(spec)
+        results.append(result)
+        _write(out_dir / f"drill-{i}-{name}.json", goodput_document([result], source=_source(name, job)))
+        if result.error:
+            break
+    if reference is not None:
+        from slurm_omni.drill.verify import verify_run
+
+        click.echo(f"waiting for job {handle.name} to finish, then checking it against {reference}")
+        equivalence = verify_run(runner, reference, rtol=rtol, timeout_s=timeout_s * 2)
+        click.echo(f"  equivalence: {'ok' if equivalence.ok else 'FAILED'}: {equivalence.summary()}")
+        results = [r.with_equivalence(equivalence.to_json()) for r in results]
+    _write(out_dir / "drills.json", goodput_document(results, source=_source(",".join(kinds), job)))
+    click.echo(render_table(results))
+    click.echo(f"wrote {out_dir / 'drills.json'} (python -m bench.goodput --drill-json {out_dir / 'drills.json'})")
+    failed = [r for r in results if not r.ok]
+    if failed or len(results) < len(kinds):
+        raise OmniError(f"drill: {len(failed)} of {len(kinds)} drills failed"
+                        + (f": {failed[0].kind}: {failed[0].error}" if failed and failed[0].error else ""))
+
+
+def _source(kinds: str, job: str) -> str:
+    return f"omni drill {kinds} --job {job}"
+
+
+def _write(path: Path, doc: dict[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)

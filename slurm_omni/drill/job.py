@@ -1,0 +1,119 @@
+"""The job a drill targets: its registration, its files, and where its ranks run now."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_omni.config.job import load_job
+from slurm_omni.config.site import SiteConfig
+from slurm_omni.drill.inject import DrillError, DrillRefused, TaskPid
+from slurm_omni.render.registry import read_registrations
+from slurm_omni.slurm.types import HetComponent, Job, JobState
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobHandle:
+    """A registered job: its name outlives Slurm job ids (the manager resubmits under the same name)."""
+
+    name: str
+    job_id: int
+    """Slurm job id it was submitted as."""
+    stage_tasks: tuple[int, ...]
+    """Ranks per heterogeneous component, in component order (ranks are component-major)."""
+    ckpt_dir: Path
+    metrics_dir: Path
+    heartbeat_dir: Path
+    max_steps: int
+    """The job file's training.max_steps: the run is done when it logged this step."""
+
+    @classmethod
+    def from_registration(cls, record: dict[str, Any], site: SiteConfig) -> JobHandle:
+        name = str(record["name"])
+        ckpt = Path(record["ckpt_dir"])
+        stages = sorted(record.get("stages") or [], key=lambda s: int(s["het_group"]))
+        job_file = load_job(Path(record["job_file"]))
+        return cls(name=name, job_id=int(record["job_id"]),
+                   stage_tasks=tuple(int(s["nodes"]) * int(s["tasks_per_node"]) for s in stages),
+                   ckpt_dir=ckpt, metrics_dir=site.manager.metrics_dir / name, heartbeat_dir=ckpt / "heartbeat",
+                   max_steps=job_file.training.max_steps)
+
+    def rank_offset(self, het_offset: int) -> int:
+        return sum(self.stage_tasks[:het_offset])
+
+    def current(self, jobs: list[Job]) -> Job | None:
+        """The newest Slurm job of this name that is not finished (the live incarnation)."""
+        live = [j for j in jobs if j.name == self.name and not j.state.finished and j.job_id >= self.job_id]
+        return max(live, key=lambda j: j.job_id) if live else None
+
+
+def find_registration(site: SiteConfig, job: str) -> dict[str, Any]:
+    """The registration of ``job`` (a Slurm job id or a job name: the newest of that name)."""
+    registry = site.manager.registry_dir
+    if not registry.is_dir():
+        raise DrillError(f"drill: couldn't find job {job!r}: no registry {registry} (omni submit registers jobs)")
+    records = read_registrations(registry)
+    found = [r for r in records if str(r.get("job_id")) == job or r.get("name") == job]
+    if not found:
+        raise DrillError(f"drill: couldn't find job {job!r} in {registry} (registered: "
+                         f"{', '.join(sorted({str(r.get('name')) for r in records})) or 'none'})")
+    return max(found, key=lambda r: int(r["job_id"]))
+
+
+def pick_node(job: Job, allowed: tuple[str, ...], wanted: str, site: str) -> tuple[HetComponent, str]:
+    """The component and node to drill: ``wanted`` if given, else the job's last node that drills may
+    touch (the text stage's, usually). Refused when none is allowed."""
+    if job.state is not JobState.RUNNING:
+        raise DrillError(f"drill: couldn't pick a node: job {job.job_id} is {job.state.value}, not running")
+    placed = [(c, n) for c in job.components for n in c.nodes]
+    if wanted:
+        if wanted not in allowed:
+            raise DrillRefused(f"drill: couldn't touch {wanted}: not in drills.allowed_nodes of {site}")
+        hit = [(c, n) for c, n in placed if n == wanted]
+        if not hit:
+            raise DrillError(f"drill: couldn't drill {wanted}: job {job.job_id} runs on "
+                             f"{', '.join(n for _, n in placed)} (pick one of them, or omit --node)")
+        return hit[0]
+    ok = [(c, n) for c, n in placed if n in allowed]
+    if not ok:
+        raise DrillRefused(f"drill: couldn't drill job {job.job_id}: it runs on {', '.join(n for _, n in placed)}, "
+                           f"none in drills.allowed_nodes of {site}")
+    return ok[-1]
+
+
+def pick_task(tasks: list[TaskPid], component: HetComponent, handle: JobHandle,
+              rank: int | None) -> tuple[int, TaskPid]:
+    """(global rank, task) of ``rank`` among ``tasks`` (this component's tasks on one node)."""
+    if not tasks:
+        raise DrillError(f"drill: couldn't find the ranks of job {component.job_id}: scontrol listpids lists "
+                         "no task on the node (step not started yet?)")
+    offset = handle.rank_offset(component.het_offset)
+    newest = tasks[0].step
+    by_rank = {offset + t.global_id: t for t in tasks if t.step == newest}
+    if rank is None:
+        return min(by_rank.items())
+    if rank not in by_rank:
+        raise DrillError(f"drill: couldn't find rank {rank} on the node: it holds ranks "
+                         f"{', '.join(map(str, sorted(by_rank)))}")
+    return rank, by_rank[rank]
+
+
+def latest_incarnation_step(metrics_dir: Path) -> tuple[int, int] | None:
+    """(incarnation, step) of the last line the loss-reporting rank wrote, without parsing the file."""
+    for name in ("metrics-text-0.jsonl", "metrics-vision+text-0.jsonl"):
+        path = metrics_dir / name
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - 4096))
+                lines = [ln for ln in f.read().splitlines() if ln.strip()]
+        except OSError:
+            continue
+        for line in reversed(lines):
+            try:
+                obj = json.loads(line)
+                return int(obj["incarnation"]), int(obj["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return None

@@ -1,0 +1,134 @@
+"""The equivalence checker on synthetic metrics: bitwise pass, tolerance after a shrink, and each
+kind of data fault it must catch (a skipped sample, a repeated sample, a misaligned pair)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from drill_support import batches, losses, write_run
+
+from slurm_omni.drill.equivalence import check_equivalence, compare_losses
+from slurm_omni.drill.history import HistoryError, load_history
+
+N = 12
+
+
+def reference(tmp_path: Path) -> Path:
+    ids, loss = batches(N), losses(N)
+    return write_run(tmp_path / "ref", [(s + 1, 0, loss[s], ids[s]) for s in range(N)])
+
+
+def resumed(tmp_path: Path, *, killed_after: int = 8, restored: int = 5, loss_fn=None, ids_fn=None,
+            **kw) -> Path:
+    """Incarnation 0 ran steps 1..killed_after, incarnation 1 resumed from ``restored``."""
+    ids, loss = batches(N), losses(N)
+    loss_fn = loss_fn or (lambda s, inc: loss[s - 1])
+    ids_fn = ids_fn or (lambda s, inc: ids[s - 1])
+    steps = [(s, 0, loss_fn(s, 0), ids_fn(s, 0)) for s in range(1, killed_after + 1)]
+    steps += [(s, 1, loss_fn(s, 1), ids_fn(s, 1)) for s in range(restored + 1, N + 1)]
+    return write_run(tmp_path / "run", steps, **kw)
+
+
+def test_same_layout_resume_passes_bitwise(tmp_path: Path) -> None:
+    eq = check_equivalence(load_history(resumed(tmp_path)), load_history(reference(tmp_path)))
+    assert eq.ok, eq.problems
+    assert eq.loss.mode == "bitwise" and eq.loss.steps_compared == N and eq.loss.max_rel_diff == 0.0
+    assert eq.data is not None and eq.data.paired and eq.data.steps_compared == N
+
+
+def test_bitwise_means_bitwise(tmp_path: Path) -> None:
+    """One ulp off after the resume fails the same-layout check."""
+    run = resumed(tmp_path, loss_fn=lambda s, inc: losses(N)[s - 1] + (1e-12 if inc == 1 and s == 10 else 0.0))
+    eq = check_equivalence(load_history(run), load_history(reference(tmp_path)))
+    assert not eq.ok and eq.loss.first_diverging_step == 10
+    assert "step 10" in eq.summary()
+
+
+def test_shrink_passes_within_tolerance(tmp_path: Path) -> None:
+    """After a shrink to one replica the reduction order changes: a small drift is allowed..."""
+    drift = lambda s, inc: losses(N)[s - 1] * (1 + 2e-5 * inc)
+    run = resumed(tmp_path, loss_fn=drift, layout={s: 1 for s in range(6, N + 1)})
+    eq = check_equivalence(load_history(run), load_history(reference(tmp_path)))
+    assert eq.ok, eq.problems
+    assert eq.loss.mode == "tolerance" and 0 < eq.loss.max_rel_diff < 1e-3
+
+
+def test_shrink_beyond_tolerance_fails(tmp_path: Path) -> None:
+    """... a jump (data state lost in the resume) does not."""
+    jump = lambda s, inc: losses(N)[s - 1] * (1.05 if inc else 1.0)
+    run = resumed(tmp_path, loss_fn=jump, layout={s: 1 for s in range(6, N + 1)})
+    eq = check_equivalence(load_history(run), load_history(reference(tmp_path)))
+    assert not eq.ok and eq.loss.mode == "tolerance" and eq.loss.first_diverging_step == 6
+
+
+def test_skipped_sample_is_found(tmp_path: Path) -> None:
+    """The resumed incarnation starts one sample late: sample 20 is never trained on."""
+    ids = batches(N)
+    late = lambda s, inc: [i + 1 for i in ids[s - 1]] if inc == 1 and s == 6 else ids[s - 1]
+    eq = check_equivalence(load_history(resumed(tmp_path, ids_fn=late)), load_history(reference(tmp_path)))
+    assert not eq.ok
+    assert eq.data is not None and eq.data.skipped == (20,) and eq.data.repeated == (24,)
+    assert eq.data.reordered_steps == (6,)
+    assert "1 sample ids skipped: 20" in eq.summary()
+
+
+def test_repeated_sample_is_found(tmp_path: Path) -> None:
+    """Data positions restored one step too early: step 6 trains on step 5's samples again."""
+    ids = batches(N)
+    replay = lambda s, inc: ids[s - 2] if inc == 1 and s == 6 else ids[s - 1]
+    eq = check_equivalence(load_history(resumed(tmp_path, ids_fn=replay)), load_history(reference(tmp_path)))
+    assert eq.data is not None and not eq.data.ok
+    assert eq.data.repeated == (16, 17, 18, 19) and eq.data.skipped == (20, 21, 22, 23)
+    assert any("repeated" in p for p in eq.problems)
+
+
+def test_misaligned_pair_is_found(tmp_path: Path) -> None:
+    """The vision stage resumed one slot off: images of one sample with the text of another."""
+    ids = batches(N)
+    shifted = {(s, 1): ids[s - 1][1:] + ids[s][:1] for s in range(6, N)}
+    run = resumed(tmp_path, vision_ids=shifted)
+    eq = check_equivalence(load_history(run), load_history(reference(tmp_path)))
+    assert not eq.ok and eq.data is not None
+    assert not eq.data.skipped and not eq.data.repeated   # the text side alone looks perfect
+    assert eq.data.misaligned[0] == (6, 0, 21, 20)
+    assert "misaligned pairs (first: step 6 slot 0: image of sample 21 with text of sample 20)" in eq.summary()
+
+
+def test_superseded_incarnation_does_not_count(tmp_path: Path) -> None:
+    """Steps 6..8 of the killed incarnation trained on something else; the replay is what counts."""
+    ids = batches(N)
+    wrong = lambda s, inc: [99, 98, 97, 96] if inc == 0 and s > 5 else ids[s - 1]
+    eq = check_equivalence(load_history(resumed(tmp_path, ids_fn=wrong)), load_history(reference(tmp_path)))
+    assert eq.ok, eq.problems
+
+
+def test_unfinished_run_is_not_equivalent(tmp_path: Path) -> None:
+    ids, loss = batches(N), losses(N)
+    run = write_run(tmp_path / "short", [(s + 1, 0, loss[s], ids[s]) for s in range(N - 3)])
+    eq = check_equivalence(load_history(run), load_history(reference(tmp_path)))
+    assert not eq.ok and eq.loss.missing_steps == (10, 11, 12)
+
+
+def test_compare_losses_tolerance_edge() -> None:
+    assert compare_losses({1: 1.0}, {1: 1.0 + 1e-4}, bitwise=False, rtol=1e-3).ok
+    assert not compare_losses({1: 1.0}, {1: 1.0 + 1e-4}, bitwise=True).ok
+
+
+def test_torn_last_line_is_ignored_but_a_torn_middle_is_not(tmp_path: Path) -> None:
+    run = reference(tmp_path)
+    path = run / "metrics-text-0.jsonl"
+    path.write_text(path.read_text() + '{"time": 1, "ste')
+    assert len(load_history(run).records) == N
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], '{"torn', *lines[1:]]) + "\n")
+    with pytest.raises(HistoryError, match="line 2"):
+        load_history(run)
+
+
+def test_missing_folder_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(HistoryError, match="no such folder"):
+        load_history(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(HistoryError, match="no metrics-text-0.jsonl"):
+        load_history(tmp_path / "empty")

@@ -1,0 +1,136 @@
+"""Drill figures from a run's files, the goodput simulator's --drill-json document, the table, and
+the pure pieces of targeting (listpids rows, node choice, rank choice)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from drill_support import batches, losses, write_run
+
+from slurm_omni.drill.history import load_history
+from slurm_omni.drill.inject import DrillRefused, TaskPid, check_allowed, parse_listpids
+from slurm_omni.drill.job import JobHandle, latest_incarnation_step, pick_node, pick_task
+from slurm_omni.drill.measure import DrillResult, DrillTimes, goodput_document, progress, render_table
+from slurm_omni.slurm.types import HetComponent, Job, JobState
+
+REPO = Path(__file__).resolve().parents[2]
+
+# scontrol listpids 93 node7 on the embedded 22.05 cluster (a het job's second component).
+LISTPIDS = """\
+PID      JOBID    STEPID   LOCALID GLOBALID
+4471     93       0        0       0
+4472     93       0        1       1
+4437     93       batch    0       0
+4442     93       batch    -       -
+"""
+
+
+def run_with_fault(tmp_path: Path) -> tuple[Path, float]:
+    """Incarnation 0 at 1 step/s for steps 1..8 (t=1000..1007), fault at t=1007.5, incarnation 1
+    resumes from step 5 at t=1020 and runs twice as fast."""
+    ids, loss = batches(12), losses(12)
+    write_run(tmp_path / "a", [(s, 0, loss[s - 1], ids[s - 1]) for s in range(1, 9)], t0=1000.0, step_s=1.0)
+    write_run(tmp_path / "b", [(s, 1, loss[s - 1], ids[s - 1]) for s in range(6, 13)], t0=1020.0, step_s=0.5)
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in (tmp_path / "a").iterdir():
+        (run / f.name).write_text(f.read_text() + (tmp_path / "b" / f.name).read_text())
+    return run, 1007.5
+
+
+def test_progress_around_a_fault(tmp_path: Path) -> None:
+    run, fault = run_with_fault(tmp_path)
+    p = progress(load_history(run), fault)
+    assert (p.failed_incarnation, p.resumed_incarnation) == (0, 1)
+    assert (p.last_step_before, p.resumed_from, p.steps_lost) == (8, 5, 3)
+    assert p.first_step_at == 1020.0
+    assert p.throughput_before == 8.0 and p.throughput_after == 16.0
+
+
+def result(kind: str = "node-down", **times: float) -> DrillResult:
+    t = {"fault": 100.0, "detected": 101.0, "confirmed": 103.0, "resubmitted": 104.0, "running": 110.0,
+         "first_step": 112.0, **times}
+    return DrillResult(kind=kind, job="j", job_id="7", node="node5", times=DrillTimes(**t), restored=True)
+
+
+def test_goodput_document_is_what_the_simulator_reads(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from bench.goodput.inputs import SimConfig, apply_drill
+
+    doc = goodput_document([result(), result("kill-rank", confirmed=102.0), result("node-down", confirmed=105.0)],
+                           source="test")
+    assert doc["detection_by_kind"] == {"node_down": 4.0, "task_crash": 2.0}
+    assert doc["detection_s"] == 3.0 and doc["resubmit_s"] == 1.0 and doc["start_s"] == 6.0
+    assert doc["restore_s"] == 2.0 and len(doc["runs"]) == 3
+    path = tmp_path / "drills.json"
+    path.write_text(json.dumps(doc))
+    cfg, prov = apply_drill(SimConfig(), path)
+    assert cfg.omni.detect_node_down_s == 4.0 and cfg.omni.detect_task_crash_s == 2.0
+    assert cfg.start.start_small_s == 6.0 and cfg.omni.restore_small_s == 2.0
+    assert all(p.source == f"measured {path}" for p in prov)
+
+
+def test_a_stall_nobody_confirmed_is_a_pass_and_stays_out_of_the_medians() -> None:
+    stall = DrillResult(kind="stall-rank", job="j", job_id="7", node="node5", rank=2,
+                        times=DrillTimes(fault=100.0), expect_recovery=False, restored=True)
+    assert stall.ok and stall.detection_s is None
+    doc = goodput_document([stall, result()], source="test")
+    assert "hang" not in doc["detection_by_kind"] and doc["recovery_s"] == 9.0
+    table = render_table([stall, result()])
+    assert "ok: no false alarm" in table and "node5 rank 2" in table
+
+
+def test_not_restored_or_not_equivalent_fails() -> None:
+    assert not DrillResult(kind="node-down", job="j", job_id="7", times=DrillTimes(fault=1.0, confirmed=2.0,
+                                                                                   first_step=3.0)).ok
+    bad = result().with_equivalence({"ok": False, "problems": ["2 sample ids skipped: 4, 5"]})
+    assert not bad.ok and "NOT equivalent: 2 sample ids skipped" in render_table([bad])
+
+
+def test_listpids_rows() -> None:
+    assert parse_listpids(LISTPIDS) == [TaskPid(4471, 93, "0", 0, 0), TaskPid(4472, 93, "0", 1, 1)]
+    assert parse_listpids("JobId=93 does not exist on node (null).\nPID JOBID STEPID LOCALID GLOBALID\n") == []
+
+
+def job(nodes0: tuple[str, ...], nodes1: tuple[str, ...]) -> Job:
+    comps = (HetComponent(92, 92, 0, JobState.RUNNING, nodes0), HetComponent(93, 92, 1, JobState.RUNNING, nodes1))
+    return Job(92, "j", "root", JobState.RUNNING, "RUNNING", comps)
+
+
+def handle() -> JobHandle:
+    p = Path("/x")
+    return JobHandle(name="j", job_id=92, stage_tasks=(2, 2), ckpt_dir=p, metrics_dir=p, heartbeat_dir=p,
+                     max_steps=10)
+
+
+def test_pick_node_and_rank() -> None:
+    j = job(("node6",), ("node7",))
+    comp, node = pick_node(j, ("node5", "node6", "node7"), "", "site.toml")
+    assert (comp.het_offset, node) == (1, "node7")                # the text stage's node
+    assert pick_node(j, ("node6",), "", "site.toml")[1] == "node6"
+    tasks = parse_listpids(LISTPIDS)
+    assert pick_task(tasks, comp, handle(), None) == (2, tasks[0])   # component 1's first task is rank 2
+    assert pick_task(tasks, comp, handle(), 3) == (3, tasks[1])
+    with pytest.raises(Exception, match="holds ranks 2, 3"):
+        pick_task(tasks, comp, handle(), 0)
+
+
+@pytest.mark.parametrize(("allowed", "wanted", "message"), [
+    ((), "", "drills.allowed_nodes is empty"),
+    (("node1",), "", "it runs on node6, node7, none in drills.allowed_nodes"),
+    (("node6",), "node7", "couldn't touch node7: not in drills.allowed_nodes"),
+])
+def test_refusals(allowed: tuple[str, ...], wanted: str, message: str) -> None:
+    with pytest.raises(DrillRefused, match=message) as e:
+        check_allowed([wanted] if wanted else [], allowed, "site.toml")
+        pick_node(job(("node6",), ("node7",)), allowed, wanted, "site.toml")
+    assert e.value.exit_code == 2
+
+
+def test_latest_step_reads_the_tail(tmp_path: Path) -> None:
+    run, _ = run_with_fault(tmp_path)
+    assert latest_incarnation_step(run) == (1, 12)
+    assert latest_incarnation_step(tmp_path / "none") is None
