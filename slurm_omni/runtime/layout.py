@@ -35,6 +35,8 @@ OMNI_JOB_ID             job id for metric labels; default SLURM_JOB_ID or "local
 OMNI_TRACE_SAMPLES      "1": each rank appends the sample ids of every step to its metrics folder.
 OMNI_STEP_DELAY_S       seconds to sleep after each step (drills and tests pace a run with it).
 OMNI_DEVICE             "cpu" or "cuda"; default cuda when available.
+OMNI_FAULT_MISALIGN_AT_STEP  drill hook: at this global step the text stage reads its micro-batches
+                        shifted by one sample, which the sample-id check must stop (exit code 3).
 ======================  ===============================================================================
 
 Rank order is stage-major: ranks 0 .. dp-1 are the vision stage, dp .. 2dp-1 the text stage, which is
@@ -77,6 +79,8 @@ class Layout:
     trace_samples: bool = False
     step_delay_s: float = 0.0
     device: str = "cpu"
+    fault_misalign_at_step: int = 0
+    """Drill hook (0 = off): the text stage reads shifted samples at this global step."""
 
     def __post_init__(self) -> None:
         if self.stage == -1:
@@ -142,7 +146,7 @@ class Layout:
             job_id=env.get("OMNI_JOB_ID") or env.get("SLURM_JOB_ID") or "local",
             trace_samples=env.get("OMNI_TRACE_SAMPLES", "") == "1",
             step_delay_s=_float(env, "OMNI_STEP_DELAY_S", 0.0),
-            device=device,
+            device=device, fault_misalign_at_step=_int(env, "OMNI_FAULT_MISALIGN_AT_STEP", 0),
         )
 
 

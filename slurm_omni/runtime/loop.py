@@ -85,9 +85,16 @@ class Trainer:
         self.heartbeat.start()
         try:
             code = self._run()
-        except BaseException:
+        except BaseException as e:
             self.heartbeat.stop("failed")
             self.metrics.close()
+            # torch.distributed.pipelining wraps a stage's exception in RuntimeError; surface ours so
+            # that the exit code says what happened.
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, OmniError):
+                cause = cause.__cause__
+            if cause is not None and cause is not e:
+                raise cause from e
             raise
         self.heartbeat.stop("done" if code == exitcodes.EXIT_DONE else "stopping")
         self.metrics.close()
@@ -126,7 +133,7 @@ class Trainer:
                 t0 = time.monotonic()
                 refs = plan.next_global_batch(step, cfg.parallel.global_batch_size)[first:first + per_replica]
                 lr = lr_at(cfg.optim, step, cfg.max_steps)
-                batch = self._read(reader, refs, device)
+                batch = self._read(reader, refs, device, misalign=step + 1 == layout.fault_misalign_at_step)
                 t_pipe, cpu_pipe = time.monotonic(), time.thread_time()
                 loss = self._forward_backward(schedule, text_stage, batch)
                 pipeline_s, pipeline_cpu_s = time.monotonic() - t_pipe, time.thread_time() - cpu_pipe
@@ -166,8 +173,12 @@ class Trainer:
         dist.destroy_process_group()
         return code
 
-    def _read(self, reader: ShardReader, refs: list[SampleRef], device: torch.device) -> Batch:
+    def _read(self, reader: ShardReader, refs: list[SampleRef], device: torch.device, *,
+              misalign: bool = False) -> Batch:
         """What this rank's stages read of its replica's samples."""
+        if misalign and self.layout.stages == (1,):
+            log.warning("runtime: drill: text stage reads its samples shifted by one at this step")
+            refs = refs[1:] + refs[:1]
         ids = reader.sample_ids(refs)
         images = reader.images(refs).to(device) if 0 in self.layout.stages else None
         tokens, has_image = reader.tokens(refs) if 1 in self.layout.stages else (None, None)

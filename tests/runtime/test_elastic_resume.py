@@ -240,3 +240,17 @@ def test_colocated_rank_trains_like_the_split_pipeline(work: Path) -> None:
     assert sorted(b) == list(range(1, 7))
     assert all(b[s] == pytest.approx(a[s], rel=1e-5) for s in a)
     assert sample_ids(colocated, "vision+text") == sample_ids(split, "text")
+
+
+def test_misaligned_pair_stops_the_job(work: Path) -> None:
+    """Drill hook: at step 3 the text rank reads its samples shifted by one; the id check stops it."""
+    job = job_file(work, "short", max_steps=6, every=0)
+    run_dir = work / "misaligned"
+    handle = launch_local(job, data_parallel_size=1, run_dir=run_dir,
+                          extra_env={"OMNI_FAULT_MISALIGN_AT_STEP": "3", "OMNI_COLLECTIVE_TIMEOUT": "30"})
+    codes = handle.wait(120)
+    assert codes[1] == exitcodes.EXIT_MISALIGNED, handle.logs()
+    assert codes[0] != exitcodes.EXIT_DONE
+    assert "couldn't pair image tokens with text" in (handle.log_dir / "rank-1.log").read_text()
+    assert read_jsonl(run_dir / "heartbeat" / "rank-1.json")[0]["phase"] == "failed"
+    assert max(losses(run_dir)) == 2
