@@ -9,6 +9,7 @@
    be no bubble; two equal stages with M micro-batches ideally give (M + 1) / M.
 
 Usage (CPU, a few minutes on 2 cores):  .venv/bin/python bench/elastic_bench.py
+      (fair shrink on 2 cores: 2 -> 1 ranks that hold both stages)  ... --only shrink --colocated
       (GPU, one GPU per rank):           .venv/bin/python bench/elastic_bench.py --device cuda --preset base
 On a shared machine, run nothing else meanwhile: ranks compete for cores, so "before" (2k ranks) and
 "after" (2k-2 ranks) do not see the same per-rank CPU; the printed figures say what they measured.
@@ -76,10 +77,10 @@ def step_stats(run_dir: Path, stage_file: str, first_step: int, skip: int) -> tu
 
 
 def run_ranks(job: Path, run_dir: Path, dp: int, args: argparse.Namespace, *, incarnation: int = 0,
-              stop_after_step: int | None = None) -> list[int]:
+              stop_after_step: int | None = None, colocated: bool = False) -> list[int]:
     env = {"OMNI_DEVICE": args.device}
     handle = launch_local(job, data_parallel_size=dp, run_dir=run_dir, incarnation=incarnation, extra_env=env,
-                          threads_per_rank=args.threads)
+                          threads_per_rank=args.threads, colocated=colocated)
     if stop_after_step is not None:
         hb = run_dir / "heartbeat" / "rank-0.json"
         while True:
@@ -101,17 +102,19 @@ def shrink(args: argparse.Namespace, out: Path) -> dict[str, float]:
     k = args.k
     global_batch = args.micro_batch * k * (k - 1) * args.micro_batches
     job = write_job(out, "shrink", args, max_steps=10 ** 6, schedule="1f1b", global_batch=global_batch)
-    run_dir = out / "shrink"
+    run_dir = out / ("shrink-colocated" if args.colocated else "shrink")
+    name = "vision+text-0" if args.colocated else "text-0"
     shutil.rmtree(run_dir, ignore_errors=True)
-    run_ranks(job, run_dir, k, args, stop_after_step=args.steps)
-    before_step, _ = step_stats(run_dir, "text-0", 0, args.skip)
-    stopped = max(int(r["step"]) for r in read_jsonl(run_dir / "metrics" / "metrics-text-0.jsonl"))  # type: ignore[call-overload]
-    run_ranks(job, run_dir, k - 1, args, incarnation=1, stop_after_step=stopped + args.steps)
-    recs = [r for r in read_jsonl(run_dir / "metrics" / "metrics-text-0.jsonl") if r["incarnation"] == 1]
+    run_ranks(job, run_dir, k, args, stop_after_step=args.steps, colocated=args.colocated)
+    before_step, _ = step_stats(run_dir, name, 0, args.skip)
+    stopped = max(int(r["step"]) for r in read_jsonl(run_dir / "metrics" / f"metrics-{name}.jsonl"))  # type: ignore[call-overload]
+    run_ranks(job, run_dir, k - 1, args, incarnation=1, stop_after_step=stopped + args.steps,
+              colocated=args.colocated)
+    recs = [r for r in read_jsonl(run_dir / "metrics" / f"metrics-{name}.jsonl") if r["incarnation"] == 1]
     after_step = statistics.median(float(r["step_time_seconds"]) for r in recs[args.skip:])  # type: ignore[arg-type]
     before, after = global_batch / before_step, global_batch / after_step
     ratio = after / ((k - 1) / k * before)
-    return {"k": k, "global_batch": global_batch, "samples_per_s_before": before, "samples_per_s_after": after,
+    return {"k": k, "colocated": args.colocated, "global_batch": global_batch, "samples_per_s_before": before, "samples_per_s_after": after,
             "shrink_ratio": ratio}
 
 
@@ -196,6 +199,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", type=Path, default=Path("bench/out/elastic"))
     ap.add_argument("--only", choices=["shrink", "bubble"], default=None)
+    ap.add_argument("--colocated", action="store_true",
+                    help="shrink with ranks that hold both stages (k ranks -> k-1): on a machine with k free "
+                         "cores, before and after get one core per rank, so the ratio is fair there")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +217,8 @@ def main() -> None:
               f"1F1B {b['1f1b_pipeline_s']:.3f}s -> {b['1f1b_bubble']:.2f}x (ideal {b['ideal_bubble']:.2f}x)")
     if args.only in (None, "shrink"):
         results["shrink"] = s = shrink(args, out)
-        print(f"shrink {s['k']}->{s['k'] - 1} replicas (global batch {s['global_batch']}): "
+        layout = "colocated ranks" if args.colocated else "replicas of 2 ranks"
+        print(f"shrink {s['k']}->{s['k'] - 1} {layout} (global batch {s['global_batch']}): "
               f"{s['samples_per_s_before']:.1f} -> {s['samples_per_s_after']:.1f} samples/s; "
               f"after / ((k-1)/k x before) = {s['shrink_ratio']:.2f} (bar 0.9)")
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -61,6 +61,9 @@ class StageCheckpointer:
                              critical=self.names[:1], incarnation=f"{layout.job_id}.{layout.incarnation}"),
             shard_layout(layout))
         self.last_step: int | None = None
+        """Newest step saved or being saved."""
+        self.last_persisted_step: int | None = None
+        """Newest step whose shard of this rank is durable (restored counts too)."""
         self.last_blocking_s: float | None = None
         self.last_persist_s: float | None = None
         self._pending: SaveResult | None = None
@@ -95,7 +98,9 @@ class StageCheckpointer:
     def poll(self) -> None:
         """Pick up the persist time of a finished background save."""
         if self._pending is not None and self._pending.persisted.done():
-            self.last_persist_s = self._pending.persisted.result().persist_s
+            stats = self._pending.persisted.result()
+            self.last_persist_s = stats.persist_s
+            self.last_persisted_step = stats.step
             self._pending = None
 
     def restore_latest(self, plan: DataPlan) -> Restored | None:
@@ -117,7 +122,7 @@ class StageCheckpointer:
             changed = session.layout_changed
         finally:
             session.close()
-        self.last_step = session.step
+        self.last_step = self.last_persisted_step = session.step
         return Restored(global_step=session.step, state=state, layout_changed=changed,
                         load_s=time.monotonic() - t0)
 

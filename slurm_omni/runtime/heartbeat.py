@@ -7,7 +7,8 @@
      "last_checkpoint_step": 10, "beats": 9}
 
 ``time`` is wall-clock (epoch seconds) of the write; ``step`` is the last completed global step;
-``step_time_s`` the mean of the last few steps; ``phase`` one of starting, training, checkpointing,
+``step_time_s`` the mean of the last few steps; ``last_checkpoint_step`` the newest step whose shard
+this rank has made durable (or restored from); ``phase`` one of starting, training, checkpointing,
 stopping, done, failed. The file is written to a temporary name and renamed, so a reader never sees a
 partial file. The thread keeps beating while the main thread is inside a long collective, which is
 what lets level-2 confirmation tell a slow step (beats, no progress) from a dead process (no beats).

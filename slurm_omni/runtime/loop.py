@@ -122,7 +122,7 @@ class Trainer:
             log.info("runtime: rank %d resumed at step %d (saved with %s) in %.2fs", layout.rank, start,
                      restored.state.get("layout"), restored.load_s)
         ckpt.prepare(plan, self.micro_batches)
-        self.heartbeat.update(step=start, phase="training", last_checkpoint_step=ckpt.last_step)
+        self.heartbeat.update(step=start, phase="training", last_checkpoint_step=ckpt.last_persisted_step)
         schedule = build_schedule(cfg.model, cfg.parallel, stages, self.micro_batches, device, groups.pipeline)
         text_stage = stages.get(1)
         per_replica = self.micro_batches * cfg.parallel.micro_batch_size
@@ -159,8 +159,9 @@ class Trainer:
                 if stop or last or (every and global_step % every == 0):
                     self.heartbeat.update(phase="checkpointing")
                     ckpt.save(global_step, plan, self.micro_batches, sync=stop or last)
-                    self.heartbeat.update(phase="training", last_checkpoint_step=global_step)
+                    self.heartbeat.update(phase="training")
                 ckpt.poll()
+                self.heartbeat.update(last_checkpoint_step=ckpt.last_persisted_step)
                 if global_step % cfg.log_every == 0 or last or stop:
                     self._log(global_step, loss, lr, grad_norm, step_s, (pipeline_s, pipeline_cpu_s), len(refs), ckpt)
                 if stop:

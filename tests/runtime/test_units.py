@@ -156,3 +156,18 @@ def test_exit_codes_are_distinct() -> None:
     assert exitcodes.outcome(75) is exitcodes.Outcome.CHECKPOINTED
     assert exitcodes.outcome(-9) is exitcodes.Outcome.FAILED
     assert SampleMisalignedError.exit_code == exitcodes.EXIT_MISALIGNED
+
+
+def test_data_synth_command_writes_readable_shards(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from slurm_omni.cli.data import data
+    from slurm_omni.runtime.data import scan_shards
+
+    result = CliRunner().invoke(data, ["synth", "--out", str(tmp_path), "--pairs", "10", "--text", "5",
+                                       "--shard-size", "4"])
+    assert result.exit_code == 0, result.output
+    shards = scan_shards(tmp_path)
+    assert [(s.source, s.kind, s.rows) for s in shards] == [("pairs", "pairs", 4), ("pairs", "pairs", 4),
+                                                            ("pairs", "pairs", 2), ("text", "text", 4),
+                                                            ("text", "text", 1)]
