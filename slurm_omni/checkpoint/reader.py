@@ -1,0 +1,365 @@
+"""Reading one checkpoint onto this rank: the units in order, several I/O threads, every tensor checked.
+
+Each unit's pieces are cut into a few runs of ascending offsets; an I/O thread reads a run's adjoining
+pieces with one ``preadv`` straight into their destinations (the kernel gets large requests, as a raw
+read of the file would), then checks each piece's xxh3 against the manifest. A unit is ready once all
+its pieces are; ``Restore.unit`` waits for that unit alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import rng
+from slurm_omni.checkpoint.dtypes import from_name
+from slurm_omni.checkpoint.format import CheckpointCorrupt
+from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
+from slurm_omni.checkpoint.tree import flatten, unflatten
+from slurm_omni.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+_MAX_GAP = 64 << 10      # HDF5 metadata between two datasets is a few KiB; read through it
+_MAX_RUN = 256 << 20     # bytes per preadv
+_MAX_IOV = 512           # iovecs per preadv (Linux allows 1024)
+
+
+@dataclass(slots=True)
+class _Job:
+    where: str
+    path: str
+    piece: fmt.Piece
+    out: torch.Tensor
+    buf: memoryview
+    dest: torch.Tensor | None   # the device tensor a staged piece is copied to
+    count: int = 1
+    nbytes: int = 0
+
+    def adjoins(self, nxt: _Job) -> bool:
+        """Can ``nxt`` be read in the same ``preadv`` as this job's run?"""
+        gap = nxt.piece.offset - (self.piece.offset + self.piece.nbytes)
+        return (self.dest is None and nxt.dest is None and nxt.piece.shard == self.piece.shard
+                and 0 <= gap <= _MAX_GAP and self.count < _MAX_IOV // 2 and self.nbytes < _MAX_RUN
+                and self.piece.nbytes > 0 and nxt.piece.nbytes > 0)
+
+
+class Restore:
+    """One checkpoint being loaded onto this rank."""
+
+    def __init__(self, path: Path, manifest: fmt.Manifest, layout: ShardLayout, *,
+                 units: list[fmt.Unit], into: Mapping[str, Mapping[str, Any]], device: torch.device,
+                 threads: int) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.step = manifest.step
+        self.layout = layout
+        olds = sorted((s for s in manifest.shards.values() if s.stage == layout.stage),
+                      key=lambda s: s.data_parallel_rank)
+        self.states: list[Any] = [s.state for s in olds]
+        """The runtime state of each data-parallel rank of this stage at save time, by rank."""
+        self.layout_changed = len(olds) != layout.data_parallel_size
+        """This stage's data-parallel size differs from the checkpoint's: split tensors were re-cut."""
+        self._own = olds[layout.data_parallel_rank] if olds and not self.layout_changed else None
+        self._units = {u.name: u for u in units}
+        self._ready = {u.name: threading.Event() for u in units}
+        self._values: dict[str, Any] = {}
+        self._error: CheckpointError | None = None
+        self._lock = threading.Lock()
+        self._fds: dict[tuple[str, int], int] = {}
+        self._local = threading.local()
+        self._closed = False
+        self._handed_out = False   # set by open_restore once it hands the session out
+        self._threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="omni-ckpt-restore")
+        self.started = time.monotonic()
+        self.loaded_s: dict[str, float] = {}
+        for u in units:
+            targets = into.get(u.name, into.get(u.module) if u.part == MODEL else None)
+            self._schedule(u, targets or {}, device)
+        self._prefetcher = threading.Thread(target=self._prefetch, args=(units,), daemon=True,
+                                            name="omni-ckpt-prefetch")
+        self._prefetcher.start()
+
+    # -- what the runtime uses ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> Any:
+        """This rank's own runtime state when its stage kept its data-parallel size, else None
+        (then re-cut ``states`` yourself: only the runtime knows how its data positions divide)."""
+        return self._own.state if self._own else None
+
+    def apply_rng(self) -> bool:
+        """Set the process-wide random streams to this rank's saved ones; False when the layout changed."""
+        if self._own is None:
+            return False
+        rng.restore(self._own.rng)
+        return True
+
+    def module(self, name: str) -> dict[str, torch.Tensor]:
+        """The module's weights (its state_dict); waits for this module only."""
+        value: dict[str, torch.Tensor] = self.unit(f"{name}/{MODEL}")
+        return value
+
+    def optimizer(self, name: str, default: Any = None) -> Any:
+        """The module's optimizer state, or ``default`` when none was saved."""
+        if f"{name}/{OPTIM}" not in self._units:
+            return default
+        return self.unit(f"{name}/{OPTIM}")
+
+    def unit(self, name: str) -> Any:
+        if name not in self._units:
+            raise CheckpointError(f"checkpoint: step-{self.step} holds no {name} for stage "
+                                  f"{self.layout.stage!r} (have: {', '.join(self._units) or 'nothing'})")
+        self._ready[name].wait()
+        if name in self._values:
+            return self._values[name]
+        raise self._error or CheckpointError(f"checkpoint: {name} of step-{self.step} was not loaded")
+
+    def hand_out(self) -> CheckpointError | None:
+        """Training starts on this session now: corruption found from here on marks the checkpoint
+        CORRUPT (the next restore skips it). Returns an error already found, if any."""
+        with self._lock:
+            self._handed_out = True
+            return self._error
+
+    def ready(self, name: str) -> bool:
+        return self._ready[name].is_set() and self._error is None
+
+    def wait(self, names: Iterable[str] | None = None) -> None:
+        for name in self._units if names is None else names:
+            self.unit(name)
+
+    def close(self) -> None:
+        """Stop loading (pending reads are dropped) and release the files."""
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._prefetcher.join()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        for event in self._ready.values():
+            event.set()   # whoever still waits gets an error, not a hang
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def units(self) -> list[str]:
+        return list(self._units)
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    def _fd(self, shard: str) -> int:
+        """One descriptor per shard and thread: the kernel keeps read-ahead state per open file, and
+        each thread reads its own ascending run of offsets."""
+        key = (shard, threading.get_ident())
+        with self._lock:
+            if key not in self._fds:
+                fd = os.open(self.path / str(self.manifest.shards[shard].file), os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                self._fds[key] = fd
+            return self._fds[key]
+
+    def _schedule(self, unit: fmt.Unit, targets: Mapping[str, Any], device: torch.device) -> None:
+        _, leaves = flatten(targets, where=unit.name)
+        target_of = {leaf.path: leaf.tensor for leaf in leaves}
+        jobs: list[tuple[str, fmt.TensorEntry, list[fmt.Piece]]] = []
+        for path, entry in unit.tensors.items():
+            jobs.append((path, entry, self._pieces_for(entry)))
+        pending = [sum(len(p) for _, _, p in jobs)]
+        loaded: dict[str, dict[int, torch.Tensor]] = {path: {} for path, _, _ in jobs}
+
+        def finish() -> None:
+            tensors = {path: self._assemble(unit, path, entry, loaded[path], target_of.get(path), device)
+                       for path, entry, _ in jobs}
+            self._values[unit.name] = unflatten(unit.skeleton, tensors.__getitem__)
+            self.loaded_s[unit.name] = time.monotonic() - self.started
+            self._ready[unit.name].set()
+
+        def done(path: str, piece: fmt.Piece, value: torch.Tensor) -> None:
+            loaded[path][piece.index] = value
+            with self._lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                finish()
+
+        def read_batch(batch: list[tuple[str, fmt.TensorEntry, fmt.Piece]]) -> None:
+            run: list[_Job] = []
+            try:
+                for path, entry, piece in batch:
+                    if self._error is not None or self._closed:
+                        return
+                    direct = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
+                    job = self._job(unit, path, entry, piece, direct, device)
+                    if run and run[-1].adjoins(job):
+                        job.count, job.nbytes = run[-1].count + 1, run[-1].nbytes + piece.nbytes
+                    else:
+                        self._read_run(run, done)
+                        run = []
+                    run.append(job)
+                self._read_run(run, done)
+            except CheckpointError as e:
+                self._fail(e)
+            except Exception as e:  # noqa: BLE001 - a worker's error must reach the waiter
+                self._fail(CheckpointError(f"checkpoint: couldn't load {unit.name} from step-{self.step}: {e!r}"))
+
+        if pending[0] == 0:
+            finish()
+        # A few batches per unit, each a run of ascending offsets of about equal bytes: every I/O thread
+        # busy, each reading sequentially (read-ahead works cold), and no task per small tensor.
+        todo = sorted(((path, entry, piece) for path, entry, pieces in jobs for piece in pieces),
+                      key=lambda j: (j[2].shard, j[2].offset))
+        share = sum(j[2].nbytes + 4096 for j in todo) / self._threads
+        batch: list[tuple[str, fmt.TensorEntry, fmt.Piece]] = []
+        filled = 0
+        for job in todo:
+            batch.append(job)
+            filled += job[2].nbytes + 4096
+            if filled >= share:
+                self._pool.submit(read_batch, batch)
+                batch, filled = [], 0
+        if batch:
+            self._pool.submit(read_batch, batch)
+
+    def _prefetch(self, units: list[fmt.Unit]) -> None:
+        """Ask the kernel for each unit's byte ranges, one unit after the other in loading order: from a
+        cold cache, reads of a few MB each wait on the disk one by one, while one stream of WILLNEED
+        ranges keeps the disk busy ahead of the readers."""
+        for unit in units:
+            spans: dict[str, tuple[int, int]] = {}
+            for entry in unit.tensors.values():
+                for p in self._pieces_for(entry):
+                    if p.nbytes:
+                        lo, hi = spans.get(p.shard, (p.offset, p.offset + p.nbytes))
+                        spans[p.shard] = (min(lo, p.offset), max(hi, p.offset + p.nbytes))
+            for shard, (lo, hi) in spans.items():
+                if self._closed or self._error is not None:
+                    return
+                try:
+                    os.posix_fadvise(self._fd(shard), lo, hi - lo, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass  # advice only; the reads still happen
+
+    def _pieces_for(self, entry: fmt.TensorEntry) -> list[fmt.Piece]:
+        if entry.split_dim is None or self.layout_changed:
+            return list(entry.pieces)
+        return [entry.pieces[self.layout.data_parallel_rank]]
+
+    def _job(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, piece: fmt.Piece,
+             target: torch.Tensor | None, device: torch.device) -> _Job:
+        """Where one piece's bytes go: the target itself when it is plain host memory, else this
+        thread's page-locked staging buffer (then onto the device), else a new host tensor."""
+        dtype = from_name(entry.dtype)
+        fits = target is not None and target.dtype == dtype and tuple(target.shape) == piece.shape
+        staged = (target.device.type != "cpu" if target is not None else device.type != "cpu") \
+            and piece.nbytes > 0
+        if fits and target is not None and target.device.type == "cpu" and target.is_contiguous():
+            out = target
+        elif staged:
+            out = self._staging(piece.nbytes)[:piece.nbytes].view(dtype).view(piece.shape)
+        else:
+            out = torch.empty(piece.shape, dtype=dtype)
+        buf = out.reshape(-1).view(torch.uint8).numpy().data.cast("B") if piece.nbytes else memoryview(b"")
+        if len(buf) != piece.nbytes:
+            raise CheckpointCorrupt(f"checkpoint: step-{self.step}: {unit.name}/{path}: {piece.nbytes} bytes "
+                                    f"recorded for shape {list(piece.shape)} {entry.dtype}")
+        dest = None
+        if staged:
+            dest = target if fits and target is not None else torch.empty(piece.shape, dtype=dtype, device=device)
+        return _Job(f"{unit.name}/{path}", path, piece, out, buf, dest, nbytes=piece.nbytes)
+
+    def _read_run(self, run: list[_Job], done: Callable[[str, fmt.Piece, torch.Tensor], None]) -> None:
+        """Read adjoining pieces with one ``preadv`` (large requests: what the disk and read-ahead like
+        best), then check each piece's checksum and hand it on."""
+        if not run:
+            return
+        first = run[0].piece
+        fd, start = self._fd(first.shard), first.offset
+        iov: list[memoryview] = []
+        at = start
+        for job in run:
+            if job.piece.offset > at:
+                iov.append(self._gap(job.piece.offset - at))
+            iov.append(job.buf)
+            at = job.piece.offset + job.piece.nbytes
+        total = at - start
+        if len(run) == 1 or os.preadv(fd, iov, start) != total:
+            for job in run:   # one at a time: a short read names the tensor the file ends in
+                self._read_one(fd, job)
+        for job in run:
+            if fmt.checksum(job.buf) != job.piece.xxh3:
+                raise CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {job.where} "
+                                        f"({job.piece.shard}.h5)")
+            if job.dest is not None:
+                job.dest.copy_(job.out)   # synchronous: the staging buffer is reused by the next read
+            done(job.path, job.piece, job.dest if job.dest is not None else job.out)
+
+    def _read_one(self, fd: int, job: _Job) -> None:
+        got = 0
+        while got < job.piece.nbytes:
+            n = os.preadv(fd, [job.buf[got:]], job.piece.offset + got)
+            if n <= 0:
+                raise CheckpointCorrupt(f"checkpoint: step-{self.step}: {job.piece.shard}.h5 is truncated "
+                                        f"inside {job.where}")
+            got += n
+
+    def _gap(self, nbytes: int) -> memoryview:
+        gap: bytearray | None = getattr(self._local, "gap", None)
+        if gap is None or len(gap) < nbytes:
+            gap = bytearray(max(nbytes, _MAX_GAP))
+            self._local.gap = gap
+        return memoryview(gap)[:nbytes]
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        buf: torch.Tensor | None = getattr(self._local, "staging", None)
+        if buf is None or buf.numel() < nbytes:
+            size = max(nbytes, 64 << 20)
+            buf = torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            self._local.staging = buf
+        return buf
+
+    def _assemble(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, pieces: dict[int, torch.Tensor],
+                  target: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        if entry.split_dim is not None and self.layout_changed:
+            full = torch.cat([pieces[i] for i in sorted(pieces)], dim=entry.split_dim)
+            mine = torch.tensor_split(full, self.layout.data_parallel_size, dim=entry.split_dim)
+            value = mine[self.layout.data_parallel_rank].contiguous()
+        else:
+            (value,) = pieces.values()
+        if target is not None:
+            if target is value:
+                return target
+            if tuple(target.shape) != tuple(value.shape) or target.dtype != value.dtype:
+                raise CheckpointError(
+                    f"checkpoint: couldn't restore {unit.name}/{path}: the checkpoint holds "
+                    f"{list(value.shape)} {value.dtype}, the model {list(target.shape)} {target.dtype}")
+            target.copy_(value)
+            return target
+        return value if device.type == "cpu" else value.to(device)
+
+    def _fail(self, error: CheckpointError) -> None:
+        with self._lock:
+            first, self._error = self._error is None, self._error or error
+            handed_out = self._handed_out
+        if first and isinstance(error, CheckpointCorrupt) and handed_out:
+            # Training already runs on this checkpoint's critical units; the next restore must skip it.
+            fmt.mark_corrupt(self.path, str(error))
+            log.error("%s; marked it CORRUPT (restart to restore the previous checkpoint)", error)
+        for event in self._ready.values():
+            event.set()
