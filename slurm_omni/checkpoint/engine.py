@@ -119,11 +119,15 @@ class CheckpointEngine:
                     "faster storage)", step, waited)
             self._warned_wait = True
         snap = take(self._arena, step, state, self.layout, self.config.load_order)
-        self._last_step = step
         timeout = commit_timeout_s or self.config.commit_timeout_s
+        self._last_step = step   # taken back if the persist fails, so the step can be saved again
         if sync:
             future: Future[PersistStats] = Future()
-            future.set_result(self._persist(snap, timeout))
+            try:
+                future.set_result(self._persist(snap, timeout))
+            except BaseException:
+                self._last_step = None
+                raise
             blocking = waited + snap.blocking_s + future.result().persist_s
         else:
             future = self._writer.submit(self._persist, snap, timeout)
@@ -160,7 +164,11 @@ class CheckpointEngine:
         if future is None:
             return 0.0
         started = time.monotonic()
-        future.result()
+        try:
+            future.result()
+        except BaseException:
+            self._last_step = None
+            raise
         return time.monotonic() - started
 
     def wait_complete(self, step: int, timeout_s: float) -> bool:
