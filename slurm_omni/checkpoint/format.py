@@ -55,6 +55,11 @@ def checksum(data: Any) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
+def is_step_dir(name: str) -> bool:
+    """Does ``name`` look like a step directory (complete or not)?"""
+    return _STEP_RE.match(name) is not None
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step}"
 

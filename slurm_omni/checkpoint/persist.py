@@ -78,11 +78,6 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
             "shape": list(item.shape), "split_dim": item.split_dim, "offset": offset,
             "nbytes": item.nbytes, fmt.CHECKSUM: xxh,
         })
-    # Replicated tensors that another replica writes are still listed, so the committer can check that
-    # every tensor of every unit found its writer.
-    for item in snap.items:
-        if not item.owned:
-            units[item.unit].setdefault("elsewhere", []).append(item.path)
     record = {
         "step": snap.step, "incarnation": incarnation, "shard": name, "rank": layout.rank,
         "world_size": layout.world_size, "stage": layout.stage,

@@ -43,7 +43,7 @@ class VerifyReport:
 
 def resolve(path: Path) -> Path:
     """A step directory as given, or the newest complete one when ``path`` is a checkpoint root."""
-    if (path / fmt.MANIFEST).exists() or (path / fmt.MARKER).exists() or fmt._STEP_RE.match(path.name):
+    if (path / fmt.MANIFEST).exists() or (path / fmt.MARKER).exists() or fmt.is_step_dir(path.name):
         return path
     done = fmt.complete(path)
     if not done:
