@@ -1,15 +1,21 @@
-"""``omni demo``: the main job on the embedded cluster.
+"""``omni demo``: the whole story on the embedded cluster, one line per phase with the elapsed time.
 
-Today: a two-component heterogeneous job, vision stage on one leaf switch and text stage on another,
-printing where each component ran.
+cluster up -> where a het job's components land (two leaf switches) -> synthetic data -> manager ->
+``omni submit`` of a multimodal heterogeneous job -> a node drilled DOWN mid-run -> automatic
+recovery -> the job finishes -> a reference run that never failed -> loss curve and data compared
+-> ``omni report``. Cleans up whatever happens (manager stopped, jobs cancelled, nodes resumed) and
+exits non-zero with one line naming the phase that failed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -19,6 +25,11 @@ from slurm_omni.errors import OmniError
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.types import JobState
+
+if TYPE_CHECKING:
+    from slurm_omni.drill.story import DemoFiles
+
+T = TypeVar("T")
 
 HET_SAMPLE = """#!/bin/bash
 #SBATCH --job-name=omni-demo-het
@@ -33,15 +44,29 @@ gpus=$CUDA_VISIBLE_DEVICES"' | sort
 """
 
 
-@click.command()
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=lambda: os.environ.get("OMNI_CLUSTER_DIR", str(DEFAULT_STATE_DIR)))
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
-def demo(state_dir: Path, timeout_s: float) -> None:
-    """Run a heterogeneous job across two leaf switches and show where each component ran."""
-    lc = LocalCluster(state_dir)
-    lc.up()
-    backend = CliBackend(env=lc.env)
+class Story:
+    """Numbered phases; each prints one line when it ends, with the time since the start."""
+
+    def __init__(self, total: int) -> None:
+        self.start = time.monotonic()
+        self.total = total
+        self.n = 0
+
+    def say(self, line: str) -> None:
+        click.echo(f"[{time.monotonic() - self.start:6.1f}s]     {line}")
+
+    def phase(self, name: str, fn: Callable[[], T], done: Callable[[T], str]) -> T:
+        self.n += 1
+        try:
+            value = fn()
+        except OmniError as e:
+            raise OmniError(f"demo: phase {self.n} ({name}) failed: {str(e).removeprefix('demo: ')}") from e
+        click.echo(f"[{time.monotonic() - self.start:6.1f}s] {self.n}/{self.total} {name}: {done(value)}")
+        return value
+
+
+def het_sample(lc: LocalCluster, backend: CliBackend, work: Path, timeout_s: float = 120.0) -> list[str]:
+    """A heterogeneous job across two leaf switches; what each task printed (node, switch, GPUs)."""
     topo = backend.topology(refresh=True)
     healthy = {n.name for n in backend.nodes() if n.state.usable}
     leaves = [sorted(set(s.nodes) & healthy) for s in topo.switches.values() if s.nodes]
@@ -49,34 +74,104 @@ def demo(state_dir: Path, timeout_s: float) -> None:
     if len(leaves) < 2 or len(leaves[1]) < 2:
         raise OmniError("demo: couldn't find two leaf switches with healthy nodes (omni cluster status)")
     vision, text = leaves[0][:1], leaves[1][:2]
-    work = lc.paths.root.parent / "demo"
     work.mkdir(parents=True, exist_ok=True)
     output = work / "het-sample.out"
     output.unlink(missing_ok=True)
     script = work / "het-sample.sbatch"
     script.write_text(HET_SAMPLE.format(output=shlex.quote(str(output)), vision=compress(vision),
                                         text=compress(text)))
-    click.echo(f"submitting a heterogeneous job: vision on {compress(vision)} "
-               f"({topo.switch_path(vision[0])[-1]}), text on {compress(text)} ({topo.switch_path(text[0])[-1]})")
     job_id = backend.submit(str(script))
     deadline = time.monotonic() + timeout_s
-    seen: JobState | None = None
+    state = JobState.PENDING
     while time.monotonic() < deadline:
         job = next((j for j in backend.jobs() if j.job_id == job_id), None)
         state = job.state if job else JobState.COMPLETED
-        if state != seen:
-            where = ", ".join(f"component {c.het_offset}: {compress(c.nodes) or '-'}"
-                              for c in (job.components if job else ()))
-            click.echo(f"  job {job_id}: {state.value} {where}")
-            seen = state
         if state.finished:
             break
         time.sleep(0.5)
     else:
         backend.cancel(str(job_id))
         raise OmniError(f"demo: couldn't finish job {job_id} within {timeout_s:.0f}s (squeue; {output})")
-    if seen is not JobState.COMPLETED or not output.exists():
-        raise OmniError(f"demo: job {job_id} ended {seen.value if seen else '?'} (see {output})")
-    click.echo("where each task ran:")
-    for line in output.read_text().splitlines():
-        click.echo(f"  {line}")
+    if state is not JobState.COMPLETED or not output.exists():
+        raise OmniError(f"demo: job {job_id} ended {state.value} (see {output})")
+    return output.read_text().splitlines()
+
+
+@click.command()
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=lambda: os.environ.get("OMNI_CLUSTER_DIR", str(DEFAULT_STATE_DIR)))
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
+              help="Per waiting phase (job start, recovery, finish).")
+@click.option("--sample-only", is_flag=True, help="Only the heterogeneous placement sample (the old demo).")
+def demo(state_dir: Path, timeout_s: float, sample_only: bool) -> None:
+    """Cluster up, a multimodal het job, a node failure drilled mid-run, automatic recovery, report."""
+    from slurm_omni.drill import story
+
+    s = Story(2 if sample_only else 11)
+    lc = LocalCluster(state_dir)
+    s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "
+            f"{'started' if started else 'already up'} in {lc.paths.root}")
+    backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
+    work = lc.paths.root.parent / "demo"
+    lines = s.phase("placement", lambda: het_sample(lc, backend, work / "sample"),
+                    lambda out: f"a het job ran {len(out)} tasks across two leaf switches")
+    for line in lines:
+        s.say(line)
+    if sample_only:
+        return
+    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s)
+
+
+def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFiles, timeout_s: float) -> None:
+    from slurm_omni.config.site import load_site
+    from slurm_omni.drill import story
+    from slurm_omni.drill.inject import Injector
+    from slurm_omni.drill.measure import goodput_document, render_table
+    from slurm_omni.drill.reference import finish_reference, start_reference
+    from slurm_omni.drill.run import DrillRunner, DrillSpec
+    from slurm_omni.drill.verify import wait_done
+
+    s.phase("files", lambda: story.write_files(files, lc), lambda _: f"job file and site config in {files.work}")
+    s.phase("data", lambda: story.synthesize(files), lambda n: f"{n} synthetic samples (image-text pairs, text)")
+    site = load_site(files.site)
+    injector = Injector(allowed=site.drills.nodes, site=str(files.site), backend=backend, cluster=lc)
+    env = story.job_environment(lc)
+    manager = None
+    try:
+        manager = s.phase("manager", lambda: story.start_manager(files, env),
+                          lambda m: f"omni manager run (pid {m.proc.pid}), journal in {files.manager_dir}")
+        job_id = s.phase("submit", lambda: story.submit(files, env),
+                         lambda j: f"omni submit: het job {j} (vision | text stages, 2 replicas each)")
+        h = story.handle(files, job_id)
+        runner = DrillRunner(injector, backend, h, timeline=files.manager_dir / "timeline.json", on_event=s.say)
+        result = s.phase("drill", lambda: runner.run(DrillSpec(kind="node-down", after_steps=8, timeout_s=timeout_s)),
+                         lambda r: f"{r.node} DOWN at step {r.progress.last_step_before if r.progress else '?'}: "
+                                   f"confirmed in {_s(r.detection_s)}, training again {_s(r.recovery_s)} later "
+                                   f"({r.times.source}), {r.node} resumed")
+        if not result.ok:
+            raise OmniError(f"demo: phase {s.n} (drill) failed: {result.error or 'no recovery'} "
+                            f"(manager log: {manager.log_path})")
+        reference = start_reference(files.job, files.reference)
+        s.phase("finish", lambda: wait_done(runner, timeout_s),
+                lambda _: f"job {h.name} reached step {h.max_steps}; reference run alongside")
+        ref_metrics = s.phase("reference", lambda: finish_reference(reference, files.reference, timeout_s),
+                              lambda p: f"a run that never failed, in {p}")
+        eq = s.phase("compare", lambda: story.compare(files, h.metrics_dir, ref_metrics),
+                     lambda e: ("equivalent: " if e.ok else "NOT equivalent: ") + e.summary())
+        if not eq.ok:
+            raise OmniError(f"demo: phase {s.n} (compare) failed: {eq.summary()}")
+        result = result.with_equivalence(eq.to_json())
+        files.drills.mkdir(exist_ok=True)
+        (files.drills / "drills.json").write_text(json.dumps(
+            goodput_document([result], source="omni demo"), indent=1, sort_keys=True) + "\n")
+        text = s.phase("report", lambda: story.report(files, h, ref_metrics, env),
+                       lambda _: f"omni report: {files.report}/report.html, report.png")
+        for line in (render_table([result]) + "\n" + text).rstrip().splitlines():
+            s.say(line)
+    finally:
+        for line in story.cleanup(backend, injector, "omni-demo", manager):
+            s.say(f"cleanup: {line}")
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}s"

@@ -1,0 +1,189 @@
+"""The phases of ``omni demo``, each a function: files, data, submission, manager, drill, checks, report.
+
+The demo's folder (``.omni/demo`` beside the cluster's state) is rebuilt on every run: the job must
+not resume from a checkpoint of an earlier demo. Every command the story runs is the user's own
+(``omni submit``, ``omni manager run``, ``omni report``), started as a subprocess with an argv list.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_omni.cli.submit import parse_sbatch_id
+from slurm_omni.cluster.local import LocalCluster
+from slurm_omni.config.site import load_site
+from slurm_omni.drill.equivalence import Equivalence, check_equivalence
+from slurm_omni.drill.history import load_history
+from slurm_omni.drill.inject import REASON, DrillError, Injector
+from slurm_omni.drill.job import JobHandle, find_registration
+from slurm_omni.drill.reference import JOB_ENV
+from slurm_omni.slurm.cli_backend import CliBackend
+from slurm_omni.slurm.hostlist import compress
+
+log = logging.getLogger(__name__)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+STEP_DELAY_S = "0.25"
+"""Pacing of the demo job's steps, so a fault lands mid-run and the curve has room after it."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoFiles:
+    work: Path
+
+    @property
+    def site(self) -> Path: return self.work / "omni.toml"
+    @property
+    def job(self) -> Path: return self.work / "job.toml"
+    @property
+    def shards(self) -> Path: return self.work / "shards"
+    @property
+    def manager_dir(self) -> Path: return self.work / "manager"
+    @property
+    def reference(self) -> Path: return self.work / "reference"
+    @property
+    def drills(self) -> Path: return self.work / "drills"
+    @property
+    def report(self) -> Path: return self.work / "report"
+
+
+def omni_argv(*args: str) -> list[str]:
+    """``omni ARGS`` with this interpreter (no reliance on PATH for the demo's own commands)."""
+    return [sys.executable, "-m", "slurm_omni.cli.main", *args]
+
+
+def job_environment(cluster: LocalCluster) -> dict[str, str]:
+    """What ``omni submit`` passes on to the ranks: traced ids, one thread, pacing, ``omni`` on PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    return {**os.environ, **cluster.env, **JOB_ENV, "OMNI_STEP_DELAY_S": STEP_DELAY_S,
+            "PATH": path if path.split(os.pathsep)[0] == bin_dir else f"{bin_dir}{os.pathsep}{path}"}
+
+
+def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPLES) -> None:
+    """A fresh demo folder with the example job file and site config filled in."""
+    if files.work.exists():
+        shutil.rmtree(files.work)
+    files.work.mkdir(parents=True)
+    values = {"{work}": str(files.work), "{spool}": str(cluster.paths.spool),
+              "{nodes}": compress(cluster.spec.node_names)}
+    for src, dst in ((examples / "job.toml", files.job), (examples / "omni.toml", files.site)):
+        text = src.read_text()
+        for key, value in values.items():
+            text = text.replace(key, value)
+        dst.write_text(text)
+    load_site(files.site)   # a broken example fails here, with the file and key named
+
+
+def synthesize(files: DemoFiles) -> int:
+    """Image-text pairs and text-only samples for the job (``omni data synth``); returns the sample count."""
+    from slurm_omni.runtime.synth import SynthSpec, write_shards
+
+    spec = SynthSpec(out_dir=files.shards, pairs=96, text=32, shard_size=32)
+    write_shards(spec)
+    return spec.pairs + spec.text
+
+
+def submit(files: DemoFiles, env: dict[str, str]) -> int:
+    """``omni submit job.toml --site omni.toml``; the Slurm job id."""
+    proc = subprocess.run(omni_argv("submit", str(files.job), "--site", str(files.site)), env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode != 0:
+        raise DrillError(f"demo: couldn't submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    line = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+    # "submitted job 123 (name); registered in ..."
+    return parse_sbatch_id(line.split()[2] if line.startswith("submitted job ") else line)
+
+
+@dataclass
+class ManagerProcess:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no log"
+        return lines[-1] if lines else "no output"
+
+
+def start_manager(files: DemoFiles, env: dict[str, str]) -> ManagerProcess:
+    """``omni manager run`` in the background, its output in manager/manager.log."""
+    files.manager_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = files.manager_dir / "manager.log"
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(omni_argv("-v", "manager", "run", "--site-config", str(files.site), "--state-dir",
+                                          str(files.manager_dir), "--poll-interval", "1"),
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    manager = ManagerProcess(proc, log_path)
+    time.sleep(1.0)
+    if not manager.alive():
+        raise DrillError(f"demo: couldn't start the manager: {manager.tail()} (see {log_path})")
+    return manager
+
+
+def handle(files: DemoFiles, job_id: int) -> JobHandle:
+    site = load_site(files.site)
+    return JobHandle.from_registration(find_registration(site, str(job_id)), site)
+
+
+def compare(files: DemoFiles, metrics: Path, reference_metrics: Path) -> Equivalence:
+    return check_equivalence(load_history(metrics), load_history(reference_metrics))
+
+
+def report(files: DemoFiles, h: JobHandle, reference_metrics: Path, env: dict[str, str]) -> str:
+    """``omni report``; its summary text."""
+    argv = omni_argv("report", "-m", str(h.metrics_dir), "-r", str(reference_metrics), "--heartbeats",
+                     str(h.heartbeat_dir), "-o", str(files.report), "--job-id", str(h.job_id),
+                     "--title", "omni demo: node down mid-run, automatic recovery")
+    timeline = files.manager_dir / "timeline.json"
+    if timeline.exists():
+        argv += ["--timeline", str(timeline)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
+    if proc.returncode != 0:
+        raise DrillError(f"demo: couldn't write the report: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    return proc.stdout
+
+
+def cleanup(backend: CliBackend, injector: Injector, job_name: str, manager: ManagerProcess | None) -> list[str]:
+    """Manager stopped, the demo's jobs cancelled, nodes a drill left down resumed; what was done."""
+    done = []
+    if manager is not None and manager.alive():
+        manager.stop()
+        done.append("manager stopped")
+    try:
+        for job in backend.jobs():
+            if job.name == job_name and not job.state.finished:
+                backend.cancel(str(job.job_id))
+                done.append(f"job {job.job_id} cancelled")
+        for node in backend.nodes():
+            # ours, or the manager's drain of the drilled node ("<cause> in <job>")
+            if node.name in injector.allowed and (REASON in node.reason or job_name in node.reason):
+                injector.resume(node.name)
+                done.append(f"{node.name} resumed")
+    except Exception as e:  # noqa: BLE001 (cleanup reports, it never hides the first failure)
+        done.append(f"cleanup incomplete: {e}")
+    return done
