@@ -43,6 +43,9 @@ from slurm_omni.slurm.types import Job, JobState, Node
 log = logging.getLogger(__name__)
 
 QUIET = frozenset({"stopping", "done"})
+UNMATCHED_TTL_S = 120.0
+"""A spool event that concerns none of the watched jobs stays this long before it is journaled
+(under no job) and removed."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -178,6 +181,8 @@ class Manager:
                 matched = True
                 self._observe_event(w, item)
             if not matched:
+                if now - item.event.time < UNMATCHED_TTL_S:
+                    continue   # maybe a job registered a moment from now; others' tools may read it too
                 self.journal.record_observation("", None, _kind(item), item.event.time, item.event, key=item.key)
             consume(item.path)
 
@@ -223,6 +228,7 @@ class Manager:
     def _observe_poll(self, w: Watch, snap: ClusterSnapshot, nodes: dict[str, Node], now: float) -> None:
         if w.slurm_id is None:
             return
+        self._bury(w, snap)
         job = snap.job(w.slurm_id)
         if job is None:
             if w.seen_in_slurm:
@@ -240,11 +246,22 @@ class Manager:
         if not w.seen_in_slurm:   # a restarted manager learns the restart count from Slurm
             w.seen_in_slurm = True
             if not w.expect_restart:
-                w.restart_count = job.restart_count
+                w.restart_count = w.slurm_restart_count = job.restart_count
                 if w.array_task is not None and w.pending is None and w.awaiting is None:
                     w.incarnation = job.restart_count
-        if job.restart_count != w.restart_count:
+        for name in w.node_set:
+            node = nodes.get(name)
+            if node is None or w.node_states.get(name) == node.state:
+                continue
+            w.node_states[name] = node.state
+            obs = NodeObservation(snap.taken_at, name, node.state, node.reason)
+            self.journal.record_observation(w.key, w.incarnation, "node_state", snap.taken_at, obs)
+            w.confirmer.observe(obs)
+        if job.restart_count != w.slurm_restart_count:
+            w.slurm_restart_count = job.restart_count
             self._restarted(w, job, snap.taken_at)
+            if w.pending is not None:
+                return
         if job.slurm_state != w.slurm_state:
             w.slurm_state = job.slurm_state
             self.journal.record_observation(w.key, w.incarnation, "job_state", snap.taken_at,
@@ -258,33 +275,50 @@ class Manager:
             self.journal.set_incarnation(w.key, w.incarnation, slurm_job_id=str(w.slurm_id), started_at=snap.taken_at)
             if w.awaiting is not None:
                 self.mark_phase(w.key, w.awaiting, "running", snap.taken_at)
-        for name in w.node_set:
-            node = nodes.get(name)
-            if node is None or w.node_states.get(name) == node.state:
-                continue
-            w.node_states[name] = node.state
-            obs = NodeObservation(snap.taken_at, name, node.state, node.reason)
-            self.journal.record_observation(w.key, w.incarnation, "node_state", snap.taken_at, obs)
-            w.confirmer.observe(obs)
         if job.state.finished:
             self._ended(w, job, snap.taken_at)
+
+    def _bury(self, w: Watch, snap: ClusterSnapshot) -> None:
+        """An ended incarnation that came back (its batch script requeues itself when scancel's
+        SIGTERM makes the ranks checkpoint and exit 75) would train beside its successor into the
+        same checkpoints: cancel it again."""
+        for old_id in w.ended_ids:
+            job = snap.job(old_id)
+            if job is None or job.state.finished or job.user != self.user:
+                continue
+            self.journal.record_observation(w.key, w.incarnation, "ended_incarnation_back", snap.taken_at,
+                                            {"slurm_job_id": old_id, "state": job.slurm_state})
+            log.warning("manager: %s: ended Slurm job %d is %s again; cancelling it", w.key, old_id, job.slurm_state)
+            try:
+                self.actions.cancel(old_id)
+            except OmniError as e:
+                log.error("%s", e)
 
     def _restarted(self, w: Watch, job: Job, at: float) -> None:
         """Slurm requeued the job (same id, restart count + 1): after a checkpointed exit that is the
         job's own requeue; otherwise (JobRequeue after a node failure) the incarnation ended badly."""
         quiet = bool(w.phases) and set(w.phases.values()) <= QUIET
+        lost = w.lost_nodes()
         self.journal.record_observation(w.key, w.incarnation, "requeued", at,
-                                        {"restart_count": job.restart_count, "checkpointed": quiet})
+                                        {"restart_count": job.restart_count, "checkpointed": quiet,
+                                         "lost_nodes": list(lost)})
         if w.expect_restart:   # the array task we requeued
             w.expect_restart = False
             w.restart_count = w.incarnation = job.restart_count
             w.new_life()
+        elif lost and w.awaiting_grow is None:
+            # Slurm killed the job for a lost node and requeued it (JobRequeue): a node failure,
+            # whatever the ranks' last words (on Slurm's SIGTERM they checkpoint and exit 75). The
+            # recovery cancels the requeued job to place the next incarnation by topology instead.
+            recovery.start_without_confirmer(self, w, at, lost)
         elif quiet or w.awaiting_grow is not None:
             w.restart_count = job.restart_count
             w.new_life()
         else:
+            # Requeued by Slurm without a lost node in sight: the life being judged ended badly. Its
+            # ranks' beats stop (the next life's carry another restart count and are not read).
             w.fail_all(at, f"requeued by Slurm ({job.reason or job.slurm_state})")
-            w.restart_count = job.restart_count
+            w.requeued_at = at
 
     def _ended(self, w: Watch, job: Job | None, at: float) -> None:
         if w.ended:
@@ -300,8 +334,9 @@ class Manager:
             if w.awaiting_grow is not None:
                 return   # the planned stop before a grow: recovery.py takes it from here
             w.ended = True
-            if w.restart_count < w.reg.max_requeues:
-                recovery.start_checkpointed(self, w, at)
+            lost = w.lost_nodes()
+            if lost or w.restart_count < w.reg.max_requeues:
+                recovery.start_without_confirmer(self, w, at, lost)
             else:
                 w.state = "failed"
                 self.journal.set_incarnation(w.key, w.incarnation, ended_at=at,
@@ -324,6 +359,10 @@ class Manager:
             return
         if w.awaiting_grow is not None:
             recovery.finish_grow(self, w, now)
+            return
+        if w.requeued_at is not None and w.phases and set(w.phases.values()) <= QUIET:
+            # requeued by Slurm and every rank checkpointed on its way out: no rank will go stale
+            recovery.start_without_confirmer(self, w, w.requeued_at, w.lost_nodes())
             return
         decision = w.confirmer.evaluate(now)
         if decision.verdict is not w.verdict:

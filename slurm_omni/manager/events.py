@@ -13,7 +13,7 @@ below; strigger appends the hostlist to the program's arguments)::
 that exited abnormally (spank/fault.c, ``omni_fault_format``, version 1)::
 
     {"version": 1, "kind": "task_exit", "job_id": 43, "het_job_id": 42, "het_offset": 1,
-     "step_id": 0, "node": "n3", "stage": "text", "stage_rank": 2, "task_id": 5, "local_task_id": 1,
+     "step_id": 0, "node": "n3", "stage": "text", "stage_index": 1, "stage_rank": 2, "task_id": 5, "local_task_id": 1,
      "pid": 77, "exit_code": null, "signal": 9, "core_dumped": false, "time": "2026-11-30T00:00:00.120Z",
      "time_unix": 1764460800.120000000}
 
@@ -226,7 +226,7 @@ _FAULT: dict[str, _Check] = {
     "job_id": lambda v: _is_int(v) and v > 0, "het_job_id": lambda v: _is_int(v) and v >= -1,
     "het_offset": lambda v: _is_int(v) and v >= -1, "step_id": lambda v: _is_int(v) and v >= 0,
     "node": _is_name, "stage": lambda v: isinstance(v, str) and len(v) < 256 and v.isprintable(),
-    "stage_rank": lambda v: _is_int(v) and v >= -1,
+    "stage_index": lambda v: _is_int(v) and v >= -1, "stage_rank": lambda v: _is_int(v) and v >= -1,
     "task_id": lambda v: _is_int(v) and v >= 0, "local_task_id": lambda v: _is_int(v) and v >= 0,
     "pid": lambda v: _is_int(v) and v >= 0,
     "exit_code": _opt(lambda v: _is_int(v) and 0 <= v <= 255),
@@ -238,7 +238,7 @@ _FAULT: dict[str, _Check] = {
 
 def parse_fault_record(data: bytes, what: str = "fault record") -> FaultRecord:
     obj = _strict_json(data, what)
-    _validate(obj, _FAULT, what)
+    _validate(obj, _FAULT, what, optional=("stage_index",))   # spank/fault.c writes it since ec131cd
     if (obj["exit_code"] is None) == (obj["signal"] is None):
         raise EventRejected(f"events: couldn't accept {what}: expected exactly one of exit_code and signal")
     het_job_id, het_offset, stage_rank = (None if obj[k] < 0 else obj[k]

@@ -30,11 +30,15 @@ from slurm_omni.policy.placement import (
     plan_recovery,
 )
 from slurm_omni.slurm.backend import ClusterSnapshot
+from slurm_omni.slurm.types import NodeState
 
 if TYPE_CHECKING:
     from slurm_omni.manager.daemon import Manager
 
 log = logging.getLogger(__name__)
+
+NODE_CAUSES = {NodeState.DOWN: "down", NodeState.FAIL: "fail", NodeState.NOT_RESPONDING: "not_responding",
+               NodeState.DRAINED: "drain", NodeState.DRAINING: "drain"}
 
 
 def plan_from_json(obj: dict[str, Any]) -> Plan:
@@ -53,7 +57,8 @@ def start(m: Manager, w: Watch, d: Decision, now: float) -> None:
     fault, detected = d.fault_at, d.first_signal_at
     if fault is not None and detected is not None:
         fault = min(fault, detected)
-    w.pending = m.journal.open_recovery(w.key, w.incarnation, d.cause, d.nodes, fault_at=fault,
+    cause, nodes = _root_cause(m, w, d)
+    w.pending = m.journal.open_recovery(w.key, w.incarnation, cause, nodes, fault_at=fault,
                                         detected_at=detected, confirmed_at=d.confirmed_at or now)
     m.mark_phase(w.key, w.incarnation, "confirmed", d.confirmed_at or now)
     log.warning("manager: %s incarnation %d: failure confirmed (%s on %s): %s", w.key, w.incarnation, d.cause,
@@ -61,11 +66,38 @@ def start(m: Manager, w: Watch, d: Decision, now: float) -> None:
     proceed(m, w, now)
 
 
-def start_checkpointed(m: Manager, w: Watch, at: float) -> None:
-    """Every rank stopped with a checkpoint for requeue but Slurm did not requeue the job."""
-    decision = Decision(Verdict.CONFIRMED, at, cause="checkpointed", het_offsets=tuple(w.nodes),
-                        first_signal_at=at, confirmed_at=at, reasons=("ranks checkpointed for requeue; the job was not requeued",))
-    m.journal.record_decision(w.key, w.incarnation, at, "confirmed", "checkpointed", decision)
+def _root_cause(m: Manager, w: Watch, d: Decision) -> tuple[str, tuple[str, ...]]:
+    """Tasks that died (or hung) on nodes that Slurm now reports failed are a node failure: when
+    Slurm kills a lost node's job, the tasks' exit records often arrive before the poll that shows
+    the node DOWN, and the first agreeing signal names the confirmation's cause."""
+    if d.cause not in ("task_exit", "hang", "stuck") or not w.nodes:
+        return d.cause, d.nodes
+    snap = m.poller.poll(force=True) or m.poller.last
+    if snap is None:
+        return d.cause, d.nodes
+    states = {n.name: n.state for n in snap.nodes if n.name in w.node_set}
+    lost = sorted(n for n, state in states.items() if state in NODE_CAUSES)
+    if not lost:
+        return d.cause, d.nodes
+    return NODE_CAUSES[states[lost[0]]], tuple(lost)
+
+
+def start_without_confirmer(m: Manager, w: Watch, at: float, lost: tuple[str, ...]) -> None:
+    """Every rank stopped with a checkpoint (exit 75), so no heartbeat goes stale: either Slurm
+    ended the job for ``lost`` nodes (the ranks checkpointed on its SIGTERM), or it was not
+    requeued as the ranks asked. Both end the incarnation; Slurm's own word is the confirmation."""
+    if lost:
+        cause = NODE_CAUSES.get(w.node_states[lost[0]], "down")
+        why = f"Slurm ended the job: {', '.join(lost)} {cause}"
+    elif w.requeued_at is not None:
+        cause, why = "requeued", "Slurm requeued the job unasked; every rank checkpointed on its way out"
+    else:
+        cause, why = "checkpointed", "ranks checkpointed for requeue; the job was not requeued"
+    decision = Decision(Verdict.CONFIRMED, at, cause=cause, het_offsets=tuple(w.nodes), nodes=lost,
+                        first_signal_at=at, confirmed_at=at, reasons=(why,))
+    m.journal.record_decision(w.key, w.incarnation, at, "confirmed", cause, decision)
+    w.verdict = Verdict.CONFIRMED
+    w.requeued_at = None
     start(m, w, decision, at)
 
 

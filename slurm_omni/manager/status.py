@@ -13,7 +13,7 @@ from slurm_omni.manager.journal import PHASES, Journal
 # The confirmer's causes in the words of the timeline's "kind".
 KINDS = {"down": "node_down", "fail": "node_fail", "not_responding": "node_not_responding",
          "drain": "node_drain", "task_exit": "task_crash", "hang": "hang", "stuck": "stuck",
-         "checkpointed": "checkpointed", "grow": "grow"}
+         "checkpointed": "checkpointed", "requeued": "requeued", "grow": "grow"}
 # Journal phase -> timeline key.
 TIMELINE_KEYS = {"fault": "fault", "detected": "detected", "confirmed": "confirmed", "resubmitted": "resubmitted",
                  "running": "running", "first_step": "first_step_after_restore"}

@@ -37,7 +37,8 @@ class Watch:
     array_task: int | None = None
     state: str = "active"                    # active, waiting, done, failed (the journal's job state)
     nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)   # het offset -> nodes, once running
-    restart_count: int = 0
+    restart_count: int = 0                   # the life whose heartbeats are judged (SLURM_RESTART_COUNT)
+    slurm_restart_count: int = 0             # the newest restart count Slurm reported
     running: bool = False
     seen_in_slurm: bool = False
     ended: bool = False
@@ -52,11 +53,17 @@ class Watch:
     pending: Recovery | None = None          # a recovery of this incarnation not yet resubmitted
     awaiting_grow: float | None = None       # when the ranks were asked to stop for a grow
     expect_restart: bool = False             # an array task we requeued: its restart is no failure
+    requeued_at: float | None = None         # Slurm requeued the life being judged, unasked
+    ended_ids: set[int] = field(default_factory=set)   # Slurm ids of earlier incarnations: must stay gone
     last_plan_poll: int = -1                 # the poll a waiting plan was last made from
 
     @property
     def node_set(self) -> frozenset[str]:
         return frozenset(n for nodes in self.nodes.values() for n in nodes)
+
+    def lost_nodes(self) -> tuple[str, ...]:
+        """Nodes of the incarnation that the newest poll showed failed (DOWN, FAIL, DRAIN...)."""
+        return tuple(sorted(n for n, state in self.node_states.items() if state.failed and n in self.node_set))
 
     def layout(self) -> JobLayout:
         return self.shape.layout(self.nodes, self.units)
@@ -89,10 +96,12 @@ class Watch:
     def switch_to(self, incarnation: int, slurm_id: int, units: int, *, awaiting: int | None,
                   restore_step: int | None, quarantine: Quarantine) -> None:
         """The next incarnation was submitted: watch it instead."""
+        if self.slurm_id is not None:
+            self.ended_ids.add(self.slurm_id)
         self.incarnation, self.slurm_id, self.units = incarnation, slurm_id, units
         self.awaiting, self.restore_step, self.quarantine = awaiting, restore_step, quarantine
         self.nodes = {}
-        self.restart_count = 0
+        self.restart_count = self.slurm_restart_count = 0
         self.running = self.seen_in_slurm = self.ended = False
         self.slurm_state = ""
         self.phases.clear()
@@ -100,7 +109,7 @@ class Watch:
         self.confirmer.reset({})
         self.verdict = Verdict.NONE
         self.pending = None
-        self.awaiting_grow = None
+        self.awaiting_grow = self.requeued_at = None
         self.state = "active"
 
 
@@ -141,6 +150,7 @@ def restore_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None
     incarnations = [i for i in m.journal.incarnations(key) if i["slurm_job_id"]]
     if incarnations and w.array_task is None:
         cur = incarnations[-1]
+        w.ended_ids = {int(i["slurm_job_id"]) for i in incarnations[:-1]}
         layout = cur["layout"] or {}
         w.incarnation, w.slurm_id = cur["number"], int(cur["slurm_job_id"])
         w.units = int(layout.get("units") or w.units)

@@ -1,0 +1,240 @@
+"""Running the manager and real training jobs on the embedded cluster: site and job files, the
+manager as a subprocess (``omni manager run``), journal and heartbeat probes, node state restore."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from support import wait_until
+
+from slurm_omni.manager.journal import Journal, Recovery
+from slurm_omni.runtime.synth import SynthSpec, write_shards
+from slurm_omni.slurm.runner import CommandRunner
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+SITE = """
+cluster = "omni"
+[stages.vision]
+partition = "vision"
+gres = "gpu:h100:4"
+[stages.text]
+partition = "text"
+gres = "gpu:h100:4"
+[checkpoint]
+root = "{tmp}/ckpt"
+[elasticity]
+spare_policy = "{spare_policy}"
+[manager]
+spool_dir = "{spool}"
+registry_dir = "{tmp}/registry"
+metrics_dir = "{tmp}/metrics"
+"""
+
+JOB = """
+[job]
+name = "{name}"
+data_parallel_size = {dp}
+time_limit = "00:10:00"
+signal_before_s = 60
+max_requeues = 3
+log_dir = "{tmp}/logs"
+[[stages]]
+name = "vision"
+nodes = {dp}
+[[stages]]
+name = "text"
+nodes = {dp}
+[training]
+max_steps = 2000
+[training.model]
+preset = "tiny"
+[training.parallel]
+global_batch_size = 4
+micro_batch_size = 1
+[training.data]
+shard_dir = "{shards}"
+[training.checkpoint]
+every_steps = 5
+keep_last = 3
+"""
+
+JOB_ENV = {"OMNI_STEP_DELAY_S": "0.2", "OMNI_LOG_LEVEL": "INFO", "OMP_NUM_THREADS": "1"}
+
+
+def make_shards(root: Path) -> Path:
+    write_shards(SynthSpec(out_dir=root / "shards", pairs=32, text=16, shard_size=16))
+    return root / "shards"
+
+
+@dataclass
+class ManagerRun:
+    """One job on the cluster and the manager watching it."""
+
+    tmp: Path
+    env: dict[str, str]
+    name: str
+    job_id: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    restore_nodes: set[str] = field(default_factory=set)
+
+    @property
+    def site(self) -> Path:
+        return self.tmp / "site.toml"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp / "state"
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.job_id}"
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        return self.tmp / "ckpt" / self.name / "heartbeat"
+
+    def runner(self) -> CommandRunner:
+        return CommandRunner(self.env, timeout_s=20)
+
+    def submit(self) -> int:
+        out = subprocess.run([str(BIN / "omni"), "submit", str(self.tmp / "job.toml"), "--site", str(self.site)],
+                             env=self.env, capture_output=True, text=True, timeout=60, check=True).stdout
+        self.job_id = int(out.split("submitted job ")[1].split()[0])
+        return self.job_id
+
+    def start_manager(self, **extra_env: str) -> None:
+        log = open(self.tmp / f"manager-{self.starts}.log", "wb")   # noqa: SIM115 (closed with the process)
+        self.starts += 1
+        argv = [sys.executable, "-m", "slurm_omni.cli.main", "-v", "manager", "run", "--site-config",
+                str(self.site), "--state-dir", str(self.state_dir), "--poll-interval", "1", "--tick", "0.25"]
+        self.proc = subprocess.Popen(argv, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def stop_manager(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def manager_log(self) -> str:
+        return "\n".join((self.tmp / f"manager-{i}.log").read_text(errors="replace")[-4000:]
+                         for i in range(self.starts))
+
+    # -- probes --------------------------------------------------------------------------------
+    def journal(self) -> Journal:
+        return Journal(self.state_dir / "journal.sqlite", readonly=True)
+
+    def recoveries(self) -> list[Recovery]:
+        if not (self.state_dir / "journal.sqlite").exists():
+            return []
+        with self.journal() as j:
+            return j.recoveries(self.key)
+
+    def incarnations(self) -> list[dict[str, Any]]:
+        with self.journal() as j:
+            return j.incarnations(self.key)
+
+    def beats(self, slurm_job_id: int | None = None) -> dict[int, dict[str, Any]]:
+        """Rank -> its heartbeat, for ranks of ``slurm_job_id`` (default: the registered job)."""
+        wanted = str(slurm_job_id or self.job_id)
+        out = {}
+        for path in self.heartbeat_dir.glob("rank-*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if record["job_id"] == wanted:
+                out[record["rank"]] = record
+        return out
+
+    def wait_steps(self, slurm_job_id: int, ranks: int, step: int, timeout_s: float = 120) -> dict[int, dict[str, Any]]:
+        def probe() -> dict[int, dict[str, Any]] | None:
+            b = self.beats(slurm_job_id)
+            ok = len(b) == ranks and all(r["phase"] == "training" and r["step"] >= step for r in b.values())
+            return b if ok else None
+        return wait_until(probe, timeout_s, f"{ranks} ranks of job {slurm_job_id} at step {step}\n"
+                          + self.job_log(slurm_job_id), interval_s=0.5)
+
+    def wait_recovery(self, count: int, phase: str, timeout_s: float = 120) -> list[Recovery]:
+        def probe() -> list[Recovery] | None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"manager exited {self.proc.returncode}\n{self.manager_log()}")
+            recs = self.recoveries()
+            return recs if len(recs) >= count and recs[count - 1].times[phase] is not None else None
+        try:
+            return wait_until(probe, timeout_s, f"recovery {count} to reach {phase}", interval_s=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.manager_log()}") from None
+
+    def job_log(self, slurm_job_id: int) -> str:
+        path = self.tmp / "logs" / f"{self.name}-{slurm_job_id}.out"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else f"(no {path.name})"
+
+    def components(self, slurm_job_id: int) -> list[list[str]]:
+        from slurm_omni.slurm.cli_backend import CliBackend
+        job = next(j for j in CliBackend(env=self.env).jobs() if j.job_id == slurm_job_id)
+        return [list(c.nodes) for c in job.components]
+
+    def set_node(self, node: str, state: str, reason: str = "omni-test") -> None:
+        argv = ["scontrol", "update", f"nodename={node}", f"state={state}"]
+        if state.upper() in ("DOWN", "DRAIN"):
+            argv.append(f"reason={reason}")
+            self.restore_nodes.add(node)
+        self.runner().run(argv)
+
+    def cleanup(self) -> None:
+        self.stop_manager()
+        runner = self.runner()
+        # twice: a cancelled batch script whose ranks checkpoint on SIGTERM requeues itself
+        for _ in range(2):
+            for job in list_jobs(self.env):
+                if job["name"] == self.name:
+                    runner.run(["scancel", str(job["job_id"])], check=False)
+            time.sleep(2)
+        for node in sorted(self.restore_nodes):
+            runner.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+
+
+def list_jobs(env: dict[str, str]) -> list[dict[str, Any]]:
+    out = CommandRunner(env, timeout_s=20).run(["squeue", "--json"]).stdout
+    return list(json.loads(out).get("jobs", []))
+
+
+@contextmanager
+def manager_run(tmp: Path, cluster_env: dict[str, str], spool: Path, shards: Path, *, name: str, dp: int = 1,
+                spare_policy: str = "any_switch") -> Iterator[ManagerRun]:
+    (tmp / "site.toml").write_text(SITE.format(tmp=tmp, spool=spool, spare_policy=spare_policy))
+    (tmp / "job.toml").write_text(JOB.format(name=name, dp=dp, tmp=tmp, shards=shards))
+    env = {**os.environ, **cluster_env, **JOB_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    run = ManagerRun(tmp, env, name)
+    try:
+        yield run
+    finally:
+        run.cleanup()
+
+
+def step_time(run: ManagerRun, slurm_job_id: int, rank: int, seconds: float = 3.0) -> float:
+    """Wall seconds per global step as the heartbeats show it (the confirmer's own measure)."""
+    first = run.beats(slurm_job_id)[rank]
+    time.sleep(seconds)
+    last = run.beats(slurm_job_id)[rank]
+    return (last["time"] - first["time"]) / max(1, last["step"] - first["step"])

@@ -1,0 +1,125 @@
+"""The manager against the embedded cluster with real training processes (tiny model, CPU gloo):
+the issue's bars. Slow by nature; each test restores the node states it changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from manager_cluster_support import BIN, REPO, list_jobs, make_shards, manager_run, step_time
+from support import wait_until
+
+from slurm_omni.manager.journal import incarnation_tag
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True, capture_output=True, timeout=120)
+    return make_shards(tmp_path_factory.mktemp("manager-data"))
+
+
+def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
+        slurm_cluster, shards: Path, tmp_path: Path) -> None:
+    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-down") as run:
+        job_id = run.submit()
+        run.start_manager()
+        run.wait_steps(job_id, 2, 8)
+        # A rank stopped for 5 x the median step time, then continued: no recovery.
+        per_step = step_time(run, job_id, 1)
+        text_pid = run.beats(job_id)[1]["pid"]
+        os.kill(text_pid, signal.SIGSTOP)
+        time.sleep(5 * per_step)
+        os.kill(text_pid, signal.SIGCONT)
+        before = run.beats(job_id)[1]["step"]
+        run.wait_steps(job_id, 2, before + 5)
+        assert run.recoveries() == []
+
+        old_vision, old_text = run.components(job_id)
+        topology = slurm_cluster.backend().topology()
+        leaf = topology.switch_path(old_text[0])[-1]
+        free_on_leaf = [n.name for n in slurm_cluster.backend().nodes() if n.state.value == "idle"
+                        and n.leaf_switch == leaf and n.name not in old_vision + old_text]
+        run.set_node(old_text[0], "DOWN")
+        (rec,) = run.wait_recovery(1, "resubmitted")
+        # the first agreeing level-1 signal wins: the node's DOWN from the poll, or the SPANK records
+        # of the tasks Slurm killed with it, whichever the manager saw first
+        assert rec.cause in ("down", "task_exit") and old_text[0] in rec.nodes
+        assert rec.times["confirmed"] - rec.times["detected"] <= 5.0, rec.times   # the journal's clock
+        (rec,) = run.wait_recovery(1, "first_step")
+        new = run.incarnations()[1]
+        new_id = int(new["slurm_job_id"])
+        new_vision, new_text = run.components(new_id)
+        assert new_vision == old_vision and new_text != old_text
+        if free_on_leaf:   # other jobs may hold the leaf on a shared cluster: then the next switch up
+            assert topology.switch_path(new_text[0])[-1] == leaf, (free_on_leaf, rec.plan)
+        else:
+            assert "lowest common switch" in " ".join(rec.plan["reasons"]), rec.plan   # type: ignore[index]
+        restore_step = new["layout"]["restore_step"]
+        assert restore_step is not None and f"resumed at step {restore_step}" in run.job_log(new_id)
+        status = subprocess.run([str(BIN / "omni"), "status", "--json", "--site-config", str(run.site),
+                                 "--state-dir", str(run.state_dir)], env=run.env, capture_output=True, text=True,
+                                timeout=30, check=True)
+        (job,) = json.loads(status.stdout)["jobs"]
+        (timeline,) = job["recoveries"]
+        assert timeline["complete"] and all(timeline["times"][p] is not None for p in
+                                            ("detected", "confirmed", "resubmitted", "running", "first_step"))
+
+
+def test_killed_rank_recovers_without_slurm_and_a_killed_manager_submits_once(
+        slurm_cluster, shards: Path, tmp_path: Path) -> None:
+    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-kill") as run:
+        job_id = run.submit()
+        run.start_manager(OMNI_MANAGER_CRASH_AT="resubmit:after_submit")
+        run.wait_steps(job_id, 2, 6)
+        _, text_nodes = run.components(job_id)
+        os.kill(run.beats(job_id)[1]["pid"], signal.SIGKILL)      # its node stays up
+        assert run.proc is not None
+        assert run.proc.wait(timeout=60) == -signal.SIGKILL, run.manager_log()   # died mid-recovery
+        tag = incarnation_tag(run.key, 1)
+        assert [j["job_id"] for j in list_jobs(run.env) if j["comment"] == tag], "sbatch ran before the crash"
+        run.start_manager()
+        (rec,) = run.wait_recovery(1, "first_step")
+        assert rec.cause == "task_exit" and rec.times["confirmed"] - rec.times["detected"] <= 5.0
+        leaders = {j["het_job_id"] or j["job_id"] for j in list_jobs(run.env) if j["comment"] == tag}
+        assert len(leaders) == 1                                    # exactly one resubmission
+        new_id = int(run.incarnations()[1]["slurm_job_id"])
+        assert leaders == {new_id} and run.components(new_id)[1] == text_nodes   # the healthy node is kept
+        nodes = {n.name: n for n in slurm_cluster.backend().nodes()}
+        assert not nodes[text_nodes[0]].state.failed
+
+
+def test_no_spare_on_the_switch_shrinks_then_grows_back(slurm_cluster, shards: Path, tmp_path: Path) -> None:
+    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-shrink", dp=2,
+                     spare_policy="same_switch") as run:
+        job_id = run.submit()
+        run.wait_steps(job_id, 4, 1, timeout_s=150)
+        vision, text = run.components(job_id)
+        topology = slurm_cluster.backend().topology()
+        leaf = topology.switches[topology.switch_path(text[0])[-1]]
+        spares = [n for n in leaf.nodes if n not in vision + text]
+        for node in spares:                                        # no spare left on the text switch
+            run.set_node(node, "DRAIN", "omni-test-hold")
+        run.start_manager()
+        run.wait_steps(job_id, 4, 6)
+        run.set_node(text[1], "DOWN")
+        (rec,) = run.wait_recovery(1, "first_step", timeout_s=150)
+        assert rec.cause in ("down", "task_exit") and text[1] in rec.nodes
+        shrunk = run.incarnations()[1]
+        assert shrunk["layout"]["data_parallel_size"] == 1
+        shrunk_id = int(shrunk["slurm_job_id"])
+        assert len(run.beats(shrunk_id)) == 2                      # one replica per stage
+        for node in spares:                                        # nodes return: grow back
+            run.set_node(node, "RESUME")
+        recs = run.wait_recovery(2, "first_step", timeout_s=150)
+        assert recs[1].cause == "grow"
+        grown = run.incarnations()[2]
+        assert grown["layout"]["data_parallel_size"] == 2
+        run.wait_steps(int(grown["slurm_job_id"]), 4, grown["layout"]["restore_step"] + 1)
+        wait_until(lambda: all(len(c) == 2 for c in run.components(int(grown["slurm_job_id"]))), 30, "dp 2 layout")
