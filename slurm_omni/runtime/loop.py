@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from slurm_omni.config.training import TrainingConfig
-from slurm_omni.errors import OmniError
+from slurm_omni.errors import OmniError, RuntimeLayoutError
 from slurm_omni.runtime import exitcodes
 from slurm_omni.runtime.checkpointing import StageCheckpointer
 from slurm_omni.runtime.data import DataPlan, SampleRef, ShardReader, open_sources
@@ -68,7 +68,7 @@ class Trainer:
         self.metrics = MetricsWriter(layout)
         mb = cfg.parallel.micro_batches_for(layout.data_parallel_size)
         if layout.micro_batches and layout.micro_batches != mb:
-            raise OmniError(f"runtime: couldn't use OMNI_MICRO_BATCHES={layout.micro_batches}: global batch "
+            raise RuntimeLayoutError(f"runtime: couldn't use OMNI_MICRO_BATCHES={layout.micro_batches}: global batch "
                             f"{cfg.parallel.global_batch_size} over {layout.data_parallel_size} replicas "
                             f"of {cfg.parallel.micro_batch_size} needs {mb}")
         self.micro_batches = mb
