@@ -1,0 +1,76 @@
+"""The demo's phases that are cheap to run alone (the whole demo is too long for the suite)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.cli.demo import Story
+from slurm_omni.cluster.local import LocalCluster
+from slurm_omni.cluster.spec import ClusterSpec
+from slurm_omni.config.job import load_job
+from slurm_omni.config.site import load_site
+from slurm_omni.drill import story
+from slurm_omni.drill.inject import REASON, Injector
+from slurm_omni.errors import OmniError
+from slurm_omni.render import HetJobRequest
+
+
+def test_files_fill_the_examples_and_render(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "cluster", ClusterSpec(nodes=8))
+    files = story.DemoFiles(tmp_path / "demo")
+    (files.work / "ckpt").mkdir(parents=True)     # an old demo's checkpoint must not survive
+    story.write_files(files, cluster)
+    assert not (files.work / "ckpt").exists()
+    site = load_site(files.site)
+    assert site.drills.nodes == tuple(f"node{i}" for i in range(1, 9))
+    assert site.manager.spool_dir == cluster.paths.spool and site.checkpoint.root == files.work / "ckpt"
+    job = load_job(files.job)
+    assert job.training.data.shard_dir == files.shards and job.job.log_dir == files.work / "logs"
+    script = HetJobRequest(job=job, site=site, job_file=files.job, job_sha256="0" * 64).materialize()
+    assert "#SBATCH hetjob" in script and "--omni-stage=vision:2,text:2" in script
+
+
+def test_job_environment_puts_this_omni_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin")
+    env = story.job_environment(LocalCluster(tmp_path))
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert env["OMNI_TRACE_SAMPLES"] == "1" and env["OMP_NUM_THREADS"] == "1"
+    assert env["SLURM_CONF"] == str(LocalCluster(tmp_path).paths.slurm_conf)
+
+
+def test_a_failed_phase_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    s = Story(3)
+    assert s.phase("first", lambda: 41 + 1, lambda v: f"got {v}") == 42
+    assert "1/3 first: got 42" in capsys.readouterr().out
+
+    def boom() -> None:
+        raise OmniError("demo: couldn't submit: sbatch: error: Invalid partition")
+
+    with pytest.raises(OmniError) as e:
+        s.phase("submit", boom, lambda _: "")
+    assert str(e.value) == "demo: phase 2 (submit) failed: couldn't submit: sbatch: error: Invalid partition"
+
+
+def test_synthesize_writes_shards(tmp_path: Path) -> None:
+    files = story.DemoFiles(tmp_path)
+    assert story.synthesize(files) == 128
+    assert len(list(files.shards.glob("*.h5"))) == 4
+
+
+@pytest.mark.cluster
+def test_cleanup_resumes_what_a_drill_left_down(slurm_cluster) -> None:
+    backend = slurm_cluster.backend()
+    idle = [n.name for n in backend.nodes() if n.state.usable and not n.flags and n.state.value == "idle"]
+    if not idle:
+        pytest.skip("no idle node")
+    node = idle[-1]
+    injector = Injector(allowed=(node,), site="test", backend=backend)
+    injector.node_down(node)
+    done = story.cleanup(backend, injector, "omni-demo-none", None)
+    assert done == [f"{node} resumed"]
+    assert next(n for n in backend.nodes() if n.name == node).state.usable
+    assert REASON not in next(n for n in backend.nodes() if n.name == node).reason
