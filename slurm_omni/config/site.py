@@ -124,14 +124,17 @@ class ElasticitySite:
     """Wait this long after a fault for spares before shrinking (0: shrink at once)."""
     drain_failed: bool = False
     """Drain nodes the manager found failed, with a reason starting ``omni:``."""
+    quarantine_s: float = 3600.0
+    """A node that failed is not chosen again (for a replacement or a grow) for this long."""
 
     def __post_init__(self) -> None:
         if self.min_data_parallel_size < 1:
             raise ConfigError(f"elasticity.min_data_parallel_size = {self.min_data_parallel_size} is "
                               f"not allowed (expected >= 1)")
         check_hostlist("elasticity.spare_nodes", self.spare_nodes)
-        if self.spare_wait_s < 0:
-            raise ConfigError(f"elasticity.spare_wait_s = {self.spare_wait_s} is not allowed (expected >= 0)")
+        if self.spare_wait_s < 0 or self.quarantine_s < 0:
+            raise ConfigError(f"elasticity.spare_wait_s = {self.spare_wait_s}, quarantine_s = {self.quarantine_s} "
+                              f"are not allowed (expected >= 0)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -43,6 +43,7 @@ from slurm_omni.slurm.types import Job, JobState, Node
 log = logging.getLogger(__name__)
 
 QUIET = frozenset({"stopping", "done"})
+_ALIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.REQUEUED})
 UNMATCHED_TTL_S = 120.0
 """A spool event that concerns none of the watched jobs stays this long before it is journaled
 (under no job) and removed."""
@@ -260,8 +261,8 @@ class Manager:
         if job.restart_count != w.slurm_restart_count:
             w.slurm_restart_count = job.restart_count
             self._restarted(w, job, snap.taken_at)
-            if w.pending is not None:
-                return
+            if w.pending is not None or w.slurm_id != job.job_id:
+                return   # a recovery started (and may have switched to the next incarnation)
         if job.slurm_state != w.slurm_state:
             w.slurm_state = job.slurm_state
             self.journal.record_observation(w.key, w.incarnation, "job_state", snap.taken_at,
@@ -284,7 +285,7 @@ class Manager:
         same checkpoints: cancel it again."""
         for old_id in w.ended_ids:
             job = snap.job(old_id)
-            if job is None or job.state.finished or job.user != self.user:
+            if job is None or job.state not in _ALIVE or job.user != self.user:
                 continue
             self.journal.record_observation(w.key, w.incarnation, "ended_incarnation_back", snap.taken_at,
                                             {"slurm_job_id": old_id, "state": job.slurm_state})

@@ -74,5 +74,6 @@ class Shape:
         while divides and divides % min_units:
             min_units += 1
         return PlacementConfig(min_data_parallel_size=min_units, spare_wait_s=e.spare_wait_s,
-                               drain_failed=e.drain_failed, dp_divides=divides, spare_scope=e.spare_policy,
+                               quarantine_s=e.quarantine_s, drain_failed=e.drain_failed, dp_divides=divides,
+                               spare_scope=e.spare_policy,
                                spare_nodes=tuple(expand(e.spare_nodes)) if e.spare_nodes else ())

@@ -36,6 +36,7 @@ gres = "gpu:h100:4"
 root = "{tmp}/ckpt"
 [elasticity]
 spare_policy = "{spare_policy}"
+quarantine_s = {quarantine_s}
 [manager]
 spool_dir = "{spool}"
 registry_dir = "{tmp}/registry"
@@ -221,8 +222,9 @@ def list_jobs(env: dict[str, str]) -> list[dict[str, Any]]:
 
 @contextmanager
 def manager_run(tmp: Path, cluster_env: dict[str, str], spool: Path, shards: Path, *, name: str, dp: int = 1,
-                spare_policy: str = "any_switch") -> Iterator[ManagerRun]:
-    (tmp / "site.toml").write_text(SITE.format(tmp=tmp, spool=spool, spare_policy=spare_policy))
+                spare_policy: str = "any_switch", quarantine_s: float = 3600) -> Iterator[ManagerRun]:
+    (tmp / "site.toml").write_text(SITE.format(tmp=tmp, spool=spool, spare_policy=spare_policy,
+                                               quarantine_s=quarantine_s))
     (tmp / "job.toml").write_text(JOB.format(name=name, dp=dp, tmp=tmp, shards=shards))
     env = {**os.environ, **cluster_env, **JOB_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
     run = ManagerRun(tmp, env, name)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from manager_cluster_support import BIN, REPO, list_jobs, make_shards, manager_run, step_time
-from support import wait_until
 
 from slurm_omni.manager.journal import incarnation_tag
 
@@ -97,7 +96,7 @@ def test_killed_rank_recovers_without_slurm_and_a_killed_manager_submits_once(
 
 def test_no_spare_on_the_switch_shrinks_then_grows_back(slurm_cluster, shards: Path, tmp_path: Path) -> None:
     with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-shrink", dp=2,
-                     spare_policy="same_switch") as run:
+                     spare_policy="same_switch", quarantine_s=5) as run:
         job_id = run.submit()
         run.wait_steps(job_id, 4, 1, timeout_s=150)
         vision, text = run.components(job_id)
@@ -115,11 +114,12 @@ def test_no_spare_on_the_switch_shrinks_then_grows_back(slurm_cluster, shards: P
         assert shrunk["layout"]["data_parallel_size"] == 1
         shrunk_id = int(shrunk["slurm_job_id"])
         assert len(run.beats(shrunk_id)) == 2                      # one replica per stage
-        for node in spares:                                        # nodes return: grow back
+        for node in [*spares, text[1]]:                            # the node returns (quarantine over)
             run.set_node(node, "RESUME")
         recs = run.wait_recovery(2, "first_step", timeout_s=150)
         assert recs[1].cause == "grow"
         grown = run.incarnations()[2]
         assert grown["layout"]["data_parallel_size"] == 2
-        run.wait_steps(int(grown["slurm_job_id"]), 4, grown["layout"]["restore_step"] + 1)
-        wait_until(lambda: all(len(c) == 2 for c in run.components(int(grown["slurm_job_id"]))), 30, "dp 2 layout")
+        grown_id = int(grown["slurm_job_id"])
+        run.wait_steps(grown_id, 4, grown["layout"]["restore_step"] + 1)
+        assert [len(c) for c in run.components(grown_id)] == [2, 2]
