@@ -24,7 +24,7 @@ from slurm_omni.cluster.spec import DEFAULT_STATE_DIR
 from slurm_omni.errors import OmniError
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress
-from slurm_omni.slurm.types import JobState
+from slurm_omni.slurm.types import JobState, NodeState
 
 if TYPE_CHECKING:
     from slurm_omni.drill.story import DemoFiles
@@ -68,8 +68,12 @@ class Story:
 def het_sample(lc: LocalCluster, backend: CliBackend, work: Path, timeout_s: float = 120.0) -> list[str]:
     """A heterogeneous job across two leaf switches; what each task printed (node, switch, GPUs)."""
     topo = backend.topology(refresh=True)
-    healthy = {n.name for n in backend.nodes() if n.state.usable}
-    leaves = [sorted(set(s.nodes) & healthy) for s in topo.switches.values() if s.nodes]
+    nodes = backend.nodes()
+    idle = {n.name for n in nodes if n.state is NodeState.IDLE and not n.flags}
+    healthy = {n.name for n in nodes if n.state.usable}
+    # Idle nodes first: the sample must not wait behind other jobs on a shared cluster.
+    leaves = [sorted(set(s.nodes) & healthy, key=lambda n: (n not in idle, n))
+              for s in topo.switches.values() if s.nodes]
     leaves = [nodes for nodes in leaves if nodes]
     if len(leaves) < 2 or len(leaves[1]) < 2:
         raise OmniError("demo: couldn't find two leaf switches with healthy nodes (omni cluster status)")
@@ -164,7 +168,8 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         files.drills.mkdir(exist_ok=True)
         (files.drills / "drills.json").write_text(json.dumps(
             goodput_document([result], source="omni demo"), indent=1, sort_keys=True) + "\n")
-        text = s.phase("report", lambda: story.report(files, h, ref_metrics, env),
+        timeline = story.drill_timeline(files.manager_dir / "timeline.json", result, files.drills / "timeline.json")
+        text = s.phase("report", lambda: story.report(files, h, ref_metrics, env, timeline),
                        lambda _: f"omni report: {files.report}/report.html, report.png")
         for line in (render_table([result]) + "\n" + text).rstrip().splitlines():
             s.say(line)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_omni.drill.history import RunHistory
+from slurm_omni.drill.history import RunHistory, StepRecord
 
 TIME_KEYS = ("fault", "detected", "confirmed", "resubmitted", "running", "first_step")
 GOODPUT_CLASS = {"node-down": "node_down", "slurmd-crash": "node_down", "kill-rank": "task_crash",
@@ -65,19 +65,28 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def progress(history: RunHistory, fault: float, *, window: int = 10) -> Progress:
-    """Steps and throughput around ``fault``: the incarnation running then, and the next one."""
+def progress(history: RunHistory, fault: float, *, resumed_at: float | None = None, window: int = 10) -> Progress:
+    """Steps and throughput around ``fault``: the life running then, and the next one.
+
+    The next life's records are those of a higher incarnation, or, with ``resumed_at`` (the time
+    it was running in Slurm), every record after it: a resubmitted job starts Slurm's restart count
+    over, so its ranks may log the same incarnation number."""
     before = [r for r in history.records if r.time <= fault]
     failed = before[-1].incarnation if before else None
-    after = [r for r in history.records if r.time > fault and (failed is None or r.incarnation > failed)]
-    resumed = after[0].incarnation if after else None
-    failed_steps = [r.step for r in history.records if r.incarnation == failed]
-    new = [r for r in after if r.incarnation == resumed]
+
+    def is_new(r: StepRecord) -> bool:
+        if resumed_at is not None:
+            return r.time > resumed_at
+        return r.time > fault and failed is not None and r.incarnation > failed
+
+    new = [r for r in history.records if is_new(r)]
+    old = [r for r in history.records if not is_new(r) and (failed is None or r.incarnation == failed)]
+    resumed = new[0].incarnation if new else None
     # The first steps after a restore pay for warm-up (allocator, caches): leave one out when we can.
     steady = new[1:window + 1] if len(new) > 2 else new[:window]
     return Progress(
         failed_incarnation=failed, resumed_incarnation=resumed,
-        last_step_before=max(failed_steps) if failed_steps else None,
+        last_step_before=max(r.step for r in old) if old else None,
         resumed_from=new[0].step - 1 if new else None,
         first_step_at=new[0].time if new else None,
         throughput_before=_median([r.samples_per_s for r in before[-window:] if r.incarnation == failed]),
