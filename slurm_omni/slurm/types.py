@@ -101,21 +101,25 @@ class Switch:
 @dataclass(frozen=True, slots=True)
 class Topology:
     switches: dict[str, Switch] = field(default_factory=dict)
+    _paths: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def parent_of(self) -> dict[str, str]:
         """Child switch name -> parent switch name."""
         return {child: s.name for s in self.switches.values() for child in s.switches}
 
     def switch_path(self, node: str) -> tuple[str, ...]:
-        """Switches from the root down to the node's leaf switch; () when the node is on none."""
-        leaf = next((s.name for s in self.switches.values() if node in s.nodes), None)
-        if leaf is None:
-            return ()
-        parents = self.parent_of()
-        path = [leaf]
-        while path[-1] in parents:
-            path.append(parents[path[-1]])
-        return tuple(reversed(path))
+        """Switches from the root down to the node's leaf switch; () when the node is on none.
+        Every node's path is worked out on the first call (one pass over the tree), so a parse of
+        10,000 nodes does not scan the switches once per node."""
+        if not self._paths and self.switches:
+            parents = self.parent_of()
+            for s in self.switches.values():
+                path = [s.name]
+                while path[-1] in parents and len(path) <= len(self.switches):
+                    path.append(parents[path[-1]])
+                for name in s.nodes:
+                    self._paths.setdefault(name, tuple(reversed(path)))
+        return self._paths.get(node, ())
 
 
 @dataclass(frozen=True, slots=True)
