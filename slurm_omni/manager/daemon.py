@@ -19,6 +19,7 @@ import logging
 import os
 import pwd
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -126,8 +127,8 @@ class Manager:
             started = time.monotonic()
             try:
                 self.tick(force_poll=once)
-            except OmniError as e:
-                log.error("%s", e)
+            except (OmniError, OSError, sqlite3.Error) as e:   # the next tick tries again; the journal holds the rest
+                log.error("manager: tick failed: %s", e)
             if once:
                 return
             stop.wait(max(0.0, self.config.tick_s - (time.monotonic() - started)))
@@ -220,8 +221,10 @@ class Manager:
                         max((hb.last_checkpoint_step for hb in beats if hb.last_checkpoint_step is not None),
                             default=None),
                         max(hb.time for hb in beats))
-            if progress != w.progress:
+            # the progress row is for `omni status`: at most one write per poll interval per job
+            if progress != w.progress and now - w.progress_written >= max(1.0, self.config.poll_interval_s):
                 w.progress = progress
+                w.progress_written = now
                 self.journal.update_progress(w.key, global_step=progress[0], last_checkpoint_step=progress[1],
                                              heartbeat_at=progress[2],
                                              progress_at=w.confirmer.evaluate(now).last_progress_at)

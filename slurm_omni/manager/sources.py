@@ -85,9 +85,19 @@ def read_spool(spool: Path) -> list[SpoolItem]:
     try:
         check_private_dir(spool)
     except EventRejected as e:
-        log.error("%s", e)
+        _log_once(str(e))
         return []
     return [SpoolItem(path, event) for path, event in scan_spool(spool)]
+
+
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """A refused folder stays refused tick after tick: say so once per distinct reason."""
+    if message not in _logged:
+        _logged.add(message)
+        log.error("%s", message)
 
 
 def read_job_heartbeats(heartbeat_dir: Path, slurm_job_id: int) -> list[HeartbeatRecord]:
@@ -102,7 +112,7 @@ def read_job_heartbeats(heartbeat_dir: Path, slurm_job_id: int) -> list[Heartbea
             heartbeat_dir.chmod(0o700)
         check_private_dir(heartbeat_dir)
     except (EventRejected, OSError) as e:
-        log.error("manager: couldn't read heartbeats in %s: %s", heartbeat_dir, e)
+        _log_once(f"manager: couldn't read heartbeats in {heartbeat_dir}: {e}")
         return []
     wanted = str(slurm_job_id)
     return [hb for hb in read_heartbeats(heartbeat_dir) if hb.job_id == wanted]

@@ -47,6 +47,7 @@ class Watch:
     node_states: dict[str, NodeState] = field(default_factory=dict)
     phases: dict[int, str] = field(default_factory=dict)        # rank -> last heartbeat phase
     progress: tuple[Any, ...] = ()
+    progress_written: float = float("-inf")  # when the progress row was last written (manager clock)
     quarantine: Quarantine = field(default_factory=Quarantine)
     awaiting: int | None = None              # failed incarnation whose timeline waits for running / first step
     restore_step: int | None = None          # newest complete checkpoint when this incarnation was submitted
