@@ -241,3 +241,28 @@ def test_status_json_shows_incarnations_progress_and_timelines(tmp_path: Path, m
     text = CliRunner().invoke(status, ["--site-config", str(s.root / "site.toml"), "--state-dir",
                                        str(s.config.state_dir)])
     assert "recovery of incarnation 0 (down on node2)" in text.output
+
+
+def test_failed_node_drained_with_an_omni_reason_when_the_site_says_so(tmp_path: Path) -> None:
+    s, m = started(make_setup(tmp_path, drain=True), tmp_path)
+    train(s, m, job_id=LEADER, until=s.clock.t + 6, ranks={0: 0, 1: 1})
+    s.slurm.states["node2"] = NodeState.DOWN
+    idle(s, m, 6)
+    assert [(n, st) for n, st, _ in s.slurm.drained] == [("node2", "DRAIN")]
+    assert s.slurm.drained[0][2].startswith("omni:")
+    idle(s, m, 3)
+    assert len(s.slurm.drained) == 1                          # once, journaled
+
+
+def test_malformed_records_are_set_aside_and_an_open_spool_is_refused(tmp_path: Path) -> None:
+    s = make_setup(tmp_path)
+    (s.root / "registry" / "77.json").write_text('{"format": 1, "job_id": "77"}')
+    s.register(LEADER)
+    s.slurm.add_job(LEADER, [["node1"], ["node2"]])
+    m = s.manager()
+    idle(s, m, 1)
+    assert (s.root / "registry" / "rejected" / "77.json").exists() and list(m.watches) == ["tiny-42"]
+    (s.root / "spool").chmod(0o755)                           # anyone could inject a failure
+    fault(s.root / "spool", job_id=LEADER, het_offset=1, node="node2", task_id=1, at=s.clock.t)
+    idle(s, m, 2)
+    assert list((s.root / "spool").glob("fault-*"))            # not read, not consumed
