@@ -84,7 +84,23 @@ class VisionStage(nn.Module):
                                        nn.Linear(cfg.text_width, cfg.text_width))
 
     def forward(self, images: torch.Tensor, sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.projector(self.vision_encoder(images)), sample_ids
+        image_tokens = self.projector(self.vision_encoder(images))
+        return image_tokens, ids_as_activation(sample_ids, image_tokens)
+
+
+def ids_as_activation(sample_ids: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    """Sample ids as a float64 activation tied to the graph with weight zero.
+
+    torch.distributed.pipelining before 2.13 makes every received buffer require grad, which an
+    integer tensor cannot; and a float input that gets no gradient breaks its backward sends. So the
+    ids travel as float64 (exact below 2**53) and get an all-zero gradient: adding exact zeros
+    changes no value and no parameter's gradient.
+    """
+    return sample_ids.to(torch.float64) + anchor.sum().to(torch.float64) * 0.0
+
+
+def ids_from_activation(ids: torch.Tensor) -> torch.Tensor:
+    return ids.detach().to(torch.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +151,13 @@ class TextStage(nn.Module):
         if not self.feed:
             raise SampleMisalignedError("text stage: couldn't pair image tokens: no text micro-batch queued")
         mb = self.feed.popleft()
-        if not torch.equal(mb.sample_ids.to(sample_ids.device), sample_ids):
+        got = ids_from_activation(sample_ids)
+        if not torch.equal(mb.sample_ids.to(got.device), got):
             raise SampleMisalignedError(
                 f"text stage: couldn't pair image tokens with text: got sample ids "
-                f"{sample_ids.tolist()}, text is for {mb.sample_ids.tolist()} (data positions out of step)")
+                f"{got.tolist()}, text is for {mb.sample_ids.tolist()} (data positions out of step)")
+        # The ids' zero-weight tie into the loss, so that they receive their (zero) gradient.
+        image_tokens = image_tokens + (sample_ids.sum() * 0.0).to(image_tokens.dtype)
         return self.text_decoder(image_tokens, mb.tokens.to(image_tokens.device),
                                  mb.has_image.to(image_tokens.device))
 

@@ -81,11 +81,12 @@ def build_schedule(model: ModelConfig, parallel: ParallelConfig, modules: dict[i
     never runs an extra forward to infer them."""
     b = parallel.micro_batch_size
     ids = torch.zeros(b, dtype=torch.int64, device=device)
+    ids_act = torch.zeros(b, dtype=torch.float64, device=device, requires_grad=True)  # model.ids_as_activation
     image_tokens = torch.zeros(b, model.num_patches, model.text_width, device=device, requires_grad=True)
     images = torch.zeros(b, model.image_size, model.image_size, model.channels, device=device)
     logits = torch.zeros(b, model.seq_len, model.vocab_size, device=device, requires_grad=True)
     shapes: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = {
-        0: ((images, ids), (image_tokens, ids)), 1: ((image_tokens, ids), (logits,))}
+        0: ((images, ids), (image_tokens, ids_act)), 1: ((image_tokens, ids_act), (logits,))}
     stages: list[_PipelineStageBase] = [
         PipelineStage(module, index, NUM_STAGES, device, input_args=shapes[index][0],
                       output_args=shapes[index][1], group=group)
