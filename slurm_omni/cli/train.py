@@ -16,6 +16,9 @@ def train(config_path: Path) -> None:
     """Train one rank of the multimodal pipeline; the layout comes from RANK, WORLD_SIZE, OMNI_* (see
     slurm_omni/runtime/layout.py). Exits 0 when done, 75 after a checkpoint on SIGUSR1/SIGTERM
     (requeue me), anything else on failure."""
+    from slurm_omni.runtime.signals import StopRequest
+
+    stop = StopRequest().install()   # before torch is imported: an early signal is kept, not fatal
     from slurm_omni.config.training import load_training_file
     from slurm_omni.runtime.layout import Layout
     from slurm_omni.runtime.loop import Trainer
@@ -24,7 +27,7 @@ def train(config_path: Path) -> None:
     layout = Layout.from_env()
     logging.getLogger(__name__).info("train: rank %d stage %s replica %d/%d", layout.rank, layout.stage_name,
                                      layout.data_parallel_rank, layout.data_parallel_size)
-    code = Trainer(cfg, layout).run()
+    code = Trainer(cfg, layout, stop).run()
     # SystemExit, not click's Exit: main() runs click with standalone_mode=False, which turns Exit into
     # a return value that main() does not pass on.
     sys.exit(code)

@@ -9,10 +9,8 @@ global batch and the loss normalisation are the same for every replica count.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import dataclass
-from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -44,9 +42,9 @@ from slurm_omni.runtime.pipeline import (
     init_distributed,
     lr_at,
 )
+from slurm_omni.runtime.signals import StopRequest
 
 log = logging.getLogger(__name__)
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +58,10 @@ class Batch:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainingConfig, layout: Layout) -> None:
+    def __init__(self, cfg: TrainingConfig, layout: Layout, stop: StopRequest | None = None) -> None:
         self.cfg = cfg
         self.layout = layout
-        self.stop_requested = False
+        self.stop = stop or StopRequest()
         self.heartbeat = Heartbeat(layout)
         self.metrics = MetricsWriter(layout)
         mb = cfg.parallel.micro_batches_for(layout.data_parallel_size)
@@ -73,15 +71,9 @@ class Trainer:
                             f"of {cfg.parallel.micro_batch_size} needs {mb}")
         self.micro_batches = mb
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        log.warning("runtime: rank %d got %s; checkpointing at the end of this step",
-                    self.layout.rank, signal.Signals(signum).name)
-        self.stop_requested = True
-
     def run(self) -> int:
         """Train to ``max_steps``; returns an exit code from :mod:`exitcodes`."""
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_signal)
+        self.stop.install()
         self.heartbeat.start()
         try:
             code = self._run()
@@ -153,7 +145,7 @@ class Trainer:
                 self.metrics.trace(global_step, batch.ids.tolist())
                 if layout.step_delay_s:
                     time.sleep(layout.step_delay_s)
-                stop = any_rank(self.stop_requested, device)
+                stop = any_rank(self.stop.requested, device)
                 last = global_step == cfg.max_steps
                 every = cfg.checkpoint.every_steps
                 if stop or last or (every and global_step % every == 0):
