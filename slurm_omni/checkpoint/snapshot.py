@@ -27,7 +27,9 @@ from slurm_omni.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 ALIGN = 4096
-COPIERS = 2
+# Host copies scale with memory channels up to a handful of threads (the H200 host: 2 threads gave
+# 9 GB/s against torch's 28 GB/s memcpy); beyond 8 they only contend.
+COPIERS = max(2, min(8, torch.get_num_threads()))
 MODEL, OPTIM = "model", "optim"
 
 
