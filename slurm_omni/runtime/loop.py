@@ -95,6 +95,8 @@ class Trainer:
     def _run(self) -> int:
         cfg, layout = self.cfg, self.layout
         device = device_for(layout)
+        if device.type == "cuda":
+            torch.set_float32_matmul_precision(cfg.matmul_precision)
         groups = init_distributed(layout, backend_for(cfg.parallel, device), device)
         stages = {s: build_stage(cfg.model, s, seed=cfg.optim.seed).to(device) for s in layout.stages}
         parts = {name: getattr(stages[s], name) for s in layout.stages for name in MODULES_BY_STAGE[s]}
