@@ -11,6 +11,8 @@ run's metrics either way.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -34,6 +36,7 @@ DrillKind = Literal["node-down", "kill-rank", "stall-rank", "ckpt-crash", "slurm
 KINDS: tuple[str, ...] = get_args(DrillKind)
 RANK_KINDS = frozenset({"kill-rank", "stall-rank", "ckpt-crash"})
 GONE_GRACE_S = 30.0
+_WRITING = re.compile(r"^step-(\d+)\.tmp$")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,33 +76,34 @@ class DrillRunner:
 
     # -- before the fault ---------------------------------------------------------------------------
     def wait_for_progress(self, after_steps: int, timeout_s: float) -> tuple[Job, int, int]:
-        """(job, incarnation, step) once the live incarnation has logged ``after_steps`` steps."""
+        """(job, incarnation, step) once the job is RUNNING and has logged ``after_steps`` steps more
+        than when this was called (a matrix waits for the previous drill's recovery to train on)."""
         deadline = time.monotonic() + timeout_s
-        first: dict[int, int] = {}
+        start = latest_incarnation_step(self.handle.metrics_dir)
+        base = start[1] if start is not None else 0
         while time.monotonic() < deadline:
             job = self.handle.current(self.backend.jobs())
             seen = latest_incarnation_step(self.handle.metrics_dir)
-            if seen is not None:
-                inc, step = seen
-                first.setdefault(inc, step)
-                if job is not None and job.state is JobState.RUNNING and step - first[inc] + 1 >= after_steps:
-                    return job, inc, step
+            if seen is not None and job is not None and job.state is JobState.RUNNING and \
+                    seen[1] >= base + after_steps and (start is None or seen != start):
+                return job, seen[0], seen[1]
             time.sleep(self.slurm_poll_s)
         raise DrillError(f"drill: couldn't see job {self.handle.name} make {after_steps} steps within "
                          f"{timeout_s:.0f}s (squeue; metrics in {self.handle.metrics_dir})")
 
     def wait_for_persist(self, after_step: int, timeout_s: float) -> int:
-        """Step of a checkpoint being written (``step-N.tmp``) newer than ``after_step``."""
+        """Step of a checkpoint being written (``step-N.tmp``, checkpoint/format.py) newer than
+        ``after_step``. Only the folder's names are listed: this loop spins while training runs."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                writing = [e.step for e in ckpt_format.scan(self.handle.ckpt_dir)
-                           if e.status is ckpt_format.Status.WRITING and e.step > after_step]
+                names = os.listdir(self.handle.ckpt_dir)
             except OSError:
-                writing = []
+                names = []
+            writing = [int(m[1]) for n in names if (m := _WRITING.match(n)) and int(m[1]) > after_step]
             if writing:
                 return max(writing)
-            time.sleep(0.002)   # a tiny model persists in tens of milliseconds
+            time.sleep(0.003)   # a tiny model persists in tens of milliseconds
         raise DrillError(f"drill: couldn't catch a checkpoint persist in {self.handle.ckpt_dir} within "
                          f"{timeout_s:.0f}s (training.checkpoint.every_steps too large?)")
 
@@ -108,7 +112,8 @@ class DrillRunner:
         if spec.node:
             self.injector.check(spec.node)
         job, incarnation, step = self.wait_for_progress(spec.after_steps, spec.timeout_s)
-        component, node = pick_node(job, self.injector.allowed, spec.node, self.injector.site)
+        wanted = spec.node or self._committer_node(spec, job)
+        component, node = pick_node(job, self.injector.allowed, wanted, self.injector.site)
         rank: int | None = None
         pids: tuple[int, ...] = ()
         if spec.kind in RANK_KINDS:
@@ -130,7 +135,9 @@ class DrillRunner:
             else:
                 ckpt_step = self.wait_for_persist(self.latest_complete(), spec.timeout_s)
                 fault = self.injector.send(component.job_id, node, list(pids), signal.SIGKILL)
-                notes.append(f"killed rank {rank} while step-{ckpt_step}.tmp was being written")
+                shard = self.handle.ckpt_dir / f"step-{ckpt_step}.tmp" / f"{ckpt_format.shard_name(rank or 0)}.json"
+                notes.append(f"killed rank {rank} while step-{ckpt_step}.tmp was being written "
+                             f"({'its shard already durable' if shard.exists() else 'before its shard was durable'})")
             self.say(f"{spec.kind}: fault injected on {node}" + (f" rank {rank} (pid {pids[0]})" if pids else "")
                      + f" at step {step} of incarnation {incarnation}")
             times, error = self._follow(spec, job, incarnation, fault, node, pids, stalled)
@@ -147,6 +154,16 @@ class DrillRunner:
                            progress=progress(history, fault, resumed_at=resumed_at) if history else None,
                            expect_recovery=spec.kind != "stall-rank" or times.confirmed is not None,
                            restored=restored, error=error or restore_error, notes=tuple(notes))
+
+    def _committer_node(self, spec: DrillSpec, job: Job) -> str:
+        """ckpt-crash without --node: rank 0's node, if drills may touch it. Rank 0 commits a
+        checkpoint once every shard is durable, so killing it mid-persist abandons the commit."""
+        if spec.kind != "ckpt-crash" or spec.rank not in (None, 0):
+            return ""
+        first = next((c for c in job.components if c.het_offset == 0), None)
+        if first is None or not first.nodes or first.nodes[0] not in self.injector.allowed:
+            return ""
+        return first.nodes[0]
 
     def latest_complete(self) -> int:
         step = ckpt_format.latest_step(self.handle.ckpt_dir)
