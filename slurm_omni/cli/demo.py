@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,8 @@ class Story:
             value = fn()
         except OmniError as e:
             raise OmniError(f"demo: phase {self.n} ({name}) failed: {str(e).removeprefix('demo: ')}") from e
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+            raise OmniError(f"demo: phase {self.n} ({name}) failed: {type(e).__name__}: {e}") from e
         click.echo(f"[{time.monotonic() - self.start:6.1f}s] {self.n}/{self.total} {name}: {done(value)}")
         return value
 

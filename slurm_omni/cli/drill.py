@@ -52,6 +52,8 @@ def _kinds(kind: str | None, matrix: str) -> list[str]:
 @click.option("--reference", type=click.Path(path_type=Path, file_okay=False),
               help="Metrics folder of a run that never failed: wait for the job to finish and check "
                    "the loss curve and the data against it.")
+@click.option("--run-reference", is_flag=True,
+              help="Train the job file once here without a fault (local launcher) as the reference.")
 @click.option("--rtol", type=float, default=1e-3, show_default=True,
               help="Loss tolerance when the layout changed (a shrink); same layout must be bitwise.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("drills"),
@@ -61,7 +63,7 @@ def _kinds(kind: str | None, matrix: str) -> list[str]:
               help="Embedded cluster state dir (slurmd-crash).")
 def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node: str, rank: int | None,
           stall_s: float, after_steps: int, timeout_s: float, timeline: Path | None, reference: Path | None,
-          rtol: float, out_dir: Path, state_dir: Path) -> None:
+          run_reference: bool, rtol: float, out_dir: Path, state_dir: Path) -> None:
     """Inject KIND into a running job (node-down, kill-rank, stall-rank, ckpt-crash, slurmd-crash),
     measure detection and recovery, and return the node to service."""
     from slurm_omni.config.site import load_site, site_path
@@ -83,7 +85,8 @@ def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node:
     if node:
         injector.check(node)
     injector.check(*allowed)      # refuses an empty allowed set before anything runs
-    handle = JobHandle.from_registration(find_registration(site, job), site)
+    record = find_registration(site, job)
+    handle = JobHandle.from_registration(record, site)
     runner = DrillRunner(injector, backend, handle, timeline=timeline or default_state_dir(site) / "timeline.json",
                          on_event=lambda line: click.echo(f"  {line}"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +100,11 @@ def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node:
         _write(out_dir / f"drill-{i}-{name}.json", goodput_document([result], source=_source(name, job)))
         if result.error:
             break
+    if run_reference and reference is None:
+        from slurm_omni.drill.reference import run_reference as train_reference
+
+        click.echo(f"training the reference run of {record['job_file']} in {out_dir / 'reference'}")
+        reference = train_reference(Path(record["job_file"]), out_dir / "reference", timeout_s * 2)
     if reference is not None:
         from slurm_omni.drill.verify import verify_run
 

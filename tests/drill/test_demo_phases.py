@@ -91,3 +91,11 @@ def test_drill_timeline_fills_the_fault_the_manager_cannot_know(tmp_path: Path) 
     (r,) = load_timeline(out).recoveries
     assert r.fault == 100.0 and r.detection_s == 1.0 and r.recovery_s == 7.0 and r.action == "resubmit"
     assert story.drill_timeline(tmp_path / "none.json", result, tmp_path / "x.json") is None
+
+
+def test_an_unexpected_error_is_still_one_line() -> None:
+    def missing() -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/x/job.toml")
+
+    with pytest.raises(OmniError, match=r"^demo: phase 1 \(files\) failed: FileNotFoundError: .*job.toml'$"):
+        Story(1).phase("files", missing, lambda _: "")
