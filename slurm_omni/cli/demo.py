@@ -151,7 +151,7 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
                          lambda j: f"omni submit: het job {j} (vision | text stages, 2 replicas each)")
         h = story.handle(files, job_id)
         runner = DrillRunner(injector, backend, h, timeline=files.manager_dir / "timeline.json", on_event=s.say)
-        result = s.phase("drill", lambda: runner.run(DrillSpec(kind="node-down", after_steps=8, timeout_s=timeout_s)),
+        result = s.phase("drill", lambda: runner.run(DrillSpec(kind="node-down", after_steps=30, timeout_s=timeout_s)),
                          lambda r: f"{r.node} DOWN at step {r.progress.last_step_before if r.progress else '?'}: "
                                    f"confirmed in {_s(r.detection_s)}, training again {_s(r.recovery_s)} later "
                                    f"({r.times.source}), {r.node} resumed")
