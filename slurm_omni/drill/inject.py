@@ -27,6 +27,7 @@ from slurm_omni.errors import OmniError
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.types import HetComponent
 
 log = logging.getLogger(__name__)
 
@@ -129,20 +130,25 @@ class Injector:
     def _local(self, node: str) -> bool:
         return self._host(node) in (socket.gethostname(), socket.getfqdn(), "localhost")
 
-    def _on_node(self, job_id: int, node: str, argv: list[str]) -> str:
-        """Run ``argv`` on ``node``: here when the node is this host, else as a step of the job."""
+    def _on_node(self, component: HetComponent, node: str, argv: list[str], *, het: bool) -> str:
+        """Run ``argv`` on ``node``: here when the node is this host, else as an overlapping step of the
+        job (22.05 takes a het job's leader id and the component as --het-group, not the component id)."""
         if not self._local(node):
-            argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}", "-N1", "-n1", "--quiet",
-                    *argv]
+            job = ([f"--jobid={component.het_job_id}", f"--het-group={component.het_offset}"] if het
+                   else [f"--jobid={component.job_id}"])
+            argv = ["srun", *job, "--overlap", f"--nodelist={node}", "-N1", "-n1", "--quiet", *argv]
         return self.runner.run(argv, timeout_s=20).stdout
 
-    def task_pids(self, job_id: int, node: str) -> list[TaskPid]:
-        """Tasks of component job ``job_id`` on ``node`` (newest step first)."""
+    def task_pids(self, component: HetComponent, node: str, *, het: bool) -> list[TaskPid]:
+        """Tasks of ``component`` on ``node``, the job's first step first: the training step is the
+        batch script's first srun (a remote listpids adds its own, later step)."""
         self.check(node)
-        tasks = parse_listpids(self._on_node(job_id, node, ["scontrol", "listpids", str(job_id), node]))
-        return sorted(tasks, key=lambda t: (-int(t.step) if t.step.isdigit() else 0, t.local_id))
+        out = self._on_node(component, node, ["scontrol", "listpids", str(component.job_id), node], het=het)
+        return sorted(parse_listpids(out), key=lambda t: (int(t.step) if t.step.isdigit() else 1 << 30,
+                                                          t.local_id))
 
-    def send(self, job_id: int, node: str, pids: list[int], sig: signal.Signals) -> float:
+    def send(self, component: HetComponent, node: str, pids: list[int], sig: signal.Signals, *,
+             het: bool) -> float:
         """Signal ``pids`` on ``node``; returns the time it was sent."""
         self.check(node)
         at = time.time()
@@ -154,7 +160,7 @@ class Injector:
                     raise DrillError(f"drill: couldn't send SIG{sig.name.removeprefix('SIG')} to pid {pid} "
                                      f"on {node}: no such process (the rank exited)") from e
         else:
-            self._on_node(job_id, node, ["kill", "-s", sig.name.removeprefix("SIG"), *map(str, pids)])
+            self._on_node(component, node, ["kill", "-s", sig.name.removeprefix("SIG"), *map(str, pids)], het=het)
         log.info("drill: sent %s to %s on %s", sig.name, pids, node)
         return at
 

@@ -90,8 +90,8 @@ def pick_task(tasks: list[TaskPid], component: HetComponent, handle: JobHandle,
         raise DrillError(f"drill: couldn't find the ranks of job {component.job_id}: scontrol listpids lists "
                          "no task on the node (step not started yet?)")
     offset = handle.rank_offset(component.het_offset)
-    newest = tasks[0].step
-    by_rank = {offset + t.global_id: t for t in tasks if t.step == newest}
+    step = tasks[0].step     # the training step (task_pids lists it first)
+    by_rank = {offset + t.global_id: t for t in tasks if t.step == step}
     if rank is None:
         return min(by_rank.items())
     if rank not in by_rank:

@@ -28,7 +28,7 @@ from slurm_omni.drill.measure import DrillResult, DrillTimes, progress
 from slurm_omni.errors import OmniError
 from slurm_omni.report.timeline import Recovery, ReportInputError, load_timeline
 from slurm_omni.slurm.cli_backend import CliBackend
-from slurm_omni.slurm.types import Job, JobState
+from slurm_omni.slurm.types import HetComponent, Job, JobState
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,8 @@ class DrillRunner:
         rank: int | None = None
         pids: tuple[int, ...] = ()
         if spec.kind in RANK_KINDS:
-            rank, task = pick_task(self.injector.task_pids(component.job_id, node), component, self.handle, spec.rank)
+            tasks = self.injector.task_pids(component, node, het=job.is_het)
+            rank, task = pick_task(tasks, component, self.handle, spec.rank)
             pids = (task.pid,)
         notes: list[str] = []
         fault = 0.0
@@ -128,24 +129,24 @@ class DrillRunner:
             elif spec.kind == "slurmd-crash":
                 fault = self.injector.slurmd_crash(node)
             elif spec.kind == "kill-rank":
-                fault = self.injector.send(component.job_id, node, list(pids), signal.SIGKILL)
+                fault = self.injector.send(component, node, list(pids), signal.SIGKILL, het=job.is_het)
             elif spec.kind == "stall-rank":
-                fault = self.injector.send(component.job_id, node, list(pids), signal.SIGSTOP)
+                fault = self.injector.send(component, node, list(pids), signal.SIGSTOP, het=job.is_het)
                 stalled = True
             else:
                 ckpt_step = self.wait_for_persist(self.latest_complete(), spec.timeout_s)
-                fault = self.injector.send(component.job_id, node, list(pids), signal.SIGKILL)
+                fault = self.injector.send(component, node, list(pids), signal.SIGKILL, het=job.is_het)
                 shard = self.handle.ckpt_dir / f"step-{ckpt_step}.tmp" / f"{ckpt_format.shard_name(rank or 0)}.json"
                 notes.append(f"killed rank {rank} while step-{ckpt_step}.tmp was being written "
                              f"({'its shard already durable' if shard.exists() else 'before its shard was durable'})")
             self.say(f"{spec.kind}: fault injected on {node}" + (f" rank {rank} (pid {pids[0]})" if pids else "")
                      + f" at step {step} of incarnation {incarnation}")
-            times, error = self._follow(spec, job, incarnation, fault, node, pids, stalled)
+            times, error = self._follow(spec, job, component, incarnation, fault, node, pids, stalled)
             if spec.kind == "ckpt-crash":
                 notes.append(f"newest complete checkpoint afterwards: step {self.latest_complete()}")
         finally:
             if stalled:
-                self._cont(component.job_id, node, pids)
+                self._cont(job, component, node, pids)
             restored, restore_error = self._restore(spec, node)
         history = self._history()
         resumed_at = times.running if times.first_step is not None else None
@@ -169,9 +170,9 @@ class DrillRunner:
         step = ckpt_format.latest_step(self.handle.ckpt_dir)
         return -1 if step is None else step
 
-    def _cont(self, job_id: int, node: str, pids: tuple[int, ...]) -> None:
+    def _cont(self, job: Job, component: HetComponent, node: str, pids: tuple[int, ...]) -> None:
         try:
-            self.injector.send(job_id, node, list(pids), signal.SIGCONT)
+            self.injector.send(component, node, list(pids), signal.SIGCONT, het=job.is_het)
         except OmniError as e:
             log.info("drill: SIGCONT after the stall: %s", e)   # the rank is gone: a recovery replaced it
 
@@ -194,8 +195,8 @@ class DrillRunner:
             return None
 
     # -- after the fault ----------------------------------------------------------------------------
-    def _follow(self, spec: DrillSpec, job: Job, incarnation: int, fault: float, node: str,
-                pids: tuple[int, ...], stalled: bool) -> tuple[DrillTimes, str]:
+    def _follow(self, spec: DrillSpec, job: Job, component: HetComponent, incarnation: int, fault: float,
+                node: str, pids: tuple[int, ...], stalled: bool) -> tuple[DrillTimes, str]:
         """Poll until the next incarnation logs a step (or a stall is ridden out); the timeline's times."""
         deadline = time.monotonic() + spec.timeout_s
         left_at: float | None = None
@@ -209,7 +210,7 @@ class DrillRunner:
         while time.monotonic() < deadline:
             now = time.time()
             if stalled and now >= fault + spec.stall_s:
-                self._cont(job.job_id, node, pids)
+                self._cont(job, component, node, pids)
                 stalled = False
                 self.say(f"stall-rank: SIGCONT after {now - fault:.1f}s")
             if time.monotonic() >= next_slurm:

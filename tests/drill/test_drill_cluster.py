@@ -79,9 +79,11 @@ def test_refused_node_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert "drills.allowed_nodes is empty" in capsys.readouterr().err
 
 
-def test_listpids_finds_each_rank_and_signals_reach_it(slurm_cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("remote", [False, True], ids=["this-host", "through-srun-overlap"])
+def test_listpids_finds_each_rank_and_signals_reach_it(slurm_cluster, tmp_path: Path, remote: bool) -> None:
     """A two-component het job, two tasks per node: component 1's tasks are ranks 2 and 3; STOP
-    freezes exactly the chosen one, CONT thaws it, KILL ends the step."""
+    freezes exactly the chosen one, CONT thaws it, KILL ends it. ``remote``: as on a real cluster,
+    listpids and kill run on the node as an overlapping step of the job (srun --het-group)."""
     backend = slurm_cluster.backend()
     vision, text = idle_nodes(backend, 2)
     out = tmp_path / "pids"
@@ -101,7 +103,9 @@ def test_listpids_finds_each_rank_and_signals_reach_it(slurm_cluster, tmp_path: 
         job = next(j for j in backend.jobs() if j.job_id == leader)
         comp = next(c for c in job.components if c.het_offset == 1)
         injector = Injector(allowed=(text,), site="test site", backend=backend)
-        tasks = injector.task_pids(comp.job_id, text)
+        if remote:
+            injector._hosts[text] = "a-host-elsewhere"     # what scontrol show node would say
+        tasks = injector.task_pids(comp, text, het=True)
         handle = JobHandle(name="omni-drill-test", job_id=leader, stage_tasks=(2, 2), ckpt_dir=tmp_path,
                            metrics_dir=tmp_path, heartbeat_dir=tmp_path, max_steps=1)
         ranks = {pick_task(tasks, comp, handle, r)[1].pid: r for r in (2, 3)}
@@ -109,15 +113,16 @@ def test_listpids_finds_each_rank_and_signals_reach_it(slurm_cluster, tmp_path: 
         pid = next(p for p, r in ranks.items() if r == 3)
         other = next(p for p, r in ranks.items() if r == 2)
         with pytest.raises(DrillRefused):
-            injector.task_pids(leader, vision)
-        injector.send(comp.job_id, text, [pid], signal.SIGSTOP)
+            injector.task_pids(job.components[0], vision, het=True)
+        injector.send(comp, text, [pid], signal.SIGSTOP, het=True)
         assert wait_until(lambda: _state(pid) == "T", 10, "rank 3 stopped")
         assert _state(other) != "T"
-        injector.send(comp.job_id, text, [pid], signal.SIGCONT)
+        injector.send(comp, text, [pid], signal.SIGCONT, het=True)
         assert wait_until(lambda: _state(pid) not in ("T", ""), 10, "rank 3 running again")
-        injector.send(comp.job_id, text, [pid], signal.SIGKILL)
+        injector.send(comp, text, [pid], signal.SIGKILL, het=True)
         wait_until(lambda: _state(pid) in ("", "Z"), 30, "rank 3 to die")
-        assert [t.pid for t in injector.task_pids(comp.job_id, text)] == [other]
+        # a remote listpids also lists its own probe, a later step of the job
+        assert [t.pid for t in injector.task_pids(comp, text, het=True) if t.step == "0"] == [other]
     finally:
         backend.cancel(str(leader))
 
