@@ -174,7 +174,11 @@ class Injector:
     def slurmd_crash(self, node: str) -> float:
         self.check(node)
         at = time.time()
-        pid = self._cluster().kill_daemon(f"slurmd:{node}", signal.SIGKILL)
+        cluster = self._cluster()
+        pid = cluster.kill_daemon(f"slurmd:{node}", signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while cluster.running().get(f"slurmd:{node}") is not None and time.monotonic() < deadline:
+            time.sleep(0.02)   # SIGKILL lands asynchronously
         log.info("drill: killed slurmd:%s (pid %d)", node, pid)
         return at
 
