@@ -136,9 +136,10 @@ class DrillRunner:
             else:
                 ckpt_step = self.wait_for_persist(self.latest_complete(), spec.timeout_s)
                 fault = self.injector.send(component, node, list(pids), signal.SIGKILL, het=job.is_het)
-                shard = self.handle.ckpt_dir / f"step-{ckpt_step}.tmp" / f"{ckpt_format.shard_name(rank or 0)}.json"
-                notes.append(f"killed rank {rank} while step-{ckpt_step}.tmp was being written "
-                             f"({'its shard already durable' if shard.exists() else 'before its shard was durable'})")
+                tmp = self.handle.ckpt_dir / f"step-{ckpt_step}.tmp"
+                durable = (tmp / f"{ckpt_format.shard_name(rank or 0)}.json").exists()
+                notes.append(f"killed rank {rank} while {tmp.name} was being written "
+                             f"({'its shard already durable' if durable else 'before its shard was durable'})")
             self.say(f"{spec.kind}: fault injected on {node}" + (f" rank {rank} (pid {pids[0]})" if pids else "")
                      + f" at step {step} of incarnation {incarnation}")
             times, error = self._follow(spec, job, component, incarnation, fault, node, pids, stalled)
