@@ -132,6 +132,7 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool) -> None:
 def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFiles, timeout_s: float) -> None:
     from slurm_omni.config.site import load_site
     from slurm_omni.drill import story
+    from slurm_omni.drill.faults import fill_faults
     from slurm_omni.drill.inject import Injector
     from slurm_omni.drill.measure import goodput_document, render_table
     from slurm_omni.drill.reference import finish_reference, start_reference
@@ -171,7 +172,7 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         files.drills.mkdir(exist_ok=True)
         (files.drills / "drills.json").write_text(json.dumps(
             goodput_document([result], source="omni demo"), indent=1, sort_keys=True) + "\n")
-        timeline = story.drill_timeline(files.manager_dir / "timeline.json", result, files.drills / "timeline.json")
+        timeline = fill_faults(files.manager_dir / "timeline.json", [result], files.drills / "timeline.json")
         text = s.phase("report", lambda: story.report(files, h, ref_metrics, env, timeline),
                        lambda _: f"omni report: {files.report}/report.html, report.png")
         for line in (render_table([result]) + "\n" + text).rstrip().splitlines():

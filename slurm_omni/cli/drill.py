@@ -67,6 +67,7 @@ def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node:
     """Inject KIND into a running job (node-down, kill-rank, stall-rank, ckpt-crash, slurmd-crash),
     measure detection and recovery, and return the node to service."""
     from slurm_omni.config.site import load_site, site_path
+    from slurm_omni.drill.faults import fill_faults
     from slurm_omni.drill.inject import Injector, read_state_dir
     from slurm_omni.drill.job import JobHandle, find_registration
     from slurm_omni.drill.measure import goodput_document, render_table
@@ -113,8 +114,10 @@ def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node:
         click.echo(f"  equivalence: {'ok' if equivalence.ok else 'FAILED'}: {equivalence.summary()}")
         results = [r.with_equivalence(equivalence.to_json()) for r in results]
     _write(out_dir / "drills.json", goodput_document(results, source=_source(",".join(kinds), job)))
+    filled = fill_faults(runner.timeline, results, out_dir / "timeline.json") if runner.timeline else None
     click.echo(render_table(results))
-    click.echo(f"wrote {out_dir / 'drills.json'} (python -m bench.goodput --drill-json {out_dir / 'drills.json'})")
+    click.echo(f"wrote {out_dir / 'drills.json'} (python -m bench.goodput --drill-json {out_dir / 'drills.json'})"
+               + (f" and {filled} (omni report --timeline)" if filled else ""))
     failed = [r for r in results if not r.ok]
     if failed or len(results) < len(kinds):
         raise OmniError(f"drill: {len(failed)} of {len(kinds)} drills failed"

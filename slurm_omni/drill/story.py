@@ -7,7 +7,6 @@ not resume from a checkpoint of an earlier demo. Every command the story runs is
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -25,9 +24,7 @@ from slurm_omni.drill.equivalence import Equivalence, check_equivalence
 from slurm_omni.drill.history import load_history
 from slurm_omni.drill.inject import REASON, DrillError, Injector
 from slurm_omni.drill.job import JobHandle, find_registration
-from slurm_omni.drill.measure import DrillResult
 from slurm_omni.drill.reference import JOB_ENV
-from slurm_omni.report.timeline import load_timeline, timeline_json
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress
 
@@ -155,23 +152,6 @@ def handle(files: DemoFiles, job_id: int) -> JobHandle:
 
 def compare(files: DemoFiles, metrics: Path, reference_metrics: Path) -> Equivalence:
     return check_equivalence(load_history(metrics), load_history(reference_metrics))
-
-
-def drill_timeline(manager_timeline: Path, result: DrillResult, out: Path) -> Path | None:
-    """The manager's timeline with the drill's fault time filled in (the manager cannot know when a
-    fault began; the drill does), so the report shows detection too."""
-    if not manager_timeline.exists():
-        return None
-    recoveries = []
-    for r in load_timeline(manager_timeline).recoveries:
-        t = result.times
-        if r.fault is None and t.confirmed is not None and abs(r.confirmed - t.confirmed) < 1e-3 and \
-                t.fault <= (r.detected if r.detected is not None else r.confirmed):
-            r = dataclasses.replace(r, fault=t.fault)
-        recoveries.append(r)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(timeline_json(recoveries))
-    return out
 
 
 def report(files: DemoFiles, h: JobHandle, reference_metrics: Path, env: dict[str, str],

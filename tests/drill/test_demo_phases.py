@@ -77,6 +77,7 @@ def test_cleanup_resumes_what_a_drill_left_down(slurm_cluster) -> None:
 
 
 def test_drill_timeline_fills_the_fault_the_manager_cannot_know(tmp_path: Path) -> None:
+    from slurm_omni.drill.faults import fill_faults
     from slurm_omni.drill.measure import DrillResult, DrillTimes
     from slurm_omni.report.timeline import load_timeline
 
@@ -86,11 +87,11 @@ def test_drill_timeline_fills_the_fault_the_manager_cannot_know(tmp_path: Path) 
                        '"first_step_after_restore": 108.0, "kind": "node_down", "action": "resubmit"}]}')
     result = DrillResult(kind="node-down", job="j", job_id="7", restored=True,
                          times=DrillTimes(fault=100.0, confirmed=101.0, first_step=108.0, source="journal"))
-    out = story.drill_timeline(manager, result, tmp_path / "drills" / "timeline.json")
+    out = fill_faults(manager, [result], tmp_path / "drills" / "timeline.json")
     assert out is not None
     (r,) = load_timeline(out).recoveries
     assert r.fault == 100.0 and r.detection_s == 1.0 and r.recovery_s == 7.0 and r.action == "resubmit"
-    assert story.drill_timeline(tmp_path / "none.json", result, tmp_path / "x.json") is None
+    assert fill_faults(tmp_path / "none.json", [result], tmp_path / "x.json") is None
 
 
 def test_an_unexpected_error_is_still_one_line() -> None:
