@@ -1,7 +1,8 @@
 """The manager's recovery timeline with the drills' fault times filled in.
 
-The manager cannot know when a fault began (it sees the first symptom); a drill does. Matching is
-by the confirmation time, which the drill read from the same timeline.
+The manager cannot know when a fault began: it has no fault time, or an estimate from the first
+symptom (a fault record, the last beat). A drill knows it: its injection time replaces the
+manager's. Matching is by the confirmation time, which the drill read from the same timeline.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def fill_faults(manager_timeline: Path, results: Sequence[DrillResult], out: Pat
     for r in load_timeline(manager_timeline).recoveries:
         for t in (d.times for d in results if d.times.source == "journal"):
             first_seen = r.detected if r.detected is not None else r.confirmed
-            if r.fault is None and t.confirmed is not None and abs(r.confirmed - t.confirmed) < 1e-3 \
+            if t.confirmed is not None and abs(r.confirmed - t.confirmed) < 1e-3 \
                     and t.fault <= first_seen:
                 r = dataclasses.replace(r, fault=t.fault)
         recoveries.append(r)

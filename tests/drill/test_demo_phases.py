@@ -100,3 +100,21 @@ def test_an_unexpected_error_is_still_one_line() -> None:
 
     with pytest.raises(OmniError, match=r"^demo: phase 1 \(files\) failed: FileNotFoundError: .*job.toml'$"):
         Story(1).phase("files", missing, lambda _: "")
+
+
+def test_the_drills_fault_time_replaces_the_managers_estimate(tmp_path: Path) -> None:
+    from slurm_omni.drill.faults import fill_faults
+    from slurm_omni.drill.measure import DrillResult, DrillTimes
+    from slurm_omni.report.timeline import load_timeline
+
+    manager = tmp_path / "timeline.json"
+    manager.write_text('{"recoveries": [{"job_id": "7", "incarnation": 0, "fault": 99.5, "detected": 100.6, '
+                       '"confirmed": 102.0, "kind": "task_crash"}, {"job_id": "9", "incarnation": 0, '
+                       '"confirmed": 300.0}]}')
+    result = DrillResult(kind="kill-rank", job="j", job_id="7", restored=True,
+                         times=DrillTimes(fault=100.5, confirmed=102.0, source="journal"))
+    out = fill_faults(manager, [result], tmp_path / "filled.json")
+    assert out is not None
+    first, other = load_timeline(out).recoveries
+    assert first.fault == 100.5 and first.detection_s == 1.5
+    assert other.fault is None     # a recovery no drill caused keeps what the manager wrote
