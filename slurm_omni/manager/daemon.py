@@ -203,8 +203,8 @@ class Manager:
                                          event.task_id, event.exit_code, event.signal))
 
     def _heartbeats(self, w: Watch, now: float) -> None:
-        if w.slurm_id is None:
-            return
+        if w.slurm_id is None or w.expect_restart:   # a requeued array task: its next life's beats come
+            return                                     # with the restart count Slurm has not shown yet
         beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.restart_count]
         for hb in beats:
             if w.phases.get(hb.rank) != hb.phase:
@@ -271,6 +271,12 @@ class Manager:
             self.journal.record_observation(w.key, w.incarnation, "job_state", snap.taken_at,
                                             {"slurm_job_id": w.slurm_id, "state": job.slurm_state,
                                              "reason": job.reason, "restart_count": job.restart_count})
+        if w.requeue_settling:
+            if job.state.finished:
+                # Slurm 22.05 shows a requeued job with its new restart count but the old life's
+                # FAILED (or CANCELLED) until it is PENDING again: not the end of the incarnation.
+                return
+            w.requeue_settling = False
         if job.state is JobState.RUNNING and not w.running:
             w.started(job, snap.taken_at)
             self.journal.add_incarnation(w.key, w.incarnation, {

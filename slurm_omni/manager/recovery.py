@@ -209,6 +209,9 @@ def _requeue_task(m: Manager, w: Watch, rec: Recovery, now: float) -> None:
     m.mark_phase(w.key, w.incarnation, "resubmitted", m.clock(), new_incarnation=w.incarnation + 1)
     w.awaiting, w.pending, w.expect_restart = w.incarnation, None, True
     w.restore_step = latest_step(w.heartbeat_dir.parent)
+    # The failed life is over: its verdict must not confirm again, and its last heartbeats (read
+    # until Slurm shows the restart) are no sign of the next life training.
+    w.new_life()
 
 
 def consider_grow(m: Manager, w: Watch, snap: ClusterSnapshot, now: float) -> None:

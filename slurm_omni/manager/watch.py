@@ -57,6 +57,7 @@ class Watch:
     requeued_at: float | None = None         # Slurm requeued the life being judged, unasked
     ended_ids: set[int] = field(default_factory=set)   # Slurm ids of earlier incarnations: must stay gone
     last_plan_poll: int = -1                 # the poll a waiting plan was last made from
+    requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
 
     @property
     def node_set(self) -> frozenset[str]:
@@ -82,6 +83,7 @@ class Watch:
     def new_life(self) -> None:
         """A requeue after a checkpointed exit: the same incarnation starts again."""
         self.running = False
+        self.requeue_settling = True
         self.phases.clear()
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.verdict = Verdict.NONE
@@ -111,6 +113,7 @@ class Watch:
         self.verdict = Verdict.NONE
         self.pending = None
         self.awaiting_grow = self.requeued_at = None
+        self.requeue_settling = False
         self.state = "active"
 
 

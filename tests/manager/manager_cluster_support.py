@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ root = "{tmp}/ckpt"
 [elasticity]
 spare_policy = "{spare_policy}"
 quarantine_s = {quarantine_s}
+drain_failed = {drain_failed}
 [manager]
 spool_dir = "{spool}"
 registry_dir = "{tmp}/registry"
@@ -58,7 +60,7 @@ nodes = {dp}
 name = "text"
 nodes = {dp}
 [training]
-max_steps = 2000
+max_steps = {max_steps}
 [training.model]
 preset = "tiny"
 [training.parallel]
@@ -72,6 +74,10 @@ keep_last = 3
 """
 
 JOB_ENV = {"OMNI_STEP_DELAY_S": "0.2", "OMNI_LOG_LEVEL": "INFO", "OMP_NUM_THREADS": "1"}
+
+
+def job_file_text(name: str, tmp: Path, shards: Path, *, dp: int = 1, max_steps: int = 2000) -> str:
+    return JOB.format(name=name, dp=dp, tmp=tmp, shards=shards, max_steps=max_steps)
 
 
 def make_shards(root: Path) -> Path:
@@ -90,6 +96,8 @@ class ManagerRun:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     restore_nodes: set[str] = field(default_factory=set)
+    extra_jobs: set[int] = field(default_factory=set)
+    """Slurm jobs the test made besides ``name``'s (array jobs, sleep jobs): cancelled at the end."""
 
     @property
     def site(self) -> Path:
@@ -110,11 +118,22 @@ class ManagerRun:
     def runner(self) -> CommandRunner:
         return CommandRunner(self.env, timeout_s=20)
 
-    def submit(self) -> int:
-        out = subprocess.run([str(BIN / "omni"), "submit", str(self.tmp / "job.toml"), "--site", str(self.site)],
+    def submit(self, *job_files: Path) -> int:
+        """``omni submit`` of the run's job file (or of ``job_files``: several make a sweep)."""
+        files = [str(f) for f in job_files] or [str(self.tmp / "job.toml")]
+        out = subprocess.run([str(BIN / "omni"), "submit", *files, "--site", str(self.site)],
                              env=self.env, capture_output=True, text=True, timeout=60, check=True).stdout
         self.job_id = int(out.split("submitted job ")[1].split()[0])
+        self.extra_jobs.add(self.job_id)
         return self.job_id
+
+    def sbatch(self, *argv: str) -> int:
+        """A plain ``sbatch --parsable`` job (cancelled at the end)."""
+        (self.tmp / "logs").mkdir(exist_ok=True)
+        out = self.runner().run(["sbatch", "--parsable", f"--output={self.tmp}/logs/sbatch-%j.out", *argv]).stdout
+        job_id = int(out.strip().split(";")[0])
+        self.extra_jobs.add(job_id)
+        return job_id
 
     def start_manager(self, **extra_env: str) -> None:
         log = open(self.tmp / f"manager-{self.starts}.log", "wb")   # noqa: SIM115 (closed with the process)
@@ -144,21 +163,34 @@ class ManagerRun:
     def journal(self) -> Journal:
         return Journal(self.state_dir / "journal.sqlite", readonly=True)
 
-    def recoveries(self) -> list[Recovery]:
+    def recoveries(self, key: str | None = None) -> list[Recovery]:
         if not (self.state_dir / "journal.sqlite").exists():
             return []
         with self.journal() as j:
-            return j.recoveries(self.key)
+            return j.recoveries(key or self.key)
+
+    def rows(self, query: str, *args: object) -> list[tuple[Any, ...]]:
+        """Rows of a read-only query on the journal ([] before the manager made it)."""
+        path = self.state_dir / "journal.sqlite"
+        if not path.exists():
+            return []
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            return con.execute(query, args).fetchall()
+        except sqlite3.OperationalError:   # the manager has not made its tables yet
+            return []
+        finally:
+            con.close()
 
     def incarnations(self) -> list[dict[str, Any]]:
         with self.journal() as j:
             return j.incarnations(self.key)
 
-    def beats(self, slurm_job_id: int | None = None) -> dict[int, dict[str, Any]]:
+    def beats(self, slurm_job_id: int | None = None, heartbeat_dir: Path | None = None) -> dict[int, dict[str, Any]]:
         """Rank -> its heartbeat, for ranks of ``slurm_job_id`` (default: the registered job)."""
         wanted = str(slurm_job_id or self.job_id)
         out = {}
-        for path in self.heartbeat_dir.glob("rank-*.json"):
+        for path in (heartbeat_dir or self.heartbeat_dir).glob("rank-*.json"):
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -167,19 +199,20 @@ class ManagerRun:
                 out[record["rank"]] = record
         return out
 
-    def wait_steps(self, slurm_job_id: int, ranks: int, step: int, timeout_s: float = 120) -> dict[int, dict[str, Any]]:
+    def wait_steps(self, slurm_job_id: int, ranks: int, step: int, timeout_s: float = 120,
+                   heartbeat_dir: Path | None = None) -> dict[int, dict[str, Any]]:
         def probe() -> dict[int, dict[str, Any]] | None:
-            b = self.beats(slurm_job_id)
+            b = self.beats(slurm_job_id, heartbeat_dir)
             ok = len(b) == ranks and all(r["phase"] == "training" and r["step"] >= step for r in b.values())
             return b if ok else None
         return wait_until(probe, timeout_s, f"{ranks} ranks of job {slurm_job_id} at step {step}\n"
                           + self.job_log(slurm_job_id), interval_s=0.5)
 
-    def wait_recovery(self, count: int, phase: str, timeout_s: float = 120) -> list[Recovery]:
+    def wait_recovery(self, count: int, phase: str, timeout_s: float = 120, key: str | None = None) -> list[Recovery]:
         def probe() -> list[Recovery] | None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"manager exited {self.proc.returncode}\n{self.manager_log()}")
-            recs = self.recoveries()
+            recs = self.recoveries(key)
             return recs if len(recs) >= count and recs[count - 1].times[phase] is not None else None
         try:
             return wait_until(probe, timeout_s, f"recovery {count} to reach {phase}", interval_s=0.5)
@@ -205,10 +238,11 @@ class ManagerRun:
     def cleanup(self) -> None:
         self.stop_manager()
         runner = self.runner()
-        # twice: a cancelled batch script whose ranks checkpoint on SIGTERM requeues itself
+        # twice: a job may be requeuing (after USR1, or by Slurm for a lost node) while it is cancelled
         for _ in range(2):
             for job in list_jobs(self.env):
-                if job["name"] == self.name:
+                if job["name"] == self.name or job["job_id"] in self.extra_jobs \
+                        or job.get("array_job_id") in self.extra_jobs:
                     runner.run(["scancel", str(job["job_id"])], check=False)
             time.sleep(2)
         for node in sorted(self.restore_nodes):
@@ -222,10 +256,11 @@ def list_jobs(env: dict[str, str]) -> list[dict[str, Any]]:
 
 @contextmanager
 def manager_run(tmp: Path, cluster_env: dict[str, str], spool: Path, shards: Path, *, name: str, dp: int = 1,
-                spare_policy: str = "any_switch", quarantine_s: float = 3600) -> Iterator[ManagerRun]:
+                spare_policy: str = "any_switch", quarantine_s: float = 3600, drain_failed: bool = False,
+                max_steps: int = 2000) -> Iterator[ManagerRun]:
     (tmp / "site.toml").write_text(SITE.format(tmp=tmp, spool=spool, spare_policy=spare_policy,
-                                               quarantine_s=quarantine_s))
-    (tmp / "job.toml").write_text(JOB.format(name=name, dp=dp, tmp=tmp, shards=shards))
+                                               quarantine_s=quarantine_s, drain_failed=str(drain_failed).lower()))
+    (tmp / "job.toml").write_text(job_file_text(name, tmp, shards, dp=dp, max_steps=max_steps))
     env = {**os.environ, **cluster_env, **JOB_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
     run = ManagerRun(tmp, env, name)
     try:

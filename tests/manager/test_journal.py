@@ -30,8 +30,10 @@ class Crash(Exception):
     """Stands for the manager being killed at this point."""
 
 
-class FakeSlurm:
-    """sbatch and squeue by tag, stored in a file so that a second process sees the first's jobs."""
+class SubmissionLog:
+    """What perform_once's callbacks submitted and can find again by tag (no Slurm: the journal's
+    exactly-once rule is about the order of its own writes around the callbacks), kept in a file so
+    that a second process sees the first's submissions."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -51,7 +53,7 @@ class FakeSlurm:
         return next((j["id"] for j in self.jobs() if j["tag"] == tag), None)
 
 
-def recover(journal: Journal, slurm: FakeSlurm, hit: Callable[[str], None], clock: Callable[[], float]) -> str:
+def recover(journal: Journal, slurm: SubmissionLog, hit: Callable[[str], None], clock: Callable[[], float]) -> str:
     """What the manager does for the confirmed failure of incarnation 0: the order under test."""
     hit("before_confirm")
     journal.open_recovery(JOB, 0, "down", ("t1",), fault_at=1.0, detected_at=2.0, confirmed_at=3.0)
@@ -74,7 +76,7 @@ def recover(journal: Journal, slurm: FakeSlurm, hit: Callable[[str], None], cloc
     return job_id
 
 
-def restart_and_finish(db: Path, slurm: FakeSlurm) -> Journal:
+def restart_and_finish(db: Path, slurm: SubmissionLog) -> Journal:
     """A new manager process: carry on every open recovery not yet resubmitted."""
     journal = Journal(db)
     open_ = [r for r in journal.open_recoveries() if r.times["resubmitted"] is None]
@@ -97,7 +99,7 @@ def fresh(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("point", POINTS)
 def test_crash_at_every_point_submits_exactly_once(tmp_path: Path, point: str) -> None:
-    db, slurm = fresh(tmp_path), FakeSlurm(tmp_path / "slurm.jsonl")
+    db, slurm = fresh(tmp_path), SubmissionLog(tmp_path / "slurm.jsonl")
 
     def hit(p: str) -> None:
         if p == point:
@@ -149,7 +151,7 @@ KILLED = textwrap.dedent("""
 
 @pytest.mark.parametrize("point", ["before_confirm", "before_submit", "after_submit", "after_done"])
 def test_killed_process_then_restart(tmp_path: Path, point: str) -> None:
-    db, slurm = fresh(tmp_path), FakeSlurm(tmp_path / "slurm.jsonl")
+    db, slurm = fresh(tmp_path), SubmissionLog(tmp_path / "slurm.jsonl")
     proc = subprocess.run([sys.executable, "-c", KILLED, str(db), str(slurm.path), point], check=False,
                           timeout=60, capture_output=True, text=True)
     assert proc.returncode == 137, proc.stderr
@@ -158,7 +160,7 @@ def test_killed_process_then_restart(tmp_path: Path, point: str) -> None:
 
 
 def test_failed_action_is_looked_for_before_retry(tmp_path: Path) -> None:
-    db, slurm = fresh(tmp_path), FakeSlurm(tmp_path / "slurm.jsonl")
+    db, slurm = fresh(tmp_path), SubmissionLog(tmp_path / "slurm.jsonl")
     j = Journal(db)
     key = action_key("resubmit", JOB, 1)
 

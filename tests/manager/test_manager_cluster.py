@@ -14,6 +14,7 @@ import pytest
 from manager_cluster_support import BIN, REPO, list_jobs, make_shards, manager_run, step_time
 
 from slurm_omni.manager.journal import incarnation_tag
+from slurm_omni.report.timeline import load_timeline
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -26,7 +27,8 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
         slurm_cluster, shards: Path, tmp_path: Path) -> None:
-    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-down") as run:
+    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-down",
+                     drain_failed=True) as run:
         job_id = run.submit()
         run.start_manager()
         run.wait_steps(job_id, 2, 8)
@@ -66,9 +68,27 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
                                  "--state-dir", str(run.state_dir)], env=run.env, capture_output=True, text=True,
                                 timeout=30, check=True)
         (job,) = json.loads(status.stdout)["jobs"]
+        assert job["name"] == run.key and job["current_incarnation"] == 1 and job["global_step"] > restore_step
+        assert [i["layout"]["nodes"] for i in job["incarnations"]] == [{"0": old_vision, "1": old_text},
+                                                                     {"0": new_vision, "1": new_text}]
         (timeline,) = job["recoveries"]
         assert timeline["complete"] and all(timeline["times"][p] is not None for p in
                                             ("detected", "confirmed", "resubmitted", "running", "first_step"))
+        assert timeline["cause"] == rec.cause and timeline["durations"]["confirmed"] <= 5.0
+        text = subprocess.run([str(BIN / "omni"), "status", "--site-config", str(run.site), "--state-dir",
+                               str(run.state_dir)], env=run.env, capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+        assert f"recovery of incarnation 0 ({rec.cause} on {','.join(rec.nodes)})" in text, text
+        (entry,) = load_timeline(run.state_dir / "timeline.json").recoveries
+        assert (entry.job_id, entry.incarnation, entry.action) == (str(job_id), 0, "resubmit")
+        assert entry.detection_s is not None and entry.first_step_after_restore is not None
+        script = (run.state_dir / "scripts" / f"{incarnation_tag(run.key, 1)}.sbatch").read_text()
+        assert "export OMNI_DP_SIZE=1" in script and f"export OMNI_CKPT_DIR={tmp_path}/ckpt/mgr-down" in script
+        # The failed node, drained once by the manager (drain_failed = true), its reason saying so.
+        node = {n.name: n for n in slurm_cluster.backend().nodes()}[old_text[0]]
+        assert "DRAIN" in node.flags and node.reason.startswith("omni:"), node
+        assert [k for (k,) in run.rows("SELECT key FROM actions WHERE kind = 'drain'")] == \
+            [f"drain:{run.key}:0:{old_text[0]}"]
 
 
 def test_killed_rank_recovers_without_slurm_and_a_killed_manager_submits_once(
