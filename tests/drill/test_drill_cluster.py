@@ -55,8 +55,8 @@ def test_node_down_touches_only_the_allowed_node_and_resumes_it(slurm_cluster) -
     with pytest.raises(DrillRefused):
         injector.node_down("node1" if node != "node1" else "node2")
     try:
-        fault = injector.node_down(node)
-        assert abs(fault - time.time()) < 30
+        before = time.time()
+        assert injector.node_down(node) >= before      # the fault time is taken before scontrol runs
         nodes = {n.name: n for n in backend.nodes()}
         assert nodes[node].state is NodeState.DOWN and nodes[node].reason == REASON
         assert [n for n in nodes.values() if n.reason == REASON] == [nodes[node]]
