@@ -17,8 +17,14 @@ printf '%s\0' "$@" > "$STUB_OUT/argv"
 env -0 > "$STUB_OUT/env"
 case $STUB_MODE in
     exit:*) exit "${STUB_MODE#exit:}" ;;
-    checkpoint-on-usr1)
+    terminated-on-usr1)   # killed by srun's TERM after another rank exited 75 (--kill-on-bad-exit)
+        trap 'echo USR1 >> "$STUB_OUT/signals"; trap - TERM; kill -TERM $$' USR1
+        touch "$STUB_OUT/ready"
+        for _ in $(seq 300); do sleep 0.1; done
+        exit 1 ;;
+    checkpoint-on-signal)
         trap 'echo USR1 >> "$STUB_OUT/signals"; exit 75' USR1
+        trap 'echo TERM >> "$STUB_OUT/signals"; exit 75' TERM
         touch "$STUB_OUT/ready"
         for _ in $(seq 300); do sleep 0.1; done
         exit 1 ;;

@@ -178,3 +178,42 @@ def test_usr1_checkpoints_requeues_and_finishes(slurm_cluster, plugin_built, tmp
     assert "got SIGUSR1; forwarding it to the step" in log
     assert f"requeueing job {leader} (restart 1 of 3)" in log
     assert log.rstrip().endswith("omni: step finished: training done")
+
+
+TERM_PROBE = """
+trap 'exit 75' TERM USR1
+touch "$0/ready-$RANK"
+sleep 60 & wait
+"""
+
+
+def test_scancel_term_checkpoints_without_requeue(slurm_cluster, plugin_built, tmp_path: Path) -> None:
+    """scancel's SIGTERM makes the ranks checkpoint and exit 75 as USR1 does, but only the requeue
+    signal asks to run again: the cancelled job stays cancelled."""
+    runner = CommandRunner(slurm_cluster.env)
+    out_dir = tmp_path / "ranks"
+    out_dir.mkdir()
+    request = HetJobRequest(job=_job(tmp_path), site=_site(tmp_path, slurm_cluster.spool),
+                            job_file=tmp_path / "j.toml", job_sha256="0" * 64,
+                            command=("bash", "-c", TERM_PROBE, str(out_dir)))
+    leader = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    log_path = tmp_path / "logs" / f"omni-tiny-{leader}.out"
+    try:
+        wait_until(lambda: len(list(out_dir.glob("ready-*"))) == 4, 60, "all four ranks to start", interval_s=0.5)
+        runner.run(["scancel", str(leader)])
+        wait_until(lambda: log_path.exists() and "not requeueing" in log_path.read_text(), 60,
+                   "the batch script to decide", interval_s=0.5)
+
+        def ended() -> dict[str, str] | None:
+            leader_row = _components(runner, leader)[0]
+            return leader_row if leader_row["JobState"] not in ("RUNNING", "COMPLETING") else None
+        wait_until(ended, 60, f"job {leader} to end", interval_s=0.5)
+        time.sleep(2)                               # a requeue would show by now
+        row = _components(runner, leader)[0]
+        assert (row["JobState"], row["Restarts"]) == ("CANCELLED", "0"), row
+        log = log_path.read_text()
+        assert "got SIGTERM; forwarding it to the step" in log
+        assert "step checkpointed without SIGUSR1 to this shell; not requeueing" in log
+        assert "requeueing job" not in log
+    finally:
+        runner.run(["scancel", str(leader)], check=False)

@@ -80,58 +80,57 @@ def test_layout_environment(job: JobFile, site: SiteConfig, tmp_path: Path, stub
     assert (env["OMNI_DP_SIZE"], env["OMNI_STAGES"], env["OMNI_INCARNATION"]) == ("2", "vision,text", "2")
 
 
-@pytest.mark.parametrize(("step_exit", "script_exit", "requeued"), [
-    (exitcodes.EXIT_DONE, exitcodes.EXIT_DONE, False),
-    (exitcodes.EXIT_CHECKPOINTED, exitcodes.EXIT_CHECKPOINTED, True),
-    (exitcodes.EXIT_FAILED, exitcodes.EXIT_FAILED, False),
-    (137, exitcodes.EXIT_FAILED, False),
-    (exitcodes.EXIT_MISALIGNED, exitcodes.EXIT_FAILED, False),
+@pytest.mark.parametrize(("step_exit", "script_exit"), [
+    (exitcodes.EXIT_DONE, exitcodes.EXIT_DONE),
+    (exitcodes.EXIT_CHECKPOINTED, exitcodes.EXIT_CHECKPOINTED),   # no requeue signal came: not requeued
+    (exitcodes.EXIT_FAILED, exitcodes.EXIT_FAILED),
+    (137, exitcodes.EXIT_FAILED),
+    (143, exitcodes.EXIT_FAILED),                                 # TERM without the requeue signal
+    (exitcodes.EXIT_MISALIGNED, exitcodes.EXIT_FAILED),
 ])
 def test_exit_codes(job: JobFile, site: SiteConfig, tmp_path: Path, stub_env: dict[str, str], step_exit: int,
-                    script_exit: int, requeued: bool) -> None:
+                    script_exit: int) -> None:
     site = replace(site, checkpoint=replace(site.checkpoint, root=tmp_path / "ckpt"))
     script = HetJobRequest(job=job, site=site, job_file=Path("/j.toml"), job_sha256="0" * 64).materialize()
     r = _run(script, {**stub_env, "STUB_MODE": f"exit:{step_exit}"}, tmp_path)
     assert r.returncode == script_exit, r.stderr
-    requeue = Path(stub_env["STUB_OUT"], "requeue")
-    assert requeue.exists() is requeued
-    if requeued:
-        assert requeue.read_text() == "123\n"
-
-
-def test_no_requeue_past_max_requeues(job: JobFile, site: SiteConfig, tmp_path: Path,
-                                      stub_env: dict[str, str]) -> None:
-    site = replace(site, checkpoint=replace(site.checkpoint, root=tmp_path / "ckpt"))
-    script = HetJobRequest(job=job, site=site, job_file=Path("/j.toml"), job_sha256="0" * 64).materialize()
-    env = {**stub_env, "STUB_MODE": f"exit:{exitcodes.EXIT_CHECKPOINTED}",
-           "SLURM_RESTART_COUNT": str(job.job.max_requeues)}
-    r = _run(script, env, tmp_path)
-    assert r.returncode == exitcodes.EXIT_CHECKPOINTED
     assert not Path(stub_env["STUB_OUT"], "requeue").exists()
-    assert "not requeueing" in r.stderr
 
 
-def test_requeue_signal_is_forwarded_to_the_step(job: JobFile, site: SiteConfig, tmp_path: Path,
-                                                 stub_env: dict[str, str]) -> None:
+@pytest.mark.parametrize(("mode", "sig", "restarts", "requeued", "says"), [
+    ("checkpoint-on-signal", "USR1", 0, True, "got SIGUSR1; forwarding it to the step"),
+    ("checkpoint-on-signal", "USR1", 3, False, "3 restarts reached MAX_REQUEUES=3, not requeueing"),
+    ("checkpoint-on-signal", "TERM", 0, False, "step checkpointed without SIGUSR1 to this shell; not requeueing"),
+    ("terminated-on-usr1", "USR1", 0, True, "step ended by SIGTERM after SIGUSR1; taken as checkpointed"),
+])
+def test_only_the_requeue_signal_requeues(job: JobFile, site: SiteConfig, tmp_path: Path,
+                                          stub_env: dict[str, str], mode: str, sig: str, restarts: int,
+                                          requeued: bool, says: str) -> None:
+    """The ranks checkpoint and exit 75 on USR1 and on TERM alike; only USR1 (Slurm's warning
+    before the time limit) asks for the job to run again."""
     site = replace(site, checkpoint=replace(site.checkpoint, root=tmp_path / "ckpt"))
     script_path = tmp_path / "job.sbatch"
     script_path.write_text(
         HetJobRequest(job=job, site=site, job_file=Path("/j.toml"), job_sha256="0" * 64).materialize())
-    env = {**stub_env, "STUB_MODE": "checkpoint-on-usr1"}
+    assert job.job.max_requeues == 3
+    env = {**stub_env, "STUB_MODE": mode, "SLURM_RESTART_COUNT": str(restarts)}
     proc = subprocess.Popen(["bash", str(script_path)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: Path(stub_env["STUB_OUT"], "ready").exists(), 30, "the stub step to start")
         time.sleep(0.2)          # the stub's trap is set before it writes "ready"; bash's is set earlier
-        os.kill(proc.pid, signal.SIGUSR1)
+        os.kill(proc.pid, getattr(signal, f"SIG{sig}"))
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == exitcodes.EXIT_CHECKPOINTED, err
-    assert Path(stub_env["STUB_OUT"], "signals").read_text() == "USR1\n"
-    assert "got SIGUSR1; forwarding it to the step" in err
-    assert Path(stub_env["STUB_OUT"], "requeue").read_text() == "123\n"
+    assert Path(stub_env["STUB_OUT"], "signals").read_text() == f"{sig}\n"
+    assert f"got SIG{sig}; forwarding it to the step" in err and says in err
+    requeue = Path(stub_env["STUB_OUT"], "requeue")
+    assert requeue.exists() is requeued
+    if requeued:
+        assert requeue.read_text() == "123\n"
 
 
 def test_array_task_runs_its_own_job_file(job: JobFile, site: SiteConfig, tmp_path: Path,
