@@ -28,6 +28,8 @@ class JobHandle:
     heartbeat_dir: Path
     max_steps: int
     """The job file's training.max_steps: the run is done when it logged this step."""
+    user: str = ""
+    """Who submitted it; another user's job of the same name is never taken for it."""
 
     @classmethod
     def from_registration(cls, record: dict[str, Any], site: SiteConfig) -> JobHandle:
@@ -38,14 +40,15 @@ class JobHandle:
         return cls(name=name, job_id=int(record["job_id"]),
                    stage_tasks=tuple(int(s["nodes"]) * int(s["tasks_per_node"]) for s in stages),
                    ckpt_dir=ckpt, metrics_dir=site.manager.metrics_dir / name, heartbeat_dir=ckpt / "heartbeat",
-                   max_steps=job_file.training.max_steps)
+                   max_steps=job_file.training.max_steps, user=str(record.get("user") or ""))
 
     def rank_offset(self, het_offset: int) -> int:
         return sum(self.stage_tasks[:het_offset])
 
     def current(self, jobs: list[Job]) -> Job | None:
         """The newest Slurm job of this name that is not finished (the live incarnation)."""
-        live = [j for j in jobs if j.name == self.name and not j.state.finished and j.job_id >= self.job_id]
+        live = [j for j in jobs if j.name == self.name and not j.state.finished and j.job_id >= self.job_id
+                and (not self.user or j.user == self.user)]
         return max(live, key=lambda j: j.job_id) if live else None
 
 

@@ -149,3 +149,14 @@ def test_progress_when_the_resubmitted_job_logs_the_same_incarnation(tmp_path: P
     p = progress(load_history(run), 1007.5, resumed_at=1015.0)
     assert (p.last_step_before, p.resumed_from, p.steps_lost, p.first_step_at) == (9, 9, 0, 1020.0)
     assert progress(load_history(run), 1007.5).resumed_from is None    # labels alone cannot tell
+
+
+def test_current_job_is_the_newest_live_one_of_its_name_and_user() -> None:
+    h = JobHandle(name="j", job_id=92, stage_tasks=(2, 2), ckpt_dir=Path("/x"), metrics_dir=Path("/x"),
+                  heartbeat_dir=Path("/x"), max_steps=10, user="alice")
+    old, new, foreign = job(("node6",), ("node7",)), job(("node5",), ("node7",)), job(("node1",), ("node2",))
+    new = Job(97, "j", "alice", JobState.RUNNING, "RUNNING", new.components)
+    old = Job(92, "j", "alice", JobState.CANCELLED, "CANCELLED", old.components)
+    foreign = Job(99, "j", "bob", JobState.RUNNING, "RUNNING", foreign.components)
+    assert h.current([old, new, foreign]) == new
+    assert h.current([old]) is None
