@@ -81,9 +81,14 @@ class DrillRunner:
         deadline = time.monotonic() + timeout_s
         start = latest_incarnation_step(self.handle.metrics_dir)
         base = start[1] if start is not None else 0
+        announced: int | None = None
         while time.monotonic() < deadline:
             job = self.handle.current(self.backend.jobs())
             seen = latest_incarnation_step(self.handle.metrics_dir)
+            if job is not None and job.state is JobState.RUNNING and announced != job.job_id:
+                announced = job.job_id
+                where = "; ".join(f"component {c.het_offset} on {','.join(c.nodes)}" for c in job.components)
+                self.say(f"job {job.job_id} running ({where}); waiting for {after_steps} steps")
             if seen is not None and job is not None and job.state is JobState.RUNNING and \
                     seen[1] >= base + after_steps and (start is None or seen != start):
                 return job, seen[0], seen[1]
