@@ -112,7 +112,7 @@ def _convert(tp: Any, value: Any, *, source: str, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise bad
-        kt, vt = typing.get_args(tp) or (str, Any)
+        _key_type, vt = typing.get_args(tp) or (str, Any)
         return {k: _convert(vt, v, source=source, key=f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return load_dataclass(typing.cast(type, tp), value, source=source, prefix=key)
