@@ -63,6 +63,10 @@ class ManagerConfig:
     """Grow a shrunk job back when free nodes allow."""
     stop_timeout_s: float = 60.0
     """Before a grow: how long the ranks may take to checkpoint and stop on USR1."""
+    end_wait_s: float = 35.0
+    """After cancelling an incarnation: how long to wait for the poll to show it no longer RUNNING
+    or COMPLETING before submitting the next (its ranks checkpoint on scancel's SIGTERM until
+    KillWait, 30 s by default, ends them; a later save of theirs would become the newest checkpoint)."""
     crash_at: str = ""
     """Drills only: SIGKILL the manager itself at this point (e.g. ``resubmit:after_submit``)."""
 
@@ -331,8 +335,8 @@ class Manager:
             w.requeued_at = at
 
     def _ended(self, w: Watch, job: Job | None, at: float) -> None:
-        if w.ended:
-            return
+        if w.ended or w.pending is not None:
+            return   # a recovery of this incarnation is under way (a restarted manager sees it ended)
         phases = set(w.phases.values())
         if (job is not None and job.state is JobState.COMPLETED) or phases == {"done"}:
             w.ended = True

@@ -5,7 +5,9 @@ recovery on and does each step at most once: the timeline row per failed incarna
 (``open_recovery``), the plan (stored with the ``confirmed`` phase), and the actions through
 ``perform_once`` (``cancel:<job>:<n>``, ``drain:<job>:<n>:<node>``, ``resubmit:<job>:<n+1>``; an
 array task's ``requeue:<job>_<task>:<restart>``). A resubmission interrupted between sbatch and the
-journal is found again by its tag in the job comment.
+journal is found again by its tag in the job comment. Between the cancel and the resubmission the
+recovery waits (bounded, journaled as ``old_incarnation_stopping`` / ``old_incarnation_end``) until
+Slurm no longer shows the cancelled incarnation RUNNING or COMPLETING.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from slurm_omni.policy.placement import (
     plan_recovery,
 )
 from slurm_omni.slurm.backend import ClusterSnapshot
-from slurm_omni.slurm.types import NodeState
+from slurm_omni.slurm.types import JobState, NodeState
 
 if TYPE_CHECKING:
     from slurm_omni.manager.daemon import Manager
 
 log = logging.getLogger(__name__)
+
+_BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING})
 
 NODE_CAUSES = {NodeState.DOWN: "down", NodeState.FAIL: "fail", NodeState.NOT_RESPONDING: "not_responding",
                NodeState.DRAINED: "drain", NodeState.DRAINING: "drain"}
@@ -119,6 +123,8 @@ def proceed(m: Manager, w: Watch, now: float) -> None:
                 m.journal.set_job_state(w.key, "waiting")
                 log.warning("manager: %s waits for nodes: %s", w.key, "; ".join(plan.reasons))
             return
+        if not _old_incarnation_stopped(m, w, now):
+            return
         for node, reason in plan.drain:
             _once(m, w, "drain", f"{w.incarnation}:{node}", lambda n=node, r=reason: m.actions.drain(n, r))
         _resubmit(m, w, rec, plan, now)
@@ -134,6 +140,41 @@ def proceed(m: Manager, w: Watch, now: float) -> None:
 def _once(m: Manager, w: Watch, kind: str, suffix: str, act: Any) -> str:
     return perform_once(m.journal, key=f"{kind}:{w.key}:{suffix}", job=w.key, incarnation=w.incarnation, kind=kind,
                         payload={"slurm_job_id": w.slurm_id}, now=m.clock, act=act, find_existing=lambda: None)
+
+
+def _old_incarnation_stopped(m: Manager, w: Watch, now: float) -> bool:
+    """Has the cancelled incarnation stopped? Its ranks checkpoint on scancel's SIGTERM, and the
+    checkpoint engine lets the last commit of a step win whatever incarnation made it: a save of the
+    old ranks that lands after the next incarnation restored would become the newest checkpoint.
+    So wait until a poll taken after the cancel no longer shows the job RUNNING or COMPLETING, for
+    at most ``end_wait_s`` (a node that stopped answering can keep it COMPLETING for long)."""
+    if w.slurm_id is None or w.end_waited:
+        return True
+    if w.end_wait_since is None:
+        w.end_wait_since = now
+        m.journal.record_observation(w.key, w.incarnation, "old_incarnation_stopping", now,
+                                     {"slurm_job_id": w.slurm_id, "limit_s": m.config.end_wait_s},
+                                     key=f"end-wait:{w.key}:{w.incarnation}")
+    snap = m.poller.last
+    job = snap.job(w.slurm_id) if snap is not None else None
+    fresh = snap is not None and snap.taken_at >= w.end_wait_since
+    busy = job is not None and any(s in _BUSY for s in (job.state, *(c.state for c in job.components)))
+    waited = now - w.end_wait_since
+    if fresh and not busy:
+        outcome = "stopped"
+    elif waited >= m.config.end_wait_s:
+        outcome = "timed_out"
+        log.warning("manager: %s: Slurm job %d still %s %.0f s after scancel; submitting the next incarnation "
+                    "anyway (a late checkpoint of its ranks may become the newest)", w.key, w.slurm_id,
+                    job.slurm_state if job else "unseen", waited)
+    else:
+        return False
+    m.journal.record_observation(w.key, w.incarnation, "old_incarnation_end", now,
+                                 {"slurm_job_id": w.slurm_id, "outcome": outcome, "waited_s": round(waited, 3),
+                                  "state": job.slurm_state if job else None},
+                                 key=f"end:{w.key}:{w.incarnation}")
+    w.end_waited = True
+    return True
 
 
 def _plan(m: Manager, w: Watch, rec: Recovery, now: float) -> Plan | None:

@@ -58,6 +58,8 @@ class Watch:
     ended_ids: set[int] = field(default_factory=set)   # Slurm ids of earlier incarnations: must stay gone
     last_plan_poll: int = -1                 # the poll a waiting plan was last made from
     requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
+    end_wait_since: float | None = None      # a recovery waits from here for the cancelled job to stop
+    end_waited: bool = False                 # ...and is done waiting
 
     @property
     def node_set(self) -> frozenset[str]:
@@ -112,8 +114,8 @@ class Watch:
         self.confirmer.reset({})
         self.verdict = Verdict.NONE
         self.pending = None
-        self.awaiting_grow = self.requeued_at = None
-        self.requeue_settling = False
+        self.awaiting_grow = self.requeued_at = self.end_wait_since = None
+        self.end_waited = self.requeue_settling = False
         self.state = "active"
 
 

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from manager_cluster_support import BIN, REPO, list_jobs, make_shards, manager_run, step_time
+from manager_cluster_support import BIN, REPO, ManagerRun, list_jobs, make_shards, manager_run, step_time
 
-from slurm_omni.manager.journal import incarnation_tag
+from slurm_omni.manager.journal import action_key, incarnation_tag
+from slurm_omni.manager.status import KINDS
 from slurm_omni.report.timeline import load_timeline
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -23,6 +24,17 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True, capture_output=True, timeout=120)
     return make_shards(tmp_path_factory.mktemp("manager-data"))
+
+
+def assert_old_stopped_before_resubmit(run: ManagerRun, incarnation: int) -> None:
+    """The recovery submitted the next incarnation only once the poll showed the cancelled one no
+    longer RUNNING or COMPLETING (its ranks checkpoint on SIGTERM)."""
+    ((payload, at),) = run.rows("SELECT payload, time FROM observations WHERE job = ? AND incarnation = ? AND "
+                                "kind = 'old_incarnation_end'", run.key, incarnation)
+    assert json.loads(payload)["outcome"] == "stopped", payload
+    ((intended_at,),) = run.rows("SELECT intended_at FROM actions WHERE key = ?",
+                                 action_key("resubmit", run.key, incarnation + 1))
+    assert at <= intended_at
 
 
 def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
@@ -81,7 +93,8 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
         assert f"recovery of incarnation 0 ({rec.cause} on {','.join(rec.nodes)})" in text, text
         (entry,) = load_timeline(run.state_dir / "timeline.json").recoveries
         assert (entry.job_id, entry.incarnation, entry.action) == (str(job_id), 0, "resubmit")
-        assert entry.detection_s is not None and entry.first_step_after_restore is not None
+        assert entry.kind == KINDS.get(rec.cause, rec.cause), entry
+        assert entry.confirmed is not None and entry.first_step_after_restore is not None
         script = (run.state_dir / "scripts" / f"{incarnation_tag(run.key, 1)}.sbatch").read_text()
         assert "export OMNI_DP_SIZE=1" in script and f"export OMNI_CKPT_DIR={tmp_path}/ckpt/mgr-down" in script
         # The failed node, drained once by the manager (drain_failed = true), its reason saying so.
@@ -89,6 +102,7 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
         assert "DRAIN" in node.flags and node.reason.startswith("omni:"), node
         assert [k for (k,) in run.rows("SELECT key FROM actions WHERE kind = 'drain'")] == \
             [f"drain:{run.key}:0:{old_text[0]}"]
+        assert_old_stopped_before_resubmit(run, 0)
 
 
 def test_killed_rank_recovers_without_slurm_and_a_killed_manager_submits_once(
@@ -112,6 +126,7 @@ def test_killed_rank_recovers_without_slurm_and_a_killed_manager_submits_once(
         assert leaders == {new_id} and run.components(new_id)[1] == text_nodes   # the healthy node is kept
         nodes = {n.name: n for n in slurm_cluster.backend().nodes()}
         assert not nodes[text_nodes[0]].state.failed
+        assert_old_stopped_before_resubmit(run, 0)
 
 
 def test_no_spare_on_the_switch_shrinks_then_grows_back(slurm_cluster, shards: Path, tmp_path: Path) -> None:
