@@ -31,7 +31,7 @@ from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
 from slurm_omni.manager.actions import Actions
 from slurm_omni.manager.events import FaultRecord, NodeEvent, consume
-from slurm_omni.manager.journal import Journal
+from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
 from slurm_omni.manager.registry import RegisteredJob, read_registry
 from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
 from slurm_omni.manager.status import write_timeline
@@ -145,7 +145,7 @@ class Manager:
         self._spool(now)
         nodes = {n.name: n for n in snap.nodes} if snap is not None else {}
         for w in list(self.watches.values()):
-            if w.state in ("done", "failed"):
+            if w.state in ENDED_STATES:
                 continue
             if snap is not None:
                 self._observe_poll(w, snap, nodes, now)
@@ -166,7 +166,7 @@ class Manager:
     def _ensure_watch(self, reg: RegisteredJob, task_job: Job | None, key: str, now: float) -> None:
         if key in self.watches:
             return
-        known = {j["name"]: j for j in self.journal.jobs(self.uid, states=("active", "waiting", "done", "failed"))}
+        known = {j["name"]: j for j in self.journal.jobs(self.uid, states=JOB_STATES)}
         if key in known:
             w = restore_watch(self, reg, key, task_job, known[key]["state"])
         else:
@@ -182,7 +182,7 @@ class Manager:
         for item in items:
             matched = False
             for w in self.watches.values():
-                if w.state in ("done", "failed") or not item.concerns(w.slurm_id, w.node_set):
+                if w.state in ENDED_STATES or not item.concerns(w.slurm_id, w.node_set):
                     continue
                 matched = True
                 self._observe_event(w, item)
@@ -344,6 +344,14 @@ class Manager:
             self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason="done")
             self.journal.set_job_state(w.key, "done")
             log.info("manager: %s finished training", w.key)
+        elif job is not None and job.state is JobState.CANCELLED and not w.lost_nodes():
+            # scancel by its user or an admin (the manager cancels only incarnations it replaces);
+            # the ranks checkpointed on its SIGTERM, but nobody asked for the job to run again
+            w.ended = True
+            w.state = "cancelled"
+            self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason="cancelled in Slurm")
+            self.journal.set_job_state(w.key, "cancelled")
+            log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
         elif phases and phases <= QUIET:
             if w.awaiting_grow is not None:
                 return   # the planned stop before a grow: recovery.py takes it from here

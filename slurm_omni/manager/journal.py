@@ -63,6 +63,11 @@ CREATE INDEX IF NOT EXISTS actions_state ON actions (state);
 """
 
 
+JOB_STATES = ("active", "waiting", "done", "failed", "cancelled")
+"""A job's states in the journal; the last three are final (``cancelled``: by scancel, not the manager)."""
+ENDED_STATES = JOB_STATES[2:]
+
+
 class JournalError(OmniError):
     """The journal cannot be opened, or a write breaks one of its rules."""
 
@@ -351,7 +356,7 @@ class Journal:
     # -- the view of ``omni status --json`` -------------------------------------------------------------
     def status(self, owner_uid: int, now: float) -> list[dict[str, Any]]:
         out = []
-        for job in self.jobs(owner_uid, states=("active", "waiting", "done", "failed")):
+        for job in self.jobs(owner_uid, states=JOB_STATES):
             hb = job["heartbeat_at"]
             out.append({**job, "heartbeat_lag_s": None if hb is None else max(0.0, now - hb),
                         "incarnations": self.incarnations(job["name"]),

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.manager.journal import PHASES, Journal
+from slurm_omni.manager.journal import JOB_STATES, PHASES, Journal
 
 # The confirmer's causes in the words of the timeline's "kind".
 KINDS = {"down": "node_down", "fail": "node_fail", "not_responding": "node_not_responding",
@@ -36,7 +36,7 @@ def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
 def timeline_entries(journal: Journal, uid: int) -> list[dict[str, Any]]:
     """One entry per recovery, in the shape of ``slurm_omni.report.timeline``."""
     entries = []
-    for job in journal.jobs(uid, states=("active", "waiting", "done", "failed")):
+    for job in journal.jobs(uid, states=JOB_STATES):
         slurm_ids = {i["number"]: i["slurm_job_id"] for i in journal.incarnations(job["name"])}
         for rec in journal.recoveries(job["name"]):
             if rec.times["confirmed"] is None:

@@ -188,3 +188,26 @@ def test_foreign_jobs_and_records_and_an_open_spool_are_refused(slurm_cluster, s
         assert held.slurm_state == "PENDING" and held.user == "nobody"          # not cancelled
         assert not run.rows("SELECT key FROM actions")
         assert [n for (n,) in run.rows("SELECT name FROM jobs ORDER BY name")] == [foreign_key, failing_key]
+
+
+def test_a_job_cancelled_by_its_user_stays_cancelled(slurm_cluster, shards: Path, tmp_path: Path) -> None:
+    """scancel's SIGTERM makes the ranks checkpoint and exit 75, as the requeue signal does; neither
+    the batch script nor the manager may bring the job back."""
+    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-cancel") as run:
+        job_id = run.submit()
+        run.start_manager()
+        run.wait_steps(job_id, 2, 3)
+        run.runner().run(["scancel", str(job_id)])
+
+        def cancelled() -> bool:
+            return bool(run.rows("SELECT 1 FROM jobs WHERE name = ? AND state = 'cancelled'", run.key))
+        wait_until(cancelled, 60, f"{run.key} to be cancelled\n{run.manager_log()}", interval_s=0.5)
+        time.sleep(3)                                               # a dozen ticks and a few polls later
+        log = (tmp_path / "logs" / f"mgr-cancel-{job_id}.out").read_text()
+        assert "got SIGTERM; forwarding it to the step" in log and "not requeueing" in log
+        assert "requeueing job" not in log
+        (job,) = [j for j in slurm_cluster.backend().jobs() if j.job_id == job_id]
+        assert job.slurm_state == "CANCELLED" and job.restart_count == 0
+        assert run.recoveries() == [] and not run.rows("SELECT key FROM actions")
+        (incarnation,) = run.incarnations()
+        assert incarnation["end_reason"] == "cancelled in Slurm"
