@@ -9,9 +9,11 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from manager_cluster_support import BIN, REPO, ManagerRun, list_jobs, make_shards, manager_run, step_time
+from support import wait_until
 
 from slurm_omni.manager.journal import action_key, incarnation_tag
 from slurm_omni.manager.status import KINDS
@@ -76,11 +78,16 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
             assert "lowest common switch" in " ".join(rec.plan["reasons"]), rec.plan   # type: ignore[index]
         restore_step = new["layout"]["restore_step"]
         assert restore_step is not None and f"resumed at step {restore_step}" in run.job_log(new_id)
-        status = subprocess.run([str(BIN / "omni"), "status", "--json", "--site-config", str(run.site),
-                                 "--state-dir", str(run.state_dir)], env=run.env, capture_output=True, text=True,
-                                timeout=30, check=True)
-        (job,) = json.loads(status.stdout)["jobs"]
-        assert job["name"] == run.key and job["current_incarnation"] == 1 and job["global_step"] > restore_step
+
+        def status_json() -> dict[str, Any] | None:
+            out = subprocess.run([str(BIN / "omni"), "status", "--json", "--site-config", str(run.site),
+                                  "--state-dir", str(run.state_dir)], env=run.env, capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            (job,) = json.loads(out)["jobs"]
+            # the progress row follows the heartbeats at most once per poll interval
+            return job if (job["global_step"] or -1) > restore_step else None
+        job = wait_until(status_json, 30, "omni status to show the new incarnation's progress", interval_s=1.0)
+        assert job["name"] == run.key and job["current_incarnation"] == 1
         assert [i["layout"]["nodes"] for i in job["incarnations"]] == [{"0": old_vision, "1": old_text},
                                                                      {"0": new_vision, "1": new_text}]
         (timeline,) = job["recoveries"]
