@@ -78,10 +78,11 @@ class Actions:
                                   f"registered (sha256 {digest[:12]} != {reg.job_sha256[:12]}; submit it anew)")
         return load_job(reg.job_file)
 
-    def render(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str) -> Path:
+    def render(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> Path:
+        """The next incarnation's script; its ranks number their first life ``incarnation``."""
         job = shape.resized(self.job_file(reg), units)
-        script = HetJobRequest(job=job, site=self.site, job_file=reg.job_file,
-                               job_sha256=reg.job_sha256).materialize()
+        script = HetJobRequest(job=job, site=self.site, job_file=reg.job_file, job_sha256=reg.job_sha256,
+                               incarnation_base=incarnation).materialize()
         self.scripts.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.scripts / f"{tag}.sbatch"
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -91,9 +92,9 @@ class Actions:
         os.replace(tmp, path)
         return path
 
-    def resubmit(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str) -> int:
+    def resubmit(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> int:
         """Submit the next incarnation; returns its Slurm job id (the het leader's)."""
-        script = self.render(reg, shape, plan, units, tag)
+        script = self.render(reg, shape, plan, units, tag, incarnation)
         return self.backend.submit(str(script), placement_args(plan, tag, len(shape.stages)))
 
     def find_by_tag(self, tag: str) -> str | None:

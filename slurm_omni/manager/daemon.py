@@ -209,7 +209,7 @@ class Manager:
     def _heartbeats(self, w: Watch, now: float) -> None:
         if w.slurm_id is None or w.expect_restart:   # a requeued array task: its next life's beats come
             return                                     # with the restart count Slurm has not shown yet
-        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.restart_count]
+        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.life]
         for hb in beats:
             if w.phases.get(hb.rank) != hb.phase:
                 w.phases[hb.rank] = hb.phase
@@ -281,6 +281,8 @@ class Manager:
                 # FAILED (or CANCELLED) until it is PENDING again: not the end of the incarnation.
                 return
             w.requeue_settling = False
+        if job.state is JobState.RUNNING:
+            w.running_restart_count = max(w.running_restart_count, job.restart_count)
         if job.state is JobState.RUNNING and not w.running:
             w.started(job, snap.taken_at)
             self.journal.add_incarnation(w.key, w.incarnation, {

@@ -19,6 +19,7 @@ from slurm_omni.checkpoint.format import latest_step
 from slurm_omni.errors import OmniError
 from slurm_omni.manager.actions import ResubmitRefused
 from slurm_omni.manager.journal import Recovery, action_key, incarnation_tag, perform_once
+from slurm_omni.manager.sources import read_job_heartbeats
 from slurm_omni.manager.watch import Watch
 from slurm_omni.policy.cluster_index import ClusterIndex
 from slurm_omni.policy.confirm import Decision, Verdict
@@ -214,8 +215,23 @@ def _make_plan(w: Watch, rec: Recovery, snap: ClusterSnapshot, now: float) -> Pl
                          config=w.placement, drain_reason=f"{rec.cause} in {w.key}")
 
 
+def next_incarnation(m: Manager, w: Watch) -> int:
+    """One past the last life of the job that ran: the life being judged, a later one Slurm showed
+    RUNNING (its requeue for a lost node), or one whose ranks wrote a heartbeat. A requeued job that
+    the recovery cancelled while PENDING never ran and takes no number. The old submission has
+    stopped by now (``_old_incarnation_stopped``), so no life of it comes after. A number this
+    recovery journaled before a crash is kept: Slurm may no longer show the old job by then."""
+    recorded = [i["number"] for i in m.journal.incarnations(w.key) if i["number"] > w.incarnation]
+    if recorded:
+        return int(recorded[0])
+    lives = [w.life, w.incarnation + w.running_restart_count]
+    if w.slurm_id is not None:
+        lives += [hb.incarnation for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id)]
+    return max(lives) + 1
+
+
 def _resubmit(m: Manager, w: Watch, rec: Recovery, plan: Plan, now: float) -> None:
-    new = w.incarnation + 1
+    new = next_incarnation(m, w)
     tag = incarnation_tag(w.key, new)
     restore_step = latest_step(w.reg.ckpt_dir)
     nodes = {c.het_offset: list(c.nodes) for c in plan.components}
@@ -225,7 +241,7 @@ def _resubmit(m: Manager, w: Watch, rec: Recovery, plan: Plan, now: float) -> No
 
     def act() -> str:
         m.crash("resubmit:before_submit")
-        job_id = m.actions.resubmit(w.reg, w.shape, plan, plan.data_parallel_size, tag)
+        job_id = m.actions.resubmit(w.reg, w.shape, plan, plan.data_parallel_size, tag, new)
         m.crash("resubmit:after_submit")
         return str(job_id)
 

@@ -39,6 +39,7 @@ class Watch:
     nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)   # het offset -> nodes, once running
     restart_count: int = 0                   # the life whose heartbeats are judged (SLURM_RESTART_COUNT)
     slurm_restart_count: int = 0             # the newest restart count Slurm reported
+    running_restart_count: int = 0           # the newest restart count Slurm showed RUNNING
     running: bool = False
     seen_in_slurm: bool = False
     ended: bool = False
@@ -64,6 +65,13 @@ class Watch:
     @property
     def node_set(self) -> frozenset[str]:
         return frozenset(n for nodes in self.nodes.values() for n in nodes)
+
+    @property
+    def life(self) -> int:
+        """OMNI_INCARNATION of the life being judged (what its ranks' heartbeats and metrics carry): a
+        submission's first life is its incarnation, and each of Slurm's requeues adds one. An array
+        task's incarnations are its restart counts already."""
+        return self.restart_count if self.array_task is not None else self.incarnation + self.restart_count
 
     def lost_nodes(self) -> tuple[str, ...]:
         """Nodes of the incarnation that the newest poll showed failed (DOWN, FAIL, DRAIN...)."""
@@ -106,7 +114,7 @@ class Watch:
         self.incarnation, self.slurm_id, self.units = incarnation, slurm_id, units
         self.awaiting, self.restore_step, self.quarantine = awaiting, restore_step, quarantine
         self.nodes = {}
-        self.restart_count = self.slurm_restart_count = 0
+        self.restart_count = self.slurm_restart_count = self.running_restart_count = 0
         self.running = self.seen_in_slurm = self.ended = False
         self.slurm_state = ""
         self.phases.clear()

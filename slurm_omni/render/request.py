@@ -114,6 +114,13 @@ class HetJobRequest:
     template: str = HET_TEMPLATE
     extra: dict[str, Any] = field(default_factory=dict)
     """More template variables (the drill template's)."""
+    incarnation_base: int = 0
+    """OMNI_INCARNATION of this submission's first life (Slurm's requeues add their restart count):
+    0 for ``omni submit``, one past the last life of the job for a resubmission by the manager."""
+
+    def __post_init__(self) -> None:
+        if self.incarnation_base < 0:
+            raise ConfigError(f"render: incarnation_base = {self.incarnation_base} (0 or more)")
 
     def context(self) -> dict[str, Any]:
         plans = plan_stages(self.job, self.site)
@@ -134,6 +141,7 @@ class HetJobRequest:
             "env": _quoted_env(_job_env(self.job, self.site, self.job_file, plans)),
             "exit": exit_code_table(),
             "command": command,
+            "incarnation_base": self.incarnation_base,
             **self.extra,
         }
 

@@ -122,9 +122,17 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def summarize_recovery(points: Sequence[StepPoint], rec: Recovery, every: int) -> RecoverySummary:
-    before = [p for p in points if p.incarnation == rec.incarnation
-              and (rec.fault is None or p.time <= rec.fault)]
-    after = [p for p in points if p.incarnation == rec.incarnation + 1]
+    # The failed life is the recovery's incarnation, or a later life of the same submission (Slurm
+    # requeued it: OMNI_INCARNATION + 1) that began before the confirmation; the resumed life is the
+    # next number the metrics show (a resubmission numbers its lives past every earlier one).
+    began: dict[int, float] = {}
+    for p in points:
+        began[p.incarnation] = min(p.time, began.get(p.incarnation, p.time))
+    failed = max((i for i, t in began.items() if i >= rec.incarnation and t <= rec.confirmed),
+                 default=rec.incarnation)
+    resumed = min((i for i in began if i > failed), default=None)
+    before = [p for p in points if p.incarnation == failed and (rec.fault is None or p.time <= rec.fault)]
+    after = [p for p in points if p.incarnation == resumed]
     steps_lost = None
     if before and after:
         resumed_from = min(p.step for p in after) - every

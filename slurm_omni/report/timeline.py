@@ -14,8 +14,9 @@ or JSON lines, one recovery object per line. Keys of a recovery:
 
 ==========================  ======================================================================
 job_id                      Slurm job id of the job that failed (string; "leader+offset" allowed)
-incarnation                 incarnation that was running when the fault hit (int >= 0); the
-                            resumed run is incarnation + 1 (OMNI_INCARNATION of its ranks)
+incarnation                 incarnation that was running when the fault hit (int >= 0): the
+                            OMNI_INCARNATION of its first life; the resumed run's ranks carry a
+                            higher one (incarnation + 1, or more after Slurm's own requeues)
 fault                       unix time of the fault; known in drills, null for a natural failure
 detected                    first signal seen (SUSPECT: level 1 or level 2), unix time
 confirmed                   CONFIRMED by the two-level rule, unix time (required)

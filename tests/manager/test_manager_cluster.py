@@ -78,6 +78,8 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
             assert "lowest common switch" in " ".join(rec.plan["reasons"]), rec.plan   # type: ignore[index]
         restore_step = new["layout"]["restore_step"]
         assert restore_step is not None and f"resumed at step {restore_step}" in run.job_log(new_id)
+        # the new incarnation's ranks say so: its first step was judged on their heartbeats (life 1)
+        assert new["number"] == 1 and {b["incarnation"] for b in run.beats(new_id).values()} == {1}
 
         def status_json() -> dict[str, Any] | None:
             out = subprocess.run([str(BIN / "omni"), "status", "--json", "--site-config", str(run.site),

@@ -1,0 +1,85 @@
+"""Every life of a registered job carries its own OMNI_INCARNATION: the manager renders its
+resubmission's base into the script, the script adds Slurm's restart count, and the manager judges
+the heartbeats of exactly that number."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from manager_cluster_support import SITE, job_file_text
+
+from slurm_omni.config.site import load_site
+from slurm_omni.manager.actions import Actions
+from slurm_omni.manager.journal import Journal
+from slurm_omni.manager.recovery import next_incarnation
+from slurm_omni.manager.registry import RegisteredJob, StageShape
+from slurm_omni.manager.shape import Shape
+from slurm_omni.manager.watch import Watch
+from slurm_omni.policy.placement import Action, Plan
+
+
+def _registered(tmp: Path) -> RegisteredJob:
+    job_file = tmp / "job.toml"
+    job_file.write_text(job_file_text("inc", tmp, tmp / "shards"))
+    stages = (StageShape(0, "vision", "vision", 1, 1, "gpu:h100:4"), StageShape(1, "text", "text", 1, 1, "gpu:h100:4"))
+    return RegisteredJob(7, "het", "inc", "me", job_file, hashlib.sha256(job_file.read_bytes()).hexdigest(),
+                         tmp / "ckpt" / "inc", 1, 3, stages)
+
+
+def _exported_incarnation(script: str, restart_count: str | None) -> str:
+    """What the script's incarnation lines export, run by bash as Slurm would run them."""
+    lines = [x for x in script.splitlines() if re.match(r"export OMNI_INCARNATION(_BASE)?=", x)]
+    env = {"PATH": "/usr/bin:/bin", **({"SLURM_RESTART_COUNT": restart_count} if restart_count else {})}
+    out = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$OMNI_INCARNATION"'])], env=env,
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return out.strip()
+
+
+@pytest.mark.parametrize(("base", "restart_count", "expected"), [(0, None, "0"), (3, None, "3"), (3, "2", "5")])
+def test_a_resubmitted_script_numbers_its_lives_from_the_managers_incarnation(
+        tmp_path: Path, base: int, restart_count: str | None, expected: str) -> None:
+    (tmp_path / "site.toml").write_text(SITE.format(tmp=tmp_path, spool=tmp_path / "spool", spare_policy="any_switch",
+                                                    quarantine_s=60, drain_failed="false"))
+    reg = _registered(tmp_path)
+    actions = Actions(backend=None, site=load_site(tmp_path / "site.toml"), state_dir=tmp_path / "state")  # type: ignore[arg-type]
+    script = actions.render(reg, Shape(reg.stages, 1), Plan(Action.RESUBMIT, 1), 1, "omni.inc-7.3", base).read_text()
+    assert _exported_incarnation(script, restart_count) == expected
+
+
+def _watch(incarnation: int, restart_count: int, *, array_task: int | None = None) -> Watch:
+    w = Watch(key="inc-7", reg=None, shape=None, placement=None, confirmer=None,  # type: ignore[arg-type]
+              heartbeat_dir=Path("/nonexistent"), incarnation=incarnation, slurm_id=41, units=1,
+              array_task=array_task)
+    w.restart_count = w.slurm_restart_count = w.running_restart_count = restart_count
+    return w
+
+
+def test_the_life_judged_and_the_next_incarnation_follow_every_earlier_life(tmp_path: Path) -> None:
+    # incarnation 2 requeued itself once (its life 3): the next submission is 4, not 3
+    journal = Journal(tmp_path / "journal.sqlite")
+    try:
+        m: Any = SimpleNamespace(journal=journal, poller=SimpleNamespace(last=None))
+        assert _watch(0, 0).life == 0 and _watch(2, 1).life == 3
+        assert _watch(1, 1, array_task=0).life == 1   # an array task's incarnation is its restart count
+        assert next_incarnation(m, _watch(0, 0)) == 1
+        # Slurm requeued incarnation 0 for a lost node and the recovery cancelled it while PENDING:
+        # that life never ran and takes no number
+        requeued = _watch(0, 0)
+        requeued.slurm_restart_count = 1
+        assert next_incarnation(m, requeued) == 1
+        requeued.running_restart_count = 1   # ...but once Slurm showed it RUNNING, it did
+        assert next_incarnation(m, requeued) == 2
+        w = _watch(2, 1)
+        assert next_incarnation(m, w) == 4
+        # a manager restarted after journaling the number keeps it, whatever Slurm shows by then
+        journal.register_job(w.key, 1000, {}, 0.0)
+        journal.add_incarnation(w.key, 4, {"tag": "omni.inc-7.4"})
+        assert next_incarnation(m, _watch(2, 0)) == 4
+    finally:
+        journal.close()
