@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import re
 import stat
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from render_support import DATA, REPO
+from render_support import DATA
 from support import wait_until
 
 from slurm_omni.cli.submit import parse_sbatch_id, submit
@@ -26,11 +25,6 @@ pytestmark = pytest.mark.cluster
 
 PROBE = ('printf "%s %s %s %s %s %s %s\\n" "$OMNI_STAGE_NAME" "$SLURMD_NODENAME" "$OMNI_STAGE_RANK" "$RANK" '
          '"$WORLD_SIZE" "$MASTER_ADDR" "${CUDA_VISIBLE_DEVICES:-none}" > "$0/rank-$RANK"')
-
-
-@pytest.fixture(scope="module")
-def plugin_built() -> None:
-    subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True, capture_output=True, timeout=120)
 
 
 def _site(tmp_path: Path, spool: Path) -> SiteConfig:
