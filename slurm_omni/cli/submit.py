@@ -87,7 +87,8 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     for _, job, _ in loaded:
         _make_log_dir(job.job.log_dir)
     argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]
-    result = CommandRunner().run(argv, input_text=script, timeout_s=60)
+    runner = CommandRunner()
+    result = runner.run(argv, input_text=script, timeout_s=60)
     job_id = parse_sbatch_id(result.stdout)
     first_path, first, digest = loaded[0]
     script_path = _keep_script(first.job.log_dir, first.job.name, job_id, script)
@@ -98,7 +99,8 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
         max_requeues=first.job.max_requeues, stages=plan_stages(first, site),
         array_tasks=None if isinstance(request, HetJobRequest) else tuple(
             {"task_id": i, "job_file": str(p), "name": j.job.name, "job_sha256": d,
-             "ckpt_dir": str(site.checkpoint.root / j.job.name)} for i, (p, j, d) in enumerate(loaded)))
+             "ckpt_dir": str(site.checkpoint.root / j.job.name)} for i, (p, j, d) in enumerate(loaded)),
+        environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it
     record = register(site.manager.registry_dir, registration)
     click.echo(f"submitted job {job_id} ({first.job.name}); registered in {record}")
 

@@ -95,7 +95,11 @@ class Actions:
     def resubmit(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> int:
         """Submit the next incarnation; returns its Slurm job id (the het leader's)."""
         script = self.render(reg, shape, plan, units, tag, incarnation)
-        return self.backend.submit(str(script), placement_args(plan, tag, len(shape.stages)))
+        if reg.environment is None:
+            log.warning("manager: %s has no recorded environment (registered by an older omni submit): "
+                        "resubmitting with the manager's", reg.key)
+        # sbatch hands the job the environment it runs with: the submitter's, not the manager's
+        return self.backend.submit(str(script), placement_args(plan, tag, len(shape.stages)), env=reg.environment)
 
     def find_by_tag(self, tag: str) -> str | None:
         """A job carrying ``tag`` in its comment (a submission a crash kept out of the journal)."""

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +60,8 @@ class RegisteredJob:
     stages: tuple[StageShape, ...]
     array_tasks: tuple[ArrayTask, ...] = ()
     path: Path | None = None
+    environment: dict[str, str] | None = field(default=None, repr=False, compare=False)
+    """The submitter's environment, for resubmissions (None in records from before it was kept)."""
 
     @property
     def key(self) -> str:
@@ -126,6 +128,11 @@ def parse_record(data: bytes, what: str) -> RegisteredJob:
             raise EventRejected(f"registry: couldn't accept {what}: array_tasks holds {raw!r:.40}")
         tasks.append(ArrayTask(_need(raw, "task_id", int, what), _need(raw, "name", str, what),
                                _absolute(raw, "ckpt_dir", what)))
+    environment = obj.get("environment")
+    if environment is not None and not (isinstance(environment, dict) and all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+            for k, v in environment.items())):
+        raise EventRejected(f"registry: couldn't accept {what}: environment is not an object of strings")
     job_id = _need(obj, "job_id", int, what)
     dp = _need(obj, "data_parallel_size", int, what)
     if job_id < 1 or dp < 1:
@@ -133,7 +140,7 @@ def parse_record(data: bytes, what: str) -> RegisteredJob:
     return RegisteredJob(job_id, kind, _need(obj, "name", str, what), _need(obj, "user", str, what),
                          _absolute(obj, "job_file", what), _need(obj, "job_sha256", str, what),
                          _absolute(obj, "ckpt_dir", what), dp, _need(obj, "max_requeues", int, what),
-                         tuple(stages), tuple(tasks))
+                         tuple(stages), tuple(tasks), environment=environment)
 
 
 def read_registry(registry_dir: Path, *, uid: int | None = None) -> list[RegisteredJob]:

@@ -9,7 +9,14 @@ fsynced and renamed, so the manager never reads half a record)::
      "ckpt_dir": "/shared/ckpt/omni-tiny", "data_parallel_size": 2, "max_requeues": 5,
      "stages": [{"het_group": 0, "name": "vision", "partition": "vision", "nodes": 1,
                  "tasks_per_node": 2, "gres": "gpu:h100:4", "switches": 1}, ...],
-     "array_tasks": null | [{"task_id": 0, "job_file": ..., "name": ..., "ckpt_dir": ...}, ...]}
+     "array_tasks": null | [{"task_id": 0, "job_file": ..., "name": ..., "ckpt_dir": ...}, ...],
+     "environment": {"PATH": "...", "VIRTUAL_ENV": "...", "OMP_NUM_THREADS": "8", ...}}
+
+``environment`` is the environment ``omni submit`` ran sbatch with, which sbatch hands to the job's
+ranks: the manager resubmits the job with it rather than with its own (SLURM_CONF excepted: the
+manager's cluster). At most ``MAX_ENVIRONMENT_BYTES`` of it are kept; past that the largest values
+are left out, named in ``environment_dropped`` and in a warning. It may hold secrets: the record is
+0600 in a 0700 directory of its user, and the manager's journal never copies it.
 """
 
 from __future__ import annotations
@@ -17,8 +24,11 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import logging
 import os
+import stat
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +36,11 @@ from typing import Any, Literal
 from slurm_omni.errors import ConfigError, OmniError
 from slurm_omni.render.request import StagePlan
 
+log = logging.getLogger(__name__)
+
 REGISTRY_FORMAT = 1
+MAX_ENVIRONMENT_BYTES = 128 * 1024
+"""The submitter's environment kept in a record (the manager reads records of at most 256 KiB)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +59,8 @@ class Registration:
     array_tasks: tuple[dict[str, Any], ...] | None = None
     user: str = ""
     submitted_at: str = ""
+    environment: Mapping[str, str] | None = None
+    """What sbatch ran with at submission; None records none (the manager then resubmits with its own)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,7 +74,25 @@ class Registration:
                         "tasks_per_node": s.tasks_per_node, "gres": s.gres, "switches": s.switches}
                        for s in self.stages],
             "array_tasks": list(self.array_tasks) if self.array_tasks is not None else None,
+            **(bounded_environment(self.environment) if self.environment is not None else {}),
         }
+
+
+def bounded_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    """``environment`` (and ``environment_dropped``) of a record: at most MAX_ENVIRONMENT_BYTES, the
+    largest values left out first."""
+    kept = dict(sorted(env.items()))
+    size = sum(len(k) + len(v) for k, v in kept.items())
+    dropped = []
+    for key in sorted(kept, key=lambda k: len(kept[k]), reverse=True):
+        if size <= MAX_ENVIRONMENT_BYTES:
+            break
+        size -= len(key) + len(kept.pop(key))
+        dropped.append(key)
+    if dropped:
+        log.warning("submit: the environment is over %d bytes; the manager resubmits without %s",
+                    MAX_ENVIRONMENT_BYTES, ", ".join(sorted(dropped)))
+    return {"environment": kept, **({"environment_dropped": sorted(dropped)} if dropped else {})}
 
 
 def _now() -> str:
@@ -69,6 +103,9 @@ def register(registry_dir: Path, registration: Registration) -> Path:
     """Write the record atomically; returns its path."""
     try:
         registry_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(registry_dir)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            registry_dir.chmod(0o700)   # the record holds the submitter's environment
         path = registry_dir / f"{registration.job_id}.json"
         fd, tmp = tempfile.mkstemp(prefix=f".{registration.job_id}.", suffix=".tmp", dir=registry_dir)
         try:

@@ -54,8 +54,9 @@ class CliBackend:
         return ClusterSnapshot(tuple(nodes), tuple(jobs), self.topology(), time.time())
 
     # -- writes -------------------------------------------------------------------------------------
-    def submit(self, script_path: str, args: Sequence[str] = ()) -> int:
-        result = self.runner.run(["sbatch", *args, script_path], retry_unreachable=True)
+    def submit(self, script_path: str, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None) -> int:
+        """``env``: the job's environment (sbatch hands its own to the job) instead of ours."""
+        result = self.runner.run(["sbatch", *args, script_path], retry_unreachable=True, env=env)
         m = _SBATCH_ID.search(result.stdout)
         if m is None:
             raise SlurmError(f"sbatch: couldn't read the job id from {result.stdout.strip()!r}")

@@ -29,6 +29,9 @@ UNREACHABLE_MARKERS = (
     "Communication connection failure",
 )
 
+CLUSTER_ENV = ("SLURM_CONF",)
+"""Variables a replaced environment never brings: which cluster a command talks to is this process's."""
+
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
@@ -69,6 +72,9 @@ class CommandRunner:
     """Runs commands for the Slurm boundary.
 
     ``env`` is merged over the process environment (e.g. ``SLURM_CONF`` of the embedded cluster).
+    A call's own ``env`` replaces the process environment instead (the manager resubmits a job with
+    the environment its user submitted it from); the runner's ``env`` still goes over it, and
+    ``SLURM_CONF`` stays this process's, so the command talks to the same cluster.
     """
 
     def __init__(
@@ -100,12 +106,14 @@ class CommandRunner:
         input_text: str | None = None,
         cwd: str | None = None,
         unreachable_if: Callable[[CommandResult], bool] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         """Run ``argv``; ``unreachable_if`` flags outputs that mean "slurmctld did not answer" even with
-        exit 0 (``sinfo --json`` in 22.05 exits 0 with an "Unspecified error" in its JSON)."""
+        exit 0 (``sinfo --json`` in 22.05 exits 0 with an "Unspecified error" in its JSON). ``env``:
+        the command's whole environment instead of this process's (see the class)."""
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise SlurmError(f"runner: couldn't run {argv!r}: argv must be a non-empty list of strings")
-        env = {**os.environ, **self.env}
+        env = self.environment(env)
         attempts = 1 + (self.retries if retry_unreachable else 0)
         delay = self.backoff_s
         for attempt in range(1, attempts + 1):
@@ -124,6 +132,16 @@ class CommandRunner:
             exc = SlurmUnreachable if _unreachable(result.stderr) else SlurmError
             raise exc(f"{argv[0]}: couldn't {' '.join(argv[1:3])}: {line}")
         return result
+
+    def environment(self, replace: Mapping[str, str] | None = None) -> dict[str, str]:
+        """What a command runs with: the process environment (or ``replace``), then the runner's."""
+        own = {**os.environ, **self.env}
+        if replace is None:
+            return own
+        env = {k: v for k, v in replace.items() if k not in CLUSTER_ENV}
+        env.update({k: own[k] for k in CLUSTER_ENV if k in own})
+        env.update(self.env)
+        return env
 
     def _once(self, argv: tuple[str, ...], env: dict[str, str], timeout_s: float,
               input_text: str | None, cwd: str | None) -> CommandResult:

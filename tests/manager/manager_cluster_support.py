@@ -118,11 +118,13 @@ class ManagerRun:
     def runner(self) -> CommandRunner:
         return CommandRunner(self.env, timeout_s=20)
 
-    def submit(self, *job_files: Path) -> int:
-        """``omni submit`` of the run's job file (or of ``job_files``: several make a sweep)."""
+    def submit(self, *job_files: Path, extra_env: dict[str, str] | None = None) -> int:
+        """``omni submit`` of the run's job file (or of ``job_files``: several make a sweep), from the
+        run's environment plus ``extra_env``."""
         files = [str(f) for f in job_files] or [str(self.tmp / "job.toml")]
         out = subprocess.run([str(BIN / "omni"), "submit", *files, "--site", str(self.site)],
-                             env=self.env, capture_output=True, text=True, timeout=60, check=True).stdout
+                             env={**self.env, **(extra_env or {})}, capture_output=True, text=True, timeout=60,
+                             check=True).stdout
         self.job_id = int(out.split("submitted job ")[1].split()[0])
         self.extra_jobs.add(self.job_id)
         return self.job_id
