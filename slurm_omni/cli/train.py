@@ -28,6 +28,7 @@ def train(config_path: Path) -> None:
     logging.getLogger(__name__).info("train: rank %d stage %s replica %d/%d", layout.rank, layout.stage_name,
                                      layout.data_parallel_rank, layout.data_parallel_size)
     code = Trainer(cfg, layout, stop).run()
+    stop.ignore_while_exiting()      # a TERM during interpreter teardown would otherwise kill us (143)
     # SystemExit, not click's Exit: main() runs click with standalone_mode=False, which turns Exit into
     # a return value that main() does not pass on.
     sys.exit(code)

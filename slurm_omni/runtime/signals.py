@@ -30,6 +30,17 @@ class StopRequest:
             signal.signal(sig, self._handle)
         return self
 
+    def ignore_while_exiting(self) -> None:
+        """Ignore stop signals from here on: the rank's exit code is decided (after a save, 75).
+
+        A handled signal is no protection while the process exits: CPython 3.11 puts back the
+        default action of every signal with a Python handler when the interpreter finalizes
+        (``_PySignal_Fini``), before torch's and gloo's teardown, which takes long enough for srun's
+        SIGTERM (--kill-on-bad-exit, sent when the first rank exits 75) to land there and kill a
+        rank that has saved. An ignored signal stays ignored through finalization."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signal = signal.Signals(signum)
         log.warning("runtime: got %s; checkpointing at the end of this step", self.signal.name)
