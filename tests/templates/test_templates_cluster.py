@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from render_support import DATA
+from render_support import DATA, start_requeued_now
 from support import wait_until
 
 from slurm_omni.cli.submit import parse_sbatch_id, submit
@@ -157,15 +157,7 @@ def test_usr1_checkpoints_requeues_and_finishes(slurm_cluster, plugin_built, tmp
     leader = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
     wait_until(lambda: len(list(out_dir.glob("ready-*"))) == 4, 60, "all four ranks to start", interval_s=0.5)
     runner.run(["scancel", "--signal=USR1", "--batch", str(leader)])
-
-    def requeued() -> bool:
-        out = runner.run(["squeue", "-h", "-j", str(leader), "-o", "%r"], check=False).stdout
-        return "BeginTime" in out
-
-    # Slurm 22.05 holds a requeued job back (BeginTime) for a while; skip the wait, not the requeue.
-    wait_until(requeued, 60, f"job {leader} to be requeued", interval_s=0.5)
-    for component in (leader, leader + 1):
-        runner.run(["scontrol", "update", f"JobId={component}", "StartTime=now"], check=False)
+    start_requeued_now(runner, leader, 1)
     _wait_gone(runner, leader, timeout_s=180)
     assert sorted(p.read_text() for p in out_dir.glob("second-*")) == ["1\n"] * 4
     log = (tmp_path / "logs" / f"omni-tiny-{leader}.out").read_text()

@@ -11,12 +11,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from render_support import job_rows, start_requeued_now
 from support import wait_until
 
 from slurm_omni.cli.submit import parse_sbatch_id
@@ -101,8 +101,7 @@ class Submitted:
         return path.read_text() if path.exists() else ""
 
     def rows(self, job_id: int) -> list[dict[str, str]]:
-        out = self.runner.run(["scontrol", "show", "job", "-o", str(job_id)], check=False).stdout
-        return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
+        return job_rows(self.runner, job_id)
 
     def wait_gone(self, job_id: int, timeout_s: float = 60) -> None:
         wait_until(lambda: not self.runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(),
@@ -114,17 +113,6 @@ class Submitted:
 
     def usr1(self, key: str) -> None:
         self.runner.run(["scancel", "--signal=USR1", "--batch", str(self.ids[key])])
-
-    def wait_requeued(self, key: str, restarts: int) -> None:
-        """Until every het component shows the requeue (22.05 requeues them one after another),
-        then let it start now instead of ~121 s later."""
-        leader = self.ids[key]
-        wait_until(lambda: all(r["JobState"] == "PENDING" and r["Restarts"] == str(restarts)
-                               for r in self.rows(leader)) and self.rows(leader), 60,
-                   f"job {leader} to be requeued", interval_s=0.3)
-        time.sleep(2)                      # sooner, and the new life dies of "Job credential revoked"
-        for row in self.rows(leader):
-            self.runner.run(["scontrol", "update", f"JobId={row['JobId']}", "StartTime=now"], check=False)
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +242,7 @@ def test_usr1_requeues_until_max_requeues(submitted: Submitted) -> None:
     out = submitted.out("usr1")
     submitted.wait_ready("usr1", 2)
     submitted.usr1("usr1")
-    submitted.wait_requeued("usr1", 1)
+    start_requeued_now(submitted.runner, submitted.ids["usr1"], 1)
     submitted.wait_ready("usr1", 2, life=1)
     submitted.usr1("usr1")
     submitted.wait_gone(leader)
@@ -276,7 +264,7 @@ def test_term_after_usr1_counts_as_checkpointed(submitted: Submitted) -> None:
     leader = submitted.ids["terminated"]
     submitted.wait_ready("terminated", 2)
     submitted.usr1("terminated")
-    submitted.wait_requeued("terminated", 1)
+    start_requeued_now(submitted.runner, leader, 1)
     submitted.runner.run(["scancel", str(leader)], check=False)
     out = submitted.out("terminated")
     assert [p.read_text() for p in sorted(out.glob("*.signals"))] == ["SIGUSR1\n", "SIGUSR1\n"]
