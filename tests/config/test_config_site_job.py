@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from omni_configs import job_toml, site_toml
 
 from slurm_omni.config.job import load_job, parse_slurm_time
 from slurm_omni.config.site import load_site, parse_gres
@@ -13,16 +14,8 @@ from slurm_omni.render import plan_stages
 
 REPO = Path(__file__).resolve().parents[2]
 
-SITE = """
-cluster = "omni"
-[stages.vision]
-partition = "vision"
-gres = "gpu:h100:4"
-[stages.text]
-partition = "text"
-gres = "gpu:h100:4"
-[checkpoint]
-root = "/shared/ckpt"
+SITE = site_toml(ckpt_root="/shared/ckpt", spool_dir="/var/spool/omni", registry_dir="/var/lib/omni/registry",
+                 metrics_dir="/var/lib/node_exporter/textfile", tables="""\
 [detection]
 heartbeat_interval_s = 5
 confirmation_window_s = 15
@@ -33,26 +26,9 @@ spare_policy = "same_switch"
 spare_nodes = "node[7-8]"
 [drills]
 allowed_nodes = "node[5-8]"
-[manager]
-spool_dir = "/var/spool/omni"
-registry_dir = "/var/lib/omni/registry"
-metrics_dir = "/var/lib/node_exporter/textfile"
-"""
+""")
 
-JOB = """
-[job]
-name = "omni-tiny"
-data_parallel_size = 2
-time_limit = "01:00:00"
-[[stages]]
-name = "vision"
-nodes = 1
-[[stages]]
-name = "text"
-nodes = 1
-[training.data]
-shard_dir = "shards"
-"""
+JOB = job_toml("omni-tiny", data_parallel_size=2, time_limit="01:00:00")
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omni_configs import site_toml
 from support import wait_until
 
 from slurm_omni.cli.main import main
@@ -19,23 +20,9 @@ from slurm_omni.slurm.types import NodeState
 
 pytestmark = pytest.mark.cluster
 
-SITE = """
-cluster = "omni"
-[stages.vision]
-partition = "vision"
-gres = "gpu:h100:4"
-[stages.text]
-partition = "text"
-gres = "gpu:h100:4"
-[checkpoint]
-root = "{tmp}/ckpt"
-[drills]
-allowed_nodes = "{allowed}"
-[manager]
-spool_dir = "{tmp}/spool"
-registry_dir = "{tmp}/registry"
-metrics_dir = "{tmp}/metrics"
-"""
+
+def _site(tmp: Path, allowed: str) -> str:
+    return site_toml(tmp, tables=f'[drills]\nallowed_nodes = "{allowed}"\n')
 
 
 def idle_nodes(backend, count: int) -> list[str]:
@@ -68,13 +55,13 @@ def test_node_down_touches_only_the_allowed_node_and_resumes_it(slurm_cluster) -
 
 def test_refused_node_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     site = tmp_path / "omni.toml"
-    site.write_text(SITE.format(tmp=tmp_path, allowed="node[7-8]"))
+    site.write_text(_site(tmp_path, "node[7-8]"))
     code = main(["drill", "node-down", "--job", "anything", "--site", str(site), "--node", "node1",
                  "--state-dir", str(tmp_path / "no-cluster")])
     err = capsys.readouterr().err
     assert code == 2
     assert err == f"omni: drill: couldn't touch node1: not in drills.allowed_nodes (node[7-8]) of {site}\n"
-    site.write_text(SITE.format(tmp=tmp_path, allowed=""))
+    site.write_text(_site(tmp_path, ""))
     assert main(["drill", "kill-rank", "--job", "anything", "--site", str(site)]) == 2
     assert "drills.allowed_nodes is empty" in capsys.readouterr().err
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from omni_configs import job_toml, site_toml
 from render_support import REPO
 from support import wait_until
 
@@ -19,34 +20,7 @@ from slurm_omni.slurm.runner import CommandRunner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-SITE = """
-cluster = "omni"
-[stages.vision]
-partition = "vision"
-gres = "gpu:h100:4"
-[stages.text]
-partition = "text"
-gres = "gpu:h100:4"
-[checkpoint]
-root = "{tmp}/ckpt"
-[manager]
-spool_dir = "{spool}"
-registry_dir = "{tmp}/registry"
-metrics_dir = "{tmp}/metrics"
-"""
-
-JOB = """
-[job]
-name = "e2e-tiny"
-data_parallel_size = 1
-time_limit = "00:05:00"
-signal_before_s = 60
-[[stages]]
-name = "vision"
-nodes = 1
-[[stages]]
-name = "text"
-nodes = 1
+JOB = job_toml("e2e-tiny", job_keys="signal_before_s = 60\n", training="""\
 [training]
 max_steps = 4
 [training.parallel]
@@ -56,7 +30,7 @@ micro_batch_size = 2
 shard_dir = "shards"
 [training.checkpoint]
 every_steps = 2
-"""
+""")
 
 
 def test_submit_trains_both_stages_to_done(slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +38,7 @@ def test_submit_trains_both_stages_to_done(slurm_cluster, tmp_path: Path, monkey
     bin_dir = Path(sys.executable).parent
     subprocess.run([str(bin_dir / "omni"), "data", "synth", "--out", str(tmp_path / "shards"), "--pairs", "32",
                     "--text", "16"], check=True, capture_output=True, timeout=300)
-    (tmp_path / "site.toml").write_text(SITE.format(tmp=tmp_path, spool=slurm_cluster.spool))
+    (tmp_path / "site.toml").write_text(site_toml(tmp_path, spool_dir=slurm_cluster.spool))
     (tmp_path / "job.toml").write_text(JOB)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")     # the job finds `omni` through it
     result = CliRunner().invoke(submit, [str(tmp_path / "job.toml"), "--site", str(tmp_path / "site.toml")])
