@@ -22,6 +22,7 @@ from typing import Any, Self
 import torch
 
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.fence import await_raise, raise_fence
 from slurm_omni.checkpoint.persist import PersistStats, persist
 from slurm_omni.checkpoint.restore import Restore, open_restore
 from slurm_omni.checkpoint.snapshot import HostArena, ShardLayout, ShardState, take
@@ -52,6 +53,12 @@ class CheckpointConfig:
     incarnation: str | None = None
     """One value shared by every rank of this run; None reads OMNI_INCARNATION, TORCHELASTIC_RUN_ID,
     or SLURM_JOB_ID with SLURM_RESTART_COUNT (ordinary jobs only)."""
+    incarnation_number: int | None = None
+    """This life's number for the fence (``fence.py``): every later life of the job a higher one
+    (OMNI_INCARNATION). None reads OMNI_INCARNATION when it is an integer; without one the root is
+    not fenced."""
+    fence_wait_s: float = 120.0
+    """How long ranks other than 0 wait, before a restore, for rank 0 to raise the fence."""
 
     def __post_init__(self) -> None:
         if self.keep_last < 0:
@@ -60,6 +67,8 @@ class CheckpointConfig:
             raise CheckpointError(f"checkpoint: restore_threads = {self.restore_threads} (at least 1)")
         if not (self.commit_timeout_s > 0 and self.crash_commit_timeout_s > 0):
             raise CheckpointError("checkpoint: commit timeouts must be positive")
+        if self.incarnation_number is not None and self.incarnation_number < 0:
+            raise CheckpointError(f"checkpoint: incarnation_number = {self.incarnation_number} (0 or more)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,11 @@ class SaveResult:
     persisted: Future[PersistStats] = field(repr=False)
     skipped: bool = False      # the step was already saved by this engine
 
+    @property
+    def fenced(self) -> bool:
+        """The persist is over and was refused: a newer incarnation started on the root."""
+        return self.persisted.done() and self.persisted.exception() is None and self.persisted.result().fenced
+
 
 class CheckpointEngine:
     """One per training process. Not thread-safe: call it from the training loop only."""
@@ -79,6 +93,8 @@ class CheckpointEngine:
         self.config = config
         self.layout = layout or ShardLayout()
         self.incarnation = _incarnation(config.incarnation, self.layout.world_size)
+        self.number = config.incarnation_number if config.incarnation_number is not None else _number()
+        self._fence_raised = False
         self._arena = HostArena(pin=config.pin_memory)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="omni-ckpt-persist")
         self._inflight: Future[PersistStats] | None = None
@@ -137,17 +153,27 @@ class CheckpointEngine:
 
     def _persist(self, snap: Any, timeout: float) -> PersistStats:
         try:
+            if self.layout.rank == 0:
+                self._raise_fence()   # a run that saves before (or without) a restore
             stats = persist(self.config.root, snap, self.layout, incarnation=self.incarnation,
-                            keep_last=self.config.keep_last, commit_timeout_s=timeout)
+                            keep_last=self.config.keep_last, commit_timeout_s=timeout, number=self.number)
         except CheckpointError as e:
             log.error("%s", e)
             raise
         except OSError as e:
             log.error("checkpoint: couldn't persist step %d: %s", snap.step, e)
             raise CheckpointError(f"checkpoint: couldn't persist step {snap.step}: {e}") from e
-        log.info("checkpoint: step %d persisted: %.1f MiB in %.2f s%s", stats.step, stats.bytes / 2**20,
-                 stats.persist_s, " (committed)" if stats.committed else "")
+        if not stats.fenced:
+            log.info("checkpoint: step %d persisted: %.1f MiB in %.2f s%s", stats.step, stats.bytes / 2**20,
+                     stats.persist_s, " (committed)" if stats.committed else "")
         return stats
+
+    def _raise_fence(self) -> None:
+        """Rank 0, once: shut older incarnations out of the root before reading or writing it."""
+        if self.number is None or self._fence_raised:
+            return
+        raise_fence(self.config.root, self.number, self.incarnation)
+        self._fence_raised = True
 
     @property
     def persist_in_flight(self) -> bool:
@@ -231,6 +257,11 @@ class CheckpointEngine:
         device tensors through a page-locked staging buffer).
         """
         self._check_open()
+        # The fence before the read: a late commit of an older incarnation must not be what we restore.
+        if self.layout.rank == 0:
+            self._raise_fence()
+        elif self.number is not None:
+            await_raise(self.config.root, self.number, self.config.fence_wait_s)
         session = open_restore(self.config.root, self.layout, step=step,
                                critical=critical if critical is not None else self.config.critical,
                                modules=modules, into=into, device=device,
@@ -299,6 +330,11 @@ def _non_finite(state: ShardState) -> str:
                 if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                     return f"{module} {part} hold non-finite values ({leaf.path})"
     return ""
+
+
+def _number() -> int | None:
+    value = os.environ.get("OMNI_INCARNATION", "")
+    return int(value) if value.isdigit() else None
 
 
 def _incarnation(given: str | None, world_size: int) -> str:

@@ -9,8 +9,10 @@ A checkpoint root holds one directory per step::
         manifest.json     step, layout, units, load order, per-rank data and RNG state
         COMPLETE          written last; names the manifest's size and checksum
         CORRUPT           written by a reader that found a bad checksum; the directory no longer counts
+        FENCED            committed by an older incarnation after a newer one started (``fence.py``)
+    FENCE                 the highest incarnation that started on this root, and its raises
 
-Only a directory with a valid ``COMPLETE`` and no ``CORRUPT`` counts. This module needs neither torch nor
+Only a directory with a valid ``COMPLETE``, no ``CORRUPT`` or ``FENCED``, that the fence lets count, counts. This module needs neither torch nor
 h5py, so ``omni ckpt ls`` and the requeue manager stay cheap.
 """
 
@@ -35,6 +37,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MARKER = "COMPLETE"
 CORRUPT = "CORRUPT"
+FENCED = "FENCED"
 CHECKSUM = "xxh3_64"
 
 
@@ -78,6 +81,7 @@ class Status(enum.Enum):
     WRITING = "writing"          # step-N.tmp/: a persist in flight or abandoned
     RETIRED = "retired"          # step-N.old-T/: an older copy of the same step being replaced
     CORRUPT = "corrupt"
+    FENCED = "fenced"            # a late commit of an older incarnation (fence.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,7 @@ class Entry:
     path: Path
     status: Status
     reason: str = ""
+    incarnation: int | None = None   # the committing incarnation's number, from the marker
 
 
 def scan(root: Path) -> list[Entry]:
@@ -110,14 +115,18 @@ def scan(root: Path) -> list[Entry]:
         elif m.group(2):
             entries.append(Entry(step, path, Status.RETIRED))
         else:
-            status, reason = _status_of(path)
-            entries.append(Entry(step, path, status, reason))
+            status, reason, incarnation = _status_of(path)
+            entries.append(Entry(step, path, status, reason, incarnation))
     return sorted(entries, key=lambda e: (e.step, e.status is Status.COMPLETE))
 
 
 def complete(root: Path) -> list[Entry]:
-    """Complete checkpoints, newest first."""
-    return [e for e in reversed(scan(root)) if e.status is Status.COMPLETE]
+    """Complete checkpoints that count, newest first: not a late commit the fence shuts out."""
+    from slurm_omni.checkpoint.fence import read_fence  # fence.py builds on this module
+
+    fence = read_fence(root)
+    return [e for e in reversed(scan(root)) if e.status is Status.COMPLETE
+            and (fence is None or fence.counts(e.step, e.incarnation))]
 
 
 def find_latest_complete(root: Path) -> Entry | None:
@@ -137,19 +146,22 @@ def latest_step(root: Path) -> int | None:
     return done[0].step if done else None
 
 
-def _status_of(path: Path) -> tuple[Status, str]:
-    """From the marker alone (cheap); ``read_manifest`` checks that the manifest matches it."""
+def _status_of(path: Path) -> tuple[Status, str, int | None]:
+    """From the markers alone (cheap); ``read_manifest`` checks that the manifest matches it."""
     if (path / CORRUPT).exists():
-        return Status.CORRUPT, _read_text(path / CORRUPT)
+        return Status.CORRUPT, _read_text(path / CORRUPT), None
+    if (path / FENCED).exists():
+        return Status.FENCED, _read_text(path / FENCED), None
     try:
         marker = json.loads((path / MARKER).read_bytes())
     except FileNotFoundError:
-        return Status.INCOMPLETE, f"no {MARKER} marker"
+        return Status.INCOMPLETE, f"no {MARKER} marker", None
     except (OSError, ValueError) as e:
-        return Status.INCOMPLETE, f"unreadable {MARKER} ({e})"
+        return Status.INCOMPLETE, f"unreadable {MARKER} ({e})", None
     if not isinstance(marker, dict) or "manifest_xxh3_64" not in marker:
-        return Status.INCOMPLETE, f"malformed {MARKER}"
-    return Status.COMPLETE, ""
+        return Status.INCOMPLETE, f"malformed {MARKER}", None
+    incarnation = marker.get("incarnation")
+    return Status.COMPLETE, "", incarnation if isinstance(incarnation, int) else None
 
 
 def _read_text(path: Path) -> str:
@@ -366,10 +378,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, owner: str = "") -> None:
     """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one; ``durable``
-    also fsyncs the file and its directory before returning."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    also fsyncs the file and its directory before returning. ``owner`` (an incarnation) goes into the
+    temporary name: pids repeat across nodes."""
+    tag = f".{safe_name(owner)}" if owner else ""
+    tmp = path.with_name(f".{path.name}{tag}.{os.getpid()}.{threading.get_ident()}.partial")
     with open(tmp, "wb") as f:
         f.write(data)
         if durable:
@@ -380,8 +394,16 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
-def write_marker(path: Path, step: int, raw: bytes) -> None:
-    """The completion marker for ``path``, whose manifest is ``raw``."""
-    marker = {"step": step, "manifest_bytes": len(raw), "manifest_xxh3_64": checksum(raw),
-              "time": time.time()}
+def safe_name(text: str) -> str:
+    """``text`` as a piece of a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:64]
+
+
+def write_marker(path: Path, step: int, raw: bytes, incarnation: int | None = None) -> None:
+    """The completion marker for ``path``, whose manifest is ``raw``; ``incarnation``: the committing
+    incarnation's number, for the fence."""
+    marker: dict[str, Any] = {"step": step, "manifest_bytes": len(raw), "manifest_xxh3_64": checksum(raw),
+                              "time": time.time()}
+    if incarnation is not None:
+        marker["incarnation"] = incarnation
     write_atomic(path / MARKER, json.dumps(marker).encode())

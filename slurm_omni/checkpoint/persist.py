@@ -4,7 +4,9 @@ Each rank writes ``step-N.tmp/rank-R.h5`` and then its record ``rank-R.json``, b
 file is laid out first (h5py, metadata only: contiguous datasets allocated early, never filled), then the
 tensor bytes go straight from the host buffer to their offsets with ``pwrite``, which releases the GIL
 and moves the bytes once. Rank 0 then waits for every rank's record of the same incarnation, writes the
-manifest, fsyncs, renames the directory to ``step-N`` and writes ``COMPLETE`` last.
+manifest, fsyncs, renames the directory to ``step-N`` and writes ``COMPLETE`` last. An incarnation
+that a newer one fenced out of the root (``fence.py``) writes nothing more: its shards are dropped,
+rank 0 removes the temporary directory, and the save is reported ``fenced``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import h5py
 from slurm_omni import __version__
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.dtypes import h5_type, name_of
+from slurm_omni.checkpoint.fence import fenced_by
 from slurm_omni.checkpoint.snapshot import Item, ShardLayout, Snapshot
 from slurm_omni.checkpoint.tree import tensor_paths
 from slurm_omni.errors import CheckpointError
@@ -40,17 +43,23 @@ class PersistStats:
     bytes: int          # tensor bytes this rank wrote
     persist_s: float    # shard written and durable (and, on rank 0, the commit)
     committed: bool     # this process wrote the COMPLETE marker
+    fenced: bool = False   # refused: a newer incarnation started on the root (nothing committed)
 
 
 def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str, keep_last: int,
-            commit_timeout_s: float) -> PersistStats:
+            commit_timeout_s: float, number: int | None = None) -> PersistStats:
+    """``number``: this incarnation's OMNI_INCARNATION, checked against the root's fence (None: unfenced)."""
     started = time.monotonic()
+    if _fenced(root, snap.step, number, "before writing"):
+        return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
     tmp = fmt.tmp_dir(root, snap.step)
     tmp.mkdir(parents=True, exist_ok=True)
-    write_shard(tmp, snap, layout, incarnation)
+    if not write_shard(tmp, snap, layout, incarnation, root=root, number=number):
+        return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
     committed = False
     if layout.rank == 0:
-        commit(root, snap.step, layout.world_size, incarnation, commit_timeout_s)
+        if commit(root, snap.step, layout.world_size, incarnation, commit_timeout_s, number=number) is None:
+            return PersistStats(snap.step, snap.nbytes, time.monotonic() - started, False, fenced=True)
         committed = True
     persist_s = time.monotonic() - started   # durable and complete: what the figure means
     if committed:
@@ -58,14 +67,28 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
     return PersistStats(snap.step, snap.nbytes, persist_s, committed)
 
 
-def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str) -> None:
+def _fenced(root: Path, step: int, number: int | None, when: str) -> bool:
+    fence = fenced_by(root, number)
+    if fence is not None:
+        log.warning("checkpoint: step %d of incarnation %s fenced %s: incarnation %d (%s) started on %s since; "
+                    "not saved", step, number, when, fence.incarnation, fence.run, root)
+    return fence is not None
+
+
+def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str, *, root: Path | None = None,
+                number: int | None = None) -> bool:
+    """This rank's shard file and record in ``tmp``; False (nothing left behind) when fenced out of ``root``."""
     name = fmt.shard_name(layout.rank)
     owned = [i for i in snap.items if i.owned]
     file_name, file_bytes, offsets, sums = None, 0, [-1] * len(owned), [""] * len(owned)
     if owned:
         file_name = f"{name}.h5"
-        partial = tmp / f"{file_name}.partial"
+        # named by incarnation: two incarnations saving the same step never write the same file
+        partial = tmp / f"{file_name}.{fmt.safe_name(incarnation)}.partial"
         file_bytes = _write_file(partial, snap, owned, offsets, sums, layout, incarnation)
+        if root is not None and _fenced(root, snap.step, number, "after writing its shard"):
+            partial.unlink(missing_ok=True)
+            return False
         os.replace(partial, tmp / file_name)
     units: dict[str, Any] = {}
     for unit in snap.skeletons:
@@ -86,7 +109,8 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
         "units": units, "state": json.loads(snap.state_json), "rng": snap.rng,
     }
     # Not fsynced: only the commit reads it, and the commit makes the directory durable as a whole.
-    fmt.write_atomic(tmp / f"{name}.json", json.dumps(record).encode(), durable=False)
+    fmt.write_atomic(tmp / f"{name}.json", json.dumps(record).encode(), durable=False, owner=incarnation)
+    return True
 
 
 def _write_file(path: Path, snap: Snapshot, owned: list[Item], offsets: list[int], sums: list[str],
@@ -154,11 +178,16 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 # -- the commit (rank 0) ------------------------------------------------------------------------------
 
 
-def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: float) -> fmt.Manifest:
+def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: float, *,
+           number: int | None = None) -> fmt.Manifest | None:
+    """Rank 0: the manifest, the rename, the marker; None when fenced (the temporary directory removed)."""
     tmp = fmt.tmp_dir(root, step)
     records = _await_records(tmp, step, world_size, incarnation, timeout_s)
+    if _fenced(root, step, number, "at its commit"):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
     manifest = merge(records, step=step, incarnation=incarnation)
-    raw = json.dumps(manifest.to_json()).encode()
+    raw = json.dumps({**manifest.to_json(), **({"incarnation_number": number} if number is not None else {})}).encode()
     fmt.write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
     final = fmt.step_dir(root, step)
     if final.exists():
@@ -169,7 +198,7 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
         shutil.rmtree(old, ignore_errors=True)
     os.rename(tmp, final)
     fmt.fsync_dir(root)
-    fmt.write_marker(final, step, raw)
+    fmt.write_marker(final, step, raw, number)
     return manifest
 
 
@@ -274,12 +303,16 @@ def retire(root: Path, *, keep_last: int, newest: int) -> None:
     Only steps older than ``newest`` are swept: other ranks may already be writing a later step.
     """
     entries = fmt.scan(root)
-    done = [e for e in entries if e.status is fmt.Status.COMPLETE]
+    counted = {e.path for e in fmt.complete(root)}
+    done = [e for e in entries if e.path in counted]
     doomed = done[:-keep_last] if keep_last > 0 else []
     oldest_kept = min((e.step for e in done if e not in doomed), default=newest)
     for e in entries:
         stale = e.status in (fmt.Status.INCOMPLETE, fmt.Status.WRITING, fmt.Status.RETIRED) and e.step < newest
-        old_corrupt = e.status is fmt.Status.CORRUPT and e.step < oldest_kept
+        # corrupt, or a late commit the fence shuts out (marked or not yet)
+        out = e.status in (fmt.Status.CORRUPT, fmt.Status.FENCED) or (
+            e.status is fmt.Status.COMPLETE and e.path not in counted)
+        old_corrupt = out and e.step < oldest_kept
         if e in doomed or stale or old_corrupt:
             _remove(e.path)
 

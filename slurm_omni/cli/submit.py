@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from slurm_omni.checkpoint.fence import read_fence
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site, site_path
 from slurm_omni.errors import ConfigError, SlurmError
@@ -43,7 +44,8 @@ def _request(loaded: list[tuple[Path, JobFile, str]], site: SiteConfig, max_para
              sweep: bool) -> HetJobRequest | ArrayJobRequest:
     if len(loaded) == 1 and not sweep:
         path, job, digest = loaded[0]
-        return HetJobRequest(job=job, site=site, job_file=path, job_sha256=digest)
+        return HetJobRequest(job=job, site=site, job_file=path, job_sha256=digest,
+                             incarnation_base=first_incarnation(site.checkpoint.root / job.job.name))
     return ArrayJobRequest(jobs=tuple(j for _, j, _ in loaded), site=site,
                            job_files=tuple(p for p, _, _ in loaded),
                            job_sha256s=tuple(d for _, _, d in loaded), max_parallel=max_parallel)
@@ -100,9 +102,17 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
         array_tasks=None if isinstance(request, HetJobRequest) else tuple(
             {"task_id": i, "job_file": str(p), "name": j.job.name, "job_sha256": d,
              "ckpt_dir": str(site.checkpoint.root / j.job.name)} for i, (p, j, d) in enumerate(loaded)),
+        incarnation_base=request.incarnation_base if isinstance(request, HetJobRequest) else 0,
         environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it
     record = register(site.manager.registry_dir, registration)
     click.echo(f"submitted job {job_id} ({first.job.name}); registered in {record}")
+
+
+def first_incarnation(ckpt_dir: Path) -> int:
+    """A job submitted again onto a checkpoint root that earlier incarnations fenced (checkpoint/fence.py)
+    numbers its lives past them; otherwise its checkpoints would all be refused."""
+    fence = read_fence(ckpt_dir)
+    return fence.incarnation + 1 if fence is not None else 0
 
 
 def _make_log_dir(log_dir: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from slurm_omni.checkpoint.fence import read_fence
 from slurm_omni.checkpoint.format import latest_step
 from slurm_omni.errors import OmniError
 from slurm_omni.manager.actions import ResubmitRefused
@@ -220,13 +221,21 @@ def next_incarnation(m: Manager, w: Watch) -> int:
     RUNNING (its requeue for a lost node), or one whose ranks wrote a heartbeat. A requeued job that
     the recovery cancelled while PENDING never ran and takes no number. The old submission has
     stopped by now (``_old_incarnation_stopped``), so no life of it comes after. A number this
-    recovery journaled before a crash is kept: Slurm may no longer show the old job by then."""
+    recovery journaled before a crash is kept: Slurm may no longer show the old job by then. The
+    checkpoint fence (the highest incarnation that started on the job's root) counts too."""
     recorded = [i["number"] for i in m.journal.incarnations(w.key) if i["number"] > w.incarnation]
     if recorded:
         return int(recorded[0])
     lives = [w.life, w.incarnation + w.running_restart_count]
     if w.slurm_id is not None:
         lives += [hb.incarnation for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id)]
+    try:   # a life that restored (it raised the checkpoint fence) but never beat
+        fence = read_fence(w.reg.ckpt_dir)
+    except OmniError as e:
+        log.warning("manager: %s: %s", w.key, e)
+        fence = None
+    if fence is not None:
+        lives.append(fence.incarnation)
     return max(lives) + 1
 
 

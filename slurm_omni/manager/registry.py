@@ -60,6 +60,8 @@ class RegisteredJob:
     stages: tuple[StageShape, ...]
     array_tasks: tuple[ArrayTask, ...] = ()
     path: Path | None = None
+    incarnation_base: int = 0
+    """The incarnation (OMNI_INCARNATION) of the job's first life."""
     environment: dict[str, str] | None = field(default=None, repr=False, compare=False)
     """The submitter's environment, for resubmissions (None in records from before it was kept)."""
 
@@ -133,6 +135,9 @@ def parse_record(data: bytes, what: str) -> RegisteredJob:
             isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
             for k, v in environment.items())):
         raise EventRejected(f"registry: couldn't accept {what}: environment is not an object of strings")
+    base = obj.get("incarnation_base", 0)
+    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+        raise EventRejected(f"registry: couldn't accept {what}: incarnation_base = {base!r:.40} (0 or more)")
     job_id = _need(obj, "job_id", int, what)
     dp = _need(obj, "data_parallel_size", int, what)
     if job_id < 1 or dp < 1:
@@ -140,7 +145,7 @@ def parse_record(data: bytes, what: str) -> RegisteredJob:
     return RegisteredJob(job_id, kind, _need(obj, "name", str, what), _need(obj, "user", str, what),
                          _absolute(obj, "job_file", what), _need(obj, "job_sha256", str, what),
                          _absolute(obj, "ckpt_dir", what), dp, _need(obj, "max_requeues", int, what),
-                         tuple(stages), tuple(tasks), environment=environment)
+                         tuple(stages), tuple(tasks), incarnation_base=base, environment=environment)
 
 
 def read_registry(registry_dir: Path, *, uid: int | None = None) -> list[RegisteredJob]:

@@ -148,7 +148,8 @@ def _base(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Wat
         heartbeat_dir = ckpt / "heartbeat"
         slurm_id = task_job.job_id
     return Watch(key=key, reg=reg, shape=shape, placement=_placement(m, reg, shape),
-                 confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir, incarnation=0,
+                 confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir,
+                 incarnation=reg.incarnation_base if task is None else 0,
                  slurm_id=slurm_id, units=shape.units, array_task=task)
 
 

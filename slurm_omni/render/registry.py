@@ -10,7 +10,12 @@ fsynced and renamed, so the manager never reads half a record)::
      "stages": [{"het_group": 0, "name": "vision", "partition": "vision", "nodes": 1,
                  "tasks_per_node": 2, "gres": "gpu:h100:4", "switches": 1}, ...],
      "array_tasks": null | [{"task_id": 0, "job_file": ..., "name": ..., "ckpt_dir": ...}, ...],
+     "incarnation_base": 0,
      "environment": {"PATH": "...", "VIRTUAL_ENV": "...", "OMP_NUM_THREADS": "8", ...}}
+
+``incarnation_base`` is the OMNI_INCARNATION of the job's first life: 0, or one past the highest
+incarnation that started on its checkpoint root (its FENCE) when the job is submitted onto it again.
+The manager numbers the job's incarnations from it.
 
 ``environment`` is the environment ``omni submit`` ran sbatch with, which sbatch hands to the job's
 ranks: the manager resubmits the job with it rather than with its own (SLURM_CONF excepted: the
@@ -59,6 +64,8 @@ class Registration:
     array_tasks: tuple[dict[str, Any], ...] | None = None
     user: str = ""
     submitted_at: str = ""
+    incarnation_base: int = 0
+    """OMNI_INCARNATION of the job's first life (past the lives of earlier jobs on its checkpoint root)."""
     environment: Mapping[str, str] | None = None
     """What sbatch ran with at submission; None records none (the manager then resubmits with its own)."""
 
@@ -74,6 +81,7 @@ class Registration:
                         "tasks_per_node": s.tasks_per_node, "gres": s.gres, "switches": s.switches}
                        for s in self.stages],
             "array_tasks": list(self.array_tasks) if self.array_tasks is not None else None,
+            "incarnation_base": self.incarnation_base,
             **(bounded_environment(self.environment) if self.environment is not None else {}),
         }
 

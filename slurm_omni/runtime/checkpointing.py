@@ -58,7 +58,8 @@ class StageCheckpointer:
         self.names = tuple(parts)
         self.engine = CheckpointEngine(
             CheckpointConfig(root=layout.ckpt_dir, keep_last=cfg.checkpoint.keep_last, load_order=LOAD_ORDER,
-                             critical=self.names[:1], incarnation=f"{layout.job_id}.{layout.incarnation}"),
+                             critical=self.names[:1], incarnation=f"{layout.job_id}.{layout.incarnation}",
+                             incarnation_number=layout.incarnation),
             shard_layout(layout))
         self.last_step: int | None = None
         """Newest step saved or being saved."""

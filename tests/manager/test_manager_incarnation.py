@@ -5,6 +5,7 @@ the heartbeats of exactly that number."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -14,14 +15,17 @@ from typing import Any
 import pytest
 from manager_cluster_support import SITE, job_file_text
 
+from slurm_omni.checkpoint.fence import raise_fence
+from slurm_omni.cli.submit import first_incarnation
 from slurm_omni.config.site import load_site
 from slurm_omni.manager.actions import Actions
 from slurm_omni.manager.journal import Journal
 from slurm_omni.manager.recovery import next_incarnation
-from slurm_omni.manager.registry import RegisteredJob, StageShape
+from slurm_omni.manager.registry import RegisteredJob, StageShape, parse_record, vars_of
 from slurm_omni.manager.shape import Shape
 from slurm_omni.manager.watch import Watch
 from slurm_omni.policy.placement import Action, Plan
+from slurm_omni.render.registry import Registration
 
 
 def _registered(tmp: Path) -> RegisteredJob:
@@ -52,8 +56,10 @@ def test_a_resubmitted_script_numbers_its_lives_from_the_managers_incarnation(
     assert _exported_incarnation(script, restart_count) == expected
 
 
-def _watch(incarnation: int, restart_count: int, *, array_task: int | None = None) -> Watch:
-    w = Watch(key="inc-7", reg=None, shape=None, placement=None, confirmer=None,  # type: ignore[arg-type]
+def _watch(incarnation: int, restart_count: int, *, array_task: int | None = None,
+           ckpt_dir: Path = Path("/nonexistent")) -> Watch:
+    reg: Any = SimpleNamespace(ckpt_dir=ckpt_dir)
+    w = Watch(key="inc-7", reg=reg, shape=None, placement=None, confirmer=None,  # type: ignore[arg-type]
               heartbeat_dir=Path("/nonexistent"), incarnation=incarnation, slurm_id=41, units=1,
               array_task=array_task)
     w.restart_count = w.slurm_restart_count = w.running_restart_count = restart_count
@@ -81,5 +87,21 @@ def test_the_life_judged_and_the_next_incarnation_follow_every_earlier_life(tmp_
         journal.register_job(w.key, 1000, {}, 0.0)
         journal.add_incarnation(w.key, 4, {"tag": "omni.inc-7.4"})
         assert next_incarnation(m, _watch(2, 0)) == 4
+        # a life that restored (it raised the checkpoint fence) counts even if it never beat
+        raise_fence(tmp_path, 6, "43.6")
+        assert next_incarnation(m, _watch(5, 0, ckpt_dir=tmp_path)) == 7
     finally:
         journal.close()
+
+
+def test_a_job_submitted_again_onto_a_fenced_root_numbers_its_lives_past_it(tmp_path: Path) -> None:
+    assert first_incarnation(tmp_path) == 0
+    raise_fence(tmp_path, 3, "41.3")
+    assert first_incarnation(tmp_path) == 4
+    reg = _registered(tmp_path)
+    record = Registration(job_id=8, kind="het", name="inc", cluster="omni", job_file=reg.job_file,
+                          job_sha256=reg.job_sha256, script=None, ckpt_dir=tmp_path, data_parallel_size=1,
+                          max_requeues=3, stages=(), incarnation_base=4).to_json()
+    record["stages"] = [vars_of(s) for s in reg.stages]
+    parsed = parse_record(json.dumps(record).encode(), "8.json")
+    assert parsed.incarnation_base == 4 and parsed.environment is None
