@@ -66,7 +66,8 @@ class ManagerConfig:
     end_wait_s: float = 35.0
     """After cancelling an incarnation: how long to wait for the poll to show it no longer RUNNING
     or COMPLETING before submitting the next (its ranks checkpoint on scancel's SIGTERM until
-    KillWait, 30 s by default, ends them; a later save of theirs would become the newest checkpoint)."""
+    KillWait, 30 s by default, ends them; once the next incarnation starts, the checkpoint fence
+    refuses their saves, so waiting lets the next one restore the last of them)."""
     crash_at: str = ""
     """Drills only: SIGKILL the manager itself at this point (e.g. ``resubmit:after_submit``)."""
 

@@ -145,11 +145,11 @@ def _once(m: Manager, w: Watch, kind: str, suffix: str, act: Any) -> str:
 
 
 def _old_incarnation_stopped(m: Manager, w: Watch, now: float) -> bool:
-    """Has the cancelled incarnation stopped? Its ranks checkpoint on scancel's SIGTERM, and the
-    checkpoint engine lets the last commit of a step win whatever incarnation made it: a save of the
-    old ranks that lands after the next incarnation restored would become the newest checkpoint.
-    So wait until a poll taken after the cancel no longer shows the job RUNNING or COMPLETING, for
-    at most ``end_wait_s`` (a node that stopped answering can keep it COMPLETING for long)."""
+    """Has the cancelled incarnation stopped? Its ranks checkpoint on scancel's SIGTERM: that save is
+    the newest state, and the next incarnation should restore it rather than fence it out (the
+    checkpoint fence refuses the old ranks' saves once the next incarnation started). So wait until a
+    poll taken after the cancel no longer shows the job RUNNING or COMPLETING, for at most
+    ``end_wait_s`` (a node that stopped answering can keep it COMPLETING for long)."""
     if w.slurm_id is None or w.end_waited:
         return True
     if w.end_wait_since is None:
@@ -167,7 +167,7 @@ def _old_incarnation_stopped(m: Manager, w: Watch, now: float) -> bool:
     elif waited >= m.config.end_wait_s:
         outcome = "timed_out"
         log.warning("manager: %s: Slurm job %d still %s %.0f s after scancel; submitting the next incarnation "
-                    "anyway (a late checkpoint of its ranks may become the newest)", w.key, w.slurm_id,
+                    "anyway (the checkpoint fence refuses its ranks' later saves)", w.key, w.slurm_id,
                     job.slurm_state if job else "unseen", waited)
     else:
         return False

@@ -100,8 +100,9 @@ class StageCheckpointer:
         """Pick up the persist time of a finished background save."""
         if self._pending is not None and self._pending.persisted.done():
             stats = self._pending.persisted.result()
-            self.last_persist_s = stats.persist_s
-            self.last_persisted_step = stats.step
+            if not stats.fenced:   # a newer incarnation started on the root: nothing was saved
+                self.last_persist_s = stats.persist_s
+                self.last_persisted_step = stats.step
             self._pending = None
 
     def restore_latest(self, plan: DataPlan) -> Restored | None:
