@@ -65,18 +65,13 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def progress(history: RunHistory, fault: float, *, resumed_at: float | None = None, window: int = 10) -> Progress:
-    """Steps and throughput around ``fault``: the life running then, and the next one.
-
-    The next life's records are those of a higher incarnation, or, with ``resumed_at`` (the time
-    it was running in Slurm), every record after it: a resubmitted job starts Slurm's restart count
-    over, so its ranks may log the same incarnation number."""
+def progress(history: RunHistory, fault: float, *, window: int = 10) -> Progress:
+    """Steps and throughput around ``fault``: the life running then, and the next one (the records
+    of a higher incarnation: every life of a job, resubmitted or requeued, logs a higher one)."""
     before = [r for r in history.records if r.time <= fault]
     failed = before[-1].incarnation if before else None
 
     def is_new(r: StepRecord) -> bool:
-        if resumed_at is not None:
-            return r.time > resumed_at
         return r.time > fault and failed is not None and r.incarnation > failed
 
     new = [r for r in history.records if is_new(r)]

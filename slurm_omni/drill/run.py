@@ -155,10 +155,8 @@ class DrillRunner:
                 self._cont(job, component, node, pids)
             restored, restore_error = self._restore(spec, node)
         history = self._history()
-        resumed_at = times.running if times.first_step is not None else None
         return DrillResult(kind=spec.kind, job=self.handle.name, job_id=str(job.job_id), node=node, rank=rank,
-                           pids=pids, times=times,
-                           progress=progress(history, fault, resumed_at=resumed_at) if history else None,
+                           pids=pids, times=times, progress=progress(history, fault) if history else None,
                            expect_recovery=spec.kind != "stall-rank" or times.confirmed is not None,
                            restored=restored, error=error or restore_error, notes=tuple(notes))
 
@@ -240,8 +238,7 @@ class DrillRunner:
             recovery = self._timeline_recovery(fault) or recovery
             seen = latest_incarnation_step(self.handle.metrics_dir)
             if first_step is None and seen is not None:
-                boundary = recovery.running if recovery is not None and recovery.running else running_at
-                first_step = self._first_step_time(incarnation, fault, boundary)
+                first_step = self._first_step_time(incarnation, fault)
                 if first_step is not None:
                     self.say(f"{spec.kind}: the next incarnation completed a step "
                              f"{first_step - fault:.1f}s after the fault")
@@ -264,14 +261,12 @@ class DrillRunner:
         return DrillTimes(fault=fault, detected=left_at, confirmed=left_at, running=running_at,
                           first_step=first_step, source="observed"), error
 
-    def _first_step_time(self, incarnation: int, fault: float, running: float | None) -> float | None:
-        """First step logged by a later incarnation, or after ``running`` (a resubmitted job restarts
-        Slurm's restart count, so its ranks may carry the same incarnation number)."""
+    def _first_step_time(self, incarnation: int, fault: float) -> float | None:
+        """First step logged by a later incarnation (resubmitted or requeued, a life logs a higher one)."""
         history = self._history()
         if history is None:
             return None
-        new = [r for r in history.records if r.time > fault and (
-            r.incarnation > incarnation or (running is not None and r.time > running))]
+        new = [r for r in history.records if r.time > fault and r.incarnation > incarnation]
         return new[0].time if new else None
 
     def _timeline_recovery(self, fault: float) -> Recovery | None:

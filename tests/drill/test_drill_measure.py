@@ -136,19 +136,19 @@ def test_latest_step_reads_the_tail(tmp_path: Path) -> None:
     assert latest_incarnation_step(tmp_path / "none") is None
 
 
-def test_progress_when_the_resubmitted_job_logs_the_same_incarnation(tmp_path: Path) -> None:
-    """A resubmission restarts Slurm's restart count: the next life logs incarnation 0 again, and
-    the old life finished one more step on Slurm's SIGTERM after the fault."""
+def test_progress_when_the_old_life_logs_a_step_after_the_fault(tmp_path: Path) -> None:
+    """The old life finished one more step on Slurm's SIGTERM after the fault; the resubmitted job's
+    ranks log the next incarnation (1), which tells the lives apart without any clock."""
     ids, loss = batches(12), losses(12)
     write_run(tmp_path / "a", [(s, 0, loss[s - 1], ids[s - 1]) for s in range(1, 10)], t0=1000.0, step_s=1.0)
-    write_run(tmp_path / "b", [(s, 0, loss[s - 1], ids[s - 1]) for s in range(10, 13)], t0=1020.0, step_s=0.5)
+    write_run(tmp_path / "b", [(s, 1, loss[s - 1], ids[s - 1]) for s in range(10, 13)], t0=1020.0, step_s=0.5)
     run = tmp_path / "run"
     run.mkdir()
     for f in (tmp_path / "a").iterdir():
         (run / f.name).write_text(f.read_text() + (tmp_path / "b" / f.name).read_text())
-    p = progress(load_history(run), 1007.5, resumed_at=1015.0)
+    p = progress(load_history(run), 1007.5)
+    assert (p.failed_incarnation, p.resumed_incarnation) == (0, 1)
     assert (p.last_step_before, p.resumed_from, p.steps_lost, p.first_step_at) == (9, 9, 0, 1020.0)
-    assert progress(load_history(run), 1007.5).resumed_from is None    # labels alone cannot tell
 
 
 def test_current_job_is_the_newest_live_one_of_its_name_and_user() -> None:
