@@ -190,8 +190,9 @@ def test_hostile_names_come_back_unchanged(submitted: Submitted) -> None:
     assert [p.name for p in records] == ["hostile-0-0.json", "hostile-0-1.json"]
     job_file = submitted.root / HOSTILE / "job.toml"
     ckpt_dir = submitted.root / HOSTILE_PRINTABLE / "ckpt" / "hostile"
-    for path in records:
+    for path, stage in zip(records, ("vision", "text"), strict=True):
         argv, env = _recorded(path)
+        assert env["OMNI_STAGE_NAME"] == stage                      # --het-group=0,1 --omni-stage=vision:1,text:1
         assert argv == ["omni", "train", "--config", str(job_file)]
         assert env["OMNI_JOB_FILE"] == str(job_file)
         assert env["OMNI_CKPT_DIR"] == str(ckpt_dir)                # from --omni-ckpt, through the plugin
