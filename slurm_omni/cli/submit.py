@@ -48,7 +48,9 @@ def _request(loaded: list[tuple[Path, JobFile, str]], site: SiteConfig, max_para
                              incarnation_base=first_incarnation(site.checkpoint.root / job.job.name))
     return ArrayJobRequest(jobs=tuple(j for _, j, _ in loaded), site=site,
                            job_files=tuple(p for p, _, _ in loaded),
-                           job_sha256s=tuple(d for _, _, d in loaded), max_parallel=max_parallel)
+                           job_sha256s=tuple(d for _, _, d in loaded), max_parallel=max_parallel,
+                           incarnation_bases=tuple(first_incarnation(site.checkpoint.root / j.job.name)
+                                                   for _, j, _ in loaded))
 
 
 _site_option = click.option("--site", "site_file", type=click.Path(path_type=Path, dir_okay=False),
@@ -101,7 +103,8 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
         max_requeues=first.job.max_requeues, stages=plan_stages(first, site),
         array_tasks=None if isinstance(request, HetJobRequest) else tuple(
             {"task_id": i, "job_file": str(p), "name": j.job.name, "job_sha256": d,
-             "ckpt_dir": str(site.checkpoint.root / j.job.name)} for i, (p, j, d) in enumerate(loaded)),
+             "ckpt_dir": str(site.checkpoint.root / j.job.name), "incarnation_base": request.incarnation_bases[i]}
+            for i, (p, j, d) in enumerate(loaded)),
         incarnation_base=request.incarnation_base if isinstance(request, HetJobRequest) else 0,
         environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it
     record = register(site.manager.registry_dir, registration)

@@ -42,6 +42,7 @@ class ArrayTask:
     task_id: int
     name: str
     ckpt_dir: Path
+    incarnation_base: int = 0   # OMNI_INCARNATION of the task's first life
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,13 @@ def _absolute(obj: dict[str, Any], key: str, what: str) -> Path:
     return path
 
 
+def _base(obj: dict[str, Any], what: str) -> int:
+    base = obj.get("incarnation_base", 0)   # absent in records from before it was kept
+    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+        raise EventRejected(f"registry: couldn't accept {what}: incarnation_base = {base!r:.40} (0 or more)")
+    return base
+
+
 def parse_record(data: bytes, what: str) -> RegisteredJob:
     try:
         obj = json.loads(data.decode("utf-8"))
@@ -129,15 +137,13 @@ def parse_record(data: bytes, what: str) -> RegisteredJob:
         if not isinstance(raw, dict):
             raise EventRejected(f"registry: couldn't accept {what}: array_tasks holds {raw!r:.40}")
         tasks.append(ArrayTask(_need(raw, "task_id", int, what), _need(raw, "name", str, what),
-                               _absolute(raw, "ckpt_dir", what)))
+                               _absolute(raw, "ckpt_dir", what), _base(raw, what)))
     environment = obj.get("environment")
     if environment is not None and not (isinstance(environment, dict) and all(
             isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
             for k, v in environment.items())):
         raise EventRejected(f"registry: couldn't accept {what}: environment is not an object of strings")
-    base = obj.get("incarnation_base", 0)
-    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
-        raise EventRejected(f"registry: couldn't accept {what}: incarnation_base = {base!r:.40} (0 or more)")
+    base = _base(obj, what)
     job_id = _need(obj, "job_id", int, what)
     dp = _need(obj, "data_parallel_size", int, what)
     if job_id < 1 or dp < 1:

@@ -70,8 +70,11 @@ class Watch:
     def life(self) -> int:
         """OMNI_INCARNATION of the life being judged (what its ranks' heartbeats and metrics carry): a
         submission's first life is its incarnation, and each of Slurm's requeues adds one. An array
-        task's incarnations are its restart counts already."""
-        return self.restart_count if self.array_task is not None else self.incarnation + self.restart_count
+        task's incarnations are its restart counts, past the task's base."""
+        if self.array_task is not None:
+            base = next((t.incarnation_base for t in self.reg.array_tasks if t.task_id == self.array_task), 0)
+            return base + self.restart_count
+        return self.incarnation + self.restart_count
 
     def lost_nodes(self) -> tuple[str, ...]:
         """Nodes of the incarnation that the newest poll showed failed (DOWN, FAIL, DRAIN...)."""

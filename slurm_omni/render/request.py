@@ -224,10 +224,16 @@ class ArrayJobRequest:
     """``--array=0-N%max_parallel``; 0: no limit."""
     command: tuple[str, ...] = ()
     """The step's argv before ``--config FILE``; empty: ``omni train``."""
+    incarnation_bases: tuple[int, ...] = ()
+    """Per task, OMNI_INCARNATION of its first life (see ``HetJobRequest``); empty: all 0."""
 
     def context(self) -> dict[str, Any]:
         if not self.jobs or len(self.jobs) != len(self.job_files) or len(self.jobs) != len(self.job_sha256s):
             raise ConfigError("render: couldn't build a sweep: expected one digest per job file, at least one")
+        bases = self.incarnation_bases or (0,) * len(self.jobs)
+        if len(bases) != len(self.jobs) or min(bases) < 0:
+            raise ConfigError(f"render: couldn't build a sweep: incarnation_bases = {bases} (one per job file, "
+                              f"0 or more)")
         plans = [plan_stages(job, self.site) for job in self.jobs]
         shape = _array_shape(plans[0], str(self.job_files[0]))
         for path, p in zip(self.job_files[1:], plans[1:], strict=True):
@@ -244,8 +250,9 @@ class ArrayJobRequest:
             raise ConfigError(f"render: couldn't build a sweep: time limits differ ({sorted(limits)})")
         tasks = [
             {"job_file_comment": quoting.Quoted(json.dumps(str(f))), "env": _quoted_env(_job_env(job, self.site, f, p)),
-             "sha256": s, "name": job.job.name, "spank_stage": quoting.shell(spank_stage_arg(p))}
-            for job, f, p, s in zip(self.jobs, self.job_files, plans, self.job_sha256s, strict=True)
+             "sha256": s, "name": job.job.name, "spank_stage": quoting.shell(spank_stage_arg(p)),
+             "incarnation_base": b}
+            for job, f, p, s, b in zip(self.jobs, self.job_files, plans, self.job_sha256s, bases, strict=True)
         ]
         return {
             "version": __version__,

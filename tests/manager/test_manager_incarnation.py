@@ -17,14 +17,16 @@ from manager_cluster_support import SITE, job_file_text
 
 from slurm_omni.checkpoint.fence import raise_fence
 from slurm_omni.cli.submit import first_incarnation
+from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
 from slurm_omni.manager.actions import Actions
 from slurm_omni.manager.journal import Journal
 from slurm_omni.manager.recovery import next_incarnation
-from slurm_omni.manager.registry import RegisteredJob, StageShape, parse_record, vars_of
+from slurm_omni.manager.registry import ArrayTask, RegisteredJob, StageShape, parse_record, vars_of
 from slurm_omni.manager.shape import Shape
 from slurm_omni.manager.watch import Watch
 from slurm_omni.policy.placement import Action, Plan
+from slurm_omni.render import ArrayJobRequest
 from slurm_omni.render.registry import Registration
 
 
@@ -58,7 +60,7 @@ def test_a_resubmitted_script_numbers_its_lives_from_the_managers_incarnation(
 
 def _watch(incarnation: int, restart_count: int, *, array_task: int | None = None,
            ckpt_dir: Path = Path("/nonexistent")) -> Watch:
-    reg: Any = SimpleNamespace(ckpt_dir=ckpt_dir)
+    reg: Any = SimpleNamespace(ckpt_dir=ckpt_dir, array_tasks=())
     w = Watch(key="inc-7", reg=reg, shape=None, placement=None, confirmer=None,  # type: ignore[arg-type]
               heartbeat_dir=Path("/nonexistent"), incarnation=incarnation, slurm_id=41, units=1,
               array_task=array_task)
@@ -105,3 +107,29 @@ def test_a_job_submitted_again_onto_a_fenced_root_numbers_its_lives_past_it(tmp_
     record["stages"] = [vars_of(s) for s in reg.stages]
     parsed = parse_record(json.dumps(record).encode(), "8.json")
     assert parsed.incarnation_base == 4 and parsed.environment is None
+
+
+@pytest.mark.parametrize(("task", "restart_count", "expected"), [("0", None, "0"), ("1", None, "5"), ("1", "2", "7")])
+def test_each_array_task_numbers_its_lives_from_its_own_base(
+        tmp_path: Path, task: str, restart_count: str | None, expected: str) -> None:
+    (tmp_path / "site.toml").write_text(SITE.format(tmp=tmp_path, spool=tmp_path / "spool", spare_policy="any_switch",
+                                                    quarantine_s=60, drain_failed="false"))
+    site = load_site(tmp_path / "site.toml")
+    files = []
+    for name in ("sweep-a", "sweep-b"):
+        files.append(tmp_path / f"{name}.toml")
+        files[-1].write_text(job_file_text(name, tmp_path, tmp_path / "shards"))
+    script = ArrayJobRequest(jobs=tuple(load_job(f) for f in files), site=site, job_files=tuple(files),
+                             job_sha256s=("a", "b"), incarnation_bases=(0, 5)).materialize()
+    lines = script.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("task=${SLURM_ARRAY_TASK_ID"))
+    end = next(i for i, x in enumerate(lines) if x.startswith("export OMNI_INCARNATION="))
+    env = {"PATH": "/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": task,
+           **({"SLURM_RESTART_COUNT": restart_count} if restart_count else {})}
+    out = subprocess.run(["bash", "-c", "\n".join([*lines[start:end + 1], 'echo "$OMNI_INCARNATION"'])], env=env,
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.strip() == expected
+    w = _watch(int(restart_count or 0), int(restart_count or 0), array_task=int(task))
+    w.reg = RegisteredJob(9, "array", "sweep-a", "me", files[0], "a", tmp_path, 1, 3, (), (
+        ArrayTask(0, "sweep-a", tmp_path / "a"), ArrayTask(1, "sweep-b", tmp_path / "b", 5)))
+    assert str(w.life) == expected    # the manager judges the heartbeats of that number
