@@ -9,13 +9,14 @@ fsynced and renamed, so the manager never reads half a record)::
      "ckpt_dir": "/shared/ckpt/omni-tiny", "data_parallel_size": 2, "max_requeues": 5,
      "stages": [{"het_group": 0, "name": "vision", "partition": "vision", "nodes": 1,
                  "tasks_per_node": 2, "gres": "gpu:h100:4", "switches": 1}, ...],
-     "array_tasks": null | [{"task_id": 0, "job_file": ..., "name": ..., "ckpt_dir": ...}, ...],
+     "array_tasks": null | [{"task_id": 0, "job_file": ..., "name": ..., "ckpt_dir": ...,
+                             "incarnation_base": 0}, ...],
      "incarnation_base": 0,
      "environment": {"PATH": "...", "VIRTUAL_ENV": "...", "OMP_NUM_THREADS": "8", ...}}
 
 ``incarnation_base`` is the OMNI_INCARNATION of the job's first life: 0, or one past the highest
 incarnation that started on its checkpoint root (its FENCE) when the job is submitted onto it again.
-The manager numbers the job's incarnations from it.
+The manager numbers the job's incarnations from it (an array task: from its own, in ``array_tasks``).
 
 ``environment`` is the environment ``omni submit`` ran sbatch with, which sbatch hands to the job's
 ranks: the manager resubmits the job with it rather than with its own (SLURM_CONF excepted: the
