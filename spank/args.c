@@ -9,9 +9,7 @@
 
 static const char spool_key[] = "spool=";
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
+void omni_set_err(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -47,17 +45,17 @@ int omni_check_path(const char *what, const char *arg, char *err, size_t errlen)
 	size_t len;
 
 	if (arg == NULL || arg[0] != '/') {
-		set_err(err, errlen, "%s=%.64s: not allowed (expected an absolute path)", what, arg ? arg : "");
+		omni_set_err(err, errlen, "%s=%.64s: not allowed (expected an absolute path)", what, arg ? arg : "");
 		return -1;
 	}
 	len = strnlen(arg, PATH_MAX);
 	if (len >= PATH_MAX) {
-		set_err(err, errlen, "%s: path longer than %d bytes", what, PATH_MAX - 1);
+		omni_set_err(err, errlen, "%s: path longer than %d bytes", what, PATH_MAX - 1);
 		return -1;
 	}
 	for (size_t i = 0; i < len; i++) {
 		if (iscntrl((unsigned char)arg[i])) {
-			set_err(err, errlen, "%s=%.64s: not allowed (control character at byte %zu)", what, arg, i);
+			omni_set_err(err, errlen, "%s=%.64s: not allowed (control character at byte %zu)", what, arg, i);
 			return -1;
 		}
 	}
@@ -76,7 +74,7 @@ int omni_parse_config(int ac, char **av, struct omni_config *cfg, char *err, siz
 			/* omni_check_path bounded the length below PATH_MAX */
 			memcpy(cfg->spool, dir, strlen(dir) + 1);
 		} else {
-			set_err(err, errlen, "unknown plugin argument '%.64s' (allowed: spool=DIR)", av[i]);
+			omni_set_err(err, errlen, "unknown plugin argument '%.64s' (allowed: spool=DIR)", av[i]);
 			return -1;
 		}
 	}
@@ -96,13 +94,13 @@ static int parse_one_stage(const char *item, size_t len, struct omni_stage *st, 
 	while (name_len < len && item[name_len] != ':')
 		name_len++;
 	if (name_len == 0 || name_len >= OMNI_NAME_MAX) {
-		set_err(err, errlen, "stage name '%.*s' is not allowed (expected 1 to %d characters)",
+		omni_set_err(err, errlen, "stage name '%.*s' is not allowed (expected 1 to %d characters)",
 			(int)(name_len < 64 ? name_len : 64), item, OMNI_NAME_MAX - 1);
 		return -1;
 	}
 	for (size_t i = 0; i < name_len; i++) {
 		if (!valid_name_char(item[i])) {
-			set_err(err, errlen, "stage name '%.*s' is not allowed (letters, digits, '_', '-', '.')",
+			omni_set_err(err, errlen, "stage name '%.*s' is not allowed (letters, digits, '_', '-', '.')",
 				(int)name_len, item);
 			return -1;
 		}
@@ -113,14 +111,14 @@ static int parse_one_stage(const char *item, size_t len, struct omni_stage *st, 
 	if (name_len == len)
 		return 0;
 	if (len - name_len - 1 == 0 || len - name_len - 1 >= sizeof(count)) {
-		set_err(err, errlen, "stage '%s': task count '%.*s' is not allowed (expected 1..1000000)",
+		omni_set_err(err, errlen, "stage '%s': task count '%.*s' is not allowed (expected 1..1000000)",
 			st->name, (int)(len - name_len - 1 < 24 ? len - name_len - 1 : 24), item + name_len + 1);
 		return -1;
 	}
 	memcpy(count, item + name_len + 1, len - name_len - 1);
 	count[len - name_len - 1] = '\0';
 	if (omni_parse_long(count, 1, 1000000, &st->ntasks) < 0) {
-		set_err(err, errlen, "stage '%s': task count '%s' is not allowed (expected 1..1000000)",
+		omni_set_err(err, errlen, "stage '%s': task count '%s' is not allowed (expected 1..1000000)",
 			st->name, count);
 		return -1;
 	}
@@ -133,7 +131,7 @@ int omni_parse_stages(const char *arg, struct omni_stage_list *out, char *err, s
 
 	memset(out, 0, sizeof(*out));
 	if (arg == NULL || *arg == '\0') {
-		set_err(err, errlen, "empty value (expected NAME[:NTASKS][,NAME[:NTASKS]...])");
+		omni_set_err(err, errlen, "empty value (expected NAME[:NTASKS][,NAME[:NTASKS]...])");
 		return -1;
 	}
 	for (;;) {
@@ -141,14 +139,14 @@ int omni_parse_stages(const char *arg, struct omni_stage_list *out, char *err, s
 		size_t len = comma ? (size_t)(comma - p) : strlen(p);
 
 		if (out->count == OMNI_MAX_STAGES) {
-			set_err(err, errlen, "more than %d stages", OMNI_MAX_STAGES);
+			omni_set_err(err, errlen, "more than %d stages", OMNI_MAX_STAGES);
 			return -1;
 		}
 		if (parse_one_stage(p, len, &out->stages[out->count], err, errlen) < 0)
 			return -1;
 		for (int i = 0; i < out->count; i++) {
 			if (strcmp(out->stages[i].name, out->stages[out->count].name) == 0) {
-				set_err(err, errlen, "stage '%s' given twice", out->stages[i].name);
+				omni_set_err(err, errlen, "stage '%s' given twice", out->stages[i].name);
 				return -1;
 			}
 		}
@@ -174,7 +172,7 @@ int omni_place(const struct omni_stage_list *stages, long het_offset, long comp_
 	}
 	if (het_offset >= 0) {
 		if (het_offset >= stages->count) {
-			set_err(err, errlen, "het component %ld has no stage (%d given)", het_offset, stages->count);
+			omni_set_err(err, errlen, "het component %ld has no stage (%d given)", het_offset, stages->count);
 			return -1;
 		}
 		out->stage = (int)het_offset;
@@ -184,14 +182,14 @@ int omni_place(const struct omni_stage_list *stages, long het_offset, long comp_
 	}
 	for (int i = 0; i < stages->count; i++) {
 		if (stages->stages[i].ntasks < 0) {
-			set_err(err, errlen, "stage '%s' needs a task count in an ordinary step (NAME:NTASKS)",
+			omni_set_err(err, errlen, "stage '%s' needs a task count in an ordinary step (NAME:NTASKS)",
 				stages->stages[i].name);
 			return -1;
 		}
 		total += stages->stages[i].ntasks;
 	}
 	if (total != global_size) {
-		set_err(err, errlen, "stages name %ld tasks but the step has %ld", total, global_size);
+		omni_set_err(err, errlen, "stages name %ld tasks but the step has %ld", total, global_size);
 		return -1;
 	}
 	for (int i = 0; i < stages->count; i++) {
@@ -203,6 +201,6 @@ int omni_place(const struct omni_stage_list *stages, long het_offset, long comp_
 		}
 		first += stages->stages[i].ntasks;
 	}
-	set_err(err, errlen, "rank %ld is beyond the %ld tasks of the step", global_rank, total);
+	omni_set_err(err, errlen, "rank %ld is beyond the %ld tasks of the step", global_rank, total);
 	return -1;
 }

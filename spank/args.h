@@ -37,6 +37,9 @@ int omni_parse_stages(const char *arg, struct omni_stage_list *out, char *err, s
 int omni_check_path(const char *what, const char *arg, char *err, size_t errlen);
 int omni_parse_long(const char *text, long min, long max, long *out);
 
+/* Leaves one formatted line in err (if err is non-NULL and errlen > 0); shared with fault.c. */
+void omni_set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* het_offset >= 0: a heterogeneous step, component het_offset, the task is comp_rank of
  * comp_size there. het_offset < 0: an ordinary step; stages split the global ranks in order. */
 int omni_place(const struct omni_stage_list *stages, long het_offset, long comp_rank, long comp_size,

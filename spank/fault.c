@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -10,19 +9,6 @@
 #include <unistd.h>
 
 #define RECORD_MAX 2048
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err == NULL || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* JSON string body of src (at most srclen bytes), bounded by dst's size. */
 static int json_escape(const char *src, size_t srclen, char *dst, size_t dstlen)
@@ -132,7 +118,7 @@ int omni_fault_write(const char *dir, const struct omni_fault *f, char *path, si
 
 	n = omni_fault_format(f, record, sizeof(record));
 	if (n < 0) {
-		set_err(err, errlen, "couldn't format fault record: longer than %d bytes", RECORD_MAX);
+		omni_set_err(err, errlen, "couldn't format fault record: longer than %d bytes", RECORD_MAX);
 		goto fail;
 	}
 	name_part(f->node, node, sizeof(node));
@@ -141,27 +127,27 @@ int omni_fault_write(const char *dir, const struct omni_fault *f, char *path, si
 		 f->task_id, (long long)f->time.tv_sec, f->time.tv_nsec);
 	if ((size_t)snprintf(path, pathlen, "%s/%s", dir, base) >= pathlen ||
 	    (size_t)snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, base) >= sizeof(tmp)) {
-		set_err(err, errlen, "couldn't name fault record in %.128s: path too long", dir);
+		omni_set_err(err, errlen, "couldn't name fault record in %.128s: path too long", dir);
 		goto fail;
 	}
 	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0640);
 	if (fd < 0) {
-		set_err(err, errlen, "couldn't create %.200s: %s", tmp, strerror(errno));
+		omni_set_err(err, errlen, "couldn't create %.200s: %s", tmp, strerror(errno));
 		goto fail;
 	}
 	created = 1;
 	if (write_all(fd, record, (size_t)n) < 0 || fsync(fd) < 0) {
-		set_err(err, errlen, "couldn't write %.200s: %s", tmp, strerror(errno));
+		omni_set_err(err, errlen, "couldn't write %.200s: %s", tmp, strerror(errno));
 		goto fail;
 	}
 	if (close(fd) < 0) {
 		fd = -1;
-		set_err(err, errlen, "couldn't close %.200s: %s", tmp, strerror(errno));
+		omni_set_err(err, errlen, "couldn't close %.200s: %s", tmp, strerror(errno));
 		goto fail;
 	}
 	fd = -1;
 	if (rename(tmp, path) < 0) {
-		set_err(err, errlen, "couldn't rename %.200s: %s", tmp, strerror(errno));
+		omni_set_err(err, errlen, "couldn't rename %.200s: %s", tmp, strerror(errno));
 		goto fail;
 	}
 	rv = 0;
