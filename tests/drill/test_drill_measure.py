@@ -28,17 +28,25 @@ PID      JOBID    STEPID   LOCALID GLOBALID
 """
 
 
-def run_with_fault(tmp_path: Path) -> tuple[Path, float]:
-    """Incarnation 0 at 1 step/s for steps 1..8 (t=1000..1007), fault at t=1007.5, incarnation 1
-    resumes from step 5 at t=1020 and runs twice as fast."""
+def two_lives(tmp_path: Path, last_old: int, first_new: int) -> Path:
+    """Incarnation 0 at 1 step/s for steps 1..last_old (from t=1000), incarnation 1 for steps
+    first_new..12 from t=1020, twice as fast; both lives' files concatenated in one folder."""
     ids, loss = batches(12), losses(12)
-    write_run(tmp_path / "a", [(s, 0, loss[s - 1], ids[s - 1]) for s in range(1, 9)], t0=1000.0, step_s=1.0)
-    write_run(tmp_path / "b", [(s, 1, loss[s - 1], ids[s - 1]) for s in range(6, 13)], t0=1020.0, step_s=0.5)
+    write_run(tmp_path / "a", [(s, 0, loss[s - 1], ids[s - 1]) for s in range(1, last_old + 1)],
+              t0=1000.0, step_s=1.0)
+    write_run(tmp_path / "b", [(s, 1, loss[s - 1], ids[s - 1]) for s in range(first_new, 13)],
+              t0=1020.0, step_s=0.5)
     run = tmp_path / "run"
     run.mkdir()
     for f in (tmp_path / "a").iterdir():
         (run / f.name).write_text(f.read_text() + (tmp_path / "b" / f.name).read_text())
-    return run, 1007.5
+    return run
+
+
+def run_with_fault(tmp_path: Path) -> tuple[Path, float]:
+    """Incarnation 0 at 1 step/s for steps 1..8 (t=1000..1007), fault at t=1007.5, incarnation 1
+    resumes from step 5 at t=1020 and runs twice as fast."""
+    return two_lives(tmp_path, 8, 6), 1007.5
 
 
 def test_progress_around_a_fault(tmp_path: Path) -> None:
@@ -139,14 +147,7 @@ def test_latest_step_reads_the_tail(tmp_path: Path) -> None:
 def test_progress_when_the_old_life_logs_a_step_after_the_fault(tmp_path: Path) -> None:
     """The old life finished one more step on Slurm's SIGTERM after the fault; the resubmitted job's
     ranks log the next incarnation (1), which tells the lives apart without any clock."""
-    ids, loss = batches(12), losses(12)
-    write_run(tmp_path / "a", [(s, 0, loss[s - 1], ids[s - 1]) for s in range(1, 10)], t0=1000.0, step_s=1.0)
-    write_run(tmp_path / "b", [(s, 1, loss[s - 1], ids[s - 1]) for s in range(10, 13)], t0=1020.0, step_s=0.5)
-    run = tmp_path / "run"
-    run.mkdir()
-    for f in (tmp_path / "a").iterdir():
-        (run / f.name).write_text(f.read_text() + (tmp_path / "b" / f.name).read_text())
-    p = progress(load_history(run), 1007.5)
+    p = progress(load_history(two_lives(tmp_path, 9, 10)), 1007.5)
     assert (p.failed_incarnation, p.resumed_incarnation) == (0, 1)
     assert (p.last_step_before, p.resumed_from, p.steps_lost, p.first_step_at) == (9, 9, 0, 1020.0)
 
