@@ -14,9 +14,12 @@ from slurm_omni.cluster.spec import ClusterSpec
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
 from slurm_omni.drill import story
+from slurm_omni.drill.faults import fill_faults
 from slurm_omni.drill.inject import REASON, Injector
+from slurm_omni.drill.measure import DrillResult, DrillTimes
 from slurm_omni.errors import OmniError
 from slurm_omni.render import HetJobRequest
+from slurm_omni.report.timeline import load_timeline
 
 
 def test_files_fill_the_examples_and_render(tmp_path: Path) -> None:
@@ -77,10 +80,6 @@ def test_cleanup_resumes_what_a_drill_left_down(slurm_cluster) -> None:
 
 
 def test_drill_timeline_fills_the_fault_the_manager_cannot_know(tmp_path: Path) -> None:
-    from slurm_omni.drill.faults import fill_faults
-    from slurm_omni.drill.measure import DrillResult, DrillTimes
-    from slurm_omni.report.timeline import load_timeline
-
     manager = tmp_path / "timeline.json"
     manager.write_text('{"recoveries": [{"job_id": "7", "incarnation": 0, "fault": null, "detected": 101.0, '
                        '"confirmed": 101.0, "resubmitted": 101.2, "running": 103.0, '
@@ -103,10 +102,6 @@ def test_an_unexpected_error_is_still_one_line() -> None:
 
 
 def test_the_drills_fault_time_replaces_the_managers_estimate(tmp_path: Path) -> None:
-    from slurm_omni.drill.faults import fill_faults
-    from slurm_omni.drill.measure import DrillResult, DrillTimes
-    from slurm_omni.report.timeline import load_timeline
-
     manager = tmp_path / "timeline.json"
     manager.write_text('{"recoveries": [{"job_id": "7", "incarnation": 0, "fault": 99.5, "detected": 100.6, '
                        '"confirmed": 102.0, "kind": "task_crash"}, {"job_id": "9", "incarnation": 0, '
