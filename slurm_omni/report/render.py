@@ -12,24 +12,18 @@ from slurm_omni.report.summary import RecoverySummary, ReportSummary
 
 Getter = Callable[[RecoverySummary], float | int | None]
 
-COLUMNS: tuple[tuple[str, str, Getter], ...] = (
-    ("detection_s", "{:.2f}", lambda r: r.detection_s),
-    ("recovery_s", "{:.2f}", lambda r: r.recovery_s),
-    ("steps_lost", "{:d}", lambda r: r.steps_lost),
-    ("thr_before", "{:.2f}", lambda r: r.throughput_before),
-    ("thr_after", "{:.2f}", lambda r: r.throughput_after),
-    ("thr_ratio", "{:.3f}", lambda r: r.throughput_ratio),
+FIELDS: tuple[tuple[str, str, str, str, Getter], ...] = (
+    # (column and JSON key, text format, Prometheus gauge, gauge help, value)
+    ("detection_s", "{:.2f}", "detection_seconds", "Fault to confirmed.", lambda r: r.detection_s),
+    ("recovery_s", "{:.2f}", "recovery_seconds", "Confirmed to first step after restore.",
+     lambda r: r.recovery_s),
+    ("steps_lost", "{:d}", "steps_lost", "Steps recomputed after the recovery.", lambda r: r.steps_lost),
+    ("thr_before", "{:.2f}", "throughput_before", "Global samples/s before the fault (median).",
+     lambda r: r.throughput_before),
+    ("thr_after", "{:.2f}", "throughput_after", "Global samples/s after the restore (median).",
+     lambda r: r.throughput_after),
+    ("thr_ratio", "{:.3f}", "throughput_ratio", "Throughput after / before.", lambda r: r.throughput_ratio),
 )
-
-PROM_GAUGES: tuple[tuple[str, str, Getter], ...] = (
-    ("detection_seconds", "Fault to confirmed.", lambda r: r.detection_s),
-    ("recovery_seconds", "Confirmed to first step after restore.", lambda r: r.recovery_s),
-    ("steps_lost", "Steps recomputed after the recovery.", lambda r: r.steps_lost),
-    ("throughput_before", "Global samples/s before the fault (median).", lambda r: r.throughput_before),
-    ("throughput_after", "Global samples/s after the restore (median).", lambda r: r.throughput_after),
-    ("throughput_ratio", "Throughput after / before.", lambda r: r.throughput_ratio),
-)
-
 
 def _fmt(fmt: str, value: float | None) -> str:
     return "n/a" if value is None else fmt.format(value)
@@ -38,9 +32,9 @@ def _fmt(fmt: str, value: float | None) -> str:
 def text_table(s: ReportSummary) -> str:
     lines = [(f"omni report: job {s.job_id or '?'}, steps {s.first_step}..{s.last_step}, "
              f"incarnations {', '.join(map(str, s.incarnations))}, {s.wall_s:.1f} s of metrics")]
-    header = ["recovery", "job", "inc", "kind"] + [name for name, _f, _g in COLUMNS]
+    header = ["recovery", "job", "inc", "kind"] + [name for name, *_ in FIELDS]
     rows = [[str(i + 1), r.job_id, str(r.incarnation), r.kind or "-"]
-            + [_fmt(fmt, get(r)) for _n, fmt, get in COLUMNS] for i, r in enumerate(s.recoveries)]
+            + [_fmt(fmt, get(r)) for _n, fmt, _g, _h, get in FIELDS] for i, r in enumerate(s.recoveries)]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(header)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
@@ -61,7 +55,7 @@ def _label(value: str) -> str:
 def prom_text(s: ReportSummary) -> str:
     """Gauges ``omni_report_*`` for node_exporter's textfile collector."""
     out: list[str] = []
-    for name, help_text, get in PROM_GAUGES:
+    for _n, _f, name, help_text, get in FIELDS:
         samples = [(r, float(v)) for r in s.recoveries if (v := get(r)) is not None]
         if not samples:
             continue
@@ -87,17 +81,17 @@ def summary_json(s: ReportSummary) -> str:
         "max_loss_deviation": s.max_loss_deviation, "max_loss_deviation_step": s.max_loss_deviation_step,
         "loss_compared_steps": s.loss_compared_steps,
         "recoveries": [{"job_id": r.job_id, "incarnation": r.incarnation, "kind": r.kind,
-                        **{name: get(r) for name, _f, get in COLUMNS}} for r in s.recoveries],
+                        **{name: get(r) for name, *_, get in FIELDS}} for r in s.recoveries],
     }, sort_keys=True) + "\n"
 
 
 def html_page(s: ReportSummary, png: bytes, *, title: str) -> str:
     """A self-contained page: the PNG inline (base64) and the summary as tables."""
-    head = ["recovery", "job", "incarnation", "kind"] + [n for n, _f, _g in COLUMNS]
+    head = ["recovery", "job", "incarnation", "kind"] + [n for n, *_ in FIELDS]
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in
                          [str(i + 1), r.job_id, str(r.incarnation), r.kind or "-"]
-                         + [_fmt(fmt, get(r)) for _n, fmt, get in COLUMNS]) + "</tr>\n"
+                         + [_fmt(fmt, get(r)) for _n, fmt, _g, _h, get in FIELDS]) + "</tr>\n"
         for i, r in enumerate(s.recoveries))
     loss = ("n/a" if s.max_loss_deviation is None
             else f"{s.max_loss_deviation:.6g} at step {s.max_loss_deviation_step} "
