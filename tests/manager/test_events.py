@@ -199,7 +199,8 @@ def test_spank_fault_record_as_written_by_c(tmp_path: Path) -> None:
     (tmp_path / "h.c").write_text(HARNESS)
     exe = tmp_path / "h"
     subprocess.run(["gcc", "-std=gnu11", f"-I{spank}", "-o", str(exe), str(tmp_path / "h.c"),
-                    str(spank / "fault.c")], check=True, capture_output=True, timeout=60)
+                    str(spank / "fault.c"), str(spank / "args.c")],   # fault.c's omni_set_err is in args.c
+                   check=True, capture_output=True, timeout=60)
     spool = private(tmp_path)
     subprocess.run([str(exe), str(spool)], check=True, timeout=10)
     found = [ev for _, ev in events.scan_spool(spool)]
