@@ -342,40 +342,35 @@ class Manager:
             return   # a recovery of this incarnation is under way (a restarted manager sees it ended)
         phases = set(w.phases.values())
         if (job is not None and job.state is JobState.COMPLETED) or phases == {"done"}:
-            w.ended = True
-            w.state = "done"
-            self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason="done")
-            self.journal.set_job_state(w.key, "done")
+            self._close(w, "done", at, "done")
             log.info("manager: %s finished training", w.key)
         elif job is not None and job.state is JobState.CANCELLED and not w.lost_nodes():
             # scancel by its user or an admin (the manager cancels only incarnations it replaces);
             # the ranks checkpointed on its SIGTERM, but nobody asked for the job to run again
-            w.ended = True
-            w.state = "cancelled"
-            self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason="cancelled in Slurm")
-            self.journal.set_job_state(w.key, "cancelled")
+            self._close(w, "cancelled", at, "cancelled in Slurm")
             log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
         elif phases and phases <= QUIET:
             if w.awaiting_grow is not None:
                 return   # the planned stop before a grow: recovery.py takes it from here
-            w.ended = True
             lost = w.lost_nodes()
             if lost or w.restart_count < w.reg.max_requeues:
+                w.ended = True
                 recovery.start_without_confirmer(self, w, at, lost)
             else:
-                w.state = "failed"
-                self.journal.set_incarnation(w.key, w.incarnation, ended_at=at,
-                                             end_reason="checkpointed; max_requeues reached")
-                self.journal.set_job_state(w.key, "failed")
+                self._close(w, "failed", at, "checkpointed; max_requeues reached")
         elif not phases:
-            w.ended = True
-            w.state = "failed"   # it never trained: resubmitting a job that cannot start helps nobody
-            self.journal.set_incarnation(w.key, w.incarnation, ended_at=at,
-                                         end_reason=f"ended {job.slurm_state if job else 'unseen'} before training")
-            self.journal.set_job_state(w.key, "failed")
+            # it never trained: resubmitting a job that cannot start helps nobody
+            self._close(w, "failed", at, f"ended {job.slurm_state if job else 'unseen'} before training")
             log.error("manager: %s ended before its ranks reported; not resubmitting", w.key)
         else:
             w.fail_all(at, f"job {job.slurm_state if job else 'left the queue'}")
+
+    def _close(self, w: Watch, state: str, at: float, reason: str) -> None:
+        """The job's last incarnation ended for good (``state``: done, cancelled or failed)."""
+        w.ended = True
+        w.state = state
+        self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason=reason)
+        self.journal.set_job_state(w.key, state)
 
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, w: Watch, now: float, snap: ClusterSnapshot | None) -> None:
