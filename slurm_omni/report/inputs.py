@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.report.timeline import ReportInputError
+from slurm_omni.report.timeline import ReportInputError, read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +71,7 @@ def _int(obj: dict[str, Any], key: str, where: str, default: int | None = None) 
 
 
 def _lines(path: Path) -> Iterable[tuple[str, dict[str, Any]]]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError as e:
-        raise ReportInputError(f"report: couldn't read {path}: no such file") from e
-    except OSError as e:
-        raise ReportInputError(f"report: couldn't read {path}: {e.strerror}") from e
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path} line {n}"

@@ -144,13 +144,19 @@ def parse_recovery(obj: Any, *, where: str) -> Recovery:
         raise ReportInputError(f"report: couldn't read {where}: {e}") from e
 
 
-def load_timeline(path: Path) -> Timeline:
+def read_text(path: Path, what: str = "") -> str:
+    """The text of a file ``omni report`` reads; ``what`` names it in the error ("timeline")."""
+    name = f"{what} {path}" if what else str(path)
     try:
-        text = path.read_text()
+        return path.read_text()
     except FileNotFoundError as e:
-        raise ReportInputError(f"report: couldn't read timeline {path}: no such file") from e
+        raise ReportInputError(f"report: couldn't read {name}: no such file") from e
     except OSError as e:
-        raise ReportInputError(f"report: couldn't read timeline {path}: {e.strerror}") from e
+        raise ReportInputError(f"report: couldn't read {name}: {e.strerror}") from e
+
+
+def load_timeline(path: Path) -> Timeline:
+    text = read_text(path, "timeline")
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:
