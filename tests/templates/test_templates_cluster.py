@@ -137,6 +137,18 @@ def test_drill_kills_the_target_rank(slurm_cluster, plugin_built, tmp_path: Path
     assert target and target[0]["signal"] == 9 and target[0]["stage"] == "text"
 
 
+def _submit_probe(slurm_cluster, tmp_path: Path, probe: str) -> tuple[CommandRunner, Path, int]:
+    """Submits the tiny het job with ``bash -c PROBE RANKS_DIR`` as its step; returns the leader's id."""
+    runner = CommandRunner(slurm_cluster.env)
+    out_dir = tmp_path / "ranks"
+    out_dir.mkdir()
+    request = HetJobRequest(job=_job(tmp_path), site=_site(tmp_path, slurm_cluster.spool),
+                            job_file=tmp_path / "j.toml", job_sha256="0" * 64,
+                            command=("bash", "-c", probe, str(out_dir)))
+    leader = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    return runner, out_dir, leader
+
+
 REQUEUE_PROBE = """
 trap 'exit 75' USR1
 if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then echo "$OMNI_INCARNATION" > "$0/second-$RANK"; exit 0; fi
@@ -148,13 +160,7 @@ sleep 60 & wait
 def test_usr1_checkpoints_requeues_and_finishes(slurm_cluster, plugin_built, tmp_path: Path) -> None:
     """The batch shell forwards USR1 to the step, the step exits 'checkpointed', the script requeues
     the het job, and the next incarnation finishes."""
-    runner = CommandRunner(slurm_cluster.env)
-    out_dir = tmp_path / "ranks"
-    out_dir.mkdir()
-    request = HetJobRequest(job=_job(tmp_path), site=_site(tmp_path, slurm_cluster.spool),
-                            job_file=tmp_path / "j.toml", job_sha256="0" * 64,
-                            command=("bash", "-c", REQUEUE_PROBE, str(out_dir)))
-    leader = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    runner, out_dir, leader = _submit_probe(slurm_cluster, tmp_path, REQUEUE_PROBE)
     wait_until(lambda: len(list(out_dir.glob("ready-*"))) == 4, 60, "all four ranks to start", interval_s=0.5)
     runner.run(["scancel", "--signal=USR1", "--batch", str(leader)])
     start_requeued_now(runner, leader, 1)
@@ -176,13 +182,7 @@ sleep 60 & wait
 def test_scancel_term_checkpoints_without_requeue(slurm_cluster, plugin_built, tmp_path: Path) -> None:
     """scancel's SIGTERM makes the ranks checkpoint and exit 75 as USR1 does, but only the requeue
     signal asks to run again: the cancelled job stays cancelled."""
-    runner = CommandRunner(slurm_cluster.env)
-    out_dir = tmp_path / "ranks"
-    out_dir.mkdir()
-    request = HetJobRequest(job=_job(tmp_path), site=_site(tmp_path, slurm_cluster.spool),
-                            job_file=tmp_path / "j.toml", job_sha256="0" * 64,
-                            command=("bash", "-c", TERM_PROBE, str(out_dir)))
-    leader = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    runner, out_dir, leader = _submit_probe(slurm_cluster, tmp_path, TERM_PROBE)
     log_path = tmp_path / "logs" / f"omni-tiny-{leader}.out"
     try:
         wait_until(lambda: len(list(out_dir.glob("ready-*"))) == 4, 60, "all four ranks to start", interval_s=0.5)
