@@ -156,13 +156,19 @@ def inferred_recoveries(points: Sequence[StepPoint], job_id: str) -> list[Recove
 
 def summarize(records: Sequence[MetricRecord], *, reference: Sequence[MetricRecord] | None = None,
               recoveries: Sequence[Recovery] | None = None, job_id: str = "") -> ReportSummary:
-    points = step_points(records)
+    return summarize_points(step_points(records), reference=step_points(reference) if reference else None,
+                            recoveries=recoveries, job_id=job_id)
+
+
+def summarize_points(points: Sequence[StepPoint], *, reference: Sequence[StepPoint] | None = None,
+                     recoveries: Sequence[Recovery] | None = None, job_id: str = "") -> ReportSummary:
+    """``summarize`` of records already folded by ``step_points`` (the report plots them too)."""
     every = log_interval(points)
     timeline = list(recoveries) if recoveries is not None else inferred_recoveries(points, job_id)
     recs = tuple(summarize_recovery(points, r, every) for r in timeline)
     compared, deviation, at_step = 0, None, None
     if reference:
-        run_loss, ref_loss = loss_by_step(points), loss_by_step(step_points(reference))
+        run_loss, ref_loss = loss_by_step(points), loss_by_step(reference)
         common = sorted(set(run_loss) & set(ref_loss))
         compared = len(common)
         if common:
