@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omni_configs import site_toml
 from support import wait_until
 
 from slurm_omni.manager.journal import Journal, Recovery
@@ -25,25 +26,14 @@ from slurm_omni.slurm.runner import CommandRunner
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-SITE = """
-cluster = "omni"
-[stages.vision]
-partition = "vision"
-gres = "gpu:h100:4"
-[stages.text]
-partition = "text"
-gres = "gpu:h100:4"
-[checkpoint]
-root = "{tmp}/ckpt"
-[elasticity]
-spare_policy = "{spare_policy}"
-quarantine_s = {quarantine_s}
-drain_failed = {drain_failed}
-[manager]
-spool_dir = "{spool}"
-registry_dir = "{tmp}/registry"
-metrics_dir = "{tmp}/metrics"
-"""
+def site_text(tmp: Path, spool: Path, *, spare_policy: str = "any_switch", quarantine_s: float = 3600,
+              drain_failed: bool = False) -> str:
+    """The embedded cluster's site config (tests/omni_configs.py) with its folders under ``tmp``,
+    the spool at ``spool`` and an ``[elasticity]`` table."""
+    return site_toml(tmp, spool_dir=spool, tables=(f'[elasticity]\nspare_policy = "{spare_policy}"\n'
+                                                   f"quarantine_s = {quarantine_s}\n"
+                                                   f"drain_failed = {str(drain_failed).lower()}\n"))
+
 
 JOB = """
 [job]
@@ -260,8 +250,8 @@ def list_jobs(env: dict[str, str]) -> list[dict[str, Any]]:
 def manager_run(tmp: Path, cluster_env: dict[str, str], spool: Path, shards: Path, *, name: str, dp: int = 1,
                 spare_policy: str = "any_switch", quarantine_s: float = 3600, drain_failed: bool = False,
                 max_steps: int = 2000) -> Iterator[ManagerRun]:
-    (tmp / "site.toml").write_text(SITE.format(tmp=tmp, spool=spool, spare_policy=spare_policy,
-                                               quarantine_s=quarantine_s, drain_failed=str(drain_failed).lower()))
+    (tmp / "site.toml").write_text(site_text(tmp, spool, spare_policy=spare_policy, quarantine_s=quarantine_s,
+                                             drain_failed=drain_failed))
     (tmp / "job.toml").write_text(job_file_text(name, tmp, shards, dp=dp, max_steps=max_steps))
     env = {**os.environ, **cluster_env, **JOB_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
     run = ManagerRun(tmp, env, name)

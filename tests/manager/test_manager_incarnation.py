@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from manager_cluster_support import SITE, job_file_text
+from manager_cluster_support import job_file_text, site_text
 
 from slurm_omni.checkpoint.fence import raise_fence
 from slurm_omni.cli.submit import first_incarnation
@@ -50,8 +50,7 @@ def _exported_incarnation(script: str, restart_count: str | None) -> str:
 @pytest.mark.parametrize(("base", "restart_count", "expected"), [(0, None, "0"), (3, None, "3"), (3, "2", "5")])
 def test_a_resubmitted_script_numbers_its_lives_from_the_managers_incarnation(
         tmp_path: Path, base: int, restart_count: str | None, expected: str) -> None:
-    (tmp_path / "site.toml").write_text(SITE.format(tmp=tmp_path, spool=tmp_path / "spool", spare_policy="any_switch",
-                                                    quarantine_s=60, drain_failed="false"))
+    (tmp_path / "site.toml").write_text(site_text(tmp_path, tmp_path / "spool", quarantine_s=60))
     reg = _registered(tmp_path)
     actions = Actions(backend=None, site=load_site(tmp_path / "site.toml"), state_dir=tmp_path / "state")  # type: ignore[arg-type]
     script = actions.render(reg, Shape(reg.stages, 1), Plan(Action.RESUBMIT, 1), 1, "omni.inc-7.3", base).read_text()
@@ -112,8 +111,7 @@ def test_a_job_submitted_again_onto_a_fenced_root_numbers_its_lives_past_it(tmp_
 @pytest.mark.parametrize(("task", "restart_count", "expected"), [("0", None, "0"), ("1", None, "5"), ("1", "2", "7")])
 def test_each_array_task_numbers_its_lives_from_its_own_base(
         tmp_path: Path, task: str, restart_count: str | None, expected: str) -> None:
-    (tmp_path / "site.toml").write_text(SITE.format(tmp=tmp_path, spool=tmp_path / "spool", spare_policy="any_switch",
-                                                    quarantine_s=60, drain_failed="false"))
+    (tmp_path / "site.toml").write_text(site_text(tmp_path, tmp_path / "spool", quarantine_s=60))
     site = load_site(tmp_path / "site.toml")
     files = []
     for name in ("sweep-a", "sweep-b"):
