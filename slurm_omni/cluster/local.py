@@ -116,11 +116,10 @@ class LocalCluster:
         """Bring the cluster up; returns False when everything was already running (a no-op)."""
         check_packages()
         recorded = self.recorded_spec()
-        if (recorded is not None and self._spec is not None and recorded != self._spec
-                and any(self.running().values())):
+        alive = self.running()
+        if recorded is not None and self._spec is not None and recorded != self._spec and any(alive.values()):
             raise ClusterError(f"cluster: couldn't reshape the running cluster in {self.paths.root} "
                                "(run 'omni cluster down' first)")
-        alive = self.running()
         if alive and all(alive.values()) and self.paths.slurm_conf.exists():
             log.info("cluster already up in %s", self.paths.root)
             self._write_plugstack()
