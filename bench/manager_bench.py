@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import getpass
 import hashlib
 import json
 import random
@@ -123,12 +124,13 @@ def manager_setup(root: Path, nodes: list[Node], topology: Topology, jobs: int) 
     job_file.write_text('[job]\nname = "bench"\ndata_parallel_size = 4\n[[stages]]\nname = "vision"\nnodes = 4\n'
                         '[[stages]]\nname = "text"\nnodes = 4\n[training.data]\nshard_dir = "shards"\n')
     digest = hashlib.sha256(job_file.read_bytes()).hexdigest()
-    idle = [n.name for n in nodes if n.state.value == "allocated"]
+    allocated = [n.name for n in nodes if n.state.value == "allocated"]
+    user = getpass.getuser()
     slurm_jobs = []
     now = time.time()
     for j in range(jobs):
         job_id = 1000 + 10 * j
-        vision, text = idle[8 * j:8 * j + 4], idle[8 * j + 4:8 * j + 8]
+        vision, text = allocated[8 * j:8 * j + 4], allocated[8 * j + 4:8 * j + 8]
         stages = tuple(StagePlan(i, s, s, 4, 1, "gpu:h100:4", 1, "10:00", 0) for i, s in enumerate(("vision", "text")))
         register(root / "registry", Registration(
             job_id=job_id, kind="het", name=f"bench{j}", cluster="omni", job_file=job_file, job_sha256=digest,
@@ -142,10 +144,7 @@ def manager_setup(root: Path, nodes: list[Node], topology: Topology, jobs: int) 
                 "last_checkpoint_step": 5, "beats": 3}))
         comps = (HetComponent(job_id, job_id, 0, JobState.RUNNING, tuple(vision)),
                  HetComponent(job_id + 1, job_id, 1, JobState.RUNNING, tuple(text)))
-        slurm_jobs.append(Job(job_id, f"bench{j}", "root", JobState.RUNNING, "RUNNING", comps))
-    import getpass
-    user = getpass.getuser()
-    slurm_jobs = [Job(j.job_id, j.name, user, j.state, j.slurm_state, j.components) for j in slurm_jobs]
+        slurm_jobs.append(Job(job_id, f"bench{j}", user, JobState.RUNNING, "RUNNING", comps))
     backend = SnapshotBackend(ClusterSnapshot(tuple(nodes), tuple(slurm_jobs), topology, time.time()))
     config = ManagerConfig(site=load_site(root / "site.toml"), state_dir=root / "state", poll_interval_s=0.0)
     return Manager(config, backend), backend  # type: ignore[arg-type]
