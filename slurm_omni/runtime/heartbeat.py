@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from slurm_omni.checkpoint.format import write_atomic
 from slurm_omni.runtime.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,8 @@ class Heartbeat:
             self._state["beats"] += 1
             self._state["time"] = time.time()
             text = json.dumps(self._state, sort_keys=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(text + "\n")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, (text + "\n").encode(), durable=False)
         except OSError as e:
             # A full or flaky shared disk must not kill training; the manager sees stale beats.
             log.warning("heartbeat: couldn't write %s: %s", self.path, e)

@@ -14,11 +14,11 @@ every step, ``{"step", "ids", "dp_rank", "incarnation"}``.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import IO
 
+from slurm_omni.checkpoint.format import write_atomic
 from slurm_omni.runtime.layout import Layout
 
 GAUGES = {
@@ -78,9 +78,7 @@ class MetricsWriter:
                 continue
             lines += [f"# HELP omni_{key} {help_text}", f"# TYPE omni_{key} gauge",
                       f"omni_{key}{{{labels}}} {float(value)!r}"]
-        tmp = self.prom_path.with_name(f".{self.prom_path.name}.tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, self.prom_path)
+        write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), durable=False)
 
     def close(self) -> None:
         self._jsonl.close()
