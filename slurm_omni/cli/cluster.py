@@ -85,7 +85,7 @@ def status(state_dir: Path, as_json: bool) -> None:
         backend = CliBackend(env=lc.env, timeout_s=5, retries=0)
         topo = backend.topology(refresh=True)
         nodes = backend.nodes()
-        doc["nodes"] = [{**_node_doc(n)} for n in nodes]
+        doc["nodes"] = [_node_doc(n) for n in nodes]
         doc["switches"] = [dataclasses.asdict(s) for s in topo.switches.values()]
     except OmniError as e:
         doc.update(nodes=[], switches=[], error=str(e))
