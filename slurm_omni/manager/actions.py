@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.errors import OmniError, SlurmError
+from slurm_omni.manager.events import write_private
 from slurm_omni.manager.registry import RegisteredJob
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.placement import Plan
@@ -85,11 +85,7 @@ class Actions:
                                incarnation_base=incarnation).materialize()
         self.scripts.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.scripts / f"{tag}.sbatch"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(script)
-        os.replace(tmp, path)
+        write_private(path, script)
         return path
 
     def resubmit(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> int:

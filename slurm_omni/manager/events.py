@@ -347,6 +347,16 @@ def read_heartbeats(heartbeat_dir: Path) -> list[HeartbeatRecord]:
     return out
 
 
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` at once (a temporary dot file renamed over it), mode 0600,
+    never through a symlink."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def write_event_file(spool: Path, name: str, data: bytes) -> Path:
     """Write ``data`` as ``spool/name`` atomically (temporary dot file, fsync, rename), mode 0600."""
     tmp = spool / f".{name}.tmp"

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from slurm_omni.manager.events import write_private
 from slurm_omni.manager.journal import JOB_STATES, PHASES, Journal
 
 # The confirmer's causes in the words of the timeline's "kind".
@@ -69,12 +69,7 @@ def _monotone(times: list[float | None]) -> list[float | None]:
 
 
 def write_timeline(journal: Journal, uid: int, path: Path) -> None:
-    data = json.dumps({"recoveries": timeline_entries(journal, uid)}, indent=1, sort_keys=True) + "\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_private(path, json.dumps({"recoveries": timeline_entries(journal, uid)}, indent=1, sort_keys=True) + "\n")
 
 
 def format_status(jobs: list[dict[str, Any]]) -> str:
