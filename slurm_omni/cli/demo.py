@@ -68,7 +68,7 @@ class Story:
         return value
 
 
-def het_sample(lc: LocalCluster, backend: CliBackend, work: Path, timeout_s: float = 120.0) -> list[str]:
+def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> list[str]:
     """A heterogeneous job across two leaf switches; what each task printed (node, switch, GPUs)."""
     topo = backend.topology(refresh=True)
     nodes = backend.nodes()
@@ -120,7 +120,7 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool) -> None:
             f"{'started' if started else 'already up'} in {lc.paths.root}")
     backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
     work = lc.paths.root.parent / "demo"
-    lines = s.phase("placement", lambda: het_sample(lc, backend, work / "sample"),
+    lines = s.phase("placement", lambda: het_sample(backend, work / "sample"),
                     lambda out: f"a het job ran {len(out)} tasks across two leaf switches")
     for line in lines:
         s.say(line)
