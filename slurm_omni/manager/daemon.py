@@ -172,7 +172,7 @@ class Manager:
             w = restore_watch(self, reg, key, task_job, known[key]["state"])
         else:
             self.journal.register_job(key, self.uid, reg.to_spec(), now)
-            w = new_watch(self, reg, key, task_job, now)
+            w = new_watch(self, reg, key, task_job)
         self.watches[key] = w
         log.info("manager: watching %s (Slurm job %s, incarnation %d, state %s)", key, w.slurm_id,
                  w.incarnation, w.state)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_omni.config.job import load_job
 from slurm_omni.errors import OmniError
 from slurm_omni.manager.journal import Recovery
-from slurm_omni.manager.registry import RegisteredJob
+from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegisteredJob
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.confirm import Confirmer, TaskExit, Verdict
 from slurm_omni.policy.placement import JobLayout, PlacementConfig, Quarantine
@@ -139,7 +139,8 @@ def _placement(m: Manager, reg: RegisteredJob, shape: Shape) -> PlacementConfig:
     return shape.placement_config(m.config.site, job)
 
 
-def _base(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Watch:
+def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Watch:
+    """A job seen for the first time; its incarnation 0 is journaled once it runs (with its nodes)."""
     shape = Shape(reg.stages, reg.data_parallel_size)
     if task_job is None:
         heartbeat_dir = reg.heartbeat_dir
@@ -148,7 +149,7 @@ def _base(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Wat
     else:
         task = task_job.array_task_id
         ckpt = next((t.ckpt_dir for t in reg.array_tasks if t.task_id == task), reg.ckpt_dir)
-        heartbeat_dir = ckpt / "heartbeat"
+        heartbeat_dir = ckpt / HEARTBEAT_SUBDIR
         slurm_id = task_job.job_id
     return Watch(key=key, reg=reg, shape=shape, placement=_placement(m, reg, shape),
                  confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir,
@@ -156,14 +157,9 @@ def _base(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Wat
                  slurm_id=slurm_id, units=shape.units, array_task=task)
 
 
-def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, now: float) -> Watch:
-    """A job seen for the first time; its incarnation 0 is journaled once it runs (with its nodes)."""
-    return _base(m, reg, key, task_job)
-
-
 def restore_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, state: str) -> Watch:
     """Rebuild after a restart: the newest incarnation with a Slurm job id, its open recovery."""
-    w = _base(m, reg, key, task_job)
+    w = new_watch(m, reg, key, task_job)
     w.state = state
     incarnations = [i for i in m.journal.incarnations(key) if i["slurm_job_id"]]
     if incarnations and w.array_task is None:
