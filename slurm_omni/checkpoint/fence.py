@@ -41,7 +41,6 @@ from slurm_omni.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 FENCE = "FENCE"
-FENCED = "FENCED"
 FENCE_FORMAT = 1
 KEEP_RAISES = 32
 """Raises kept in the file: a late commit is marked FENCED at the next raise, so older ones are done."""
@@ -161,7 +160,7 @@ def await_raise(root: Path, incarnation: int, timeout_s: float) -> Fence | None:
 def mark_fenced(path: Path, reason: str) -> None:
     """Take a late commit of an older incarnation out of use, keeping its files."""
     try:
-        fmt.write_atomic(path / FENCED, (reason.strip() + "\n").encode())
+        fmt.write_atomic(path / fmt.FENCED, (reason.strip() + "\n").encode())
         log.warning("checkpoint: %s marked FENCED: %s", path.name, reason)
     except OSError as e:
         log.warning("checkpoint: couldn't mark %s FENCED: %s", path, e)
