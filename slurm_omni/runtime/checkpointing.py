@@ -108,7 +108,7 @@ class StageCheckpointer:
     def restore_latest(self, plan: DataPlan) -> Restored | None:
         """Load the newest complete checkpoint into the module, optimisers and data plan."""
         t0 = time.monotonic()
-        session = self.engine.restore(critical=self.names[:1])
+        session = self.engine.restore()   # critical: the config's, self.names[:1]
         if session is None:
             return None
         try:
