@@ -43,7 +43,6 @@ from slurm_omni.slurm.types import Job, JobState, Node
 
 log = logging.getLogger(__name__)
 
-QUIET = frozenset({"stopping", "done"})
 _ALIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.REQUEUED})
 UNMATCHED_TTL_S = 120.0
 """A spool event that concerns none of the watched jobs stays this long before it is journaled
@@ -314,7 +313,7 @@ class Manager:
     def _restarted(self, w: Watch, job: Job, at: float) -> None:
         """Slurm requeued the job (same id, restart count + 1): after a checkpointed exit that is the
         job's own requeue; otherwise (JobRequeue after a node failure) the incarnation ended badly."""
-        quiet = bool(w.phases) and set(w.phases.values()) <= QUIET
+        quiet = w.quiet
         lost = w.lost_nodes()
         self.journal.record_observation(w.key, w.incarnation, "requeued", at,
                                         {"restart_count": job.restart_count, "checkpointed": quiet,
@@ -349,7 +348,7 @@ class Manager:
             # the ranks checkpointed on its SIGTERM, but nobody asked for the job to run again
             self._close(w, "cancelled", at, "cancelled in Slurm")
             log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
-        elif phases and phases <= QUIET:
+        elif w.quiet:
             if w.awaiting_grow is not None:
                 return   # the planned stop before a grow: recovery.py takes it from here
             lost = w.lost_nodes()
@@ -380,7 +379,7 @@ class Manager:
         if w.awaiting_grow is not None:
             recovery.finish_grow(self, w, now)
             return
-        if w.requeued_at is not None and w.phases and set(w.phases.values()) <= QUIET:
+        if w.requeued_at is not None and w.quiet:
             # requeued by Slurm and every rank checkpointed on its way out: no rank will go stale
             recovery.start_without_confirmer(self, w, w.requeued_at, w.lost_nodes())
             return

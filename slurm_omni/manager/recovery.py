@@ -23,7 +23,7 @@ from slurm_omni.manager.journal import Recovery, action_key, incarnation_tag, pe
 from slurm_omni.manager.sources import read_job_heartbeats
 from slurm_omni.manager.watch import Watch
 from slurm_omni.policy.cluster_index import ClusterIndex
-from slurm_omni.policy.confirm import Decision, Verdict
+from slurm_omni.policy.confirm import NODE_STATE_KIND, Decision, Verdict
 from slurm_omni.policy.placement import (
     Action,
     ComponentPlan,
@@ -34,7 +34,7 @@ from slurm_omni.policy.placement import (
     plan_recovery,
 )
 from slurm_omni.slurm.backend import ClusterSnapshot
-from slurm_omni.slurm.types import JobState, NodeState
+from slurm_omni.slurm.types import JobState
 
 if TYPE_CHECKING:
     from slurm_omni.manager.daemon import Manager
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING})
-
-NODE_CAUSES = {NodeState.DOWN: "down", NodeState.FAIL: "fail", NodeState.NOT_RESPONDING: "not_responding",
-               NodeState.DRAINED: "drain", NodeState.DRAINING: "drain"}
 
 
 def plan_from_json(obj: dict[str, Any]) -> Plan:
@@ -82,10 +79,10 @@ def _root_cause(m: Manager, w: Watch, d: Decision) -> tuple[str, tuple[str, ...]
     if snap is None:
         return d.cause, d.nodes
     states = {n.name: n.state for n in snap.nodes if n.name in w.node_set}
-    lost = sorted(n for n, state in states.items() if state in NODE_CAUSES)
+    lost = sorted(n for n, state in states.items() if state in NODE_STATE_KIND)
     if not lost:
         return d.cause, d.nodes
-    return NODE_CAUSES[states[lost[0]]], tuple(lost)
+    return NODE_STATE_KIND[states[lost[0]]], tuple(lost)
 
 
 def start_without_confirmer(m: Manager, w: Watch, at: float, lost: tuple[str, ...]) -> None:
@@ -93,7 +90,7 @@ def start_without_confirmer(m: Manager, w: Watch, at: float, lost: tuple[str, ..
     ended the job for ``lost`` nodes (the ranks checkpointed on its SIGTERM), or it was not
     requeued as the ranks asked. Both end the incarnation; Slurm's own word is the confirmation."""
     if lost:
-        cause = NODE_CAUSES.get(w.node_states[lost[0]], "down")
+        cause = NODE_STATE_KIND.get(w.node_states[lost[0]], "down")
         why = f"Slurm ended the job: {', '.join(lost)} {cause}"
     elif w.requeued_at is not None:
         cause, why = "requeued", "Slurm requeued the job unasked; every rank checkpointed on its way out"
@@ -299,8 +296,7 @@ def consider_grow(m: Manager, w: Watch, snap: ClusterSnapshot, now: float) -> No
 
 def finish_grow(m: Manager, w: Watch, now: float) -> None:
     """Resubmit once every rank stopped with a checkpoint (or the stop timed out)."""
-    stopped = bool(w.phases) and set(w.phases.values()) <= {"stopping", "done"}
-    if not (stopped or not w.running or w.ended or now - (w.awaiting_grow or now) >= m.config.stop_timeout_s):
+    if not (w.quiet or not w.running or w.ended or now - (w.awaiting_grow or now) >= m.config.stop_timeout_s):
         return
     w.pending = m.journal.recovery(w.key, w.incarnation)
     proceed(m, w, now)

@@ -13,7 +13,7 @@ from slurm_omni.errors import OmniError
 from slurm_omni.manager.journal import Recovery
 from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegisteredJob
 from slurm_omni.manager.shape import Shape
-from slurm_omni.policy.confirm import Confirmer, TaskExit, Verdict
+from slurm_omni.policy.confirm import QUIET_PHASES, Confirmer, TaskExit, Verdict
 from slurm_omni.policy.placement import JobLayout, PlacementConfig, Quarantine
 from slurm_omni.slurm.types import Job, NodeState
 
@@ -65,6 +65,11 @@ class Watch:
     @property
     def node_set(self) -> frozenset[str]:
         return frozenset(n for nodes in self.nodes.values() for n in nodes)
+
+    @property
+    def quiet(self) -> bool:
+        """Every rank reported, and each said it is stopping or done."""
+        return bool(self.phases) and set(self.phases.values()) <= QUIET_PHASES
 
     @property
     def life(self) -> int:

@@ -44,7 +44,8 @@ from slurm_omni.slurm.types import NodeState
 
 LEVEL1_KINDS = ("down", "fail", "not_responding", "drain", "task_exit")
 
-_STATE_KIND: dict[NodeState, str] = {
+# The node states that are a level-1 signal, by kind (the manager names a recovery's cause by it too).
+NODE_STATE_KIND: dict[NodeState, str] = {
     NodeState.DOWN: "down",
     NodeState.FAIL: "fail",
     NodeState.NOT_RESPONDING: "not_responding",
@@ -235,7 +236,7 @@ class Confirmer:
                 self._add_level1(Level1Signal("task_exit", obs.node, obs.time, obs.het_offset,
                                               f"task {obs.task_id} {how}"))
         elif obs.node in self._node_offsets:
-            kind = _STATE_KIND.get(obs.state)
+            kind = NODE_STATE_KIND.get(obs.state)
             if kind is None:
                 if obs.state.usable:   # the node is back: its node-state signals end
                     for key in [k for k in self._level1 if k[1] == obs.node and k[0] != "task_exit"]:
