@@ -4,6 +4,7 @@
 #   OMNI_TORCH_SPEC   torch requirement to install first (default: the pin in constraints.txt;
 #                     a GPU site sets e.g. OMNI_TORCH_SPEC='torch==2.13.0+cu126' or 'torch>=2.13')
 #   OMNI_VENV         where the virtual environment goes (default: .venv)
+#   OMNI_PYTHON       the Python the venv is made from (default: /usr/bin/python3, else python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,12 @@ missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
-PY=$(command -v python3 || true)
+# Debian's own python3 first: a venv made from a Python under /root (pyenv, mode 0700) cannot be run by
+# the unprivileged users that jobs and managers run as.
+PY=${OMNI_PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x /usr/bin/python3 ]; then PY=/usr/bin/python3; else PY=$(command -v python3 || true); fi
+fi
 if [ -z "$PY" ] || ! "$PY" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
   missing+=(python3 python3-venv python3-dev)
   PY=/usr/bin/python3
