@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,10 +35,28 @@ def our_processes(state_dir: Path) -> list[str]:
     return found
 
 
+def free_ports(count: int, start: int = 20000, stop: int = 60000) -> int:
+    """The first port of ``count`` consecutive ports that nothing listens on (other clusters of the
+    same machine, e.g. other checkouts' test runs, hold fixed ones)."""
+    port = start
+    while port + count < stop:
+        for offset in range(count):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port + offset))
+                except OSError:
+                    port += offset + 1
+                    break
+        else:
+            return port
+    raise RuntimeError(f"no {count} free consecutive ports in {start}..{stop}")
+
+
 def test_up_down_leaves_nothing(tmp_path: Path, slurm_cluster) -> None:
     state = tmp_path / "c2"
     shape = ["--state-dir", str(state), "--nodes", "2", "--nodes-per-switch", "1", "--gpus-per-node", "2",
-             "--ctld-port", "17817", "--slurmd-base-port", "17900"]
+             "--ctld-port", str(ctld := free_ports(1, 20000 + os.getpid() % 20000)),
+             "--slurmd-base-port", str(free_ports(2, ctld + 1))]
     up = omni("cluster", "up", *shape)
     try:
         assert up.returncode == 0, up.stderr
