@@ -108,6 +108,8 @@ class HeartbeatRecord:
     last_checkpoint_step: int | None
     beats: int
     node: str = ""
+    compute_s: float | None = None   # this rank's own time of the last step (no waits for peers)
+    data_s: float | None = None      # its data-loading time of that step
 
     def observation(self, *, het_job: bool = True) -> Heartbeat:
         """Stage n runs in het component n (runtime/layout.py); an ordinary job has only offset 0."""
@@ -169,6 +171,10 @@ def _is_int(v: Any) -> bool:
 
 def _is_time(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _is_duration(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 def _is_name(v: Any) -> bool:
@@ -255,13 +261,16 @@ _HEARTBEAT: dict[str, _Check] = {
     "step": lambda v: _is_int(v) and v >= -1, "phase": lambda v: v in HEARTBEAT_PHASES, "time": _is_time,
     "step_time_s": _opt(lambda v: _is_time(v) or (_is_int(v) and v == 0)), "last_checkpoint_step": _opt(_is_int),
     "beats": lambda v: _is_int(v) and v >= 0, "node": _is_name,
+    "compute_s": _opt(_is_duration), "data_s": _opt(_is_duration),
 }
+_HEARTBEAT_OPTIONAL = ("node", "compute_s", "data_s")   # older writers omit them
 
 
 def parse_heartbeat(data: bytes, what: str = "heartbeat") -> HeartbeatRecord:
     obj = _strict_json(data, what)
-    _validate(obj, _HEARTBEAT, what, optional=("node",))
-    return HeartbeatRecord(**{k: obj.get(k, "") if k == "node" else obj[k] for k in _HEARTBEAT})
+    _validate(obj, _HEARTBEAT, what, optional=_HEARTBEAT_OPTIONAL)
+    fields: dict[str, Any] = {k: obj.get(k, "" if k == "node" else None) for k in _HEARTBEAT}
+    return HeartbeatRecord(**fields)
 
 
 # -- spool ------------------------------------------------------------------------------------------

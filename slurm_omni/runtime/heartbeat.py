@@ -4,10 +4,14 @@
 
     {"rank": 3, "stage": 1, "dp_rank": 1, "pid": 1234, "incarnation": 0, "job_id": "42",
      "step": 17, "phase": "training", "time": 1764460000.12, "step_time_s": 0.031,
-     "last_checkpoint_step": 10, "beats": 9}
+     "last_checkpoint_step": 10, "beats": 9, "compute_s": 0.021, "data_s": 0.004, "node": "node3"}
 
 ``time`` is wall-clock (epoch seconds) of the write; ``step`` is the last completed global step;
-``step_time_s`` the mean of the last few steps; ``last_checkpoint_step`` the newest step whose shard
+``step_time_s`` the mean of the last few steps;
+``compute_s`` this rank's own forward, backward and optimizer time of the last step, without its
+waits for peers (pipeline receives, collectives), and ``data_s`` its data-loading time of that step
+(both null before the first step): the fail-slow detector compares them between nodes of a stage;
+``node`` is the node the rank runs on (``SLURMD_NODENAME``; absent outside Slurm); ``last_checkpoint_step`` the newest step whose shard
 this rank has made durable (or restored from); ``phase`` one of starting, training, checkpointing,
 stopping, done, failed. The file is written to a temporary name and renamed, so a reader never sees a
 partial file. The thread keeps beating while the main thread is inside a long collective, which is
@@ -40,7 +44,10 @@ class Heartbeat:
             "rank": layout.rank, "stage": layout.stage, "dp_rank": layout.data_parallel_rank,
             "pid": os.getpid(), "incarnation": layout.incarnation, "job_id": layout.job_id,
             "step": -1, "phase": "starting", "step_time_s": None, "last_checkpoint_step": None, "beats": 0,
+            "compute_s": None, "data_s": None,
         }
+        if layout.node:
+            self._state["node"] = layout.node
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
         layout.heartbeat_dir.mkdir(parents=True, exist_ok=True)
@@ -50,8 +57,13 @@ class Heartbeat:
         self._thread.start()
 
     def update(self, *, step: int | None = None, step_time_s: float | None = None,
-               phase: str | None = None, last_checkpoint_step: int | None = None) -> None:
+               phase: str | None = None, last_checkpoint_step: int | None = None,
+               compute_s: float | None = None, data_s: float | None = None) -> None:
         with self._lock:
+            if compute_s is not None:
+                self._state["compute_s"] = round(compute_s, 6)
+            if data_s is not None:
+                self._state["data_s"] = round(data_s, 6)
             if step is not None:
                 self._state["step"] = step
             if step_time_s is not None:

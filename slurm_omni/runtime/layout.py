@@ -32,6 +32,9 @@ OMNI_METRICS_DIR        folder of metrics JSON lines and Prometheus textfiles (r
 OMNI_HEARTBEAT_INTERVAL seconds between heartbeat rewrites (default 2).
 OMNI_INCARNATION        how many times the job was (re)started; default SLURM_RESTART_COUNT or 0.
 OMNI_JOB_ID             job id for metric labels; default SLURM_JOB_ID or "local".
+OMNI_DATA_DELAY_S       drill knob, SECONDS[@STEP]: each step's data loading (from global step STEP on) takes
+                        this much longer, as a slow shared data source would make it.
+SLURMD_NODENAME         the node this rank runs on (srun sets it); heartbeats carry it for the manager.
 OMNI_TRACE_SAMPLES      "1": each rank appends the sample ids of every step to its metrics folder.
 OMNI_STEP_DELAY_S       seconds to sleep after each step (drills and tests pace a run with it).
 OMNI_DEVICE             "cpu" or "cuda"; default cuda when available.
@@ -81,6 +84,12 @@ class Layout:
     device: str = "cpu"
     fault_misalign_at_step: int = 0
     """Drill hook (0 = off): the text stage reads shifted samples at this global step."""
+    data_delay_s: float = 0.0
+    """Drill knob (0 = off): added to every step's data loading, as a slow shared data source would..."""
+    data_delay_from_step: int = 0
+    """...from this global step on."""
+    node: str = ""
+    """The Slurm node this rank runs on (SLURMD_NODENAME); empty outside Slurm."""
 
     def __post_init__(self) -> None:
         if self.stage == -1:
@@ -147,6 +156,7 @@ class Layout:
             trace_samples=env.get("OMNI_TRACE_SAMPLES", "") == "1",
             step_delay_s=_float(env, "OMNI_STEP_DELAY_S", 0.0),
             device=device, fault_misalign_at_step=_int(env, "OMNI_FAULT_MISALIGN_AT_STEP", 0),
+            data_delay_s=_delay(env)[0], data_delay_from_step=_delay(env)[1], node=env.get("SLURMD_NODENAME", ""),
         )
 
 
@@ -167,6 +177,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
         return int(raw)
     except ValueError as e:
         raise RuntimeLayoutError(f"layout: couldn't read {name}: {raw!r} is not an integer") from e
+
+
+def _delay(env: Mapping[str, str]) -> tuple[float, int]:
+    text = env.get("OMNI_DATA_DELAY_S", "")
+    seconds, _, step = text.partition("@")
+    try:
+        out = (float(seconds) if seconds else 0.0, int(step) if step else 0)
+    except ValueError:
+        out = (-1.0, -1)
+    if out[0] < 0 or out[1] < 0:
+        raise RuntimeLayoutError(f"layout: couldn't read OMNI_DATA_DELAY_S={text!r} (expected SECONDS[@STEP], "
+                                 "both >= 0)")
+    return out
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:

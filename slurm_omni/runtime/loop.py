@@ -33,6 +33,7 @@ from slurm_omni.runtime.model import (
     next_token_labels,
 )
 from slurm_omni.runtime.pipeline import (
+    StageClock,
     any_rank,
     average_gradients,
     backend_for,
@@ -117,7 +118,9 @@ class Trainer:
                      restored.state.get("layout"), restored.load_s)
         ckpt.prepare(plan, self.micro_batches)
         self.heartbeat.update(step=start, phase="training", last_checkpoint_step=ckpt.last_persisted_step)
-        schedule = build_schedule(cfg.model, cfg.parallel, stages, self.micro_batches, device, groups.pipeline)
+        clock = StageClock()   # the stages' own chunk time: compute without waits for peers
+        schedule = build_schedule(cfg.model, cfg.parallel, stages, self.micro_batches, device, groups.pipeline,
+                                  clock)
         text_stage = stages.get(1)
         per_replica = self.micro_batches * cfg.parallel.micro_batch_size
         first = layout.data_parallel_rank * per_replica
@@ -128,22 +131,28 @@ class Trainer:
                 refs = plan.next_global_batch(step, cfg.parallel.global_batch_size)[first:first + per_replica]
                 lr = lr_at(cfg.optim, step, cfg.max_steps)
                 batch = self._read(reader, refs, device, misalign=step + 1 == layout.fault_misalign_at_step)
+                if layout.data_delay_s and step >= layout.data_delay_from_step:
+                    time.sleep(layout.data_delay_s)
+                data_s = time.monotonic() - t0
+                clock.busy_s = 0.0
                 t_pipe, cpu_pipe = time.monotonic(), time.thread_time()
                 loss = self._forward_backward(schedule, text_stage, batch)
                 pipeline_s, pipeline_cpu_s = time.monotonic() - t_pipe, time.thread_time() - cpu_pipe
                 average_gradients(params, groups.data_parallel, layout.data_parallel_size)
                 grad_norm = clip_global_norm(params, groups.pipeline, cfg.optim.grad_clip)
+                t_opt = time.monotonic()
                 for optimizer in optimizers.values():
                     for group in optimizer.param_groups:
                         group["lr"] = lr
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
+                compute_s = clock.busy_s + time.monotonic() - t_opt
                 if loss is not None and layout.data_parallel_size > 1:
                     dist.all_reduce(loss, group=groups.data_parallel)
                     loss.div_(layout.data_parallel_size)
                 global_step = step + 1
                 step_s = time.monotonic() - t0
-                self.heartbeat.update(step=global_step, step_time_s=step_s)
+                self.heartbeat.update(step=global_step, step_time_s=step_s, compute_s=compute_s, data_s=data_s)
                 self.metrics.trace(global_step, batch.ids.tolist())
                 if layout.step_delay_s:
                     time.sleep(layout.step_delay_s)

@@ -14,7 +14,9 @@ import datetime
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -75,10 +77,48 @@ def init_distributed(layout: Layout, backend: str, device: torch.device) -> Grou
                   data_parallel=dp_groups[0 if layout.colocated else layout.stage])
 
 
+class StageClock:
+    """Wall time this rank's stages spent in their own forward and backward chunks."""
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+
+
+class TimedStage(PipelineStage):
+    """A ``PipelineStage`` that adds the time of its own chunks to a ``StageClock``. The schedules
+    (torch 2.13) wait for the peers' activations and gradients before they call these, so a stage
+    that waits for a slow peer does not look slow itself. On CUDA the chunk ends with a device
+    synchronize, else the kernels' time would land in the next wait."""
+
+    def __init__(self, *args: Any, clock: StageClock, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+
+    def _timed(self, run: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.clock.busy_s += time.monotonic() - t0
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(super().forward_one_chunk, *args, **kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(super().backward_one_chunk, *args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
+
+
 def build_schedule(model: ModelConfig, parallel: ParallelConfig, modules: dict[int, nn.Module],
-                   micro_batches: int, device: torch.device, group: dist.ProcessGroup) -> _PipelineSchedule:
+                   micro_batches: int, device: torch.device, group: dist.ProcessGroup,
+                   clock: StageClock | None = None) -> _PipelineSchedule:
     """The schedule of this rank's stage(s). Shapes are given up front (static metadata), so a stage
-    never runs an extra forward to infer them."""
+    never runs an extra forward to infer them. ``clock`` collects the stages' own compute time."""
+    clock = clock or StageClock()
     b = parallel.micro_batch_size
     ids = torch.zeros(b, dtype=torch.int64, device=device)
     ids_act = torch.zeros(b, dtype=torch.float64, device=device, requires_grad=True)  # model.ids_as_activation
@@ -88,8 +128,8 @@ def build_schedule(model: ModelConfig, parallel: ParallelConfig, modules: dict[i
     shapes: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = {
         0: ((images, ids), (image_tokens, ids_act)), 1: ((image_tokens, ids_act), (logits,))}
     stages: list[_PipelineStageBase] = [
-        PipelineStage(module, index, NUM_STAGES, device, input_args=shapes[index][0],
-                      output_args=shapes[index][1], group=group)
+        TimedStage(module, index, NUM_STAGES, device, input_args=shapes[index][0],
+                   output_args=shapes[index][1], group=group, clock=clock)
         for index, module in sorted(modules.items())]
     if len(stages) == 1:
         single = ScheduleGPipe if parallel.schedule == "gpipe" else Schedule1F1B

@@ -87,8 +87,16 @@ def test_heartbeat_parses_with_and_without_node() -> None:
     assert events.parse_heartbeat(dumps({**BEAT, "node": "n4", "step_time_s": None})).observation().node == "n4"
 
 
+def test_heartbeat_own_times_are_optional() -> None:
+    assert events.parse_heartbeat(dumps(BEAT)).compute_s is None
+    hb = events.parse_heartbeat(dumps({**BEAT, "compute_s": 0.02, "data_s": 0, "node": "n4"}))
+    assert (hb.compute_s, hb.data_s) == (0.02, 0)
+    assert events.parse_heartbeat(dumps({**BEAT, "compute_s": None, "data_s": None})).data_s is None
+
+
 @pytest.mark.parametrize("change,match", [({"phase": "dreaming"}, "phase"), ({"step": -2}, "step"),
-                                          ({"step_time_s": False}, "step_time_s"), ({"gpu": 0}, "unknown")])
+                                          ({"step_time_s": False}, "step_time_s"), ({"gpu": 0}, "unknown"),
+                                          ({"compute_s": -0.1}, "compute_s"), ({"data_s": "1"}, "data_s")])
 def test_heartbeat_rejected(change: dict[str, object], match: str) -> None:
     with pytest.raises(EventRejected, match=match):
         events.parse_heartbeat(dumps({**BEAT, **change}))
@@ -99,13 +107,15 @@ def test_runtime_heartbeat_file_parses(tmp_path: Path) -> None:
     from slurm_omni.runtime.layout import Layout
     env = {"RANK": "1", "WORLD_SIZE": "2", "OMNI_HEARTBEAT_DIR": str(tmp_path), "SLURM_JOB_ID": "42",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "OMNI_CKPT_DIR": str(tmp_path / "ckpt"),
-           "OMNI_METRICS_DIR": str(tmp_path / "metrics"), "OMNI_HEARTBEAT_INTERVAL": "0.05"}
+           "OMNI_METRICS_DIR": str(tmp_path / "metrics"), "OMNI_HEARTBEAT_INTERVAL": "0.05",
+           "SLURMD_NODENAME": "node3"}
     layout = Layout.from_env(env)
     hb = RuntimeHeartbeat(layout)
-    hb.update(step=3, step_time_s=0.2, phase="training")
+    hb.update(step=3, step_time_s=0.2, phase="training", compute_s=0.15, data_s=0.01)
     hb.stop("done")
     recs = events.read_heartbeats(tmp_path)
     assert len(recs) == 1 and recs[0].step == 3 and recs[0].phase == "done"
+    assert (recs[0].node, recs[0].compute_s, recs[0].data_s) == ("node3", 0.15, 0.01)
 
 
 def private(tmp_path: Path) -> Path:
