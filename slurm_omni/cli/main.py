@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "drill": "slurm_omni.cli.drill:drill",
     "report": "slurm_omni.cli.report:report",
     "demo": "slurm_omni.cli.demo:demo",
+    "supervise": "slurm_omni.cli.supervise:supervise",
 }
 
 

@@ -77,6 +77,12 @@ class JobSection:
     """Slurm account; empty: the user's default."""
     qos: str = ""
     """Slurm QOS; empty: the default."""
+    recovery: Literal["", "resubmit", "in_allocation"] = ""
+    """How a failure is recovered: ``resubmit`` (a heterogeneous job; the manager cancels it and
+    submits the next incarnation), ``in_allocation`` (one homogeneous ``--no-kill`` allocation of
+    every stage's nodes plus its spares; the step supervisor on the batch host relaunches the step on
+    the survivors and a spare, no trip through the queue); empty: the site's
+    ``elasticity.recovery``."""
 
     def __post_init__(self) -> None:
         check_slurm_name("job.name", self.name)
@@ -118,9 +124,15 @@ class StageRequest:
     """``T`` of ``--switches``: how long to wait for that placement (Slurm time)."""
     cpus_per_task: int = 0
     """``--cpus-per-task``; 0: not given."""
+    spares: int = -1
+    """Spare nodes held in the allocation for this stage (``recovery = "in_allocation"``); -1: the
+    site's ``elasticity.default_spares``. At most the site's ``elasticity.max_spares``."""
 
     def __post_init__(self) -> None:
         check_slurm_name("stages.name", self.name)
+        if self.spares < -1:
+            raise ConfigError(f"stages.spares = {self.spares} is not allowed (expected >= 0, or -1 for the "
+                              f"site's elasticity.default_spares)")
         if self.nodes < 1:
             raise ConfigError(f"stages.nodes = {self.nodes} is not allowed (expected >= 1)")
         if self.tasks_per_node < 0 or self.cpus_per_task < 0:

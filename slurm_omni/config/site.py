@@ -65,10 +65,16 @@ class StageSite:
     """Slurm partition of the stage's component."""
     gres: str
     """Generic resources per node, ``NAME[:TYPE]:COUNT``; tasks per node default to COUNT."""
+    feature: str = ""
+    """Node feature (slurm.conf ``Features=``) that marks nodes of this stage's kind. In one
+    ``in_allocation`` job, stages of different kinds are asked for with ``--constraint`` counts,
+    ``[vis*2&txt*3]``; empty: any node of the partition fits the stage."""
 
     def __post_init__(self) -> None:
         check_slurm_name("partition", self.partition)
         parse_gres(self.gres)
+        if self.feature:
+            check_slurm_name("stages.feature", self.feature)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,6 +115,7 @@ class DetectionSite:
 
 
 SparePolicy = Literal["same_switch", "any_switch", "none"]
+RecoveryPath = Literal["resubmit", "in_allocation"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,8 +133,25 @@ class ElasticitySite:
     """Drain nodes the manager found failed, with a reason starting ``omni:``."""
     quarantine_s: float = 3600.0
     """A node that failed is not chosen again (for a replacement or a grow) for this long."""
+    recovery: RecoveryPath = "resubmit"
+    """Default of the job file's ``[job] recovery``: ``resubmit`` (heterogeneous job, the manager
+    resubmits) or ``in_allocation`` (one ``--no-kill`` allocation with spares; the step supervisor
+    relaunches inside it)."""
+    default_spares: int = 0
+    """Spare nodes per stage when a job file's stage gives no ``spares``."""
+    max_spares: int = 4
+    """The most spare nodes one stage may hold (idle nodes cost the site)."""
+    max_relaunches: int = 20
+    """In-allocation relaunches per allocation before the supervisor hands over to the manager."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.default_spares <= self.max_spares:
+            raise ConfigError(f"elasticity.default_spares = {self.default_spares} is not allowed (expected "
+                              f"0 <= it <= elasticity.max_spares = {self.max_spares})")
+        if not 1 <= self.max_relaunches <= 99:
+            raise ConfigError(f"elasticity.max_relaunches = {self.max_relaunches} is not allowed (expected "
+                              f"1..99: each relaunch numbers its life OMNI_INCARNATION + launch, 100 per "
+                              f"Slurm restart)")
         if self.min_data_parallel_size < 1:
             raise ConfigError(f"elasticity.min_data_parallel_size = {self.min_data_parallel_size} is "
                               f"not allowed (expected >= 1)")

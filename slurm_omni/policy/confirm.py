@@ -16,6 +16,10 @@ The rule (evaluated at an injected ``now``; all times in one clock, the manager'
   heartbeats move (side-thread heartbeats keep beating inside a collective that never returns);
   paused while a rank reports phase checkpointing, stopping or done; before the first step the
   limit is ``startup_timeout_s``;
+- CONFIRMED at once when the job's step *ended* with a failure code (``StepEnded``, seen by the
+  step supervisor of an in-allocation job when its srun returns): its tasks exited (level 1) and no
+  rank of it is left to make progress (level 2), so both levels hold at that moment; a node-state
+  signal on a node of the job names the cause;
 - CONFIRMED on level 1 alone only for the kinds the site lists in ``level1_alone`` (none by
   default: a drained node whose ranks still make progress is not a failure of the job);
 - SUSPECT when either level holds without the above, NONE otherwise.
@@ -147,9 +151,21 @@ class Heartbeat:
     phase: str = "training"     # a rank in a phase of QUIET_PHASES may stop beating
 
 
+@dataclass(frozen=True, slots=True)
+class StepEnded:
+    """The job's step ended (its srun returned) with ``exit_code``; non-zero: every rank is gone."""
+
+    time: float
+    exit_code: int
+
+    @property
+    def faulty(self) -> bool:
+        return self.exit_code != 0
+
+
 QUIET_PHASES = frozenset({"done", "stopping"})
 
-Observation = NodeObservation | TaskExit | Heartbeat
+Observation = NodeObservation | TaskExit | Heartbeat | StepEnded
 
 
 class Verdict(enum.Enum):
@@ -207,6 +223,7 @@ class Confirmer:
     _global_step: int = field(init=False)
     _last_advance: float | None = field(init=False)
     _confirmed: Decision | None = field(init=False)
+    _ended: float | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.reset(self.layout)
@@ -225,11 +242,16 @@ class Confirmer:
         self._global_step = -1
         self._last_advance = None
         self._confirmed = None
+        self._ended = None
 
     # -- observations -------------------------------------------------------------------------
     def observe(self, obs: Observation) -> None:
         if isinstance(obs, Heartbeat):
             self._heartbeat(obs)
+        elif isinstance(obs, StepEnded):
+            if obs.faulty and self._ended is None:
+                self._ended = obs.time
+                self._add_level1(Level1Signal("task_exit", "", obs.time, None, f"step exit code {obs.exit_code}"))
         elif isinstance(obs, TaskExit):
             if obs.faulty and obs.node in self._node_offsets:
                 how = f"signal {obs.signal}" if obs.signal else f"exit code {obs.exit_code}"
@@ -311,6 +333,14 @@ class Confirmer:
         if alone:
             return self._confirm(now, alone[0].kind, alone, {}, None,
                                  f"level 1 alone ({alone[0].kind} is in level1_alone)")
+        if self._ended is not None and self._ended <= now:
+            gone = {rank: max(r.last_time, self._ended) for rank, r in self._ranks.items()
+                    if r.phase not in QUIET_PHASES}
+            named = sorted((s for s in level1 if s.node), key=lambda s: (s.kind == "task_exit", s.time))
+            first = named[0] if named else min(level1, key=lambda s: s.time)
+            return self._confirm(now, first.kind, level1, gone, self._ended,
+                                 f"the step ended ({first.kind}{' on ' + first.node if first.node else ''}): "
+                                 f"level 1 and level 2 at once")
         if onset is not None:
             stale = [self._ranks[rank] for rank in stale_since]
             agreeing = [s for s in level1 if any(self._agree(s, r) for r in stale)]
@@ -371,7 +401,8 @@ class Confirmer:
         offsets: set[int] = set()
         nodes: set[str] = set()
         for s in level1:
-            nodes.add(s.node)
+            if s.node:
+                nodes.add(s.node)
             offsets.update({s.het_offset} if s.het_offset is not None else self._node_offsets.get(s.node, ()))
         if not level1 and not stale_since:   # stuck with every rank beating: the whole job
             offsets.update(self.layout)

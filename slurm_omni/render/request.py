@@ -5,6 +5,8 @@ a command; ``materialize()`` returns the script as a string and ``omni render`` 
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +20,13 @@ from slurm_omni.errors import ConfigError
 from slurm_omni.render import engine
 from slurm_omni.runtime import exitcodes
 
+log = logging.getLogger(__name__)
+
 HET_TEMPLATE = "het.sbatch.j2"
+IN_ALLOCATION_TEMPLATE = "inalloc.sbatch.j2"
 ARRAY_TEMPLATE = "array.sbatch.j2"
 DRILL_TEMPLATE = "drill.sbatch.j2"
+IN_ALLOCATION_DRILL_TEMPLATE = "inalloc-drill.sbatch.j2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,10 @@ class StagePlan:
     switches: int
     switch_wait: str
     cpus_per_task: int
+    spares: int = 0
+    """Spare nodes of this stage in an in-allocation job (0 in a heterogeneous job's plan too)."""
+    feature: str = ""
+    """The site's node feature for this stage's kind (``--constraint`` counts); empty: none."""
 
     @property
     def ntasks(self) -> int:
@@ -61,9 +71,71 @@ def plan_stages(job: JobFile, site: SiteConfig) -> tuple[StagePlan, ...]:
         if parsed.name == "gpu" and tpn > parsed.count:
             raise ConfigError(f"job: stage {stage.name!r} has {tpn} tasks per node but gres {gres!r} "
                               f"gives {parsed.count} GPUs (one GPU per rank)")
+        spares = site.elasticity.default_spares if stage.spares < 0 else stage.spares
+        if spares > site.elasticity.max_spares:
+            raise ConfigError(f"job: stage {stage.name!r} spares = {spares} is not allowed (the site allows at "
+                              f"most elasticity.max_spares = {site.elasticity.max_spares} per stage)")
         plans.append(StagePlan(group, stage.name, partition, stage.nodes, tpn, gres, stage.switches,
-                               stage.switch_wait, stage.cpus_per_task))
+                               stage.switch_wait, stage.cpus_per_task, spares,
+                               default.feature if default else ""))
     return tuple(plans)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationShape:
+    """One homogeneous ``--no-kill`` allocation holding every stage's nodes and spares."""
+
+    partition: str
+    nodes: int
+    tasks_per_node: int
+    gres: str
+    switches: int
+    switch_wait: str
+    constraint: str
+    """``[feat*N&feat*M]`` when the stages are told apart by node features; empty otherwise."""
+    cpus_per_task: int
+
+
+def allocation_shape(plans: Sequence[StagePlan]) -> tuple[AllocationShape | None, str]:
+    """The in-allocation request for ``plans``, or None and why the stages need a heterogeneous job.
+
+    One allocation has one partition and one gres request per node. Stages of the same kind (the same
+    partition and gres) share it as they are; stages of different kinds are told apart by the site's
+    node features and asked for with ``--constraint`` counts (Slurm's "multiple counts",
+    ``[vis*2&txt*3]``), which needs a feature on every stage. Different partitions, or different
+    gres without features, fall back to the heterogeneous job (recovery by resubmission)."""
+    partitions = {p.partition for p in plans}
+    if len(partitions) > 1:
+        return None, (f"stages use partitions {sorted(partitions)}: one allocation has one partition "
+                      f"(give the stages one partition and tell their node kinds apart by "
+                      f"stages.NAME.feature)")
+    features = [p.feature for p in plans]
+    gres = {p.gres for p in plans}
+    if any(features) and not all(features):
+        return None, "only some stages name a node feature: --constraint counts need one on every stage"
+    if len(gres) > 1 and not all(features):
+        return None, (f"stages need gres {sorted(gres)}: one allocation asks one gres per node unless "
+                      f"node features tell the kinds apart")
+    constraint = ""
+    if all(features):
+        counts: dict[str, int] = {}
+        for p in plans:
+            counts[p.feature] = counts.get(p.feature, 0) + p.nodes + p.spares
+        constraint = "[" + "&".join(f"{f}*{n}" for f, n in counts.items()) + "]"
+    # each stage was allowed its own leaf switches: together they may span their sum.
+    # with features the gres asked per node is the smallest that every kind has
+    gres_req = min(gres, key=lambda g: parse_gres(g).count)
+    return AllocationShape(
+        partition=partitions.pop(), nodes=sum(p.nodes + p.spares for p in plans),
+        tasks_per_node=max(p.tasks_per_node for p in plans), gres=gres_req,
+        switches=sum(p.switches for p in plans), switch_wait=plans[0].switch_wait, constraint=constraint,
+        cpus_per_task=max(p.cpus_per_task for p in plans)), ""
+
+
+def supervisor_stages_arg(plans: Sequence[StagePlan]) -> str:
+    """``omni supervise --stages``: ``NAME:NODES:TASKS_PER_NODE:SPARES[:FEATURE]`` per stage."""
+    return ",".join(f"{p.name}:{p.nodes}:{p.tasks_per_node}:{p.spares}" + (f":{p.feature}" if p.feature else "")
+                    for p in plans)
 
 
 def exit_code_table() -> dict[str, int]:
@@ -122,11 +194,40 @@ class HetJobRequest:
         if self.incarnation_base < 0:
             raise ConfigError(f"render: incarnation_base = {self.incarnation_base} (0 or more)")
 
+    @property
+    def recovery(self) -> str:
+        """The recovery path asked for: the job file's ``[job] recovery``, else the site's default."""
+        return self.job.job.recovery or self.site.elasticity.recovery
+
+    def in_allocation(self) -> tuple[AllocationShape | None, str]:
+        """The allocation when this job runs in-allocation; None and why it is a heterogeneous job."""
+        if self.recovery != "in_allocation":
+            return None, "recovery = resubmit"
+        return allocation_shape(plan_stages(self.job, self.site))
+
     def context(self) -> dict[str, Any]:
         plans = plan_stages(self.job, self.site)
         command = self.command or ("omni", "train", "--config", str(self.job_file))
         j = self.job.job
+        shape, why_not = self.in_allocation()
+        template = self.template
+        if shape is not None and self.template == HET_TEMPLATE:
+            template = IN_ALLOCATION_TEMPLATE
+        elif shape is not None and self.template == DRILL_TEMPLATE:
+            template = IN_ALLOCATION_DRILL_TEMPLATE
+        elif self.recovery == "in_allocation":
+            log.warning("render: %s runs as a heterogeneous job (recovery by resubmission): %s", j.name, why_not)
         return {
+            "template": template,
+            "supervised": template in (IN_ALLOCATION_TEMPLATE, IN_ALLOCATION_DRILL_TEMPLATE),
+            "allocation": shape,
+            "recovery_note": why_not if self.recovery == "in_allocation" and shape is None else "",
+            "supervisor_stages": supervisor_stages_arg(plans),
+            "min_dp": self.site.elasticity.min_data_parallel_size,
+            "units_divide": _units_divide(self.job, plans),
+            "spare_policy": self.site.elasticity.spare_policy,
+            "max_relaunches": self.site.elasticity.max_relaunches,
+            "heartbeat_interval": f"{self.site.detection.heartbeat_interval_s:g}",
             "version": __version__,
             "job_file": self.job_file,
             "job_sha256": self.job_sha256,
@@ -146,7 +247,8 @@ class HetJobRequest:
         }
 
     def materialize(self) -> str:
-        return engine.render(self.template, self.context())
+        context = self.context()
+        return engine.render(context["template"], context)
 
 
 # Runs in every task of a drill step: the target rank arms a timer that signals the task itself,
@@ -155,7 +257,8 @@ DRILL_WRAPPER = """\
 allowed=$1 target=$2 after=$3 sig=$4
 shift 4
 me=${RANK:-${SLURM_PROCID:-}}
-if [[ $me == "$target" ]]; then
+# in an in-allocation job only the first launch: a relaunch of the step must not get the fault again
+if [[ $me == "$target" && ${OMNI_LAUNCH:-0} == 0 ]]; then
     if [[ ",$allowed," == *",${SLURMD_NODENAME:-},"* ]]; then
         echo "omni drill: rank $me on $SLURMD_NODENAME gets SIG$sig in ${after}s" >&2
         ( sleep "$after"; kill -s "$sig" "$$" ) &
@@ -270,6 +373,15 @@ class ArrayJobRequest:
 
     def materialize(self) -> str:
         return engine.render(ARRAY_TEMPLATE, self.context())
+
+
+def _units_divide(job: JobFile, plans: Sequence[StagePlan]) -> int:
+    """A placement unit count must divide this (the global batch in one unit's micro-batches; 0: any):
+    the elastic resume keeps the global batch, so every replica count must cut it evenly."""
+    units = math.gcd(*(p.nodes for p in plans))
+    per_unit = job.job.data_parallel_size // units * job.training.parallel.micro_batch_size
+    total = job.training.parallel.global_batch_size
+    return total // per_unit if per_unit and total % per_unit == 0 else 0
 
 
 def _output(log_dir: Path, pattern: str) -> quoting.Quoted:

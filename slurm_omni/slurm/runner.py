@@ -133,6 +133,22 @@ class CommandRunner:
             raise exc(f"{argv[0]}: couldn't {' '.join(argv[1:3])}: {line}")
         return result
 
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              stdout: int | None = None, stderr: int | None = None) -> subprocess.Popen[bytes]:
+        """Start a long-running command (an srun step) and return at once: argv list, never a shell,
+        the call rate bounded like ``run``. ``env`` is merged over the runner's environment. The
+        caller waits for it (its exit code is the step's)."""
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise SlurmError(f"runner: couldn't start {argv!r}: argv must be a non-empty list of strings")
+        self.limiter.acquire()
+        self.calls += 1
+        try:
+            return subprocess.Popen(list(argv), env={**self.environment(), **(env or {})}, stdin=subprocess.DEVNULL,
+                                    stdout=stdout, stderr=stderr)
+        except FileNotFoundError as e:
+            raise SlurmError(f"{argv[0]}: couldn't start: command not found (install the Slurm client "
+                             f"packages: scripts/setup.sh)") from e
+
     def environment(self, replace: Mapping[str, str] | None = None) -> dict[str, str]:
         """What a command runs with: the process environment (or ``replace``), then the runner's."""
         own = {**os.environ, **self.env}

@@ -81,6 +81,12 @@ SITE_ERRORS = [
     ("bad hostlist", ("allowed_nodes = \"node[5-8]\"", "allowed_nodes = \"node[5-\""), "drills.allowed_nodes"),
     ("wrong type", ("heartbeat_interval_s = 5", "heartbeat_interval_s = \"5s\""),
      "detection.heartbeat_interval_s = '5s' is not allowed (expected a number)"),
+    ("default spares above the cap", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\ndefault_spares = 5"),
+     "elasticity.default_spares = 5 is not allowed (expected 0 <= it <= elasticity.max_spares = 4)"),
+    ("recovery path", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\nrecovery = \"restart\""),
+     "elasticity.recovery = 'restart' is not allowed (expected one of 'resubmit', 'in_allocation')"),
+    ("bad feature", ("gres = \"gpu:h100:4\"\n[stages.text]", "gres = \"gpu:h100:4\"\nfeature = \"a b\"\n[stages.text]"),
+     "stages.feature 'a b' is not allowed"),
 ]
 
 
@@ -116,6 +122,10 @@ JOB_ERRORS = [
     ("training error passes through", ("shard_dir = \"shards\"", "shard_dir = \"shards\"\nshuffle = 1"),
      "unknown key 'training.data.shuffle'"),
     ("missing training", ("[training.data]\nshard_dir = \"shards\"\n", ""), "missing required key 'training'"),
+    ("negative spares", ("name = \"text\"\nnodes = 1", "name = \"text\"\nnodes = 1\nspares = -2"),
+     "stages.spares = -2 is not allowed"),
+    ("recovery path", ("time_limit = \"01:00:00\"", "time_limit = \"01:00:00\"\nrecovery = \"hot\""),
+     "job.recovery = 'hot' is not allowed"),
 ]
 
 
@@ -135,6 +145,8 @@ def test_job_error(tmp_path: Path, case: str, edit: tuple[str, str] | list[tuple
 @pytest.mark.parametrize(("edit", "message"), [
     (("name = \"text\"\nnodes = 1", "name = \"audio\"\nnodes = 1"), "stage 'audio' is not in the site config"),
     (("data_parallel_size = 2", "data_parallel_size = 16"), "has 16 tasks per node but gres 'gpu:h100:4' gives 4"),
+    (("name = \"text\"\nnodes = 1", "name = \"text\"\nnodes = 1\nspares = 5"),
+     "stage 'text' spares = 5 is not allowed \\(the site allows at most elasticity.max_spares = 4 per stage\\)"),
 ])
 def test_job_against_site_error(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
     site = load_site(_write(tmp_path, "omni.toml", SITE))
@@ -167,3 +179,17 @@ def test_slurm_time_refused(text: str) -> None:
 @pytest.mark.parametrize(("text", "shown"), [("gpu:h100:4", "gpu:h100:4"), ("gpu:2", "gpu:2")])
 def test_gres(text: str, shown: str) -> None:
     assert str(parse_gres(text)) == shown
+
+
+def test_spares_default_from_the_site_and_in_allocation_falls_back_when_partitions_differ(tmp_path: Path) -> None:
+    from slurm_omni.render import HetJobRequest
+
+    site = load_site(_write(tmp_path, "omni.toml", SITE.replace(
+        "min_data_parallel_size = 1", "min_data_parallel_size = 1\ndefault_spares = 2\nrecovery = \"in_allocation\"")))
+    job = load_job(_write(tmp_path, "job.toml", JOB.replace("name = \"text\"\nnodes = 1",
+                                                            "name = \"text\"\nnodes = 1\nspares = 0", 1)))
+    assert [p.spares for p in plan_stages(job, site)] == [2, 0]
+    request = HetJobRequest(job=job, site=site, job_file=tmp_path / "job.toml", job_sha256="0" * 64)
+    shape, why = request.in_allocation()
+    assert shape is None and "partitions ['text', 'vision']" in why      # vision and text partitions differ
+    assert "#SBATCH hetjob" in request.materialize()

@@ -342,3 +342,47 @@ def test_node_lost_during_restore_confirms() -> None:
     c.observe(NodeObservation(2.2, "t1", NodeState.DOWN))
     d = c.evaluate(4.5)
     assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.het_offsets == (1,)
+
+
+# -- a step that ended (the in-allocation supervisor's srun returned) ----------------------------------
+
+def _beating(c: Confirmer, until: float, ranks: int = 4) -> None:
+    t = 0.0
+    while t <= until:
+        for r in range(ranks):
+            c.observe(Heartbeat(t, r, int(t), f"node{r + 1}", r // 2))
+        t += 0.5
+
+
+def test_a_failed_step_confirms_at_once_and_a_node_state_names_the_cause() -> None:
+    from slurm_omni.policy.confirm import StepEnded
+    c = Confirmer(ConfirmConfig(), {0: ["node1", "node2"], 1: ["node3", "node4"]})
+    _beating(c, 10.0)
+    c.observe(NodeObservation(10.1, "node4", NodeState.DOWN))
+    assert c.evaluate(10.2).verdict is Verdict.SUSPECT     # the node alone is level 1 only
+    c.observe(StepEnded(10.3, 143))
+    d = c.evaluate(10.3)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.nodes == ("node4",)
+    assert d.confirmed_at == 10.3 and d.het_offsets == (1,)
+
+
+def test_a_step_that_ended_by_a_task_exit_keeps_its_healthy_nodes() -> None:
+    from slurm_omni.policy.confirm import StepEnded
+    c = Confirmer(ConfirmConfig(), {0: ["node1"], 1: ["node2"]})
+    _beating(c, 5.0, ranks=2)
+    c.observe(StepEnded(5.2, 137))
+    d = c.evaluate(5.2)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "task_exit" and d.nodes == ()
+
+
+def test_a_step_that_ended_well_or_a_slow_step_confirms_nothing() -> None:
+    from slurm_omni.policy.confirm import StepEnded
+    c = Confirmer(ConfirmConfig(), {0: ["node1"], 1: ["node2"]})
+    _beating(c, 5.0, ranks=2)
+    c.observe(StepEnded(5.2, 0))
+    assert c.evaluate(5.3).verdict is Verdict.NONE
+    # a slow step: heartbeats go on, the step does not advance, nothing ended
+    for t in (6.0, 7.0, 8.0, 9.0, 10.0):
+        for r in range(2):
+            c.observe(Heartbeat(t, r, 5, f"node{r + 1}", r))
+    assert c.evaluate(10.0).verdict is not Verdict.CONFIRMED

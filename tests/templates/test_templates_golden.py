@@ -62,3 +62,29 @@ def test_different_golden_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(AssertionError, match="differs"):
         _compare("het.sbatch", "x", golden_dir=tmp_path)
     assert (tmp_path / "het.sbatch").read_text() == "y"
+
+
+def _in_allocation(site: SiteConfig, *, features: bool = False) -> SiteConfig:
+    """The test site with both stages in one partition (and node features when asked), in-allocation
+    recovery by default, one spare per stage."""
+    stages = {name: replace(s, partition="gpu", feature=f"{name[:3]}" if features else "")
+              for name, s in site.stages.items()}
+    return replace(site, stages=stages, elasticity=replace(site.elasticity, recovery="in_allocation",
+                                                           default_spares=1))
+
+
+def test_in_allocation_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    script = HetJobRequest(job=job, site=_in_allocation(site), job_file=JOB_FILE, job_sha256=job_sha256).materialize()
+    _compare("inalloc.sbatch", script)
+
+
+def test_in_allocation_with_node_features_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    script = HetJobRequest(job=job, site=_in_allocation(site, features=True), job_file=JOB_FILE,
+                           job_sha256=job_sha256).materialize()
+    _compare("inalloc-features.sbatch", script)
+
+
+def test_in_allocation_drill_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    script = DrillRequest(job=job, site=_in_allocation(site), job_file=JOB_FILE, job_sha256=job_sha256, rank=3,
+                          after_s=30).materialize()
+    _compare("inalloc-drill.sbatch", script)

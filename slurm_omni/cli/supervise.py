@@ -1,0 +1,54 @@
+"""``omni supervise``: the step supervisor, started by an in-allocation batch script."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from slurm_omni.errors import ConfigError
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.option("--stages", "stages_text", required=True,
+              help="NAME:NODES:TASKS_PER_NODE:SPARES[:FEATURE] per stage, comma-separated, in het-group order.")
+@click.option("--min-dp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Smallest data-parallel size a relaunch may shrink to.")
+@click.option("--units-divide", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A unit count must divide this (the global batch in units' micro-batches); 0: any.")
+@click.option("--spare-policy", type=click.Choice(["same_switch", "any_switch", "none"]), default="any_switch",
+              show_default=True)
+@click.option("--max-relaunches", type=click.IntRange(1, 99), default=20, show_default=True)
+@click.option("--heartbeat-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
+@click.option("--spank-ckpt", default="", help="Give every component the SPANK plugin's --omni-stage and this "
+              "--omni-ckpt (its per-task fault records).")
+@click.argument("command", nargs=-1, required=True)
+def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: str, max_relaunches: int,
+              heartbeat_interval: float, spank_ckpt: str, command: tuple[str, ...]) -> None:
+    """Launch COMMAND as one heterogeneous step over the allocation's active nodes, and relaunch it
+    inside the allocation on a confirmed failure (spares, then fewer replicas). Exits 0 when training
+    is done, 75 when it stopped for requeue, 1 when the manager must take over."""
+    from slurm_omni.policy.in_allocation import parse_stages
+    from slurm_omni.slurm.hostlist import expand
+    from slurm_omni.slurm.runner import CommandRunner
+    from slurm_omni.supervisor.run import CRASH_ENV, Supervisor, SupervisorOptions
+
+    env = os.environ
+    missing = [k for k in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "OMNI_CKPT_DIR", "OMNI_HEARTBEAT_DIR", "OMNI_DP_SIZE")
+               if not env.get(k)]
+    if missing:
+        raise ConfigError(f"supervise: couldn't start: {', '.join(missing)} not set (the in-allocation batch "
+                          f"script sets them)")
+    stages = parse_stages(stages_text)
+    log_dir = env.get("OMNI_LOG_DIR")
+    opts = SupervisorOptions(
+        stages=stages, command=command, job_id=env["SLURM_JOB_ID"],
+        allocation=tuple(expand(env["SLURM_JOB_NODELIST"])), data_parallel_size=int(env["OMNI_DP_SIZE"]),
+        ckpt_dir=Path(env["OMNI_CKPT_DIR"]), heartbeat_dir=Path(env["OMNI_HEARTBEAT_DIR"]),
+        incarnation=int(env.get("OMNI_INCARNATION", "0") or 0), min_data_parallel_size=min_dp,
+        units_divide=units_divide, spare_policy=spare_policy,  # type: ignore[arg-type]
+        max_relaunches=max_relaunches, heartbeat_interval_s=heartbeat_interval, spank_ckpt=spank_ckpt,
+        log_dir=Path(log_dir) if log_dir else None, crash_at=env.get(CRASH_ENV, ""))
+    sys.exit(Supervisor(opts, CommandRunner()).run())

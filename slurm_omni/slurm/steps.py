@@ -1,0 +1,208 @@
+"""Job steps inside an allocation: the heterogeneous (MPMD) ``srun`` of an in-allocation job.
+
+``srun A : B`` in a homogeneous allocation runs the stages as one step: tasks are numbered across
+the components (SLURM_PROCID 0..N-1, stage-major, as ``runtime/layout.py`` wants), and
+``--kill-on-bad-exit`` on every component ends the whole step when one task fails or a node is
+lost; the allocation (``--no-kill``) lives on and the next step runs at once (Slurm 22.05, probes
+in ``shared/probes/no-kill/``). Building the argv is pure; ``start_step`` runs it through the one
+command runner.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from slurm_omni.slurm.hostlist import compress
+from slurm_omni.slurm.runner import CommandRunner
+
+# Each task: the torch-style names from Slurm's, and its stage and replica index; then the command.
+# Constant text: every value comes in as an argument, never inside the script.
+TASK_SHIM = """\
+stage=$1 first=$2
+shift 2
+export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID
+export OMNI_STAGE=$stage OMNI_DP_RANK=$(( SLURM_PROCID - first ))
+exec "$@"
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StepComponent:
+    """One component of the step: a stage on its nodes."""
+
+    stage: int
+    nodes: tuple[str, ...]
+    tasks_per_node: int
+
+    @property
+    def ntasks(self) -> int:
+        return len(self.nodes) * self.tasks_per_node
+
+
+def step_name(job_id: str, launch: int) -> str:
+    """The step's name (``srun --job-name``): how a restarted supervisor finds its srun again."""
+    return f"omni-{job_id}-launch-{launch}"
+
+
+def step_argv(components: Sequence[StepComponent], command: Sequence[str], *, name: str,
+              spank_stage: str = "", spank_ckpt: str = "", overlap: bool = False) -> list[str]:
+    """``srun OPTS0 shim cmd : OPTS1 shim cmd ...``; ``spank_stage``/``spank_ckpt``: the plugin's
+    ``--omni-stage``/``--omni-ckpt`` (its fault records), given to every component."""
+    argv = ["srun"]
+    first = 0
+    for i, c in enumerate(components):
+        if i:
+            argv.append(":")
+        argv += [f"--job-name={name}", "--kill-on-bad-exit=1", f"--nodes={len(c.nodes)}",
+                 f"--ntasks={c.ntasks}", f"--ntasks-per-node={c.tasks_per_node}",
+                 f"--nodelist={compress(c.nodes)}"]
+        if overlap:   # share the survivors' CPUs with a step still dying (its tasks killed, srun not out yet)
+            argv.append("--overlap")
+        if spank_stage:
+            argv += [f"--omni-stage={spank_stage}", f"--omni-ckpt={spank_ckpt}"]
+        argv += ["bash", "-c", TASK_SHIM, "omni-task", str(c.stage), str(first), *command]
+        first += c.ntasks
+    return argv
+
+
+SrunEventKind = Literal["node_failure", "task_exit", "terminating"]
+
+
+@dataclass(frozen=True, slots=True)
+class SrunEvent:
+    """What srun says on stderr about its step (Slurm 22.05 wording, ``srun_node_failure.txt``)."""
+
+    time: float
+    kind: SrunEventKind
+    node: str = ""
+    task: int = -1
+    detail: str = ""
+    step_id: str = ""
+
+
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")
+_TASK_EXIT = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<task>\d+)(?:-\d+)?: (?P<how>.+)$")
+_TERMINATING = re.compile(r"^srun: (?:launch/slurm: _step_signal: )?Terminating StepId=(?P<step>\S+)$")
+
+
+def parse_srun_line(line: str, at: float) -> SrunEvent | None:
+    """One line of srun's stderr -> the event it reports, or None: a node of the step failed; a task
+    ended badly ("Killed", "Exited with exit code 3"); srun is terminating the step (a task's bad exit
+    with ``--kill-on-bad-exit``, or a node failure): no rank of the step is left to make progress."""
+    line = line.rstrip("\n")
+    m = _NODE_FAILURE.match(line)
+    if m:
+        return SrunEvent(at, "node_failure", node=m["node"])
+    m = _TERMINATING.match(line)
+    if m:
+        return SrunEvent(at, "terminating", step_id=m["step"])
+    m = _TASK_EXIT.match(line)
+    if m:
+        return SrunEvent(at, "task_exit", node=m["node"], task=int(m["task"]), detail=m["how"])
+    return None
+
+
+def _follow(path: str, start: int, events: queue.SimpleQueue[SrunEvent], stop: threading.Event) -> None:
+    """Read the step's log from ``start`` as it grows and parse each complete line."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        pending = b""
+        while True:
+            chunk = f.read(65536)
+            if not chunk:
+                if stop.is_set():
+                    return
+                time.sleep(0.02)
+                continue
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                event = parse_srun_line(raw.decode(errors="replace"), time.time())
+                if event is not None:
+                    events.put(event)
+
+
+@dataclass(kw_only=True)
+class StepLog:
+    """What a step's srun said on stderr, as it says it: read from the step's log file (not a pipe,
+    so that srun outlives a supervisor that dies: a closed pipe would kill srun with SIGPIPE)."""
+
+    events: queue.SimpleQueue[SrunEvent]
+    stop: threading.Event
+
+    @classmethod
+    def follow(cls, path: str, start: int = 0) -> StepLog:
+        log = cls(events=queue.SimpleQueue(), stop=threading.Event())
+        threading.Thread(target=_follow, args=(path, start, log.events, log.stop), name="omni-step-log",
+                         daemon=True).start()
+        return log
+
+    def drain(self) -> list[SrunEvent]:
+        out = []
+        while True:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def start_step(runner: CommandRunner, argv: Sequence[str], env: Mapping[str, str], *,
+               log_path: str) -> tuple[subprocess.Popen[bytes], StepLog]:
+    """Start the step with its output appended to ``log_path``, and follow that log."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        start = os.fstat(fd).st_size
+        log = StepLog.follow(log_path, start)
+        proc = runner.spawn(argv, env=env, stdout=fd, stderr=fd)
+    finally:
+        os.close(fd)
+    return proc, log
+
+
+def kill_step(runner: CommandRunner, job_id: str, name: str, step_id: str = "") -> list[subprocess.Popen[bytes]]:
+    """SIGKILL every task of the step (``scancel --signal=KILL JOB.STEP``; ``step_id`` as srun named
+    it, else found by ``name``): a step that Slurm is already terminating after a failure has nothing
+    left to save (a peer is gone), and its ranks would otherwise spend KillWait in their SIGTERM
+    checkpoint. The scancels are started, not waited for (slurmctld is busy with the failed node just
+    then); the caller reaps them. Empty: no such step."""
+    if step_id:
+        steps = [step_id.split("+")[0]]
+    else:
+        out = runner.run(["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i %j"], check=False,
+                         timeout_s=10)
+        steps = sorted({line.split()[0].split("+")[0] for line in out.stdout.splitlines()
+                        if len(line.split()) == 2 and line.split()[1] == name})
+    return [runner.spawn(["scancel", "--signal=KILL", step], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for step in steps]
+
+
+def find_step_process(name: str, proc_root: str = "/proc") -> int | None:
+    """The pid of a live ``srun --job-name=NAME`` on this host (a supervisor restarted after a
+    crash finds the step it started), or None."""
+    marker = f"--job-name={name}".encode()
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, entry, "cmdline"), "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and os.path.basename(args[0]) == b"srun" and marker in args:
+            return int(entry)
+    return None

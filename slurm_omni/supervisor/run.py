@@ -1,0 +1,519 @@
+"""The step supervisor: launches the heterogeneous step inside the allocation and relaunches it.
+
+It runs on the batch host of an in-allocation job (``sbatch_templates/inalloc.sbatch.j2`` starts
+it with ``omni supervise``). One loop: start (or adopt) the current launch's srun; watch it (its
+exit within a tick, the ranks' heartbeats, the nodes' states every few seconds); feed everything to
+the one confirmation rule (``policy.confirm``); on a confirmed failure plan the next launch with the
+one placement policy (``policy.in_allocation.plan_relaunch``) and start it inside the same Slurm
+job. Every decision is journaled before it is carried out (``supervisor/journal.py``), so a
+supervisor SIGKILLed anywhere and started again by the batch script makes each launch exactly once.
+
+This module decides nothing itself: the rule and the plan are pure code; it observes and acts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_omni.errors import OmniError, SlurmError
+from slurm_omni.manager.events import read_heartbeats
+from slurm_omni.policy.confirm import (
+    ConfirmConfig,
+    Confirmer,
+    Decision,
+    NodeObservation,
+    StepEnded,
+    TaskExit,
+    Verdict,
+)
+from slurm_omni.policy.in_allocation import (
+    Fallback,
+    Relaunch,
+    StageSpec,
+    StepLayout,
+    first_layout,
+    plan_relaunch,
+    units_of,
+)
+from slurm_omni.policy.placement import SpareScope
+from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.slurm.hostlist import compress
+from slurm_omni.slurm.parse_text import parse_nodes, parse_records, parse_topology
+from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.steps import (
+    SrunEvent,
+    StepComponent,
+    StepLog,
+    find_step_process,
+    kill_step,
+    start_step,
+    step_argv,
+    step_name,
+)
+from slurm_omni.slurm.types import Node, NodeState, Topology
+from slurm_omni.supervisor.journal import (
+    Launch,
+    SupervisorJournal,
+    journal_path,
+    layout_to_json,
+    read_request,
+    request_path,
+    status_document,
+    status_path,
+    write_status,
+)
+
+log = logging.getLogger(__name__)
+
+CRASH_ENV = "OMNI_SUPERVISOR_CRASH_AT"
+"""Drills only: the supervisor SIGKILLs itself at this point (``relaunch:after_intent``,
+``relaunch:after_start``), once per journal (a marker file beside it says it happened)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SupervisorOptions:
+    stages: tuple[StageSpec, ...]
+    command: tuple[str, ...]
+    job_id: str
+    allocation: tuple[str, ...]
+    """The allocation's nodes as Slurm listed them when the job started (SLURM_JOB_NODELIST)."""
+    data_parallel_size: int
+    """Replicas at the first launch (OMNI_DP_SIZE)."""
+    ckpt_dir: Path
+    heartbeat_dir: Path
+    incarnation: int
+    """OMNI_INCARNATION of the allocation; launch n runs as incarnation + n."""
+    min_data_parallel_size: int = 1
+    units_divide: int = 0
+    spare_policy: SpareScope = "any_switch"
+    max_relaunches: int = 20
+    heartbeat_interval_s: float = 1.0
+    spank_ckpt: str = ""
+    log_dir: Path | None = None
+    tick_s: float = 0.05
+    kill_grace_s: float = 0.5
+    """After killing a failed step's tasks, wait this long for its srun before relaunching anyway."""
+    node_poll_s: float = 3.0
+    heartbeat_poll_s: float = 0.5
+    crash_at: str = ""
+
+    @property
+    def replicas_per_unit(self) -> int:
+        return self.data_parallel_size // units_of(self.stages)
+
+    @property
+    def min_units(self) -> int:
+        per = self.replicas_per_unit
+        units = max(1, -(-self.min_data_parallel_size // per))
+        while self.units_divide and self.units_divide % units and units < units_of(self.stages):
+            units += 1
+        return units
+
+
+class Supervisor:
+    def __init__(self, opts: SupervisorOptions, runner: CommandRunner, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.opts = opts
+        self.runner = runner
+        self.clock = clock
+        self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, opts.job_id))
+        self.status_file = status_path(opts.ckpt_dir, opts.job_id)
+        self.request_file = request_path(opts.ckpt_dir, opts.job_id)
+        self.phase = "launching"
+        self.stop_signal: int | None = None
+        self._topology: Topology | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._step_log: StepLog | None = None
+        self._lost: set[str] = set()
+        """Nodes of the current launch that Slurm reported failed (srun, or their node state)."""
+        self._start_step: dict[int, int] = {}
+        self._dying: list[subprocess.Popen[bytes]] = []
+        self._watched: Confirmer | None = None
+        self._stopping = False
+        """We asked the step to checkpoint and stop (a planned replacement): its end is no failure."""
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._forward)
+        st = self.journal.state
+        if st.outcome == "done":
+            return EXIT_DONE
+        if st.outcome == "fallback":
+            return EXIT_FAILED
+        if st.current is None:
+            nodes, feats, _ = self.node_info(self.opts.allocation)
+            leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
+            layout = first_layout(self.opts.stages, self.opts.allocation, features=feats, leaf_of=leaf_of)
+            self.journal.append("allocation", nodes=list(self.opts.allocation))
+            self._intend(0, layout, cause="", removed=(), added=())
+        while True:
+            cur = self.journal.state.current
+            if cur is None:   # mypy: _intend always leaves one
+                return EXIT_FAILED
+            rc = self._run_launch(cur)
+            code = self._after(cur, rc)
+            if code is not None:
+                self._write_status()
+                return code
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signum)
+
+    def _intend(self, number: int, layout: StepLayout, *, cause: str, removed: Sequence[str],
+                added: Sequence[str]) -> Launch:
+        dp = layout.units * self.opts.replicas_per_unit
+        port = 20000 + (int(self.opts.job_id) * 37) % 15000 + number if self.opts.job_id.isdigit() else 29500 + number
+        self.journal.append("launch", launch=number, layout=layout_to_json(layout), data_parallel_size=dp,
+                            port=port, incarnation=self.opts.incarnation + number, cause=cause,
+                            removed=list(removed), added=list(added))
+        cur = self.journal.state.current
+        if cur is None:
+            raise OmniError("supervisor: couldn't journal the launch")
+        self.phase = "launching"
+        self._write_status()
+        return cur
+
+    def _run_launch(self, cur: Launch) -> int | None:
+        """Start the launch (or find it running), watch it to its end; its srun's exit code, None when
+        it is unknown (a restarted supervisor adopted it by pid)."""
+        if cur.ended is not None:
+            return cur.ended
+        name = step_name(self.opts.job_id, cur.number)
+        pid = find_step_process(name)
+        self._lost = set()
+        if pid is None and cur.pid is None:
+            self._crash("relaunch:after_intent", cur)
+            self._proc, self._step_log = self._start(cur, name)
+            self.journal.append("launched", launch=cur.number, pid=self._proc.pid)
+            self._crash("relaunch:after_start", cur)
+        elif pid is not None:
+            log.warning("supervisor: launch %d (%s) is running as pid %d: adopted", cur.number, name, pid)
+            self._proc = None
+            self._step_log = StepLog.follow(self._log_path(name))
+        else:   # journaled as launched, its srun gone while no supervisor watched it
+            log.warning("supervisor: launch %d ended while no supervisor watched it", cur.number)
+        self.phase = "running"
+        self._write_status()
+        return self._watch(cur, pid)
+
+    def _log_path(self, name: str) -> str:
+        folder = self.opts.log_dir or self.journal.path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder / f"{name}.log")
+
+    def _start(self, cur: Launch, name: str) -> tuple[subprocess.Popen[bytes], StepLog]:
+        comps = [StepComponent(k, nodes, self.opts.stages[k].tasks_per_node)
+                 for k, nodes in enumerate(cur.layout.components)]
+        spank_stage = ",".join(f"{s.name}:{c.ntasks}" for s, c in zip(self.opts.stages, comps, strict=True))
+        argv = step_argv(comps, self.opts.command, name=name, overlap=True,
+                         spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt)
+        _, _, addrs = self.node_info(cur.layout.components[0][:1])
+        env = {
+            "MASTER_ADDR": addrs.get(cur.layout.components[0][0], "127.0.0.1"),
+            "MASTER_PORT": str(cur.port), "OMNI_DP_SIZE": str(cur.data_parallel_size),
+            "OMNI_INCARNATION": str(cur.incarnation), "OMNI_LAUNCH": str(cur.number),
+            "OMNI_STAGE_TASKS": ",".join(str(c.ntasks) for c in comps),
+        }
+        log.warning("supervisor: launch %d: %s, dp %d, incarnation %d", cur.number,
+                    " + ".join(f"{s.name} on {compress(c.nodes)}" for s, c in zip(self.opts.stages, comps, strict=True)),
+                    cur.data_parallel_size, cur.incarnation)
+        return start_step(self.runner, argv, env, log_path=self._log_path(name))
+
+    def _watch(self, cur: Launch, adopted_pid: int | None) -> int | None:
+        """Until the step ends: its exit code (None when adopted). What srun reports on stderr (a
+        node failure, a task's bad exit, the step terminating) goes to the confirmation rule at once;
+        once it confirms, the step is killed outright (nothing of it can still save: a peer is gone)."""
+        confirmer = self._watched = self._confirmer(cur)
+        next_hb = next_nodes = 0.0
+        step_id = ""
+        killed_at: float | None = None
+        self._stopping = False
+        while True:
+            now = self.clock()
+            rc = self._poll(adopted_pid)
+            if rc is not False:
+                return rc if isinstance(rc, int) else None
+            for event in self._step_log.drain() if self._step_log is not None else ():
+                step_id = event.step_id or step_id
+                self._observe_srun(event, confirmer)
+            if killed_at is not None:
+                # its tasks are killed; srun itself may wait seconds for a lost node to answer:
+                # relaunch without it (the next step overlaps its CPUs) and reap it later
+                if now - killed_at >= self.opts.kill_grace_s:
+                    if self._proc is not None:
+                        self._dying.append(self._proc)
+                    return 128 + signal.SIGKILL
+                time.sleep(self.opts.tick_s)
+                continue
+            if now >= next_hb:
+                next_hb = now + self.opts.heartbeat_poll_s
+                self._heartbeats(cur, confirmer)
+            if now >= next_nodes:
+                next_nodes = now + self.opts.node_poll_s
+                self._observe_nodes(cur, confirmer)
+                self._write_status()
+                if self._take_request(cur):
+                    self._stopping = True
+                    self._stop_step(signal.SIGUSR1)
+            if self.stop_signal is None and not self._stopping and confirmer.evaluate(now).verdict is Verdict.CONFIRMED:
+                log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
+                            cur.number, "; ".join(confirmer.evaluate(now).reasons))
+                killed_at = now
+                scancels = kill_step(self.runner, self.opts.job_id, step_name(self.opts.job_id, cur.number), step_id)
+                self._dying.extend(scancels)
+                if not scancels:
+                    self._stop_step(signal.SIGINT)
+            time.sleep(self.opts.tick_s)
+
+    def _observe_srun(self, event: SrunEvent, confirmer: Confirmer) -> None:
+        if event.kind == "node_failure":
+            self._lost.add(event.node)
+            confirmer.observe(NodeObservation(event.time, event.node, NodeState.DOWN, "srun: node failure"))
+        elif event.kind == "task_exit":
+            code = event.detail.rsplit(" ", 1)[-1]
+            killed = event.detail.startswith("Killed")
+            confirmer.observe(TaskExit(event.time, event.node, None, event.task, signal=9 if killed else None,
+                                       exit_code=None if killed else int(code) if code.isdigit() else 1))
+        elif not self._stopping and self.stop_signal is None:   # terminating: the step is over
+            confirmer.observe(StepEnded(event.time, 128 + signal.SIGTERM))
+
+    def _poll(self, adopted_pid: int | None) -> int | None | bool:
+        """False while running; the exit code, or None for an adopted step that is gone."""
+        if self._proc is not None:
+            rc = self._proc.poll()
+            return False if rc is None else (128 - rc if rc < 0 else rc)
+        if adopted_pid is not None and _alive(adopted_pid):
+            return False
+        return None
+
+    def _stop_step(self, sig: int) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(sig)
+            if sig == signal.SIGINT:
+                time.sleep(0.2)
+                self._proc.send_signal(sig)
+
+    # -- after a launch ended ---------------------------------------------------------------------
+    def _after(self, cur: Launch, rc: int | None) -> int | None:
+        """What the end of ``cur`` means: an exit code for the batch script, or None after the next
+        launch was journaled."""
+        now = self.clock()
+        if cur.ended is None:
+            self.journal.append("ended", launch=cur.number, rc=-1 if rc is None else rc)
+        self._proc = None
+        if rc is None:
+            rc = self._adopted_outcome(cur)
+        if rc == EXIT_DONE:
+            self.journal.append("done", launch=cur.number)
+            self.phase = "done"
+            return EXIT_DONE
+        if self._step_log is not None:
+            self._step_log.close()
+            self._step_log = None
+        self._reap()
+        if self.stop_signal is not None:   # the batch shell asked (time limit, scancel): not a failure
+            self.phase = "stopped"
+            return EXIT_CHECKPOINTED if rc in (EXIT_CHECKPOINTED, 128 + signal.SIGTERM) else rc
+        planned = self._planned(cur)
+        if planned is not None:
+            relaunch, cause = planned, "planned"
+        else:
+            decision = self._confirm(cur, rc, now)
+            relaunch_or = self._plan(cur, decision, now)
+            if isinstance(relaunch_or, Fallback):
+                return self._fallback(cur, relaunch_or.failed, relaunch_or.reasons)
+            relaunch, cause = relaunch_or, decision.cause
+        if cur.number + 1 > self.opts.max_relaunches:
+            return self._fallback(cur, relaunch.layout.failed, (f"{self.opts.max_relaunches} relaunches reached",))
+        self.phase = "relaunching"
+        log.warning("supervisor: launch %d -> %d: %s removed, %s added, units %d -> %d, %d spare(s) left (%s)",
+                    cur.number, cur.number + 1, ",".join(relaunch.removed) or "nothing",
+                    ",".join(relaunch.added) or "nothing", relaunch.units_before, relaunch.layout.units,
+                    len(relaunch.layout.spares), "; ".join(relaunch.reasons))
+        self._intend(cur.number + 1, relaunch.layout, cause=cause, removed=relaunch.removed, added=relaunch.added)
+        return None
+
+    def _confirm(self, cur: Launch, rc: int, now: float) -> Decision:
+        """The one rule over what this launch left: the step's end, the nodes' states now, the last
+        heartbeats. Journaled once per launch (a restarted supervisor reuses it)."""
+        if cur.confirmed is not None:
+            c = cur.confirmed
+            return Decision(Verdict.CONFIRMED, now, cause=str(c["cause"]), nodes=tuple(c["nodes"]),
+                            fault_at=c.get("fault_at"), confirmed_at=c.get("confirmed_at"))
+        confirmer = self._watched or self._confirmer(cur)
+        self._heartbeats(cur, confirmer)
+        confirmer.observe(StepEnded(now, rc if rc else 1))
+        self._observe_nodes(cur, confirmer, force=True)
+        d = confirmer.evaluate(now)
+        self.journal.append("confirmed", launch=cur.number, cause=d.cause, nodes=list(d.nodes), rc=rc,
+                            fault_at=d.fault_at, confirmed_at=d.confirmed_at, reasons=list(d.reasons))
+        log.warning("supervisor: launch %d failed (rc %d): %s", cur.number, rc, "; ".join(d.reasons))
+        return d
+
+    def _plan(self, cur: Launch, decision: Decision, now: float) -> Relaunch | Fallback:
+        """The next launch. The nodes to replace are those Slurm reported failed (srun's node
+        failure, or a node state), not every node where a task died: a peer of a lost rank dies too."""
+        nodes, _, _ = self.node_info((*cur.layout.nodes, *cur.layout.spares))
+        failed = self._lost | {n.name for n in nodes if n.state.failed and n.name in cur.layout.nodes}
+        decision = Decision(decision.verdict, decision.at, cause=decision.cause,
+                            nodes=tuple(sorted(failed | (set(decision.nodes) if decision.cause == "drain" else set()))))
+        return plan_relaunch(self.opts.stages, cur.layout, decision, nodes={n.name: n for n in nodes},
+                             topology=self.topology(), now=now, min_units=self.opts.min_units,
+                             units_divide=self.opts.units_divide, spare_scope=self.opts.spare_policy)
+
+    def _fallback(self, cur: Launch, failed: Sequence[str], reasons: Sequence[str]) -> int:
+        self.journal.append("fallback", launch=cur.number, failed_nodes=sorted(failed), reasons=list(reasons))
+        self.phase = "fallback"
+        log.error("supervisor: no launch fits the allocation (%s): handing over to the manager's resubmission "
+                  "(exclude %s)", "; ".join(reasons), ",".join(sorted(failed)) or "-")
+        return EXIT_FAILED
+
+    def _adopted_outcome(self, cur: Launch) -> int:
+        """An adopted step's exit code is lost with the supervisor that started it: its ranks' last
+        heartbeats tell done (every one done) from stopped for requeue from failed."""
+        phases = {hb.phase for hb in self._launch_heartbeats(cur)}
+        if phases == {"done"}:
+            return EXIT_DONE
+        if phases == {"stopping"}:
+            return EXIT_CHECKPOINTED
+        return EXIT_FAILED
+
+    # -- planned replacements (fail-slow migrations) -------------------------------------------------
+    def _take_request(self, cur: Launch) -> bool:
+        """A request file names nodes to replace at the next checkpoint: accept it once (journaled)
+        when every named node runs this launch and has a spare of its kind."""
+        req = read_request(self.request_file)
+        if req is None or req["id"] in self.journal.state.requests:
+            return False
+        leaving = [n for n in req["replace"] if n in cur.layout.nodes]
+        if len(leaving) != len(req["replace"]):
+            outcome = "unknown_node"
+        else:
+            plan = self._replacement(cur, leaving)
+            outcome = "accepted" if plan is not None else "no_spare"
+        self.journal.append("request", id=req["id"], replace=list(req["replace"]), outcome=outcome, launch=cur.number)
+        log.warning("supervisor: request %s to replace %s: %s", req["id"], ",".join(req["replace"]), outcome)
+        return outcome == "accepted"
+
+    def _replacement(self, cur: Launch, leaving: Sequence[str]) -> Relaunch | None:
+        decision = Decision(Verdict.CONFIRMED, self.clock(), cause="drain", nodes=tuple(leaving))
+        plan = self._plan(cur, decision, self.clock())
+        if isinstance(plan, Fallback) or plan.shrunk:
+            return None
+        return plan
+
+    def _planned(self, cur: Launch) -> Relaunch | None:
+        accepted = [rid for rid, outcome in self.journal.state.requests.items() if outcome == "accepted"]
+        req = read_request(self.request_file)
+        if req is None or req["id"] not in accepted or self._request_done(req["id"]):
+            return None
+        leaving = [n for n in req["replace"] if n in cur.layout.nodes]
+        plan = self._replacement(cur, leaving) if leaving else None
+        if plan is not None:
+            self.journal.append("request", id=req["id"], replace=list(req["replace"]), outcome="carried_out",
+                                launch=cur.number + 1)
+        return plan
+
+    def _request_done(self, rid: str) -> bool:
+        return self.journal.state.requests.get(rid) == "carried_out"
+
+    # -- observations -------------------------------------------------------------------------------
+    def _confirmer(self, cur: Launch) -> Confirmer:
+        config = ConfirmConfig(initial_heartbeat_s=self.opts.heartbeat_interval_s)
+        return Confirmer(config, {k: nodes for k, nodes in enumerate(cur.layout.components)})
+
+    def _launch_heartbeats(self, cur: Launch) -> list[Any]:
+        try:
+            return [hb for hb in read_heartbeats(self.opts.heartbeat_dir)
+                    if hb.job_id == self.opts.job_id and hb.incarnation == cur.incarnation]
+        except OSError:
+            return []
+
+    def _heartbeats(self, cur: Launch, confirmer: Confirmer) -> None:
+        beats = self._launch_heartbeats(cur)
+        for hb in beats:
+            confirmer.observe(hb.observation())
+        training = [hb for hb in beats if hb.phase in ("training", "checkpointing")]
+        if cur.first_step_at is not None or not training:
+            return
+        # the first beat in training reports the restored step; a higher one is the first new step
+        start = self._start_step.setdefault(cur.number, min(hb.step for hb in training))
+        ahead = [hb for hb in training if hb.step > start]
+        if ahead:
+            first = min(ahead, key=lambda hb: hb.time)
+            self.journal.append("first_step", launch=cur.number, at=first.time, step=first.step)
+
+    def _observe_nodes(self, cur: Launch, confirmer: Confirmer, *, force: bool = False) -> None:
+        try:
+            nodes, _, _ = self.node_info(cur.layout.nodes)
+        except SlurmError as e:
+            log.warning("supervisor: couldn't read node states: %s", e)
+            return
+        now = self.clock()
+        for n in nodes:
+            confirmer.observe(NodeObservation(now, n.name, n.state, n.reason))
+            if n.state.failed:
+                self._lost.add(n.name)
+
+    def topology(self) -> Topology:
+        if self._topology is None:
+            result = self.runner.run(["scontrol", "show", "topology"], check=False)
+            self._topology = parse_topology(result.stdout) if result.ok else Topology()
+        return self._topology
+
+    def node_info(self, names: Sequence[str]) -> tuple[list[Node], dict[str, frozenset[str]], dict[str, str]]:
+        """``scontrol show node`` of ``names``: the nodes, their features, their addresses."""
+        if not names:
+            return [], {}, {}
+        text = self.runner.run(["scontrol", "show", "node", compress(names)], timeout_s=10).stdout
+        records = parse_records(text, "NodeName")
+        feats = {r["NodeName"]: frozenset(f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)")
+                 for r in records}
+        addrs = {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records}
+        return parse_nodes(text, self.topology()), feats, addrs
+
+    def _reap(self) -> None:
+        """Old sruns that were left to finish on their own (their tasks already killed)."""
+        self._dying = _reap_all(self._dying)
+
+    def _write_status(self) -> None:
+        try:
+            write_status(self.status_file, status_document(self.journal.state, job_id=self.opts.job_id,
+                                                           phase=self.phase, now=self.clock()))
+        except OSError as e:
+            log.warning("supervisor: couldn't write %s: %s", self.status_file, e)
+
+    def _crash(self, point: str, cur: Launch) -> None:
+        if self.opts.crash_at != point or cur.number == 0:
+            return
+        marker = self.journal.path.with_suffix(".crashed")
+        if marker.exists():
+            return
+        marker.write_text(point)
+        log.warning("supervisor: drill: SIGKILL at %s", point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _reap_all(procs: list[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
+    return [p for p in procs if p.poll() is None]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

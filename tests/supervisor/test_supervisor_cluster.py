@@ -1,0 +1,106 @@
+"""On the embedded cluster: an in-allocation job whose step supervisor relaunches the step inside the
+same Slurm job: a lost node replaced by a spare (with the supervisor SIGKILLed in the middle of that
+relaunch and started again by the batch script: exactly one relaunch), a crashed rank relaunched in
+place, and training "done" ending the job. The ranks are a small bash loop: what is under test is the
+supervisor and Slurm, not the trainer (tests/drill has the training run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from support import wait_until
+
+from slurm_omni.cli.submit import parse_sbatch_id
+from slurm_omni.config.job import load_job
+from slurm_omni.config.site import load_site
+from slurm_omni.render import HetJobRequest
+from slurm_omni.slurm.hostlist import expand
+from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.supervisor.journal import SupervisorJournal, journal_path, read_status, status_path
+
+pytestmark = pytest.mark.cluster
+
+DATA = Path(__file__).resolve().parents[1] / "templates" / "data"
+
+# A rank: says where it runs, keeps its pid where the test can kill it, ends 0 once told "done".
+RANK = ('echo "$OMNI_LAUNCH $RANK $OMNI_STAGE $SLURMD_NODENAME" >> "$0/ranks"; echo $$ > "$0/pid-$RANK"; '
+        'while [[ ! -e "$0/done" ]]; do sleep 0.2; done')
+
+
+def _request(tmp_path: Path, spool: Path) -> tuple[HetJobRequest, Path]:
+    site = load_site(DATA / "site.toml")
+    stages = {n: replace(s, partition="debug") for n, s in site.stages.items()}
+    site = replace(site, stages=stages, use_spank_plugin=False,
+                   checkpoint=replace(site.checkpoint, root=tmp_path / "ckpt"),
+                   elasticity=replace(site.elasticity, recovery="in_allocation", default_spares=1),
+                   manager=replace(site.manager, spool_dir=spool, registry_dir=tmp_path / "registry"))
+    job = load_job(DATA / "job.toml")
+    (tmp_path / "logs").mkdir()
+    job = replace(job, job=replace(job.job, log_dir=tmp_path / "logs"),
+                  stages=[replace(s, nodes=2, tasks_per_node=1) for s in job.stages])
+    work = tmp_path / "work"
+    work.mkdir()
+    return HetJobRequest(job=job, site=site, job_file=tmp_path / "job.toml", job_sha256="0" * 64,
+                         command=("bash", "-c", RANK, str(work))), work
+
+
+def _launches(work: Path) -> dict[int, list[tuple[int, int, str]]]:
+    out: dict[int, list[tuple[int, int, str]]] = {}
+    for line in (work / "ranks").read_text().splitlines() if (work / "ranks").exists() else ():
+        launch, rank, stage, node = line.split()
+        out.setdefault(int(launch), []).append((int(rank), int(stage), node))
+    return out
+
+
+def test_node_loss_and_rank_crash_relaunch_inside_the_same_job(slurm_cluster, tmp_path: Path) -> None:
+    runner = CommandRunner(slurm_cluster.env)
+    request, work = _request(tmp_path, slurm_cluster.spool)
+    env = {**os.environ, **slurm_cluster.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "OMNI_SUPERVISOR_CRASH_AT": "relaunch:after_start"}
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize(), env=env).stdout)
+    ckpt = tmp_path / "ckpt" / request.job.job.name
+    lost = ""
+    try:
+        first = wait_until(lambda: len(_launches(work).get(0, [])) == 4 and _launches(work)[0], 120,
+                           "launch 0 to run its 4 ranks")
+        status = read_status(status_path(ckpt, str(job_id)))
+        assert status is not None and status["phase"] == "running" and len(status["spares"]) == 2
+        lost = next(node for rank, stage, node in first if stage == 1)      # a text node
+        runner.run(["scontrol", "update", f"nodename={lost}", "state=DOWN", "reason=omni-test"])
+        second = wait_until(lambda: len(_launches(work).get(1, [])) == 4 and _launches(work)[1], 120,
+                            "launch 1 on the survivors and a spare")
+        assert lost not in {node for _, _, node in second}
+        assert sorted(r for r, _, _ in second) == [0, 1, 2, 3]
+        out = runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
+        assert "JobState=RUNNING" in out and lost not in expand(out.split(" NodeList=")[1].split()[0])
+        # the supervisor was SIGKILLed right after starting launch 1; its successor adopts that step
+        wait_until(lambda: "adopted" in next((tmp_path / "logs").glob("*.out")).read_text(), 60,
+                   "the restarted supervisor to adopt launch 1")
+        # a rank killed on a healthy node: relaunched where it ran (launch 2), the same job still
+        os.kill(int((work / "pid-0").read_text()), 9)
+        third = wait_until(lambda: len(_launches(work).get(2, [])) == 4 and _launches(work)[2], 120,
+                           "launch 2 after the crashed rank")
+        assert sorted(n for _, _, n in third) == sorted(n for _, _, n in second)
+        (work / "done").touch()
+        wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(), 90,
+                   "the job to finish")
+    finally:
+        (work / "done").touch()
+        if lost:
+            runner.run(["scontrol", "update", f"nodename={lost}", "state=RESUME"], check=False)
+        runner.run(["scancel", str(job_id)], check=False)
+    state = SupervisorJournal(journal_path(ckpt, str(job_id))).state
+    assert [la.number for la in state.launches] == [0, 1, 2] and state.outcome == "done"
+    assert state.launches[1].removed == (lost,) and len(state.launches[1].added) == 1
+    assert state.launches[2].removed == () and state.launches[2].cause == "task_exit"
+    log = next((tmp_path / "logs").glob("*.out")).read_text()
+    assert "supervisor killed" in log                        # the crash drill happened...
+    assert sum(1 for line in log.splitlines() if "adopted" in line) == 1     # ...and launch 1 was adopted
+    doc = json.loads(status_path(ckpt, str(job_id)).read_text())
+    assert doc["phase"] == "done" and [r["removed"] for r in doc["recoveries"]] == [[lost], []]
+    assert all(r["slurm_job_id_after"] == str(job_id) for r in doc["recoveries"])

@@ -1,0 +1,68 @@
+"""The supervisor's journal (replay, torn lines) and the status file it derives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slurm_omni.policy.in_allocation import StepLayout
+from slurm_omni.supervisor.journal import (
+    SupervisorJournal,
+    layout_to_json,
+    read_request,
+    read_status,
+    status_document,
+    write_status,
+)
+
+L0 = StepLayout((("n1", "n2"), ("n3", "n4")), ("n5", "n6"), (), 2, {})
+L1 = StepLayout((("n1", "n2"), ("n3", "n5")), ("n6",), ("n4",), 2, {})
+
+
+def _journal(path: Path) -> SupervisorJournal:
+    j = SupervisorJournal(path)
+    j.append("allocation", nodes=["n1", "n2", "n3", "n4", "n5", "n6"])
+    j.append("launch", launch=0, layout=layout_to_json(L0), data_parallel_size=2, port=20000, incarnation=0,
+             cause="", removed=[], added=[], time=100.0)
+    j.append("launched", launch=0, pid=123)
+    j.append("ended", launch=0, rc=137)
+    j.append("confirmed", launch=0, cause="down", nodes=["n4"], fault_at=101.0, confirmed_at=101.5)
+    j.append("launch", launch=1, layout=layout_to_json(L1), data_parallel_size=2, port=20001, incarnation=1,
+             cause="down", removed=["n4"], added=["n5"], time=101.6)
+    return j
+
+
+def test_replay_gives_the_same_state_and_ignores_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "sup" / "7.jsonl"
+    j = _journal(path)
+    with open(path, "ab") as f:
+        f.write(b'{"kind": "launched", "launch": 1, "pi')     # a crash mid-write
+    again = SupervisorJournal(path)
+    assert again.state.allocation == j.state.allocation
+    assert [la.number for la in again.state.launches] == [0, 1]
+    cur = again.state.current
+    assert cur is not None and cur.layout == L1 and cur.pid is None and cur.ended is None
+    assert again.state.launches[0].ended == 137 and again.state.launches[0].confirmed is not None
+
+
+def test_status_lists_each_in_allocation_recovery(tmp_path: Path) -> None:
+    j = _journal(tmp_path / "7.jsonl")
+    j.append("first_step", launch=1, at=103.0, step=21)
+    doc = status_document(j.state, job_id="7", phase="running", now=104.0)
+    assert doc["path"] == "in_allocation" and doc["spares_left"] == 1 and doc["failed_nodes"] == ["n4"]
+    (rec,) = doc["recoveries"]
+    assert rec["slurm_job_id"] == rec["slurm_job_id_after"] == "7"
+    assert (rec["removed"], rec["added"], rec["cause"]) == (["n4"], ["n5"], "down")
+    assert rec["fault_at"] == 101.0 and rec["first_step_at"] == 103.0
+    write_status(tmp_path / "7.status.json", doc)
+    assert read_status(tmp_path / "7.status.json") == json.loads(json.dumps(doc))
+    assert read_status(tmp_path / "missing.json") is None
+
+
+def test_requests_must_name_an_id_and_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text('{"id": "slow-1", "replace": ["n3"]}')
+    assert read_request(path) == {"id": "slow-1", "replace": ["n3"]}
+    for bad in ('{"replace": ["n3"]}', '{"id": "", "replace": ["n3"]}', '{"id": "x", "replace": "n3"}', "[", ""):
+        path.write_text(bad)
+        assert read_request(path) is None
