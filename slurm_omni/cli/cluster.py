@@ -13,6 +13,7 @@ import click
 
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import DEFAULT_STATE_DIR, ClusterSpec
+from slurm_omni.cluster.versions import VERSIONS
 from slurm_omni.config.schema import load_dataclass, read_toml
 from slurm_omni.errors import ClusterError, OmniError
 from slurm_omni.slurm.cli_backend import CliBackend
@@ -25,7 +26,7 @@ state_dir_option = click.option(
 
 @click.group()
 def cluster() -> None:
-    """The embedded Slurm 22.05 cluster: one slurmctld and one slurmd per node on 127.0.0.1."""
+    """The embedded Slurm cluster (22.05, 24.11 or 26.05): one slurmctld and one slurmd per node on 127.0.0.1."""
 
 
 @cluster.command()
@@ -39,20 +40,30 @@ def cluster() -> None:
 @click.option("--cpus-per-node", type=int, help="CPUs each node declares [4].")
 @click.option("--ctld-port", type=int, help="slurmctld's port [16817]; a second cluster needs others.")
 @click.option("--slurmd-base-port", type=int, help="First slurmd port [16900].")
+@click.option("--slurm", "slurm_version", type=click.Choice(list(VERSIONS)),
+              help="Slurm version [22.05: the host's packages]; 24.11 and 26.05 run from a Debian root "
+                   "built once and cached (OMNI_SLURM_ROOTS, default /var/cache/slurm-omni/roots).")
 @click.option("--wait", "wait_s", type=float, default=90.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
 def up(state_dir: Path, config_file: Path | None, wait_s: float, **shape: Any) -> None:
     """Generate the configs, start munge, slurmctld and the slurmds, and wait until all nodes are idle."""
-    spec = _spec(config_file, shape)
+    recorded = LocalCluster(state_dir).recorded_spec()
+    spec = _spec(config_file, shape, recorded)
     lc = LocalCluster(state_dir, spec)
     started = lc.up(wait_s=wait_s)
     verb = "up" if started else "already up"
-    click.echo(f"cluster {verb}: {lc.spec.nodes} nodes in {lc.paths.root}")
-    click.echo(f"export SLURM_CONF={lc.paths.slurm_conf}")
+    click.echo(f"cluster {verb}: {lc.spec.nodes} nodes, Slurm {lc.spec.slurm_version}, in {lc.paths.root}")
+    for line in lc.env_lines():
+        click.echo(line)
 
 
-def _spec(config_file: Path | None, flags: dict[str, Any]) -> ClusterSpec | None:
+def _spec(config_file: Path | None, flags: dict[str, Any], recorded: ClusterSpec | None = None) -> ClusterSpec | None:
+    """The shape from a config file and flags; flags alone change only what they name of the shape
+    the state directory records (``up --slurm 24.11`` again is the same cluster, not a reshape)."""
     table: dict[str, Any] = {}
+    if recorded is not None and config_file is None:
+        table = {f.name: getattr(recorded, f.name) for f in dataclasses.fields(recorded)}
+        table["partitions"] = list(recorded.partitions)
     if config_file is not None:
         table = dict(read_toml(config_file).get("cluster", {}))
     table.update({k: v for k, v in flags.items() if v is not None})
@@ -80,9 +91,11 @@ def status(state_dir: Path, as_json: bool) -> None:
         raise ClusterError(f"cluster: no cluster in {lc.paths.root} (run 'omni cluster up')")
     daemons = lc.running()
     doc: dict[str, Any] = {"state_dir": str(lc.paths.root), "slurm_conf": str(lc.paths.slurm_conf),
-                           "daemons": daemons, "up": all(daemons.values())}
+                           "slurm_version": lc.spec.slurm_version, "daemons": daemons,
+                           "up": all(daemons.values())}
     try:
         backend = CliBackend(env=lc.env, timeout_s=5, retries=0)
+        doc["slurm_release"] = backend.version()
         topo = backend.topology(refresh=True)
         nodes = backend.nodes()
         doc["nodes"] = [_node_doc(n) for n in nodes]
@@ -92,7 +105,8 @@ def status(state_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=list))
         return
-    click.echo(f"state dir {doc['state_dir']}  ({'up' if doc['up'] else 'partly down'})")
+    click.echo(f"state dir {doc['state_dir']}  Slurm {doc.get('slurm_release', doc['slurm_version'])}  "
+               f"({'up' if doc['up'] else 'partly down'})")
     for name, pid in daemons.items():
         click.echo(f"  {name:<14} {'pid ' + str(pid) if pid else 'not running'}")
     if "error" in doc:
@@ -114,7 +128,8 @@ def _node_doc(n: Any) -> dict[str, Any]:
 def env(state_dir: Path) -> None:
     """Print the shell line that points Slurm clients at this cluster (eval "$(omni cluster env)")."""
     lc = LocalCluster(state_dir)
-    click.echo(f"export SLURM_CONF={lc.paths.slurm_conf}")
+    for line in lc.env_lines():
+        click.echo(line)
 
 
 @cluster.command("kill")

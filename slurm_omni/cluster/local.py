@@ -10,23 +10,35 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slurm_omni.cluster.chroot import (
+    CLIENTS,
+    DebianRoot,
+    RootView,
+    job_binds,
+    render_client_wrapper,
+    view_path,
+)
 from slurm_omni.cluster.spec import (
     ClusterPaths,
     ClusterSpec,
+    render_cgroup_conf,
     render_gres_conf,
     render_plugstack_conf,
     render_slurm_conf,
     render_topology_conf,
 )
+from slurm_omni.cluster.versions import VERSIONS
 from slurm_omni.errors import ClusterError, OmniError
 from slurm_omni.slurm.types import Node, NodeState
 
@@ -37,7 +49,8 @@ REQUIRED_COMMANDS = {
     "scontrol": "slurm-client", "sbatch": "slurm-client",
 }
 SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
-DEFAULT_PLUGIN = Path(__file__).resolve().parents[2] / "spank" / "omni_spank.so"
+PROJECT = Path(__file__).resolve().parents[2]
+DEFAULT_PLUGIN = PROJECT / "spank" / "omni_spank.so"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +59,22 @@ class Daemon:
     argv: tuple[str, ...]
     pid_file: Path
     log_file: Path
+    root: Path | None = None   # runs chrooted there (argv is then the path inside)
 
 
-def check_packages() -> None:
+def check_packages(spec: ClusterSpec | None = None) -> None:
+    if spec is not None and spec.in_root:
+        missing = sorted({pkg for cmd, pkg in (("chroot", "coreutils"), ("mount", "mount"),
+                                               ("debootstrap", "debootstrap"))
+                          if shutil.which(cmd) is None and not Path("/usr/sbin", cmd).exists()})
+        if missing:
+            raise ClusterError(f"cluster: couldn't run Slurm {spec.slurm_version} from a Debian root: "
+                               f"missing {' '.join(missing)} (apt-get install -y {' '.join(missing)}, "
+                               "or scripts/setup.sh)")
+        if os.geteuid() != 0:
+            raise ClusterError(f"cluster: couldn't run Slurm {spec.slurm_version} from a Debian root: "
+                               "chroot and mount need root")
+        return
     missing = sorted({pkg for cmd, pkg in REQUIRED_COMMANDS.items() if shutil.which(cmd) is None
                       and not Path("/usr/sbin", cmd).exists()})
     if missing:
@@ -57,7 +83,7 @@ def check_packages() -> None:
                            "or run scripts/setup.sh)")
 
 
-def _sbin(cmd: str) -> str:
+def _host_sbin(cmd: str) -> str:
     return shutil.which(cmd) or str(Path("/usr/sbin", cmd))
 
 
@@ -65,7 +91,25 @@ class LocalCluster:
     def __init__(self, state_dir: Path, spec: ClusterSpec | None = None, plugin: Path | None = None) -> None:
         self.paths = ClusterPaths(state_dir.resolve())
         self._spec = spec
-        self.plugin = (plugin or DEFAULT_PLUGIN).resolve()
+        self._plugin = plugin.resolve() if plugin else None
+
+    @property
+    def plugin(self) -> Path:
+        """The SPANK plugin plugstack.conf loads: the checkout's, or for a Slurm from a root the one
+        ``up`` builds against that root's headers into the state directory."""
+        if self._plugin is not None:
+            return self._plugin
+        return self.paths.plugin if self.spec.in_root else DEFAULT_PLUGIN.resolve()
+
+    @property
+    def root(self) -> DebianRoot | None:
+        version = VERSIONS[self.spec.slurm_version]
+        return DebianRoot(version) if version.suite else None
+
+    @property
+    def view(self) -> RootView | None:
+        root = self.root
+        return RootView(root, self.paths.root) if root else None
 
     # -- what it is -------------------------------------------------------------------------------
     @property
@@ -87,24 +131,43 @@ class LocalCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """What a Slurm client needs to talk to this cluster."""
-        return {"SLURM_CONF": str(self.paths.slurm_conf)}
+        """What a Slurm client needs to talk to this cluster; for a Slurm from a root, PATH starts
+        with the state directory's bin/ (wrappers that run that version's clients)."""
+        env = {"SLURM_CONF": str(self.paths.slurm_conf)}
+        if self.spec.in_root:
+            bin_dir = str(self.paths.bin)
+            rest = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != bin_dir]
+            env["PATH"] = os.pathsep.join([bin_dir, *rest])
+        return env
+
+    def env_lines(self) -> list[str]:
+        """Shell lines for ``eval "$(omni cluster env)"``."""
+        lines = [f"export SLURM_CONF={shlex.quote(str(self.paths.slurm_conf))}"]
+        if self.spec.in_root:
+            lines.append(f"export PATH={shlex.quote(str(self.paths.bin))}:\"$PATH\"")
+        return lines
 
     def daemons(self) -> list[Daemon]:
         p, conf = self.paths, str(self.paths.slurm_conf)
+        in_root = self.spec.in_root
+        root = view_path(p.root) if in_root else None
+
+        def _sbin(cmd: str) -> str:
+            return f"/usr/sbin/{cmd}" if in_root else _host_sbin(cmd)
+
         out = [
             Daemon("munged", (_sbin("munged"), "--foreground", "--force", f"--socket={p.munge_socket}",
                               f"--key-file={p.munge_key}", f"--pid-file={p.munge_dir / 'munged.pid'}",
                               f"--log-file={p.munge_dir / 'munged.log'}",
                               f"--seed-file={p.munge_dir / 'munged.seed'}"),
-                   p.munge_dir / "omni.pid", p.munge_dir / "munged.out"),
+                   p.munge_dir / "omni.pid", p.munge_dir / "munged.out", root),
             Daemon("slurmctld", (_sbin("slurmctld"), "-D", "-f", conf),
-                   p.ctld_dir / "omni.pid", p.ctld_dir / "slurmctld.out"),
+                   p.ctld_dir / "omni.pid", p.ctld_dir / "slurmctld.out", root),
         ]
         for node in self.spec.node_names:
             d = p.node_dir(node)
             out.append(Daemon(f"slurmd:{node}", (_sbin("slurmd"), "-D", "-N", node, "-f", conf),
-                              d / "omni.pid", d / "slurmd.out"))
+                              d / "omni.pid", d / "slurmd.out", root))
         return out
 
     def running(self) -> dict[str, int | None]:
@@ -114,17 +177,23 @@ class LocalCluster:
     # -- up -----------------------------------------------------------------------------------------
     def up(self, wait_s: float = 90.0) -> bool:
         """Bring the cluster up; returns False when everything was already running (a no-op)."""
-        check_packages()
+        check_packages(self.spec)
         recorded = self.recorded_spec()
         alive = self.running()
         if recorded is not None and self._spec is not None and recorded != self._spec and any(alive.values()):
             raise ClusterError(f"cluster: couldn't reshape the running cluster in {self.paths.root} "
                                "(run 'omni cluster down' first)")
-        if alive and all(alive.values()) and self.paths.slurm_conf.exists():
+        view = self.view
+        if alive and all(alive.values()) and self.paths.slurm_conf.exists() and (view is None or view.mounted()):
             log.info("cluster already up in %s", self.paths.root)
             self._write_plugstack()
             return False
         fresh = not any(alive.values())
+        if view is not None and not view.mounted():
+            if not fresh:
+                raise ClusterError(f"cluster: couldn't restart daemons in {self.paths.root}: their Debian "
+                                   "root is not mounted (run 'omni cluster down' first)")
+            self._prepare_root(view)
         self._write_files()
         restarted = []
         for daemon in self.daemons():
@@ -141,6 +210,35 @@ class LocalCluster:
         else:
             self.wait_responding(set(restarted) & set(self.spec.node_names), wait_s)
         return True
+
+    def _prepare_root(self, view: RootView) -> None:
+        """The Debian root (built once, cached), this state directory's view of it, the client
+        wrappers, and the SPANK plugin built against that root's headers."""
+        info = view.root.ensure()
+        view.mount(job_binds(PROJECT, self.paths.root, extra=(Path(sys.prefix),)))
+        self.paths.bin.mkdir(parents=True, exist_ok=True)
+        for cmd in CLIENTS:
+            wrapper = self.paths.bin / cmd
+            _write_text(wrapper, render_client_wrapper(view.path, cmd, info.get("slurm_version", "?")))
+            wrapper.chmod(0o755)
+        if self._plugin is None:
+            self.build_plugin()
+
+    def build_plugin(self) -> Path:
+        """``make -C spank SLURM_ROOT=<root> BUILD_DIR=<state>/spank``: SPANK_PLUGIN() stamps the
+        version of the headers it was built with, and slurmd refuses a plugin of another version."""
+        root = self.root
+        if root is None:
+            return DEFAULT_PLUGIN
+        out = self.paths.plugin.parent
+        out.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["make", "-s", "-C", str(PROJECT / "spank"), f"SLURM_ROOT={root.path}",
+                               f"BUILD_DIR={out}"], capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            line = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["exit"]
+            raise ClusterError(f"cluster: couldn't build the SPANK plugin against Slurm "
+                               f"{self.spec.slurm_version}'s headers: {line[0]}")
+        return self.paths.plugin
 
     def _write_files(self) -> None:
         p, spec = self.paths, self.spec
@@ -161,6 +259,8 @@ class LocalCluster:
         _write_text(p.etc / "slurm.conf", render_slurm_conf(spec, p))
         _write_text(p.etc / "topology.conf", render_topology_conf(spec))
         _write_text(p.etc / "gres.conf", render_gres_conf(spec, p))
+        if spec.in_root:
+            _write_text(p.etc / "cgroup.conf", render_cgroup_conf())
         self._write_plugstack()
         _write_text(p.record, json.dumps({"spec": asdict(spec), "plugin": str(self.plugin)}, indent=2))
 
@@ -171,7 +271,8 @@ class LocalCluster:
     def _start(self, daemon: Daemon, extra: tuple[str, ...] = ()) -> None:
         daemon.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(daemon.log_file, "ab") as out:
-            proc = subprocess.Popen([*daemon.argv, *extra], stdin=subprocess.DEVNULL, stdout=out,
+            prefix = ["/usr/sbin/chroot", str(daemon.root)] if daemon.root else []
+            proc = subprocess.Popen([*prefix, *daemon.argv, *extra], stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**os.environ, **self.env})
         _write_text(daemon.pid_file, f"{proc.pid}\n")
@@ -182,7 +283,10 @@ class LocalCluster:
         log.info("started %s (pid %d)", daemon.name, proc.pid)
 
     def _link_system_conf(self) -> None:
-        # Plain `sinfo` reads /etc/slurm/slurm.conf; point it at us only where no system Slurm is configured.
+        # Plain `sinfo` reads /etc/slurm/slurm.conf; point it at us only where no system Slurm is configured,
+        # and only for the host's own version (its clients cannot talk to a newer slurmctld).
+        if self.spec.in_root:
+            return
         try:
             if SYSTEM_SLURM_CONF.is_symlink() and _ours(SYSTEM_SLURM_CONF):
                 SYSTEM_SLURM_CONF.unlink()   # left by another checkout's cluster
@@ -266,6 +370,11 @@ class LocalCluster:
             daemon.pid_file.unlink(missing_ok=True)
         stopped += self._kill_strays()
         self._unlink_system_conf()
+        view = self.view
+        if view is not None:
+            unmounted = view.unmount()
+            if unmounted:
+                stopped.append(f"{len(unmounted)} mounts")
         return stopped
 
     def _cancel_jobs(self) -> None:
@@ -283,7 +392,8 @@ class LocalCluster:
 
     def _kill_strays(self) -> list[str]:
         """slurmstepd and job processes run in sessions of their own; find ours by their open files."""
-        root = str(self.paths.root)
+        # Inside a root's view a job's files read as <view>/<host path> from out here.
+        prefixes = (str(self.paths.root), str(view_path(self.paths.root)) + "/")
         killed = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -294,7 +404,7 @@ class LocalCluster:
                 paths = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
             except OSError:
                 continue
-            if any(p.startswith(root) for p in paths):
+            if any(p.startswith(prefixes) for p in paths):
                 _signal_group(int(proc.name), signal.SIGKILL)
                 killed.append(f"slurmstepd:{proc.name}")
         return killed

@@ -29,6 +29,13 @@ class CliBackend:
         self._topology_at = 0.0
 
     # -- reads ----------------------------------------------------------------------------------------
+    def version(self) -> str:
+        """The clients' Slurm release, e.g. ``24.11.5`` (``sinfo --version`` prints ``slurm 24.11.5``)."""
+        words = self.runner.run(["sinfo", "--version"], retry_unreachable=False).stdout.split()
+        if len(words) < 2:
+            raise SlurmError(f"sinfo: couldn't read the version from {' '.join(words)!r}")
+        return words[1]
+
     def topology(self, *, refresh: bool = False) -> Topology:
         """The switch tree, cached: it changes only on reconfiguration."""
         if refresh or self._topology is None or time.monotonic() - self._topology_at > self.topology_ttl_s:
