@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from slurm_omni.slurm.types import JobState, NodeState
 
-# Base states as Slurm 22.05 prints them (sinfo --json "state", scontrol "State=" before the first '+').
+# Base states as every version prints them (sinfo --json "state", scontrol "State=" before the first '+');
+# v0.0.40+ lists the base state with its flags, e.g. ["IDLE", "DRAIN"].
 SLURM_NODE_STATES: dict[str, NodeState] = {
     "IDLE": NodeState.IDLE,
     "ALLOCATED": NodeState.ALLOCATED,
@@ -17,6 +18,15 @@ SLURM_NODE_STATES: dict[str, NodeState] = {
     "FUTURE": NodeState.FUTURE,
     "UNKNOWN": NodeState.UNKNOWN,
 }
+
+# Node flags each version prints (22.05 "state_flags", v0.0.40+ in the "state" list after the base).
+# The ones that mean trouble are read by node_state(); the rest change nothing here.
+SLURM_NODE_FLAGS = frozenset({
+    "CLOUD", "COMPLETING", "DRAIN", "DYNAMIC_FUTURE", "DYNAMIC_NORM", "FAIL", "INVALID_REG",
+    "MAINTENANCE", "NOT_RESPONDING", "PLANNED", "POWER_DOWN", "POWER_DRAIN", "POWERED_DOWN",
+    "POWERING_DOWN", "POWERING_UP", "REBOOT_CANCELED", "REBOOT_ISSUED", "REBOOT_REQUESTED", "RES",
+    "RESERVED", "RESUME", "UNDRAIN", "BLOCKED", "EXTERNAL",
+})
 
 SLURM_JOB_STATES: dict[str, JobState] = {
     "PENDING": JobState.PENDING,
@@ -40,7 +50,22 @@ SLURM_JOB_STATES: dict[str, JobState] = {
     "SIGNALING": JobState.RUNNING,
     "STAGE_OUT": JobState.COMPLETING,
     "RESV_DEL_HOLD": JobState.PENDING,
+    "SPECIAL_EXIT": JobState.REQUEUED,
+    "STOPPED": JobState.SUSPENDED,
+    "REVOKED": JobState.CANCELLED,
+    "POWER_UP_NODE": JobState.PENDING,
+    "LAUNCH_FAILED": JobState.FAILED,
+    "RECONFIG_FAIL": JobState.FAILED,
 }
+
+JOB_BASE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
+                             "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+
+# A flag named here wins over the base state, in this order: the order in which Slurm's own
+# job_state_string() (22.05, which printed one word) tests them, so that a v0.0.40+ list such as
+# ["PENDING", "REQUEUED"] reads as 22.05's "REQUEUED". Other flags (UPDATE_DB, EXPEDITING, ...) change nothing.
+JOB_FLAG_PRECEDENCE = ("COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+                       "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING", "STAGE_OUT")
 
 
 def node_state(base: str, flags: Iterable[str] = ()) -> NodeState:
@@ -72,5 +97,28 @@ def split_node_state(text: str) -> tuple[str, frozenset[str]]:
     return base, frozenset(flags)
 
 
+def split_state_list(states: Iterable[str], *, node: bool) -> tuple[str, frozenset[str]]:
+    """``["IDLE", "DRAIN"]`` -> ("IDLE", {"DRAIN"}): the first base state, and every other word a flag
+    (UNKNOWN when no base state is listed)."""
+    words = [s.strip().upper() for s in states if s.strip()]
+    bases = SLURM_NODE_STATES if node else JOB_BASE_STATES
+    base = next((w for w in words if w in bases), "UNKNOWN")
+    return base, frozenset(w for w in words if w != base)
+
+
 def job_state(text: str) -> JobState:
+    """Our state for one word (22.05's ``job_state``, ``squeue -o %T``)."""
     return SLURM_JOB_STATES.get(text.strip().upper(), JobState.UNKNOWN)
+
+
+def job_state_of(states: Iterable[str]) -> JobState:
+    """Our state for a v0.0.40+ ``job_state`` list (or a one-word list): a flag of
+    JOB_FLAG_PRECEDENCE wins over the base state, as in 22.05's single word."""
+    words = [s.strip().upper() for s in states if s.strip()]
+    for flag in JOB_FLAG_PRECEDENCE:
+        if flag in words:
+            return SLURM_JOB_STATES[flag]
+    base, _ = split_state_list(words, node=False)
+    if base == "UNKNOWN" and len(words) == 1:
+        return job_state(words[0])
+    return SLURM_JOB_STATES.get(base, JobState.UNKNOWN)
