@@ -17,7 +17,7 @@ that exited abnormally (spank/fault.c, ``omni_fault_format``, version 1)::
      "pid": 77, "exit_code": null, "signal": 9, "core_dumped": false, "time": "2026-11-30T00:00:00.120Z",
      "time_unix": 1764460800.120000000}
 
-``rank-<RANK>.json`` in a job's heartbeat directory, rewritten by every rank (runtime/heartbeat.py).
+``rank-<RANK>.json`` in a job's heartbeat directory, rewritten by every rank (elastic/heartbeat.py).
 
 Every file is read with a size bound (no symlinks, regular files only) and validated strictly:
 exactly the known keys, the right types, no duplicate keys, no NaN. A file that fails is logged
@@ -34,7 +34,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,10 @@ class HeartbeatRecord:
     node: str = ""
     compute_s: float | None = None   # this rank's own time of the last step (no waits for peers)
     data_s: float | None = None      # its data-loading time of that step
+    metrics: dict[str, float | int] = field(default_factory=dict)
+    """Numbers the training script passed with its last step (loss, samples, tokens, ...)."""
+    error: str = ""
+    """With phase ``failed``: the script's one line saying what went wrong (slurm_omni.elastic)."""
 
     def observation(self, *, het_job: bool = True) -> Heartbeat:
         """Stage n runs in het component n (runtime/layout.py); an ordinary job has only offset 0."""
@@ -262,15 +266,20 @@ _HEARTBEAT: dict[str, _Check] = {
     "step_time_s": _opt(lambda v: _is_time(v) or (_is_int(v) and v == 0)), "last_checkpoint_step": _opt(_is_int),
     "beats": lambda v: _is_int(v) and v >= 0, "node": _is_name,
     "compute_s": _opt(_is_duration), "data_s": _opt(_is_duration),
+    "metrics": lambda v: isinstance(v, dict) and len(v) <= 16 and all(
+        isinstance(k, str) and 0 < len(k) <= 32 and isinstance(x, (int, float)) and not isinstance(x, bool)
+        and math.isfinite(x) for k, x in v.items()),
+    "error": lambda v: isinstance(v, str) and len(v) <= 400,
 }
-_HEARTBEAT_OPTIONAL = ("node", "compute_s", "data_s")   # older writers omit them
+_HEARTBEAT_OPTIONAL = ("node", "compute_s", "data_s", "metrics", "error")   # older writers omit them
+_HEARTBEAT_DEFAULTS: dict[str, Any] = {"node": "", "metrics": {}, "error": ""}
 
 
 def parse_heartbeat(data: bytes, what: str = "heartbeat") -> HeartbeatRecord:
     obj = _strict_json(data, what)
     _validate(obj, _HEARTBEAT, what, optional=_HEARTBEAT_OPTIONAL)
-    fields: dict[str, Any] = {k: obj.get(k, "" if k == "node" else None) for k in _HEARTBEAT}
-    return HeartbeatRecord(**fields)
+    values: dict[str, Any] = {k: obj[k] if k in obj else _HEARTBEAT_DEFAULTS.get(k) for k in _HEARTBEAT}
+    return HeartbeatRecord(**values)
 
 
 # -- spool ------------------------------------------------------------------------------------------

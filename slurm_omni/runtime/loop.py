@@ -152,7 +152,9 @@ class Trainer:
                     loss.div_(layout.data_parallel_size)
                 global_step = step + 1
                 step_s = time.monotonic() - t0
-                self.heartbeat.update(step=global_step, step_time_s=step_s, compute_s=compute_s, data_s=data_s)
+                self.heartbeat.update(step=global_step, step_time_s=step_s, compute_s=compute_s, data_s=data_s,
+                                      metrics={"samples": len(refs), **({"loss": float(loss.item())}
+                                                                        if loss is not None else {})})
                 self.metrics.trace(global_step, batch.ids.tolist())
                 if layout.step_delay_s:
                     time.sleep(layout.step_delay_s)

@@ -1,4 +1,4 @@
-"""Training metrics as JSON lines and as a Prometheus textfile, one of each per rank.
+"""The built-in trainer's metrics (format: :mod:`slurm_omni.elastic.metrics`) as JSON lines and as a Prometheus textfile, one of each per rank.
 
 Files are named by stage and replica (``<stage>-<dp_rank>``, e.g. ``text-0``), not by rank, so that
 one replica's history stays in one file when a resized run renumbers the ranks:
@@ -13,12 +13,7 @@ every step, ``{"step", "ids", "dp_rank", "incarnation"}``.
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-from typing import IO
-
-from slurm_omni.checkpoint.format import write_atomic
+from slurm_omni.elastic.metrics import MetricsLog, read_jsonl
 from slurm_omni.runtime.layout import Layout
 
 GAUGES = {
@@ -39,55 +34,14 @@ GAUGES = {
 }
 
 
-class MetricsWriter:
+class MetricsWriter(MetricsLog):
+    """The built-in trainer's metrics files (:class:`slurm_omni.elastic.metrics.MetricsLog`)."""
+
     def __init__(self, layout: Layout) -> None:
-        layout.metrics_dir.mkdir(parents=True, exist_ok=True)
-        self.layout = layout
-        name = f"{layout.stage_name}-{layout.data_parallel_rank}"
-        self.jsonl_path = layout.metrics_dir / f"metrics-{name}.jsonl"
-        self.prom_path = layout.metrics_dir / f"omni-{name}.prom"
-        self.trace_path = layout.metrics_dir / f"samples-{name}.jsonl"
-        if layout.data_parallel_rank == 0:
-            for old in layout.metrics_dir.glob(f"omni-{layout.stage_name}-*.prom"):
-                if int(old.stem.rsplit("-", 1)[1]) >= layout.data_parallel_size:
-                    old.unlink(missing_ok=True)
-        self._jsonl: IO[str] = open(self.jsonl_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
-        self._trace: IO[str] | None = (
-            open(self.trace_path, "a", buffering=1) if layout.trace_samples else None)  # noqa: SIM115
-
-    def log_step(self, values: dict[str, float | int | None]) -> None:
-        l = self.layout
-        record = {"time": time.time(), "rank": l.rank, "stage": l.stage, "dp_rank": l.data_parallel_rank,
-                  "incarnation": l.incarnation, **values}
-        self._jsonl.write(json.dumps(record, sort_keys=True) + "\n")
-        self._write_prom(values)
-
-    def trace(self, step: int, sample_ids: list[int]) -> None:
-        if self._trace is not None:
-            self._trace.write(json.dumps({"step": step, "ids": sample_ids, "dp_rank": self.layout.data_parallel_rank,
-                                          "incarnation": self.layout.incarnation}) + "\n")
-
-    def _write_prom(self, values: dict[str, float | int | None]) -> None:
-        l = self.layout
-        labels = (f'job="{l.job_id}",rank="{l.rank}",stage="{l.stage_name}",'
-                  f'dp_rank="{l.data_parallel_rank}"')
-        lines = []
-        for key, help_text in GAUGES.items():
-            value = values.get(key)
-            if value is None:
-                continue
-            lines += [f"# HELP omni_{key} {help_text}", f"# TYPE omni_{key} gauge",
-                      f"omni_{key}{{{labels}}} {float(value)!r}"]
-        write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), durable=False)
-
-    def close(self) -> None:
-        self._jsonl.close()
-        if self._trace is not None:
-            self._trace.close()
+        super().__init__(layout.metrics_dir, stage_name=layout.stage_name, stage=layout.stage, rank=layout.rank,
+                         dp_rank=layout.data_parallel_rank, dp_size=layout.data_parallel_size,
+                         incarnation=layout.incarnation, job_id=layout.job_id, trace=layout.trace_samples,
+                         help_text=GAUGES)
 
 
-def read_jsonl(path: Path) -> list[dict[str, object]]:
-    """All records of a metrics or trace file (tests and reports read them back)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+__all__ = ["GAUGES", "MetricsWriter", "read_jsonl"]

@@ -1,0 +1,271 @@
+"""A training script's checkpoints: named modules, optimizers, and any ``state_dict()`` object.
+
+Built on the checkpoint engine (:mod:`slurm_omni.checkpoint`): a save copies the tensors into reused
+host buffers (the only part that blocks), a background thread persists them to ``step-N.tmp/`` and
+renames it when every rank's shard is durable; a restore takes the newest complete checkpoint that
+verifies, the critical modules first; a fence keeps an older incarnation that still runs from
+committing after a newer one started.
+
+What goes where:
+
+- ``modules`` (``nn.Module`` or anything with tensor ``state_dict()``): HDF5 datasets with checksums,
+  a replicated tensor written once (spread over the replicas);
+- ``optimizers``: the same, one unit per optimizer;
+- ``state`` (schedulers, ``StatefulDataLoader``, samplers, RNG holders, any small
+  ``state_dict()``/``load_state_dict()`` object): per rank, as JSON in the shard's state. When the
+  data-parallel size changed since the save, replica ``r`` gets the state old replica
+  ``r % old_size`` saved, or what ``recut[name](old_states, layout)`` returns.
+
+The process-wide random streams (python, numpy, torch) are saved with every shard and put back when
+the layout is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, SaveResult
+from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
+from slurm_omni.elastic import statecodec
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT
+from slurm_omni.elastic.layout import Layout, accumulation_for
+from slurm_omni.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+Recut = Callable[[list[Any], Layout], Any]
+"""``(states of the old replicas, in replica order, new layout) -> this replica's state``."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """The checkpoint cannot be loaded into this script: written by another script or model, or a
+    ``load_state_dict`` refused it. Restarting would fail the same way."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What :meth:`Checkpointer.restore` found and loaded."""
+
+    step: int
+    """The global step the checkpoint was taken after: train on from here."""
+    previous_data_parallel_size: int
+    data_parallel_size: int
+    layout_changed: bool
+    """The data-parallel size differs from the checkpoint's: per-replica state was re-cut."""
+    load_s: float
+    extra: Any
+    """What the script's ``extra()`` returned at save time (None when it gave none)."""
+
+    def accumulation(self, global_batch_size: int, micro_batch_size: int) -> int:
+        """Micro-batches per replica per step now, keeping the global batch."""
+        return accumulation_for(global_batch_size, micro_batch_size, self.data_parallel_size)
+
+    def previous_accumulation(self, global_batch_size: int, micro_batch_size: int) -> int:
+        return accumulation_for(global_batch_size, micro_batch_size, self.previous_data_parallel_size)
+
+
+def shard_layout(layout: Layout) -> ShardLayout:
+    return ShardLayout(rank=layout.rank, world_size=layout.world_size, stage=layout.stage_name,
+                       data_parallel_rank=layout.data_parallel_rank, data_parallel_size=layout.data_parallel_size)
+
+
+def script_name() -> str:
+    """The default script identity saved with a checkpoint: the program's file name."""
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+
+
+class Checkpointer:
+    """Saves and restores one rank's share of the job. Call it from the training loop only."""
+
+    def __init__(self, layout: Layout, *, modules: Mapping[str, Stateful], critical: Iterable[str] = (),
+                 optimizers: Mapping[str, Stateful] | None = None, state: Mapping[str, Stateful] | None = None,
+                 recut: Mapping[str, Recut] | None = None, extra: Callable[[], Any] | None = None,
+                 keep_last: int = 3, script: str | None = None, root: Path | None = None) -> None:
+        self.layout = layout
+        self.modules = dict(modules)
+        self.optimizers = dict(optimizers or {})
+        self.objects = dict(state or {})
+        self.recut = dict(recut or {})
+        self.extra = extra
+        self.script = script if script is not None else script_name()
+        self.critical = tuple(critical) or tuple(self.modules)[:1]
+        names = [*self.modules, *self.optimizers]
+        for problem, bad in (("is not a module", [c for c in self.critical if c not in self.modules]),
+                             ("has a '/' or is empty", [n for n in names if not n or "/" in n]),
+                             ("has no recut object", [n for n in self.recut if n not in self.objects])):
+            if bad:
+                raise CheckpointError(f"checkpoint: couldn't set up: {bad[0]!r} {problem}")
+        self.engine = CheckpointEngine(
+            CheckpointConfig(root=root or layout.ckpt_dir, keep_last=keep_last, load_order=tuple(self.modules),
+                             critical=self.critical, incarnation=f"{layout.job_id}.{layout.incarnation}",
+                             incarnation_number=layout.incarnation),
+            shard_layout(layout))
+        self.last_step: int | None = None
+        """Newest step saved or being saved."""
+        self.last_persisted_step: int | None = None
+        """Newest step whose shard of this rank is durable (restored counts too)."""
+        self.last_blocking_s: float | None = None
+        self.last_persist_s: float | None = None
+        self._pending: SaveResult | None = None
+
+    # -- saving -----------------------------------------------------------------------------------
+
+    def _state(self, step: int) -> ShardState:
+        objects = {name: statecodec.encode(obj.state_dict(), name) for name, obj in self.objects.items()}
+        return ShardState(
+            modules={name: m.state_dict() for name, m in self.modules.items()},
+            optimizer={name: o.state_dict() for name, o in self.optimizers.items()},
+            state={"global_step": step, "script": self.script, "modules": sorted(self.modules),
+                   "optimizers": sorted(self.optimizers), "objects": objects,
+                   "extra": self.extra() if self.extra is not None else None,
+                   "layout": {"data_parallel_size": self.layout.data_parallel_size,
+                              "stage": self.layout.stage_name, "incarnation": self.layout.incarnation}})
+
+    def prepare(self) -> None:
+        """Allocate the host buffers now, so that the first save blocks no longer than later ones."""
+        self.engine.prepare(self._state(-1))
+
+    def save(self, step: int, *, sync: bool = False) -> SaveResult:
+        """Checkpoint as of ``step`` (completed global steps). Async: returns once the state is copied;
+        ``sync`` (the stop signal, the last step) returns once it is durable (committed, on rank 0)."""
+        self.poll()
+        result = self.engine.save(step, self._state(step), sync=sync)
+        self.last_blocking_s = result.blocking_s
+        self.last_step = step
+        self._pending = result
+        self.poll()
+        log.info("checkpoint: step %d %s (blocked %.3fs)", step, "saved" if sync else "started", result.blocking_s)
+        return result
+
+    def poll(self) -> None:
+        """Pick up the outcome of a finished background save (its error is raised here)."""
+        if self._pending is not None and self._pending.persisted.done():
+            stats = self._pending.persisted.result()
+            if not stats.fenced:   # a newer incarnation started on the root: nothing was saved
+                self.last_persist_s = stats.persist_s
+                self.last_persisted_step = stats.step
+            self._pending = None
+
+    def wait(self) -> None:
+        """Wait for the save in flight."""
+        self.engine.wait()
+        self.poll()
+
+    # -- restoring --------------------------------------------------------------------------------
+
+    def restore(self) -> Resume | None:
+        """Load the newest complete checkpoint; None when there is none (a fresh start).
+
+        Critical modules are loaded first, then the other modules, the optimizers and the small
+        states. A checkpoint of another script (other module names, another ``script``) or a
+        ``load_state_dict`` that refuses its state raises :class:`CheckpointMismatch`."""
+        t0 = time.monotonic()
+        self._check_compatible()
+        try:
+            session = self.engine.restore()
+        except CheckpointError as e:
+            if "no modules for stage" in str(e) or "not among" in str(e):
+                raise self._mismatch(f"{e}") from e
+            raise
+        if session is None:
+            return None
+        try:
+            states = [s for s in session.states if isinstance(s, dict)]
+            own = session.state if isinstance(session.state, dict) else None
+            saved = own or (states[0] if states else None)
+            if saved is None or int(saved.get("global_step", -1)) != session.step:
+                raise self._mismatch(f"step-{session.step} holds no slurm_omni.elastic state for stage "
+                                     f"{self.layout.stage_name!r}", session.step)
+            self._check_same_script(saved, session.step)
+            for name in [*self.critical, *(m for m in self.modules if m not in self.critical)]:
+                self._load(name, self.modules[name], session.module(name), session.step)
+            for name, opt in self.optimizers.items():
+                value = session.optimizer(name)
+                if value is None:
+                    raise self._mismatch(f"step-{session.step} has no optimizer {name!r}", session.step)
+                self._load(name, opt, value, session.step)
+            for name, obj in self.objects.items():
+                self._load(name, obj, self._object_state(name, own, states, session.step), session.step)
+            session.wait()
+            changed = session.layout_changed
+            previous = len(states) if states else self.layout.data_parallel_size
+        finally:
+            session.close()
+        self.last_step = self.last_persisted_step = session.step
+        log.info("checkpoint: rank %d resumed at step %d (data-parallel size %d, was %d) in %.2fs",
+                 self.layout.rank, session.step, self.layout.data_parallel_size, previous, time.monotonic() - t0)
+        return Resume(step=session.step, previous_data_parallel_size=previous,
+                      data_parallel_size=self.layout.data_parallel_size, layout_changed=changed,
+                      load_s=time.monotonic() - t0, extra=saved.get("extra"))
+
+    def _object_state(self, name: str, own: dict[str, Any] | None, states: list[dict[str, Any]], step: int) -> Any:
+        if own is not None:
+            encoded = own.get("objects", {})
+            if name not in encoded:
+                raise self._mismatch(f"step-{step} has no state {name!r}", step)
+            return statecodec.decode(encoded[name])
+        old = []
+        for s in states:
+            if name not in s.get("objects", {}):
+                raise self._mismatch(f"step-{step} has no state {name!r}", step)
+            old.append(statecodec.decode(s["objects"][name]))
+        if name in self.recut:
+            return self.recut[name](old, self.layout)
+        return old[self.layout.data_parallel_rank % len(old)]
+
+    def _load(self, name: str, obj: Stateful, value: Any, step: int) -> None:
+        try:
+            obj.load_state_dict(value)
+        except CheckpointError:
+            raise
+        except Exception as e:   # any refusal of the user's object is the same verdict
+            first = " ".join(str(e).split())[:240]
+            raise self._mismatch(f"{name}.load_state_dict refused step-{step}: {type(e).__name__}: {first}",
+                                 step) from e
+
+    def _check_compatible(self) -> None:
+        """Refuse, before reading any tensor, the newest checkpoint when another script wrote it."""
+        entry = fmt.find_latest_complete(self.engine.config.root)
+        if entry is None:
+            return
+        try:
+            manifest = fmt.read_manifest(entry.path)
+        except CheckpointError:
+            return   # the engine's restore marks it corrupt and falls back
+        stage = self.layout.stage_name
+        saved = {u.module for u in manifest.units.values() if u.stage == stage}
+        mine = set(self.modules) | set(self.optimizers)
+        if saved and saved != mine:
+            raise self._mismatch(f"step-{entry.step} holds {', '.join(sorted(saved))} for stage {stage!r}, "
+                                 f"this script has {', '.join(sorted(mine))}", entry.step)
+
+    def _check_same_script(self, saved: dict[str, Any], step: int) -> None:
+        other = saved.get("script")
+        if other != self.script:
+            raise self._mismatch(f"step-{step} was written by {other!r}, this is {self.script!r}", step)
+
+    def _mismatch(self, what: str, _step: int | None = None) -> CheckpointMismatch:
+        root = self.engine.config.root
+        return CheckpointMismatch(
+            f"checkpoint: job {self.layout.job_name}: couldn't resume from {root}: {what} (another script's "
+            "or model's checkpoint: give this job its own checkpoint folder, or move the old one away)")
+
+    def close(self) -> None:
+        """Wait for the save in flight and stop the writer."""
+        self.engine.close()
+        self.poll()

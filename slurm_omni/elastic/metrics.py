@@ -1,0 +1,86 @@
+"""Training metrics as JSON lines and as a Prometheus textfile, one of each per rank.
+
+Files are named by stage and replica (``<stage>-<dp_rank>``, e.g. ``text-0``), not by rank, so that
+one replica's history stays in one file when a resized run renumbers the ranks:
+
+``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl``: one object per logged step: ``time``, ``rank``,
+``stage``, ``dp_rank``, ``incarnation`` and the values the script logged (``step``, ``loss``, ...).
+``<OMNI_METRICS_DIR>/omni-<stage>-<dp_rank>.prom``: the latest numeric values as gauges ``omni_<key>``
+labelled with job, rank, stage and dp_rank, written to a temporary name and renamed (node_exporter's
+textfile collector convention). Replica 0 removes the textfiles of replicas that no longer exist.
+``<OMNI_METRICS_DIR>/samples-<stage>-<dp_rank>.jsonl`` (with OMNI_TRACE_SAMPLES=1): the sample ids of
+every step, ``{"step", "ids", "dp_rank", "incarnation"}``; ``omni demo`` checks them against a run
+that never failed (every sample once, both stages in step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+from slurm_omni.checkpoint.format import write_atomic
+
+_GAUGE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+class MetricsLog:
+    def __init__(self, metrics_dir: Path, *, stage_name: str, stage: int, rank: int, dp_rank: int,
+                 dp_size: int, incarnation: int, job_id: str, trace: bool = False,
+                 help_text: Mapping[str, str] | None = None) -> None:
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        self.labels = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "incarnation": incarnation}
+        self.help = dict(help_text or {})
+        self._prom_labels = f'job="{job_id}",rank="{rank}",stage="{stage_name}",dp_rank="{dp_rank}"'
+        name = f"{stage_name}-{dp_rank}"
+        self.jsonl_path = metrics_dir / f"metrics-{name}.jsonl"
+        self.prom_path = metrics_dir / f"omni-{name}.prom"
+        self.trace_path = metrics_dir / f"samples-{name}.jsonl"
+        if dp_rank == 0:
+            for old in metrics_dir.glob(f"omni-{stage_name}-*.prom"):
+                suffix = old.stem.rsplit("-", 1)[1]
+                if suffix.isdigit() and int(suffix) >= dp_size:
+                    old.unlink(missing_ok=True)
+        self._jsonl: IO[str] = open(self.jsonl_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        self._trace: IO[str] | None = (
+            open(self.trace_path, "a", buffering=1) if trace else None)  # noqa: SIM115
+
+    def log_step(self, values: Mapping[str, float | int | None]) -> None:
+        record = {"time": time.time(), **self.labels, **values}
+        self._jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+        self._write_prom(values)
+
+    def trace(self, step: int, sample_ids: list[int]) -> None:
+        if self._trace is not None:
+            self._trace.write(json.dumps({"step": step, "ids": [int(i) for i in sample_ids],
+                                          "dp_rank": self.labels["dp_rank"],
+                                          "incarnation": self.labels["incarnation"]}) + "\n")
+
+    def _write_prom(self, values: Mapping[str, float | int | None]) -> None:
+        lines = []
+        keys = [k for k in self.help if k in values] + sorted(k for k in values if k not in self.help)
+        for key in keys:
+            value = values[key]
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not _GAUGE_NAME.fullmatch(key) or not math.isfinite(value):
+                continue
+            lines += [f"# HELP omni_{key} {self.help.get(key, 'Logged by the training script.')}",
+                      f"# TYPE omni_{key} gauge", f"omni_{key}{{{self._prom_labels}}} {float(value)!r}"]
+        write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), durable=False)
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._trace is not None:
+            self._trace.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, object]]:
+    """All records of a metrics or trace file (tests and reports read them back)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,275 @@
+"""One rank of a training job: layout, process groups, heartbeat, metrics, stop signals, exit codes.
+
+``init()`` is the one call a script makes first; the returned :class:`Run` is a context manager
+whose end says how the rank ended (done, checkpointed for requeue, failed, bad input) in its exit
+code and its last heartbeat.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NoReturn, Self
+
+import torch
+import torch.distributed as dist
+
+from slurm_omni.elastic.checkpointer import Checkpointer, Recut, Resume, Stateful
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.elastic.heartbeat import Heartbeat
+from slurm_omni.elastic.layout import Layout
+from slurm_omni.elastic.metrics import MetricsLog
+from slurm_omni.elastic.stop import StopSignals
+from slurm_omni.elastic.timing import StepTimer
+from slurm_omni.errors import OmniError, RuntimeLayoutError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """The process groups of one rank (every rank creates every group, in the same order)."""
+
+    world: dist.ProcessGroup
+    pipeline: dist.ProcessGroup
+    """This replica's ranks across the stages (one rank when colocated): activations travel here."""
+    data_parallel: dist.ProcessGroup
+    """This stage's replicas: gradients are averaged here."""
+
+
+def device_for(layout: Layout, choice: str | None = None) -> torch.device:
+    """``cuda:LOCAL_RANK`` (modulo the visible devices) when CUDA is asked for or present, else CPU.
+    ``OMNI_DEVICE`` (cpu, cuda) overrides the default."""
+    choice = choice or os.environ.get("OMNI_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeLayoutError("layout: couldn't use OMNI_DEVICE=cuda: torch sees no CUDA device")
+        index = layout.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init_process_groups(layout: Layout, backend: str, device: torch.device) -> Groups:
+    """Join the job's rendezvous (MASTER_ADDR:MASTER_PORT) and build the pipeline and data-parallel groups."""
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=float(os.environ.get("OMNI_COLLECTIVE_TIMEOUT", "300")))
+        dist.init_process_group(
+            backend, init_method=f"tcp://{layout.master_addr}:{layout.master_port}", rank=layout.rank,
+            world_size=layout.world_size, timeout=timeout, device_id=device if device.type == "cuda" else None)
+    dp, stages = layout.data_parallel_size, range(layout.num_stages)
+    pipeline = [dist.new_group(sorted({layout.global_rank_of(s, r) for s in stages})) for r in range(dp)]
+    data_parallel = [dist.new_group([layout.global_rank_of(s, r) for r in range(dp)])
+                     for s in (stages if not layout.colocated else [0])]
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeLayoutError("layout: couldn't join the process group")
+    return Groups(world=world, pipeline=pipeline[layout.data_parallel_rank],
+                  data_parallel=data_parallel[0 if layout.colocated else layout.stage])
+
+
+class Run:
+    """This rank's part of the job; make it with :func:`init`."""
+
+    def __init__(self, layout: Layout, *, device: torch.device, groups: Groups | None,
+                 stop: StopSignals, max_steps: int | None = None, trace: bool = False,
+                 metric_help: Mapping[str, str] | None = None) -> None:
+        self.layout = layout
+        self.device = device
+        self._groups = groups
+        self.stop = stop
+        self.max_steps = max_steps
+        self.timer = StepTimer()
+        self.heartbeat = Heartbeat(layout.heartbeat_dir, rank=layout.rank, stage=layout.stage,
+                                   dp_rank=layout.data_parallel_rank, incarnation=layout.incarnation,
+                                   job_id=layout.job_id, interval_s=layout.heartbeat_interval_s)
+        self.metrics = MetricsLog(layout.metrics_dir, stage_name=layout.stage_name, stage=layout.stage,
+                                  rank=layout.rank, dp_rank=layout.data_parallel_rank,
+                                  dp_size=layout.data_parallel_size, incarnation=layout.incarnation,
+                                  job_id=layout.job_id, trace=trace, help_text=metric_help)
+        self.checkpoints: Checkpointer | None = None
+        self.resume: Resume | None = None
+        """What :meth:`restore` resumed from (None: a fresh start)."""
+        self.step = 0
+        """The last completed global step (set by a restore and by every :meth:`step_done`)."""
+        self._step_started = time.monotonic()
+        self._closed = False
+        self.heartbeat.start()
+
+    @property
+    def groups(self) -> Groups:
+        if self._groups is None:
+            raise RuntimeLayoutError("layout: no process groups: init(distributed=False) was asked")
+        return self._groups
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def checkpointer(self, *, modules: Mapping[str, Stateful], critical: Iterable[str] = (),
+                     optimizers: Mapping[str, Stateful] | None = None, state: Mapping[str, Stateful] | None = None,
+                     recut: Mapping[str, Recut] | None = None, keep_last: int = 3, script: str | None = None,
+                     **kwargs: Any) -> Checkpointer:
+        """A :class:`Checkpointer` on this job's checkpoint folder (one per run)."""
+        self.checkpoints = Checkpointer(self.layout, modules=modules, critical=critical, optimizers=optimizers,
+                                        state=state, recut=recut, keep_last=keep_last, script=script, **kwargs)
+        return self.checkpoints
+
+    def restore(self) -> int:
+        """Restore the newest checkpoint (if any); the step to train on from (0 for a fresh start)."""
+        resume = self._ckpt().restore()
+        self.step = resume.step if resume else 0
+        self.resume = resume
+        self.heartbeat.update(step=self.step, last_checkpoint_step=self._ckpt().last_persisted_step)
+        self._step_started = time.monotonic()
+        return self.step
+
+    def save(self, step: int, *, sync: bool = False) -> None:
+        """Checkpoint as of ``step``; the heartbeat says ``checkpointing`` while the save blocks."""
+        ckpt = self._ckpt()
+        previous = self.heartbeat.phase
+        self.heartbeat.update(phase="checkpointing")
+        ckpt.save(step, sync=sync)
+        self.heartbeat.update(phase=previous if previous != "starting" else "training",
+                              last_checkpoint_step=ckpt.last_persisted_step)
+
+    def _ckpt(self) -> Checkpointer:
+        if self.checkpoints is None:
+            raise RuntimeLayoutError("elastic: no checkpointer: call run.checkpointer(modules=...) first")
+        return self.checkpoints
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def step_done(self, step: int, *, log_metrics: bool = True, **metrics: Any) -> None:
+        """Global step ``step`` is complete: heartbeat (step, step time, compute and data time, the
+        metrics) and one metrics line. ``metrics``: numbers such as ``loss``, ``samples``, ``tokens``."""
+        now = time.monotonic()
+        step_s, self._step_started = now - self._step_started, now
+        compute_s, data_s = self.timer.take()
+        values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+        if self.checkpoints is not None:
+            self.checkpoints.poll()
+        self.step = step
+        self.heartbeat.update(step=step, step_time_s=step_s, compute_s=compute_s, data_s=data_s,
+                              phase="training", metrics=values,
+                              last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
+        if log_metrics:
+            ckpt = self.checkpoints
+            self.metrics.log_step({
+                "step": step, **values, "step_time_seconds": step_s, "compute_seconds": compute_s,
+                "data_seconds": data_s, "data_parallel_size": self.layout.data_parallel_size,
+                "ckpt_blocking_seconds": ckpt.last_blocking_s if ckpt else None,
+                "ckpt_persist_seconds": ckpt.last_persist_s if ckpt else None})
+
+    def trace(self, step: int, sample_ids: Iterable[int]) -> None:
+        """Record which sample ids this rank trained on at ``step`` (with OMNI_TRACE_SAMPLES=1)."""
+        self.metrics.trace(step, [int(i) for i in sample_ids])
+
+    def should_stop(self) -> bool:
+        """True on every rank once any rank got SIGUSR1 or SIGTERM (a collective: call it on every rank
+        at the same point of each step; signals reach the ranks at different times)."""
+        if self._groups is None or self.layout.world_size == 1:
+            return self.stop.requested
+        flag = torch.tensor([1 if self.stop.requested else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._groups.world)
+        return bool(flag.item())
+
+    def end_step(self, step: int, *, checkpoint_every: int = 0, **metrics: Any) -> None:
+        """:meth:`step_done`, then checkpoint every ``checkpoint_every`` steps and at ``max_steps``; on
+        a stop signal save synchronously and exit 75 (checkpointed, requeue me)."""
+        self.step_done(step, **metrics)
+        stop = self.should_stop()
+        last = self.max_steps is not None and step >= self.max_steps
+        if stop or last or (checkpoint_every and step % checkpoint_every == 0):
+            self.save(step, sync=stop or last)
+        if stop:
+            self.exit(EXIT_CHECKPOINTED)
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def exit(self, code: int) -> NoReturn:
+        """Close the run (final heartbeat) and exit the process with ``code``."""
+        self.close(code)
+        raise SystemExit(code)
+
+    def close(self, code: int = EXIT_DONE, error: str | None = None) -> None:
+        """Wait for the save in flight, write the final heartbeat, leave the process group."""
+        if self._closed:
+            return
+        self._closed = True
+        if code in (EXIT_DONE, EXIT_CHECKPOINTED):
+            self.stop.ignore_while_exiting()   # a TERM during teardown would otherwise kill a saved rank
+        try:
+            if self.checkpoints is not None:
+                self.checkpoints.close()
+        except OmniError as e:
+            code, error = EXIT_FAILED, str(e)
+        phase = {EXIT_DONE: "done", EXIT_CHECKPOINTED: "stopping"}.get(code, "failed")
+        self.heartbeat.update(last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
+        self.heartbeat.stop(phase, error=error)
+        self.metrics.close()
+        if self._groups is not None and dist.is_initialized() and code in (EXIT_DONE, EXIT_CHECKPOINTED):
+            dist.destroy_process_group()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 _tb: TracebackType | None) -> None:
+        if isinstance(exc, SystemExit) and exc.code in (None, EXIT_DONE):
+            exc = None   # sys.exit(0) in the loop: the same checks as falling off its end
+        if exc is None:
+            if self.max_steps is not None and self.step < self.max_steps:
+                message = (f"elastic: job {self.layout.job_name}: rank {self.layout.rank} finished at step "
+                           f"{self.step} before max_steps={self.max_steps} (the loop must run to max_steps, "
+                           "or [training] max_steps must say where it ends)")
+                self._fail(message, EXIT_BAD_INPUT)
+            self.close(EXIT_DONE)
+            return
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
+            self.close(code)
+            return
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, OmniError):
+            cause = cause.__cause__
+        if isinstance(cause, OmniError):
+            code = EXIT_BAD_INPUT if cause.exit_code == EXIT_BAD_INPUT else cause.exit_code or EXIT_FAILED
+            self._fail(str(cause), code)
+        self.close(EXIT_FAILED, error=f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, message: str, code: int) -> NoReturn:
+        log.error("%s", message)
+        print(message, file=sys.stderr, flush=True)
+        self.close(code, error=message)
+        raise SystemExit(code)
+
+
+def init(stages: Sequence[str] | None = None, *, max_steps: int | None = None, backend: str = "auto",
+         distributed: bool = True, device: str | None = None, run_dir: Path | str | None = None,
+         stop: StopSignals | None = None, metric_help: Mapping[str, str] | None = None) -> Run:
+    """This rank's :class:`Run`: layout from the environment, stop signals installed, heartbeat started,
+    process groups joined (``distributed``; gloo on CPU, nccl on CUDA unless ``backend`` says).
+
+    ``stages`` names the script's pipeline stages in order (default one stage, ``main``);
+    ``max_steps`` (default ``OMNI_MAX_STEPS``, from the job file) lets the run check that the loop
+    reached the end and checkpoint the last step; ``run_dir`` is where checkpoints, heartbeats and
+    metrics go when no ``OMNI_*`` folder is set (``torchrun`` on a laptop)."""
+    stop = (stop or StopSignals()).install()
+    layout = Layout.from_env(stages, run_dir=run_dir)
+    if max_steps is None and os.environ.get("OMNI_MAX_STEPS", "").isdigit():
+        max_steps = int(os.environ["OMNI_MAX_STEPS"])
+    dev = device_for(layout, device)
+    groups = None
+    if distributed:
+        chosen = backend if backend != "auto" else ("nccl" if dev.type == "cuda" else "gloo")
+        groups = init_process_groups(layout, chosen, dev)
+    log.info("elastic: rank %d stage %s replica %d/%d incarnation %d (%s)", layout.rank, layout.stage_name,
+             layout.data_parallel_rank, layout.data_parallel_size, layout.incarnation, layout.launcher)
+    return Run(layout, device=dev, groups=groups, stop=stop, max_steps=max_steps,
+               trace=os.environ.get("OMNI_TRACE_SAMPLES", "") == "1", metric_help=metric_help)
