@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "report": "slurm_omni.cli.report:report",
     "demo": "slurm_omni.cli.demo:demo",
     "supervise": "slurm_omni.cli.supervise:supervise",
+    "standby": "slurm_omni.cli.standby:standby",
 }
 
 

@@ -24,9 +24,11 @@ from slurm_omni.errors import ConfigError
 @click.option("--heartbeat-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
 @click.option("--spank-ckpt", default="", help="Give every component the SPANK plugin's --omni-stage and this "
               "--omni-ckpt (its per-task fault records).")
+@click.option("--standby/--no-standby", default=True, show_default=True,
+              help="A warm standby per node: relaunched ranks start with everything imported.")
 @click.argument("command", nargs=-1, required=True)
 def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: str, max_relaunches: int,
-              heartbeat_interval: float, spank_ckpt: str, command: tuple[str, ...]) -> None:
+              heartbeat_interval: float, spank_ckpt: str, standby: bool, command: tuple[str, ...]) -> None:
     """Launch COMMAND as one heterogeneous step over the allocation's active nodes, and relaunch it
     inside the allocation on a confirmed failure (spares, then fewer replicas). Exits 0 when training
     is done, 75 when it stopped for requeue, 1 when the manager must take over."""
@@ -50,5 +52,6 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
         incarnation=int(env.get("OMNI_INCARNATION", "0") or 0), min_data_parallel_size=min_dp,
         units_divide=units_divide, spare_policy=spare_policy,  # type: ignore[arg-type]
         max_relaunches=max_relaunches, heartbeat_interval_s=heartbeat_interval, spank_ckpt=spank_ckpt,
-        log_dir=Path(log_dir) if log_dir else None, crash_at=env.get(CRASH_ENV, ""))
+        log_dir=Path(log_dir) if log_dir else None, crash_at=env.get(CRASH_ENV, ""),
+        standby=standby and env.get("OMNI_STANDBY", "1") != "0")
     sys.exit(Supervisor(opts, CommandRunner()).run())

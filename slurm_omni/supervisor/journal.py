@@ -212,3 +212,28 @@ def read_request(path: Path) -> dict[str, Any] | None:
         log.warning("supervisor: request %s is not {\"id\": str, \"replace\": [node, ...]}: ignored", path)
         return None
     return obj
+
+
+REPORT_VERSION = 1
+
+
+def report_path(ckpt_dir: Path, kind: str, life_after: int) -> Path:
+    """One file per in-allocation event for the manager (notes/recovery-fsm.md): ``relaunched`` or
+    ``gave_up``, named by the life that follows."""
+    return ckpt_dir / SUBDIR / f"{kind}-{life_after}.json"
+
+
+def report_document(kind: str, *, job_id: str, life_before: int, life_after: int, cause: str,
+                    nodes: list[str], removed: dict[str, list[str]], added: dict[str, list[str]],
+                    spares_left: dict[str, int], data_parallel_size: int, fault_at: float | None,
+                    detected_at: float | None, confirmed_at: float | None, relaunched_at: float | None,
+                    reason: str, failed_nodes: list[str]) -> dict[str, Any]:
+    return {"version": REPORT_VERSION, "kind": kind, "slurm_job_id": job_id, "life_before": life_before,
+            "life_after": life_after, "cause": cause, "nodes": nodes, "removed": removed, "added": added,
+            "spares_left": spares_left, "data_parallel_size": data_parallel_size, "fault_at": fault_at,
+            "detected_at": detected_at, "confirmed_at": confirmed_at, "relaunched_at": relaunched_at,
+            "reason": reason, "failed_nodes": failed_nodes}
+
+
+def write_report(path: Path, doc: dict[str, Any]) -> None:
+    write_atomic(path, (json.dumps(doc, sort_keys=True) + "\n").encode())

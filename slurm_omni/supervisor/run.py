@@ -59,15 +59,19 @@ from slurm_omni.slurm.steps import (
     step_name,
 )
 from slurm_omni.slurm.types import Node, NodeState, Topology
+from slurm_omni.standby import through_standby
 from slurm_omni.supervisor.journal import (
     Launch,
     SupervisorJournal,
     journal_path,
     layout_to_json,
     read_request,
+    report_document,
+    report_path,
     request_path,
     status_document,
     status_path,
+    write_report,
     write_status,
 )
 
@@ -99,11 +103,13 @@ class SupervisorOptions:
     spank_ckpt: str = ""
     log_dir: Path | None = None
     tick_s: float = 0.05
-    kill_grace_s: float = 0.5
+    kill_grace_s: float = 0.2
     """After killing a failed step's tasks, wait this long for its srun before relaunching anyway."""
     node_poll_s: float = 3.0
     heartbeat_poll_s: float = 0.5
     crash_at: str = ""
+    standby: bool = True
+    """Keep a warm standby server on every node of the allocation and run the ranks through it."""
 
     @property
     def replicas_per_unit(self) -> int:
@@ -136,6 +142,7 @@ class Supervisor:
         """Nodes of the current launch that Slurm reported failed (srun, or their node state)."""
         self._start_step: dict[int, int] = {}
         self._dying: list[subprocess.Popen[bytes]] = []
+        self._standbys: list[subprocess.Popen[bytes]] = []
         self._watched: Confirmer | None = None
         self._stopping = False
         """We asked the step to checkpoint and stop (a planned replacement): its end is no failure."""
@@ -149,6 +156,8 @@ class Supervisor:
             return EXIT_DONE
         if st.outcome == "fallback":
             return EXIT_FAILED
+        if self.opts.standby:
+            self._start_standbys()
         if st.current is None:
             nodes, feats, _ = self.node_info(self.opts.allocation)
             leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
@@ -163,6 +172,8 @@ class Supervisor:
             code = self._after(cur, rc)
             if code is not None:
                 self._write_status()
+                for proc in self._standbys:
+                    proc.terminate()
                 return code
 
     def _forward(self, signum: int, _frame: Any) -> None:
@@ -207,6 +218,21 @@ class Supervisor:
         self._write_status()
         return self._watch(cur, pid)
 
+    def _start_standbys(self) -> None:
+        """One ``omni standby serve`` step per node (its own srun, so that a lost node ends only its
+        own); a restarted supervisor starts only those it does not find running."""
+        for node in self.opts.allocation:
+            name = f"omni-{self.opts.job_id}-standby-{node}"
+            if find_step_process(name) is not None:
+                continue
+            argv = ["srun", f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                    "omni", "standby", "serve"]
+            fd = os.open(self._log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                self._standbys.append(self.runner.spawn(argv, stdout=fd, stderr=fd))
+            finally:
+                os.close(fd)
+
     def _log_path(self, name: str) -> str:
         folder = self.opts.log_dir or self.journal.path.parent
         folder.mkdir(parents=True, exist_ok=True)
@@ -216,7 +242,8 @@ class Supervisor:
         comps = [StepComponent(k, nodes, self.opts.stages[k].tasks_per_node)
                  for k, nodes in enumerate(cur.layout.components)]
         spank_stage = ",".join(f"{s.name}:{c.ntasks}" for s, c in zip(self.opts.stages, comps, strict=True))
-        argv = step_argv(comps, self.opts.command, name=name, overlap=True,
+        command = through_standby(self.opts.command) if self.opts.standby else self.opts.command
+        argv = step_argv(comps, command, name=name, overlap=True,
                          spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt)
         _, _, addrs = self.node_info(cur.layout.components[0][:1])
         env = {
@@ -341,8 +368,31 @@ class Supervisor:
                     cur.number, cur.number + 1, ",".join(relaunch.removed) or "nothing",
                     ",".join(relaunch.added) or "nothing", relaunch.units_before, relaunch.layout.units,
                     len(relaunch.layout.spares), "; ".join(relaunch.reasons))
-        self._intend(cur.number + 1, relaunch.layout, cause=cause, removed=relaunch.removed, added=relaunch.added)
+        nxt = self._intend(cur.number + 1, relaunch.layout, cause=cause, removed=relaunch.removed,
+                           added=relaunch.added)
+        self._report("relaunched", cur, nxt.incarnation, cause, relaunch.layout, relaunch.removed, relaunch.added,
+                     "; ".join(relaunch.reasons), relaunched_at=nxt.started_at)
         return None
+
+    def _report(self, kind: str, cur: Launch, life_after: int, cause: str, layout: StepLayout,
+                removed: Sequence[str], added: Sequence[str], reason: str, *, relaunched_at: float | None) -> None:
+        """The manager's view of this recovery (notes/recovery-fsm.md): one file per event."""
+        conf = cur.confirmed or {}
+        def by_component(names: Sequence[str], where: StepLayout) -> dict[str, list[str]]:
+            return {str(k): [n for n in names if n in comp] for k, comp in enumerate(where.components)
+                    if any(n in comp for n in names)}
+        doc = report_document(
+            kind, job_id=self.opts.job_id, life_before=cur.incarnation, life_after=life_after, cause=cause,
+            nodes=list(conf.get("nodes") or removed), removed=by_component(removed, cur.layout),
+            added=by_component(added, layout),
+            spares_left={str(k): len(layout.spares_for(stage)) for k, stage in enumerate(self.opts.stages)},
+            data_parallel_size=layout.units * self.opts.replicas_per_unit, fault_at=conf.get("fault_at"),
+            detected_at=conf.get("detected_at"), confirmed_at=conf.get("confirmed_at"), relaunched_at=relaunched_at,
+            reason=reason, failed_nodes=list(layout.failed))
+        try:
+            write_report(report_path(self.opts.ckpt_dir, kind, life_after), doc)
+        except OSError as e:
+            log.warning("supervisor: couldn't write the %s report: %s", kind, e)
 
     def _confirm(self, cur: Launch, rc: int, now: float) -> Decision:
         """The one rule over what this launch left: the step's end, the nodes' states now, the last
@@ -357,7 +407,8 @@ class Supervisor:
         self._observe_nodes(cur, confirmer, force=True)
         d = confirmer.evaluate(now)
         self.journal.append("confirmed", launch=cur.number, cause=d.cause, nodes=list(d.nodes), rc=rc,
-                            fault_at=d.fault_at, confirmed_at=d.confirmed_at, reasons=list(d.reasons))
+                            fault_at=d.fault_at, detected_at=d.first_signal_at, confirmed_at=d.confirmed_at,
+                            reasons=list(d.reasons))
         log.warning("supervisor: launch %d failed (rc %d): %s", cur.number, rc, "; ".join(d.reasons))
         return d
 
@@ -374,6 +425,10 @@ class Supervisor:
 
     def _fallback(self, cur: Launch, failed: Sequence[str], reasons: Sequence[str]) -> int:
         self.journal.append("fallback", launch=cur.number, failed_nodes=sorted(failed), reasons=list(reasons))
+        gone = StepLayout(cur.layout.components, cur.layout.spares, tuple(sorted(failed)), cur.layout.units,
+                          cur.layout.kind_of)
+        self._report("gave_up", cur, cur.incarnation + 1, str((cur.confirmed or {}).get("cause", "")), gone,
+                     (), (), "; ".join(reasons), relaunched_at=None)
         self.phase = "fallback"
         log.error("supervisor: no launch fits the allocation (%s): handing over to the manager's resubmission "
                   "(exclude %s)", "; ".join(reasons), ",".join(sorted(failed)) or "-")

@@ -1,0 +1,27 @@
+"""``omni standby serve``: the warm standby of one node (started by the step supervisor)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from slurm_omni.errors import ConfigError
+
+
+@click.group()
+def standby() -> None:
+    """Warm standbys of an in-allocation job."""
+
+
+@standby.command()
+def serve() -> None:
+    """Import the trainer once and fork it for every task of a relaunched step on this node."""
+    from slurm_omni.standby.server import private_dir, socket_path, standby_dir
+    from slurm_omni.standby.server import serve as run_server
+
+    job, node = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURMD_NODENAME", "")
+    if not job or not node:
+        raise ConfigError("standby: couldn't start: SLURM_JOB_ID or SLURMD_NODENAME not set (run it with srun)")
+    folder = private_dir(standby_dir(job))
+    run_server(socket_path(folder, job, node))

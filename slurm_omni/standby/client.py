@@ -1,0 +1,95 @@
+"""The standby client: what an srun task runs instead of ``omni train`` when a warm standby waits on
+its node. Standard library only, run as ``python -S client.py SOCKET -- ARGS...`` so that it starts
+in milliseconds: it hands its environment, working folder, argv and its stdin/stdout/stderr (as file
+descriptors) to the node's standby server, which forks an already-imported trainer for it; then it
+relays signals to that trainer and exits with its status. When no server answers, it execs
+``omni ARGS...`` itself (a cold start).
+
+Wire format (one Unix stream connection): the client sends one JSON line ``{"env", "cwd", "argv"}``
+with its three fds attached (SCM_RIGHTS); the server answers ``{"pid": N}\\n`` then, when the trainer
+ends, ``{"status": S}\\n`` (``os.waitpid`` status). The client closing the connection (it was
+killed) makes the server SIGKILL the trainer.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import sys
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+
+
+def _cold(args: list[str]) -> None:
+    omni = os.path.join(os.path.dirname(sys.executable), "omni")
+    os.execv(omni, [omni, *args])
+
+
+def _read_line(sock: socket.socket, buf: bytearray) -> dict[str, int] | None:
+    while b"\n" not in buf:
+        try:
+            chunk = sock.recv(4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        buf.extend(chunk)
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    obj = json.loads(line)
+    return obj if isinstance(obj, dict) else None
+
+
+def node_socket() -> str:
+    """The socket of this node's server (``server.socket_path`` of ``server.standby_dir``)."""
+    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                          f"omni-standby-{os.geteuid()}-{os.environ.get('SLURM_JOB_ID', '')}")
+    return os.path.join(folder, f"omni-standby-{os.environ.get('SLURM_JOB_ID', '')}-"
+                                f"{os.environ.get('SLURMD_NODENAME', '')}.sock")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("omni standby client: usage: client.py SOCKET|node -- OMNI_ARGS...", file=sys.stderr)
+        return 2
+    path, args = (node_socket() if argv[0] == "node" else argv[0]), argv[2:]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        _cold(args)
+    hello = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "argv": args}).encode() + b"\n"
+    fds = array.array("i", [0, 1, 2])
+    sock.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+    buf = bytearray()
+    first = _read_line(sock, buf)
+    if first is None or "pid" not in first:
+        return 1
+    pid = int(first["pid"])
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    done = _read_line(sock, buf)
+    if done is None or "status" not in done:
+        return 1
+    status = int(done["status"])
+    if os.WIFSIGNALED(status):
+        died_of = os.WTERMSIG(status)
+        signal.signal(died_of, signal.SIG_DFL)
+        os.kill(os.getpid(), died_of)
+        return 128 + died_of
+    return os.WEXITSTATUS(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
