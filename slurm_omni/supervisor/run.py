@@ -104,10 +104,14 @@ class SupervisorOptions:
     log_dir: Path | None = None
     tick_s: float = 0.05
     kill_grace_s: float = 0.2
+    max_fruitless: int = 3
+    """Launches in a row that end before their first step (a crash at start-up) before handing over."""
     """After killing a failed step's tasks, wait this long for its srun before relaunching anyway."""
     node_poll_s: float = 3.0
     heartbeat_poll_s: float = 0.5
     crash_at: str = ""
+    restart_count: int = 0
+    """SLURM_RESTART_COUNT: a requeued allocation (same job id) starts a journal of its own."""
     standby: bool = True
     """Keep a warm standby server on every node of the allocation and run the ranks through it."""
 
@@ -130,8 +134,9 @@ class Supervisor:
         self.opts = opts
         self.runner = runner
         self.clock = clock
-        self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, opts.job_id))
-        self.status_file = status_path(opts.ckpt_dir, opts.job_id)
+        life = opts.job_id if not opts.restart_count else f"{opts.job_id}.{opts.restart_count}"
+        self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, life))
+        self.status_file = status_path(opts.ckpt_dir, life)
         self.request_file = request_path(opts.ckpt_dir, opts.job_id)
         self.phase = "launching"
         self.stop_signal: int | None = None
@@ -200,7 +205,7 @@ class Supervisor:
         it is unknown (a restarted supervisor adopted it by pid)."""
         if cur.ended is not None:
             return cur.ended
-        name = step_name(self.opts.job_id, cur.number)
+        name = step_name(self.opts.job_id, cur.number + 100 * self.opts.restart_count)
         pid = find_step_process(name)
         self._lost = set()
         if pid is None and cur.pid is None:
@@ -297,7 +302,8 @@ class Supervisor:
                 log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
                             cur.number, "; ".join(confirmer.evaluate(now).reasons))
                 killed_at = now
-                scancels = kill_step(self.runner, self.opts.job_id, step_name(self.opts.job_id, cur.number), step_id)
+                scancels = kill_step(self.runner, self.opts.job_id,
+                                     step_name(self.opts.job_id, cur.number + 100 * self.opts.restart_count), step_id)
                 self._dying.extend(scancels)
                 if not scancels:
                     self._stop_step(signal.SIGINT)
@@ -352,6 +358,19 @@ class Supervisor:
         if self.stop_signal is not None:   # the batch shell asked (time limit, scancel): not a failure
             self.phase = "stopped"
             return EXIT_CHECKPOINTED if rc in (EXIT_CHECKPOINTED, 128 + signal.SIGTERM) else rc
+        state = self._job_state()
+        if state not in ("RUNNING", ""):   # scancel, the time limit, a requeue: the allocation is ending
+            log.warning("supervisor: launch %d ended while Slurm shows the job %s: no relaunch", cur.number, state)
+            self.phase = "stopped"
+            return EXIT_CHECKPOINTED if rc == EXIT_CHECKPOINTED else EXIT_FAILED
+        fruitless = 0
+        for la in reversed(self.journal.state.launches):
+            if la.first_step_at is not None or la.cause == "planned":
+                break
+            fruitless += 1
+        if fruitless > self.opts.max_fruitless:
+            why = f"{fruitless} launches in a row ended before their first step"
+            return self._fallback(cur, cur.layout.failed, (why,))
         planned = self._planned(cur)
         if planned is not None:
             relaunch, cause = planned, "planned"
@@ -537,6 +556,13 @@ class Supervisor:
                  for r in records}
         addrs = {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records}
         return parse_nodes(text, self.topology()), feats, addrs
+
+    def _job_state(self) -> str:
+        """Slurm's state of this job (``squeue``), empty when it cannot tell."""
+        out = self.runner.run(["squeue", "--noheader", f"--jobs={self.opts.job_id}", "--format=%T"], check=False,
+                              timeout_s=10)
+        lines = out.stdout.split()
+        return lines[0] if out.ok and lines else ""
 
     def _reap(self) -> None:
         """Old sruns that were left to finish on their own (their tasks already killed)."""
