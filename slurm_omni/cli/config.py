@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -10,6 +11,7 @@ from slurm_omni.config.job import load_job
 from slurm_omni.config.schema import read_toml
 from slurm_omni.config.site import load_site, site_path
 from slurm_omni.render import plan_stages
+from slurm_omni.render.request import check_command, training_command
 
 
 @click.group()
@@ -36,6 +38,12 @@ def check(file: Path, site_file: Path | None) -> None:
         click.echo(f"ok: {file}: job {job.job.name!r}, stages {stages} (no site config at {site_at} to "
                    f"check against)")
         return
-    plans = plan_stages(job, load_site(site_at))
+    site = load_site(site_at)
+    plans = plan_stages(job, site)
     placed = ", ".join(f"{p.name} on {p.partition} {p.nodes}x{p.tasks_per_node} {p.gres}" for p in plans)
-    click.echo(f"ok: {file}: job {job.job.name!r}, {placed}")
+    runs = ""
+    if job.training.command:
+        argv = training_command(job, site, file.resolve())
+        check_command(argv, job.job.name)
+        runs = f"; runs {shlex.join(argv)}"
+    click.echo(f"ok: {file}: job {job.job.name!r}, {placed}{runs}")

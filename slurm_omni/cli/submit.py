@@ -15,6 +15,7 @@ from slurm_omni.config.site import SiteConfig, load_site, site_path
 from slurm_omni.errors import ConfigError, SlurmError
 from slurm_omni.render import ArrayJobRequest, HetJobRequest, plan_stages
 from slurm_omni.render.registry import Registration, register
+from slurm_omni.render.request import check_command, training_command
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     loaded, site = _load(job_files, site_file)
     request = _request(loaded, site, max_parallel, sweep)
     script = request.materialize()
+    for path, job, _ in loaded:
+        if job.training.command:    # a missing program would fail every rank of every life
+            check_command(training_command(job, site, path), job.job.name)
     for _, job, _ in loaded:
         _make_log_dir(job.job.log_dir)
     argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]

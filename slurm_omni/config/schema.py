@@ -90,6 +90,9 @@ def _convert(tp: Any, value: Any, *, source: str, key: str) -> Any:
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
+        arms = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(arms) == 1:   # "X or nothing": X's own error says more (an unknown key inside a table)
+            return _convert(arms[0], value, source=source, key=key)
         last: ConfigError = bad
         for arg in typing.get_args(tp):
             if arg is type(None):

@@ -202,6 +202,10 @@ class SiteConfig:
     manager: ManagerSite
     use_spank_plugin: bool = True
     """spank/omni_spank.so is in plugstack.conf: the step gets ``--omni-stage``/``--omni-ckpt``."""
+    python: Path | None = None
+    """The Python with slurm-omni installed that batch scripts run on the compute nodes (``PYTHON -m
+    slurm_omni.cli.main`` for ``omni``, ``{python}`` in a job's command). Unset: the Python that renders
+    the script (``sys.executable``), by absolute path: PATH need not hold ``omni``."""
 
     def __post_init__(self) -> None:
         check_slurm_name("cluster", self.cluster)
@@ -209,6 +213,9 @@ class SiteConfig:
             raise ConfigError("stages is empty (expected at least one [stages.NAME] table)")
         for name in self.stages:
             check_slurm_name("stage name", name)
+        if self.python is not None and not self.python.is_absolute():
+            raise ConfigError(f"python = {str(self.python)!r} is not allowed (expected an absolute path: batch "
+                              "scripts run on other nodes, from another folder)")
 
 
 def site_path(explicit: Path | None = None) -> Path:

@@ -12,6 +12,7 @@ micro-batches per replica (``global_batch_size / (dp * micro_batch_size)``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
@@ -206,16 +207,50 @@ class CheckpointCadence:
                               f"keep_last = {self.keep_last} (>= 1)")
 
 
+COMMAND_FIELDS = ("python", "omni", "job_dir", "job_file", "job_name")
+"""What ``{...}`` may name in ``[training] command`` and ``[training.env]`` values: the Python (and the
+``omni`` argv, a whole word only) that rendered the script, or the site's ``python``; the job file's
+folder and path; the job's name. ``{{`` and ``}}`` are literal braces."""
+_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""Set by slurm-omni for every rank; a job file cannot override them (nor OMNI_* and SLURM_*)."""
+
+
+def substitute(text: str, values: dict[str, str], *, where: str) -> str:
+    """``text`` with its ``{name}`` fields replaced from ``values``; a ConfigError names a bad field."""
+    def one(m: re.Match[str]) -> str:
+        token = m.group(0)
+        if token in ("{{", "}}"):
+            return token[0]
+        name = m.group(1)
+        if name is None or name not in values:
+            raise ConfigError(f"{where} = {text!r}: {token!r} is not allowed (fields: "
+                              f"{', '.join('{' + f + '}' for f in COMMAND_FIELDS)}; {{{{ and }}}} for braces)")
+        return values[name]
+    return _FIELD.sub(one, text)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainingConfig:
     """The ``[training]`` table of a job file."""
 
     max_steps: int = 100
     """Global optimiser steps to train; the job exits with EXIT_DONE after the last one."""
+    command: list[str] = field(default_factory=list)
+    """Your own training program as an argv list, e.g. ``["{python}", "{job_dir}/train.py"]``, started
+    on every rank instead of the built-in trainer (``omni train``, the default when empty). Fields in
+    braces: :data:`COMMAND_FIELDS`. The program adopts slurm-omni through ``slurm_omni.elastic``
+    (docs/own-script.md). The built-in trainer's tables below are then not used, except ``max_steps``
+    (OMNI_MAX_STEPS), ``parallel`` (the global batch the manager keeps when it resizes) and
+    ``checkpoint``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment of every rank (values take the same fields as ``command``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    data: DataConfig
+    data: DataConfig | None = None
+    """Required by the built-in trainer; a ``command`` brings its own data."""
     checkpoint: CheckpointCadence = field(default_factory=CheckpointCadence)
     log_every: int = 1
     """Write a metrics line every this many steps."""
@@ -227,13 +262,33 @@ class TrainingConfig:
         if self.max_steps <= 0 or self.log_every <= 0:
             raise ConfigError(f"training: max_steps = {self.max_steps}, log_every = {self.log_every} "
                               "(must be > 0)")
+        if not self.command and self.data is None:
+            raise ConfigError("training: missing [training.data] (the built-in trainer reads its shards from "
+                              "it; or give training.command to run your own script)")
+        if self.command and not self.command[0]:
+            raise ConfigError("training.command = [\"\", ...] is not allowed (its first word is the program)")
+        probe = dict.fromkeys(COMMAND_FIELDS, "x")
+        for i, word in enumerate(self.command):
+            substitute(word, probe, where=f"training.command[{i}]")
+        for name, value in self.env.items():
+            if not _ENV_NAME.fullmatch(name) or name in RESERVED_ENV or name.startswith(("OMNI_", "SLURM_")):
+                raise ConfigError(f"training.env.{name} is not allowed (expected a variable name; RANK, "
+                                  "WORLD_SIZE, LOCAL_RANK, MASTER_*, OMNI_* and SLURM_* are slurm-omni's)")
+            substitute(value, probe, where=f"training.env.{name}")
+
+    @property
+    def shards(self) -> DataConfig:
+        """The built-in trainer's data (present whenever ``command`` is empty)."""
+        if self.data is None:
+            raise ConfigError("training: missing [training.data] (the built-in trainer needs it)")
+        return self.data
 
 
 def load_training_table(table: object, *, source: str, base_dir: Path | None = None) -> TrainingConfig:
     """Build a TrainingConfig from an already parsed ``[training]`` table; a relative
     ``data.shard_dir`` is resolved against ``base_dir`` (the job file's folder)."""
     cfg = load_dataclass(TrainingConfig, table, source=source, prefix="training")
-    if base_dir is not None and not cfg.data.shard_dir.is_absolute():
+    if base_dir is not None and cfg.data is not None and not cfg.data.shard_dir.is_absolute():
         cfg = replace(cfg, data=replace(cfg.data, shard_dir=base_dir / cfg.data.shard_dir))
     return cfg
 

@@ -15,7 +15,8 @@ a step reports them; the fail-slow detector compares ``compute_s`` across the ra
 ``node`` the node the rank runs on (``SLURMD_NODENAME``; absent outside Slurm);
 ``last_checkpoint_step`` the newest step whose shard this rank made durable (or restored from);
 ``phase`` one of :data:`PHASES`; ``metrics`` (optional) at most :data:`MAX_METRICS` numbers the script
-passed with its last step; ``error`` (optional, phase ``failed``) one line saying what went wrong. The
+passed with its last step; ``error`` (optional, phase ``failed``) one line saying what went wrong;
+``exit_code`` (optional, the last beat) the code the rank exits with (78: bad input, do not restart). The
 file is written to a temporary name and renamed, so a reader never sees a partial file. The thread
 keeps beating while the main thread is inside a long collective, which is what lets the manager tell
 a slow step (beats, no progress) from a dead process (no beats).
@@ -96,9 +97,13 @@ class Heartbeat:
             if error is not None:
                 s["error"] = " ".join(error.split())[:MAX_ERROR_CHARS]
 
-    def stop(self, phase: str, *, error: str | None = None) -> None:
-        """Final beat with ``phase`` (done, stopping, failed); the thread ends."""
+    def stop(self, phase: str, *, error: str | None = None, exit_code: int | None = None) -> None:
+        """Final beat with ``phase`` (done, stopping, failed) and the exit code the rank is about to
+        exit with; the thread ends."""
         self.update(phase=phase, error=error)
+        if exit_code is not None:
+            with self._lock:
+                self._state["exit_code"] = exit_code
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 1)

@@ -211,7 +211,7 @@ class Run:
             code, error = EXIT_FAILED, str(e)
         phase = {EXIT_DONE: "done", EXIT_CHECKPOINTED: "stopping"}.get(code, "failed")
         self.heartbeat.update(last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
-        self.heartbeat.stop(phase, error=error)
+        self.heartbeat.stop(phase, error=error, exit_code=code if 0 <= code <= 255 else None)
         self.metrics.close()
         if self._groups is not None and dist.is_initialized() and code in (EXIT_DONE, EXIT_CHECKPOINTED):
             dist.destroy_process_group()

@@ -30,14 +30,14 @@ from slurm_omni.config.site import SiteConfig
 from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
 from slurm_omni.manager.actions import Actions
-from slurm_omni.manager.events import FaultRecord, NodeEvent, consume
+from slurm_omni.manager.events import FaultRecord, HeartbeatRecord, NodeEvent, consume
 from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
 from slurm_omni.manager.registry import RegisteredJob, read_registry
 from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
 from slurm_omni.manager.status import write_timeline
 from slurm_omni.manager.watch import Watch, new_watch, restore_watch
 from slurm_omni.policy.confirm import ConfirmConfig, NodeObservation, TaskExit, Verdict
-from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED, EXIT_DONE
+from slurm_omni.runtime.exitcodes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 from slurm_omni.slurm.types import Job, JobState, Node
 
@@ -210,6 +210,10 @@ class Manager:
         if w.slurm_id is None or w.expect_restart:   # a requeued array task: its next life's beats come
             return                                     # with the restart count Slurm has not shown yet
         beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.life]
+        refused = next((hb for hb in beats if hb.exit_code == EXIT_BAD_INPUT), None)
+        if refused is not None:
+            self._refuse_bad_input(w, refused)
+            return
         for hb in beats:
             if w.phases.get(hb.rank) != hb.phase:
                 w.phases[hb.rank] = hb.phase
@@ -232,6 +236,15 @@ class Manager:
                 self.journal.update_progress(w.key, global_step=progress[0], last_checkpoint_step=progress[1],
                                              heartbeat_at=progress[2],
                                              progress_at=w.confirmer.evaluate(now).last_progress_at)
+
+    def _refuse_bad_input(self, w: Watch, hb: HeartbeatRecord) -> None:
+        """A rank said its input cannot work (exit 78: another script's checkpoint, a state_dict that
+        does not load, a loop that ends early): every restart would fail the same way."""
+        why = hb.error or f"rank {hb.rank} exited {hb.exit_code} (bad input)"
+        self.journal.record_decision(w.key, w.incarnation, hb.time, "refused", "bad_input",
+                                     {"rank": hb.rank, "error": why})
+        log.error("manager: job %s: %s; not restarting it (fix that and submit again)", w.key, why)
+        self._close(w, "failed", hb.time, f"bad input: {why}")
 
     def _observe_poll(self, w: Watch, snap: ClusterSnapshot, nodes: dict[str, Node], now: float) -> None:
         if w.slurm_id is None:

@@ -114,6 +114,8 @@ class HeartbeatRecord:
     """Numbers the training script passed with its last step (loss, samples, tokens, ...)."""
     error: str = ""
     """With phase ``failed``: the script's one line saying what went wrong (slurm_omni.elastic)."""
+    exit_code: int | None = None
+    """The exit code the rank chose in its last beat (78: bad input, restarting cannot help)."""
 
     def observation(self, *, het_job: bool = True) -> Heartbeat:
         """Stage n runs in het component n (runtime/layout.py); an ordinary job has only offset 0."""
@@ -270,8 +272,9 @@ _HEARTBEAT: dict[str, _Check] = {
         isinstance(k, str) and 0 < len(k) <= 32 and isinstance(x, (int, float)) and not isinstance(x, bool)
         and math.isfinite(x) for k, x in v.items()),
     "error": lambda v: isinstance(v, str) and len(v) <= 400,
+    "exit_code": _opt(lambda v: _is_int(v) and 0 <= v <= 255),
 }
-_HEARTBEAT_OPTIONAL = ("node", "compute_s", "data_s", "metrics", "error")   # older writers omit them
+_HEARTBEAT_OPTIONAL = ("node", "compute_s", "data_s", "metrics", "error", "exit_code")   # older writers omit them
 _HEARTBEAT_DEFAULTS: dict[str, Any] = {"node": "", "metrics": {}, "error": ""}
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +19,7 @@ from slurm_omni import __version__
 from slurm_omni.config import quoting
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig, parse_gres
+from slurm_omni.config.training import substitute
 from slurm_omni.errors import ConfigError
 from slurm_omni.render import engine
 from slurm_omni.runtime import exitcodes
@@ -141,7 +145,7 @@ def supervisor_stages_arg(plans: Sequence[StagePlan]) -> str:
 def exit_code_table() -> dict[str, int]:
     """The runtime's exit codes; the batch script exits with the same numbers."""
     return {"done": exitcodes.EXIT_DONE, "requeue": exitcodes.EXIT_CHECKPOINTED,
-            "failed": exitcodes.EXIT_FAILED}
+            "failed": exitcodes.EXIT_FAILED, "bad_input": exitcodes.EXIT_BAD_INPUT}
 
 
 def spank_stage_arg(plans: Sequence[StagePlan]) -> str:
@@ -149,8 +153,55 @@ def spank_stage_arg(plans: Sequence[StagePlan]) -> str:
     return ",".join(f"{p.name}:{p.ntasks}" for p in plans)
 
 
+def python_for(site: SiteConfig) -> str:
+    """The Python batch scripts run: the site's ``python``, else the one rendering this script."""
+    return str(site.python) if site.python is not None else os.path.abspath(sys.executable)
+
+
+def omni_argv(site: SiteConfig) -> tuple[str, ...]:
+    """``omni`` on the compute nodes, by absolute path: no reliance on PATH or an activated venv."""
+    return (python_for(site), "-m", "slurm_omni.cli.main")
+
+
+def command_fields(job: JobFile, site: SiteConfig, job_file: Path) -> dict[str, str]:
+    return {"python": python_for(site), "omni": " ".join(omni_argv(site)), "job_dir": str(job_file.parent),
+            "job_file": str(job_file), "job_name": job.job.name}
+
+
+def training_command(job: JobFile, site: SiteConfig, job_file: Path) -> tuple[str, ...]:
+    """The argv every rank runs: the job file's ``[training] command`` with its fields filled in (a
+    word ``{omni}`` becomes omni's argv), else the built-in trainer."""
+    if not job.training.command:
+        return (*omni_argv(site), "train", "--config", str(job_file))
+    fields = command_fields(job, site, job_file)
+    out: list[str] = []
+    for i, word in enumerate(job.training.command):
+        if word == "{omni}":
+            out += omni_argv(site)
+        else:
+            out.append(substitute(word, fields, where=f"training.command[{i}]"))
+    return tuple(out)
+
+
+def check_command(argv: Sequence[str], job_name: str) -> None:
+    """The program must be there (here, where the batch script also looks first), and so must a script
+    file it is given: one ConfigError line naming the job and what to fix."""
+    program = argv[0]
+    found = (os.access(program, os.X_OK) and os.path.isfile(program)) if os.sep in program else shutil.which(program)
+    if not found:
+        raise ConfigError(f"job {job_name}: couldn't find [training] command's program {program!r} (give an "
+                          "absolute path, or {python} for the Python with slurm-omni)")
+    for word in argv[1:]:
+        if word.endswith(".py") and os.path.isabs(word) and not os.path.isfile(word):
+            raise ConfigError(f"job {job_name}: couldn't find {word} named in [training] command (write "
+                              "{job_dir}/SCRIPT.py for a script beside the job file)")
+
+
 def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[StagePlan]) -> dict[str, str]:
-    """OMNI_* variables that do not depend on the allocation; the template adds the rest."""
+    """OMNI_* variables that do not depend on the allocation, then the job file's ``[training.env]``;
+    the template adds the rest."""
+    fields = command_fields(job, site, job_file)
+    user = {k: substitute(v, fields, where=f"training.env.{k}") for k, v in job.training.env.items()}
     return {
         "OMNI_JOB_NAME": job.job.name,
         "OMNI_JOB_FILE": str(job_file),
@@ -164,6 +215,8 @@ def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[Sta
         # one folder per job: the runtime replaces its own omni-<stage>-*.prom files at start
         "OMNI_METRICS_DIR": str(site.manager.metrics_dir / job.job.name),
         "OMNI_HEARTBEAT_INTERVAL": f"{site.detection.heartbeat_interval_s:g}",
+        "OMNI_MAX_STEPS": str(job.training.max_steps),
+        **user,
     }
 
 
@@ -207,7 +260,7 @@ class HetJobRequest:
 
     def context(self) -> dict[str, Any]:
         plans = plan_stages(self.job, self.site)
-        command = self.command or ("omni", "train", "--config", str(self.job_file))
+        command = self.command or training_command(self.job, self.site, self.job_file)
         j = self.job.job
         shape, why_not = self.in_allocation()
         template = self.template
@@ -243,6 +296,7 @@ class HetJobRequest:
             "exit": exit_code_table(),
             "command": command,
             "incarnation_base": self.incarnation_base,
+            "omni": omni_argv(self.site),
             **self.extra,
         }
 
@@ -296,7 +350,7 @@ class DrillRequest:
         if not 0 <= self.rank < ranks or self.after_s < 0:
             raise ConfigError(f"drill: rank = {self.rank}, after_s = {self.after_s} are not allowed "
                               f"(expected 0 <= rank < {ranks}, after_s >= 0)")
-        inner = self.command or ("omni", "train", "--config", str(self.job_file))
+        inner = self.command or training_command(self.job, self.site, self.job_file)
         command = ("bash", "-c", DRILL_WRAPPER, "omni-drill", ",".join(allowed), str(self.rank),
                    str(self.after_s), self.signal, *inner)
         drill = {"rank": self.rank, "signal": self.signal, "after_s": self.after_s,
@@ -337,6 +391,10 @@ class ArrayJobRequest:
         if len(bases) != len(self.jobs) or min(bases) < 0:
             raise ConfigError(f"render: couldn't build a sweep: incarnation_bases = {bases} (one per job file, "
                               f"0 or more)")
+        own = [str(f) for job, f in zip(self.jobs, self.job_files, strict=True) if job.training.command]
+        if own and not self.command:
+            raise ConfigError(f"render: couldn't put {own[0]} in a sweep: its [training] command runs your own "
+                              "script, and a sweep runs the built-in trainer only (submit it on its own)")
         plans = [plan_stages(job, self.site) for job in self.jobs]
         shape = _array_shape(plans[0], str(self.job_files[0]))
         for path, p in zip(self.job_files[1:], plans[1:], strict=True):
@@ -368,7 +426,7 @@ class ArrayJobRequest:
             "tasks": tasks,
             "spank": self.site.use_spank_plugin,
             "exit": exit_code_table(),
-            "command": self.command or ("omni", "train"),
+            "command": self.command or (*omni_argv(self.site), "train"),
         }
 
     def materialize(self) -> str:

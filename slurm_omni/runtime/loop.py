@@ -107,8 +107,8 @@ class Trainer:
                                               weight_decay=cfg.optim.weight_decay,
                                               betas=(cfg.optim.beta1, cfg.optim.beta2), foreach=False)
                       for name, part in parts.items()}
-        sources = open_sources(cfg.data)
-        plan = DataPlan(cfg.data, sources)
+        sources = open_sources(cfg.shards)
+        plan = DataPlan(cfg.shards, sources)
         reader = ShardReader(cfg.model, sources)
         ckpt = StageCheckpointer(cfg, layout, parts, optimizers)
         restored = ckpt.restore_latest(plan)

@@ -12,11 +12,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from render_support import GOLDEN, JOB_FILE
+from render_support import DATA, GOLDEN, JOB_FILE
 
-from slurm_omni.config.job import JobFile
+from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.render import ArrayJobRequest, DrillRequest, HetJobRequest
+
+GOLDEN_PYTHON = Path("/opt/slurm-omni/bin/python")
+"""The site's ``python`` in the goldens: scripts run omni by absolute path, not whatever renders them."""
+
+
+@pytest.fixture()
+def site(site: SiteConfig) -> SiteConfig:
+    return replace(site, python=GOLDEN_PYTHON)
 
 
 def _compare(name: str, rendered: str, golden_dir: Path = GOLDEN) -> None:
@@ -88,3 +96,11 @@ def test_in_allocation_drill_matches_golden(job: JobFile, site: SiteConfig, job_
     script = DrillRequest(job=job, site=_in_allocation(site), job_file=JOB_FILE, job_sha256=job_sha256, rank=3,
                           after_s=30).materialize()
     _compare("inalloc-drill.sbatch", script)
+
+
+def test_own_script_job_matches_golden(site: SiteConfig, job_sha256: str) -> None:
+    """[training] command and env: fields filled in, every word quoted, the program checked first."""
+    own = load_job(DATA / "job-own.toml")
+    script = HetJobRequest(job=own, site=site, job_file=JOB_FILE, job_sha256=job_sha256).materialize()
+    assert "/opt/slurm-omni/bin/python /shared/jobs/omni-tiny/train.py --name omni-own" in script
+    _compare("own.sbatch", script)
