@@ -340,14 +340,44 @@ class Manifest:
                            tensors={k: _tensor_from_json(t) for k, t in u["tensors"].items()})
                 for name, u in data["units"].items()
             }
-            return cls(step=int(data["step"]), world_size=int(data["world_size"]),
-                       incarnation=str(data["incarnation"]), created=float(data["created"]),
-                       writer_version=str(data["writer_version"]),
-                       load_order=tuple(data["load_order"]), units=units, shards=shards)
+            manifest = cls(step=int(data["step"]), world_size=int(data["world_size"]),
+                           incarnation=str(data["incarnation"]), created=float(data["created"]),
+                           writer_version=str(data["writer_version"]),
+                           load_order=tuple(data["load_order"]), units=units, shards=shards)
+            _check_bounds(manifest, where)
+            return manifest
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CheckpointCorrupt(f"checkpoint: {where}: malformed {MANIFEST}: {e!r}") from e
+
+
+_SHARD_FILE_RE = re.compile(r"rank-[0-9]{5,}\.h5")
+
+
+def _check_bounds(m: Manifest, where: str) -> None:
+    """A manifest names only its own shard files (bare ``rank-NNNNN.h5``, opened inside the step
+    directory) and byte ranges inside them: a reader never follows a name or an offset elsewhere."""
+    for name, shard in m.shards.items():
+        if name != shard_name(shard.rank):
+            raise CheckpointCorrupt(f"checkpoint: {where}: shard {name!r:.80} of rank {shard.rank} "
+                                    f"(expected {shard_name(shard.rank)!r})")
+        if shard.file is not None and (shard.file != f"{name}.h5" or not _SHARD_FILE_RE.fullmatch(shard.file)):
+            raise CheckpointCorrupt(f"checkpoint: {where}: shard {name} names file {shard.file!r:.80} "
+                                    f"(only {name}.h5 in the step directory is allowed)")
+        if shard.file_bytes < 0:
+            raise CheckpointCorrupt(f"checkpoint: {where}: shard {name} has file_bytes {shard.file_bytes} (0 or more)")
+    for unit in m.units.values():
+        for tpath, tensor in unit.tensors.items():
+            for p in tensor.pieces:
+                holder = m.shards.get(p.shard)
+                size = holder.file_bytes if holder is not None and holder.file is not None else 0
+                empty = p.nbytes == 0 and p.offset >= -1
+                if holder is None or not empty and not (0 <= p.offset and 0 < p.nbytes and p.offset + p.nbytes <= size):
+                    raise CheckpointCorrupt(
+                        f"checkpoint: {where}: {unit.name}/{tpath:.80}: piece at offset {p.offset} of "
+                        f"{p.nbytes} bytes in shard {p.shard!r:.40} lies outside its file "
+                        f"({size} bytes; allowed: 0 <= offset, offset + bytes <= file size)")
 
 
 def _tensor_json(t: TensorEntry) -> dict[str, Any]:

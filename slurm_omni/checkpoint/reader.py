@@ -170,7 +170,8 @@ class Restore:
         key = (shard, threading.get_ident())
         with self._lock:
             if key not in self._fds:
-                fd = os.open(self.path / str(self.manifest.shards[shard].file), os.O_RDONLY)
+                fd = os.open(self.path / str(self.manifest.shards[shard].file),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 self._fds[key] = fd
             return self._fds[key]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -85,9 +86,12 @@ def _check_files(path: Path, manifest: fmt.Manifest) -> None:
         if shard.file is None:
             continue
         try:
-            size = os.stat(path / shard.file).st_size
+            st = os.lstat(path / shard.file)
         except FileNotFoundError as e:
             raise CheckpointCorrupt(f"checkpoint: {path.name}: {shard.file} is missing") from e
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointCorrupt(f"checkpoint: {path.name}: {shard.file} is not a regular file")
+        size = st.st_size
         if size != shard.file_bytes:
             raise CheckpointCorrupt(f"checkpoint: {path.name}: {shard.file} is truncated or damaged "
                                     f"({size} bytes on disk, {shard.file_bytes} written)")

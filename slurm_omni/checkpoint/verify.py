@@ -7,6 +7,7 @@ Restore checks the same things as it loads; this reads everything once, in bound
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,16 +82,23 @@ def verify(path: Path, *, progress: Callable[[int], None] | None = None) -> Veri
                 report.problems.append(f"{name}: holds {len(mine)} datasets but names no file")
             continue
         file = path / shard.file
-        try:
-            size = file.stat().st_size
+        try:   # the manifest names only rank-NNNNN.h5 (format._check_bounds); never through a link
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             report.problems.append(f"{shard.file}: missing")
             continue
-        if size != shard.file_bytes:
-            report.problems.append(f"{shard.file}: {size} bytes on disk, {shard.file_bytes} written (truncated?)")
-        report.problems += _check_structure(file, mine)
-        fd = os.open(file, os.O_RDONLY)
+        except OSError as e:
+            report.problems.append(f"{shard.file}: couldn't open: {e.strerror}")
+            continue
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                report.problems.append(f"{shard.file}: not a regular file")
+                continue
+            if st.st_size != shard.file_bytes:
+                report.problems.append(f"{shard.file}: {st.st_size} bytes on disk, {shard.file_bytes} written "
+                                       f"(truncated?)")
+            report.problems += _check_structure(file, mine)
             for where, piece in mine:
                 report.datasets += 1
                 problem = _check_piece(fd, piece, buf, progress)

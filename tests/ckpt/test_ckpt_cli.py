@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +83,53 @@ def test_ckpt_ls_does_not_import_torch(root: Path) -> None:
     probe = ("import sys; from slurm_omni.cli.main import main; main(['ckpt', 'ls', sys.argv[1]]); "
              "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", probe, str(root)], check=True, capture_output=True)
+
+
+def _forge(step: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite the manifest with ``edit`` and a marker that matches it (what a writer of the folder could do)."""
+    data = json.loads((step / fmt.MANIFEST).read_bytes())
+    edit(data)
+    raw = json.dumps(data).encode()
+    (step / fmt.MANIFEST).write_bytes(raw)
+    fmt.write_marker(step, data["step"], raw)
+
+
+def _first_piece(data: dict[str, Any]) -> dict[str, Any]:
+    piece: dict[str, Any] = data["units"]["projector/model"]["tensors"]["proj.weight"]["pieces"][0]
+    return piece
+
+
+@pytest.mark.parametrize("name", ["../../../etc/passwd", "/etc/passwd", "rank-00000.h5/../x", "rank-00001.h5",
+                                  "sub/rank-00000.h5"])
+def test_a_manifest_naming_another_file_fails_verify_and_restore(
+        root: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    step = root / "step-30"
+    _forge(step, lambda d: d["shards"]["rank-00000"].update(file=name))
+    code, out, _ = omni("ckpt", "verify", "--no-progress", str(step), capsys=capsys)
+    assert code == 1 and len(out.splitlines()) == 1, out
+    assert f"names file {name!r}" in out and "only rank-00000.h5 in the step directory is allowed" in out
+    with engine(root) as eng, eng.restore() as r:
+        assert r.step == 20
+
+
+@pytest.mark.parametrize("offset, nbytes", [(-8, 64), (0, -1), (1 << 40, 64), (0, 1 << 40)])
+def test_a_piece_outside_its_file_fails_verify_with_one_line(
+        root: Path, capsys: pytest.CaptureFixture[str], offset: int, nbytes: int) -> None:
+    step = root / "step-30"
+    _forge(step, lambda d: _first_piece(d).update(offset=offset, nbytes=nbytes))
+    code, out, _ = omni("ckpt", "verify", "--no-progress", str(step), capsys=capsys)
+    assert code == 1
+    assert f"piece at offset {offset} of {nbytes} bytes in shard 'rank-00000' lies outside its file" in out
+    with engine(root) as eng, eng.restore() as r:
+        assert r.step == 20
+
+
+def test_a_symlinked_shard_file_is_not_followed(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    step = root / "step-30"
+    real = root / "elsewhere.h5"
+    (step / "rank-00000.h5").rename(real)
+    (step / "rank-00000.h5").symlink_to(real)
+    code, out, _ = omni("ckpt", "verify", "--no-progress", str(step), capsys=capsys)
+    assert code == 1 and "rank-00000.h5: couldn't open" in out
+    with engine(root) as eng, eng.restore() as r:
+        assert r.step == 20
