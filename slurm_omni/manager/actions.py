@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,11 +98,20 @@ class Actions:
         # sbatch hands the job the environment it runs with: the submitter's, not the manager's
         return self.backend.submit(str(script), placement_args(plan, tag, len(shape.stages)), env=reg.environment)
 
-    def find_by_tag(self, tag: str) -> str | None:
-        """A job carrying ``tag`` in its comment (a submission a crash kept out of the journal)."""
+    def find_by_tag(self, tag: str, *, user: str, name: str, since: float) -> str | None:
+        """The job carrying ``tag`` in its comment (a submission a crash kept out of the journal).
+        Tags are predictable, so a job counts only when it is ``user``'s, is named ``name`` and was
+        submitted after the intent was journaled (``since``; squeue gives whole seconds): anyone can
+        plant a held job with the next tag."""
         for job in self.backend.jobs():
-            if job.comment == tag:
-                return str(job.job_id)
+            if job.comment != tag:
+                continue
+            if job.user != user or job.name != name or job.submit_time is None or job.submit_time < math.floor(since):
+                log.error("manager: couldn't adopt Slurm job %s carrying tag %s: user %s, name %s, submitted at "
+                          "%s (expected user %s, name %s, submitted at or after %d)", job.job_id, tag, job.user,
+                          job.name, job.submit_time, user, name, math.floor(since))
+                continue
+            return str(job.job_id)
         return None
 
 

@@ -109,6 +109,7 @@ class ActionRecord:
     state: str                 # intended, done, failed
     result: str | None
     attempts: int
+    intended_at: float = 0.0   # when the action was first journaled as intended
     fresh: bool = False        # intend() just created it: nothing can have been done yet
 
 
@@ -295,10 +296,10 @@ class Journal:
                        "AND state = 'intended'", (error[:2000], now, key))
 
     def action(self, key: str) -> ActionRecord | None:
-        row = self._db.execute("SELECT key, job, incarnation, kind, payload, state, result, attempts "
-                               "FROM actions WHERE key = ?", (key,)).fetchone()
+        row = self._db.execute("SELECT key, job, incarnation, kind, payload, state, result, attempts, "
+                               "intended_at FROM actions WHERE key = ?", (key,)).fetchone()
         return None if row is None else ActionRecord(row[0], row[1], row[2], row[3], json.loads(row[4]),
-                                                     row[5], row[6], row[7])
+                                                     row[5], row[6], row[7], float(row[8]))
 
     def pending_actions(self) -> list[ActionRecord]:
         """Intended or failed actions not known to be done: what a restarted manager reconciles."""
@@ -369,15 +370,16 @@ class Journal:
 
 def perform_once(journal: Journal, *, key: str, job: str, incarnation: int | None, kind: str, payload: Any,
                  now: Callable[[], float], act: Callable[[], str],
-                 find_existing: Callable[[], str | None]) -> str:
+                 find_existing: Callable[[ActionRecord], str | None]) -> str:
     """Do ``act`` at most once for ``key`` across manager restarts; returns its result (e.g. the
     Slurm job id). An action intended by an earlier run is first looked for with
-    ``find_existing`` and adopted when found."""
+    ``find_existing`` (given the intent's record: only a submission made after ``intended_at`` can
+    be the action's) and adopted when found."""
     record = journal.intend(key, job, incarnation, kind, payload, now())
     if record.state == "done" and record.result is not None:
         return record.result
     if not record.fresh:
-        found = find_existing()
+        found = find_existing(record)
         if found is not None:
             log.info("journal: action %s was done before a restart (%s); adopting it", key, found)
             journal.mark_done(key, found, now())

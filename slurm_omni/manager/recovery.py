@@ -138,7 +138,7 @@ def proceed(m: Manager, w: Watch, now: float) -> None:
 
 def _once(m: Manager, w: Watch, kind: str, suffix: str, act: Any) -> str:
     return perform_once(m.journal, key=f"{kind}:{w.key}:{suffix}", job=w.key, incarnation=w.incarnation, kind=kind,
-                        payload={"slurm_job_id": w.slurm_id}, now=m.clock, act=act, find_existing=lambda: None)
+                        payload={"slurm_job_id": w.slurm_id}, now=m.clock, act=act, find_existing=lambda _: None)
 
 
 def _old_incarnation_stopped(m: Manager, w: Watch, now: float) -> bool:
@@ -253,7 +253,8 @@ def _resubmit(m: Manager, w: Watch, rec: Recovery, plan: Plan, now: float) -> No
 
     result = perform_once(m.journal, key=action_key("resubmit", w.key, new), job=w.key, incarnation=new,
                           kind="resubmit", payload={"tag": tag, "plan": plan}, now=m.clock, act=act,
-                          find_existing=lambda: m.actions.find_by_tag(tag))
+                          find_existing=lambda intent: m.actions.find_by_tag(tag, user=m.user, name=w.reg.name,
+                                                                             since=intent.intended_at))
     at = m.clock()
     m.journal.set_incarnation(w.key, new, slurm_job_id=result, submitted_at=at)
     m.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason=rec.cause)

@@ -235,10 +235,15 @@ def parse_squeue_json(text: str) -> list[Job]:
                 array_task_id=task if array_job and task is not None else None,
                 reason=_text(raw.get("state_reason"), f"{what} state_reason"),
                 comment=_text(raw.get("comment"), f"{what} comment"),
+                submit_time=_epoch(number(raw.get("submit_time"), f"{what} submit_time")),
             ))
         except SlurmError as e:
             raise SlurmError(f"squeue: couldn't parse job record: {str(e).removeprefix('slurm: ')}") from e
     return jobs
+
+
+def _epoch(value: int | None) -> float | None:
+    return float(value) if value is not None and value > 0 else None
 
 
 def _combined_state(states: list[JobState]) -> JobState:

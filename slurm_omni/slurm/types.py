@@ -150,6 +150,7 @@ class Job:
     array_task_id: int | None = None
     reason: str = ""
     comment: str = ""
+    submit_time: float | None = None          # epoch seconds as slurmctld recorded the submission
 
     @property
     def array_ref(self) -> str | None:

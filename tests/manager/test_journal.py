@@ -68,7 +68,7 @@ def recover(journal: Journal, slurm: SubmissionLog, hit: Callable[[str], None], 
         return job_id
 
     job_id = perform_once(journal, key=action_key("resubmit", JOB, 1), job=JOB, incarnation=1, kind="resubmit",
-                          payload={"tag": tag}, now=clock, act=submit, find_existing=lambda: slurm.find(tag))
+                          payload={"tag": tag}, now=clock, act=submit, find_existing=lambda _: slurm.find(tag))
     hit("after_done")
     journal.set_incarnation(JOB, 1, slurm_job_id=job_id, submitted_at=clock())
     journal.mark_phase(JOB, 0, "resubmitted", clock(), new_incarnation=1)
@@ -143,7 +143,7 @@ KILLED = textwrap.dedent("""
         hit("after_submit")
         return "1000"
     jid = perform_once(j, key=action_key("resubmit", "train-a", 1), job="train-a", incarnation=1,
-                       kind="resubmit", payload={}, now=lambda: 5.0, act=submit, find_existing=lambda: None)
+                       kind="resubmit", payload={}, now=lambda: 5.0, act=submit, find_existing=lambda _: None)
     hit("after_done")
     j.mark_phase("train-a", 0, "resubmitted", 6.0, new_incarnation=1)
 """)
@@ -170,10 +170,10 @@ def test_failed_action_is_looked_for_before_retry(tmp_path: Path) -> None:
 
     with pytest.raises(TimeoutError):
         perform_once(j, key=key, job=JOB, incarnation=1, kind="resubmit", payload={}, now=lambda: 1.0,
-                     act=timeout_after_submit, find_existing=lambda: slurm.find("omni.train-a.1"))
+                     act=timeout_after_submit, find_existing=lambda _: slurm.find("omni.train-a.1"))
     assert [a.state for a in j.pending_actions()] == ["failed"]
     got = perform_once(j, key=key, job=JOB, incarnation=1, kind="resubmit", payload={}, now=lambda: 2.0,
-                       act=lambda: slurm.submit("omni.train-a.1"), find_existing=lambda: slurm.find("omni.train-a.1"))
+                       act=lambda: slurm.submit("omni.train-a.1"), find_existing=lambda _: slurm.find("omni.train-a.1"))
     assert got == "1000" and len(slurm.jobs()) == 1
     action = j.action(key)
     assert action is not None and action.attempts == 2 and action.state == "done"
