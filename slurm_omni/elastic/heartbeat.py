@@ -8,10 +8,10 @@
      "metrics": {"loss": 2.31, "samples": 8}}
 
 ``time`` is wall-clock (epoch seconds) of the write; ``step`` the last completed global step;
-``step_time_s`` the mean of the last few steps' wall time; ``compute_s`` this rank's own compute in the
-last step (its modules' forward and backward and the optimizer step, without the time spent waiting
-for a peer in a receive or an all-reduce) and ``data_s`` its data loading in that step (both null until
-a step reports them; the fail-slow detector compares ``compute_s`` across the ranks of a stage);
+``step_time_s`` the mean of the last few steps' wall time; ``compute_s`` this rank's own compute per
+step (its modules' forward and backward and the optimizer step, without the time spent waiting for a
+peer in a receive or an all-reduce) and ``data_s`` its data loading per step, both means over the
+same last steps as ``step_time_s`` (null until a step reports them; the fail-slow detector compares ``compute_s`` across the ranks of a stage);
 ``node`` the node the rank runs on (``SLURMD_NODENAME``; absent outside Slurm);
 ``last_checkpoint_step`` the newest step whose shard this rank made durable (or restored from);
 ``phase`` one of :data:`PHASES`; ``metrics`` (optional) at most :data:`MAX_METRICS` numbers the script
@@ -52,6 +52,8 @@ class Heartbeat:
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._step_times: collections.deque[float] = collections.deque(maxlen=window)
+        self._own_times: dict[str, collections.deque[float]] = {
+            k: collections.deque(maxlen=window) for k in ("compute_s", "data_s")}
         self._state: dict[str, Any] = {
             "rank": rank, "stage": max(0, stage), "dp_rank": dp_rank, "pid": os.getpid(),
             "incarnation": incarnation, "job_id": job_id, "step": -1, "phase": "starting",
@@ -87,7 +89,11 @@ class Heartbeat:
                 s["step_time_s"] = sum(self._step_times) / len(self._step_times)
             for key, value in (("compute_s", compute_s), ("data_s", data_s)):
                 if value is not None:
-                    s[key] = round(max(0.0, float(value)), 6)
+                    # the mean over the same last steps as step_time_s: with a beat per interval,
+                    # the last step alone is one sample in several and too noisy to compare nodes
+                    times = self._own_times[key]
+                    times.append(max(0.0, float(value)))
+                    s[key] = round(sum(times) / len(times), 6)
             if phase is not None:
                 s["phase"] = phase
             if last_checkpoint_step is not None:

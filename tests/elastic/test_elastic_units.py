@@ -73,6 +73,15 @@ def test_heartbeat_with_script_metrics_is_what_the_manager_reads(tmp_path: Path)
     assert rec.metrics == {"loss": 2.5, "samples": 8} and rec.error == "elastic: something went wrong"
 
 
+def test_heartbeat_own_times_are_means_of_the_last_steps(tmp_path: Path) -> None:
+    hb = Heartbeat(tmp_path, rank=0, stage=0, dp_rank=0, incarnation=0, job_id="42", window=2)
+    for step, (compute, data) in enumerate([(0.9, 0.3), (0.2, 0.1), (0.4, 0.3)], start=1):
+        hb.update(step=step, step_time_s=1.0, compute_s=compute, data_s=data)
+    hb.stop("done")
+    [rec] = events.read_heartbeats(tmp_path)
+    assert (rec.compute_s, rec.data_s) == (pytest.approx(0.3), pytest.approx(0.2))   # the last two steps
+
+
 def test_old_heartbeats_without_the_new_fields_still_parse(tmp_path: Path) -> None:
     beat = {"rank": 0, "stage": 0, "dp_rank": 0, "pid": 1, "incarnation": 0, "job_id": "1", "step": 1,
             "phase": "training", "time": 1.0, "step_time_s": 0.1, "last_checkpoint_step": None, "beats": 1}
