@@ -16,6 +16,7 @@ from typing import Literal
 from slurm_omni.config.schema import load_dataclass, read_toml
 from slurm_omni.errors import ConfigError, SlurmError
 from slurm_omni.policy.confirm import ConfirmConfig
+from slurm_omni.policy.failslow import FailSlowConfig
 from slurm_omni.slurm import hostlist
 from slurm_omni.slurm.types import Gres
 
@@ -199,6 +200,9 @@ class SiteConfig:
     detection: DetectionSite = field(default_factory=DetectionSite)
     elasticity: ElasticitySite = field(default_factory=ElasticitySite)
     drills: DrillSite = field(default_factory=DrillSite)
+    failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
+    """``[failslow]``: the fail-slow detector's thresholds and its migrations
+    (slurm_omni.policy.failslow.FailSlowConfig; defaults measured in docs/failslow.md)."""
     manager: ManagerSite
     use_spank_plugin: bool = True
     """spank/omni_spank.so is in plugstack.conf: the step gets ``--omni-stage``/``--omni-ckpt``."""

@@ -1,0 +1,171 @@
+"""The fail-slow detector on heartbeat series recorded on the embedded cluster
+(tests/fixtures/heartbeats/, made by ``bench/failslow_bench.py --only SCENARIO --record DIR``): a
+steady run, a noisy one (two busy loops competing for the cores), one vision node made 1.5x slower
+by ``omni drill slow-node`` (duty cycles, and a CPU quota), and a slow data source."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_omni.errors import ConfigError
+from slurm_omni.policy.failslow import (
+    FailSlowConfig,
+    FailSlowDetector,
+    MigrationBudget,
+    Mitigation,
+    NodeState,
+    StepSample,
+    estimate,
+    judge_migration,
+    replay,
+    samples_from,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats"
+CONFIG = FailSlowConfig()
+
+
+def series(name: str) -> tuple[list[StepSample], dict[str, Any]]:
+    records = [json.loads(line) for line in (FIXTURES / f"{name}.jsonl").read_text().splitlines() if line]
+    meta = json.loads((FIXTURES / f"{name}.json").read_text())
+    return samples_from(records), meta
+
+
+def change_at(samples: list[StepSample], meta: dict[str, Any]) -> float:
+    """When the scenario's change began: the drill's start, or the first step of the slow data."""
+    if meta.get("change_step"):
+        return min(s.time for s in samples if s.step >= meta["change_step"])
+    return float(meta["change_at"])
+
+
+@pytest.mark.parametrize("name", ["steady", "noisy"])
+def test_no_node_is_flagged_without_a_slowdown(name: str) -> None:
+    samples, _ = series(name)
+    result = replay(samples, CONFIG)
+    assert result.first_flag == {}
+    assert all(judge_migration(r, config=CONFIG, replicas=2, remaining_steps=10_000, spare_available=True,
+                               can_shrink=True, budget=MigrationBudget(), now=r.time).action is Mitigation.NONE
+               for r in result.reports)
+    # the detector did judge every node, many times
+    assert {v.node for r in result.reports for v in r.nodes} == {s.node for s in samples}
+
+
+@pytest.mark.parametrize("name", ["slow-node", "slow-node-cgroup"])
+def test_the_slow_node_is_flagged_within_a_minute(name: str) -> None:
+    samples, meta = series(name)
+    start = change_at(samples, meta)
+    result = replay(samples, CONFIG)
+    assert set(result.first_flag) == set(meta["slowed_nodes"])
+    delay = result.first_flag[meta["slowed_nodes"][0]] - start
+    assert 0 < delay <= 60
+    flagged = [v for r in result.reports for v in r.flagged]
+    assert all(v.kind == "compute" and v.ratio >= 1 + CONFIG.margin for v in flagged)
+    # a slow node is not a slow job: the job verdict stays quiet while the node explains it
+    assert not any(r.job.slow for r in result.reports if r.flagged)
+
+
+def test_a_slow_node_is_worth_a_replacement_and_its_estimate_is_the_peers_speed() -> None:
+    samples, meta = series("slow-node")
+    result = replay(samples, CONFIG)
+    report = next(r for r in result.reports if r.flagged)
+    decision = judge_migration(report, config=CONFIG, replicas=2, remaining_steps=10_000, spare_available=True,
+                               can_shrink=False, budget=MigrationBudget(), now=report.time)
+    assert decision.action is Mitigation.REPLACE and decision.node == meta["slowed_nodes"][0]
+    est = decision.estimate
+    assert est is not None and est.step_replace_s < est.step_now_s
+    v = report.flagged[0]
+    assert est.step_replace_s == pytest.approx(max(est.step_now_s - (v.level_s - v.peer_level_s),
+                                                   est.step_now_s / v.ratio))
+    # a short rest of the run does not pay for a restart; a cap or migrate = false only warns
+    short = judge_migration(report, config=CONFIG, replicas=2, remaining_steps=10, spare_available=True,
+                            can_shrink=False, budget=MigrationBudget(), now=report.time)
+    assert short.action is Mitigation.WARN and "keep running" in short.reasons[-1]
+    capped = judge_migration(report, config=CONFIG, replicas=2, remaining_steps=10_000, spare_available=True,
+                             can_shrink=False, budget=MigrationBudget((report.time - 60, report.time - 30)),
+                             now=report.time)
+    assert capped.action is Mitigation.WARN and "cap is 2" in capped.reasons[-1]
+    off = judge_migration(report, config=replace(CONFIG, migrate=False), replicas=2, remaining_steps=10_000,
+                          spare_available=True, can_shrink=False, budget=MigrationBudget(), now=report.time)
+    assert off.action is Mitigation.WARN
+
+
+def test_without_a_spare_a_shrink_only_when_k_minus_one_healthy_replicas_are_faster() -> None:
+    samples, _ = series("slow-node")
+    report = next(r for r in replay(samples, CONFIG).reports if r.flagged)
+    v = report.flagged[0]
+    est = estimate(v, report.job.step_time_s or 0.0, 2, 10_000, CONFIG.restart_cost_s)
+    decision = judge_migration(report, config=CONFIG, replicas=2, remaining_steps=10_000, spare_available=False,
+                               can_shrink=True, budget=MigrationBudget(), now=report.time)
+    # 2 replicas -> 1 doubles each replica's work: it pays only when the node is more than 2x slower
+    assert est.step_shrink_s == pytest.approx(2 * est.step_replace_s)
+    assert decision.action is (Mitigation.SHRINK if est.step_shrink_s < est.step_now_s else Mitigation.WARN)
+    # 8 -> 7 costs 8/7 of a healthy step: it pays once the slow node's excess is more than a seventh
+    # of the step (not in this recording, whose step is mostly waiting; yes when the step is the
+    # slow node's own time)
+    actions = []
+    for step_now in (est.step_now_s, v.level_s):
+        scaled = replace(report, job=replace(report.job, step_time_s=step_now))
+        many = judge_migration(scaled, config=CONFIG, replicas=8, remaining_steps=10_000, spare_available=False,
+                               can_shrink=True, budget=MigrationBudget(), now=report.time)
+        e8 = estimate(v, step_now, 8, 10_000, CONFIG.restart_cost_s)
+        assert e8.step_shrink_s == pytest.approx(e8.step_replace_s * 8 / 7)
+        pays = (e8.gain_shrink_s or 0) >= (CONFIG.min_gain - 1) * CONFIG.restart_cost_s
+        assert many.action is (Mitigation.SHRINK if pays else Mitigation.WARN)
+        actions.append(many.action)
+    assert actions[-1] is Mitigation.SHRINK
+
+
+def test_a_slow_data_source_is_the_jobs_not_a_nodes() -> None:
+    samples, meta = series("slow-data")
+    start = change_at(samples, meta)
+    result = replay(samples, CONFIG)
+    assert result.first_flag == {}
+    slow = [r for r in result.reports if r.job.slow]
+    assert slow and slow[0].time > start and all(r.job.cause == "data" for r in slow)
+
+
+def test_hysteresis_a_flagged_node_clears_only_after_clear_s_back_among_its_peers() -> None:
+    """The slow section of the recording, then the steady run's samples shifted after it."""
+    slow, meta = series("slow-node")
+    steady, _ = series("steady")
+    end = max(s.time for s in slow)
+    shift = end + 1 - min(s.time for s in steady)
+    last_step = {s.rank: s.step for s in slow}
+    # the steady run's nodes stand in for the same ranks (one rank per node in both)
+    rank_node = {s.rank: s.node for s in slow}
+    after = [replace(s, time=s.time + shift, step=last_step[s.rank] + s.step + 1, node=rank_node[s.rank])
+             for s in steady]
+    det = FailSlowDetector(CONFIG)
+    states: list[tuple[float, NodeState]] = []
+    node = meta["slowed_nodes"][0]
+    for s in sorted(slow + after, key=lambda s: s.time):
+        det.observe(s)
+        rep = det.evaluate(s.time)
+        states.extend((s.time, v.state) for v in rep.nodes if v.node == node)
+    flagged_at = next(t for t, st in states if st is NodeState.FLAGGED)
+    cleared_at = next(t for t, st in states if t > flagged_at and st is NodeState.OK)
+    # flagged through the end of the slow section, cleared at least clear_s into the healthy one
+    assert all(st is NodeState.FLAGGED for t, st in states if flagged_at <= t <= end)
+    assert cleared_at - (end + 1) >= CONFIG.clear_s
+
+
+def test_repeated_heartbeats_of_one_step_count_once() -> None:
+    det = FailSlowDetector(CONFIG)
+    s = StepSample(1.0, 0, 0, "n1", 5, 0.1, 0.01, 0.2)
+    assert det.observe(s) and not det.observe(replace(s, time=2.0)) and det.observe(replace(s, step=6))
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"window_s": 0}, "window_s = 0 is not allowed"), ({"min_samples": 2}, "min_samples"),
+    ({"margin": 0}, "margin = 0"), ({"clear_margin": 0.3}, "clear_margin = 0.3 .* < margin"),
+    ({"max_migrations_per_hour": -1}, "max_migrations_per_hour"), ({"min_gain": 0.5}, "min_gain"),
+    ({"min_z": -1}, "min_z"),
+])
+def test_bad_thresholds_name_the_key_and_what_is_allowed(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        FailSlowConfig(**change)
