@@ -37,6 +37,14 @@ def _kinds(kind: str | None, matrix: str) -> list[str]:
 @click.command()
 @click.argument("kind", required=False)
 @click.option("--job", "job", required=True, help="Registered job: name or Slurm job id (omni submit).")
+@click.option("--factor", type=float, default=1.5, show_default=True,
+              help="slow-node: how many times slower the node's ranks run.")
+@click.option("--method", type=click.Choice(["auto", "cgroup", "signals"]), default="signals", show_default=True,
+              help="slow-node: SIGSTOP/SIGCONT duty cycles (exact factor), or a cgroup CPU quota of the "
+                   "measured use / F (auto: where cgroups are writable; ranks that mostly wait get "
+                   "starved bursts, see docs/failslow.md).")
+@click.option("--duration", "duration_s", type=float, default=0.0, show_default=True,
+              help="slow-node: seconds to keep the node slow (0: until Ctrl-C or SIGTERM).")
 @click.option("--site", "site_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Site config (default: $OMNI_SITE_CONFIG, else /etc/slurm-omni/omni.toml).")
 @click.option("--matrix", default="", help="Comma-separated kinds to run in a row, or 'all'.")
@@ -61,11 +69,16 @@ def _kinds(kind: str | None, matrix: str) -> list[str]:
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               default=lambda: os.environ.get("OMNI_CLUSTER_DIR", str(DEFAULT_STATE_DIR)),
               help="Embedded cluster state dir (slurmd-crash).")
-def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node: str, rank: int | None,
-          stall_s: float, after_steps: int, timeout_s: float, timeline: Path | None, reference: Path | None,
-          run_reference: bool, rtol: float, out_dir: Path, state_dir: Path) -> None:
+def drill(kind: str | None, job: str, factor: float, method: str, duration_s: float, site_file: Path | None,
+          matrix: str, node: str, rank: int | None, stall_s: float, after_steps: int, timeout_s: float,
+          timeline: Path | None, reference: Path | None, run_reference: bool, rtol: float, out_dir: Path,
+          state_dir: Path) -> None:
     """Inject KIND into a running job (node-down, kill-rank, stall-rank, ckpt-crash, slurmd-crash),
-    measure detection and recovery, and return the node to service."""
+    measure detection and recovery, and return the node to service. ``slow-node`` makes the job's
+    ranks on --node --factor times slower until --duration ends (or Ctrl-C / SIGTERM), then undoes it."""
+    if kind == "slow-node" and not matrix:
+        _slow_node(job, site_file, node, factor, method, duration_s)
+        return
     from slurm_omni.config.site import load_site, site_path
     from slurm_omni.drill.faults import fill_faults
     from slurm_omni.drill.inject import Injector, read_state_dir
@@ -122,6 +135,24 @@ def drill(kind: str | None, job: str, site_file: Path | None, matrix: str, node:
     if failed or len(results) < len(kinds):
         raise OmniError(f"drill: {len(failed)} of {len(kinds)} drills failed"
                         + (f": {failed[0].kind}: {failed[0].error}" if failed and failed[0].error else ""))
+
+
+def _slow_node(job: str, site_file: Path | None, node: str, factor: float, method: str, duration_s: float) -> None:
+    from slurm_omni.config.site import check_hostlist, load_site, site_path
+    from slurm_omni.drill.inject import check_allowed
+    from slurm_omni.drill.job import JobHandle, find_registration
+    from slurm_omni.drill.slow import slow_node
+    from slurm_omni.errors import ConfigError
+
+    if not node:
+        raise ConfigError("drill: slow-node needs --node (the node, or a hostlist of nodes, whose ranks run slower)")
+    path = site_path(site_file)
+    site = load_site(path)
+    nodes = list(check_hostlist("--node", node))
+    check_allowed(nodes, site.drills.nodes, str(path))
+    handle = JobHandle.from_registration(find_registration(site, job), site)
+    slow_node(handle.heartbeat_dir, nodes, factor, method=method, duration_s=duration_s,  # type: ignore[arg-type]
+              say=click.echo)
 
 
 def _source(kinds: str, job: str) -> str:
