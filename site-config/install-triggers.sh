@@ -5,7 +5,7 @@
 #   install-triggers.sh --spool DIR [--bin-dir DIR] [--remove]
 #
 # Each event (down, fail, drained, up) gets a small program in BIN_DIR that slurmctld runs with
-# the hostlist as its argument; it writes one JSON record into the spool, atomically:
+# the hostlist as its argument; it writes one JSON record into SPOOL/nodes, atomically:
 #   node-<event>-<unix ns>.json  {"version": 1, "kind": "down", "nodes": "node[3-4]",
 #                                 "time": 1796000000.123}
 # (the format slurm_omni/manager/events.py validates; its trigger_main writes the same in Python)
@@ -41,7 +41,10 @@ while read -r trig_id _ && [[ -n ${trig_id:-} ]]; do
 done < <(strigger --get --noheader | awk -v dir="$bin_dir/" 'index($NF, dir) == 1 {print $1}')
 (( remove )) && { echo "install-triggers: removed triggers into $bin_dir"; exit 0; }
 
+# Node events go into $spool/nodes (0755, files 0644): every user's manager reads them, as every
+# user may run sinfo; each user's own $spool/<user> (fault records) is the SPANK plugin's to make.
 mkdir -p -- "$bin_dir" "$spool"
+install -d -m 0755 -- "$spool/nodes"
 for event in down fail drained up; do
     program="$bin_dir/omni-node-$event"
     cat > "$program.tmp" <<PROGRAM
@@ -51,14 +54,16 @@ set -eu
 now=\$(date +%s%N)
 nodes=\${1:-}
 nodes=\${nodes//[^A-Za-z0-9_.,\[\]-]/_}
-tmp=\$(mktemp "$spool/.node-$event-\$now.XXXXXX")
+tmp=\$(mktemp "$spool/nodes/.node-$event-\$now.XXXXXX")
 printf '{"version": 1, "kind": "$event", "nodes": "%s", "time": %s.%s}\n' \\
     "\$nodes" "\${now:0:-9}" "\${now: -9}" > "\$tmp"
-chmod 0640 "\$tmp"
-mv -f "\$tmp" "$spool/node-$event-\$now.json"
+chmod 0644 "\$tmp"
+mv -f "\$tmp" "$spool/nodes/node-$event-\$now.json"
+# an hour on, no manager needs an event the sinfo poll has shown since
+find "$spool/nodes" -maxdepth 1 -name 'node-*.json' -mmin +60 -delete
 PROGRAM
     chmod 0755 "$program.tmp"
     mv -f "$program.tmp" "$program"
     strigger --set --node --"$event" --flags=PERM --program="$program"
 done
-echo "install-triggers: node down/fail/drained/up -> $spool (programs in $bin_dir)"
+echo "install-triggers: node down/fail/drained/up -> $spool/nodes (programs in $bin_dir)"

@@ -1,17 +1,29 @@
-/* Fault records: one JSON object per abnormal task exit, written into the manager's spool
- * directory under a temporary name, fsynced, then renamed, so the manager never reads half a
- * record. No Slurm calls here (tests/spank/harness.c builds this file alone). */
+/* Fault records: one JSON object per abnormal task exit, written into the job owner's directory of
+ * the spool (<spool>/<user>/, read by that user's manager) under a temporary name, fsynced, renamed,
+ * and the directory fsynced, so the manager never reads half a record. slurmstepd runs this as root:
+ * the spool root and the user's directory are opened once (O_NOFOLLOW) and checked by fstat, the
+ * record is created O_EXCL relative to that descriptor and handed to the user. No Slurm calls here
+ * (tests/spank/harness.c builds this file alone). */
 #ifndef OMNI_SPANK_FAULT_H
 #define OMNI_SPANK_FAULT_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "args.h"
 
 #define OMNI_FAULT_VERSION 1
 #define OMNI_NODE_MAX 256
+#define OMNI_USER_MAX 64
+
+/* The job's owner: the records go into <spool>/<name>, owned by uid:gid. */
+struct omni_owner {
+	uid_t uid;
+	gid_t gid;
+	const char *name;
+};
 
 struct omni_fault {
 	uint32_t job_id;      /* this component's job id */
@@ -32,8 +44,9 @@ struct omni_fault {
 /* Formats the record into buf; -1 if it does not fit. */
 int omni_fault_format(const struct omni_fault *f, char *buf, size_t len);
 
-/* Writes the record atomically into dir; path gets the final file name. */
-int omni_fault_write(const char *dir, const struct omni_fault *f, char *path, size_t pathlen, char *err,
-		     size_t errlen);
+/* Writes the record atomically into dir/<owner name>/ (made 0700 for the owner when missing); path
+ * gets the final file name. */
+int omni_fault_write(const char *dir, const struct omni_owner *owner, const struct omni_fault *f, char *path,
+		     size_t pathlen, char *err, size_t errlen);
 
 #endif

@@ -1,7 +1,9 @@
 #include "remote.h"
 
+#include <pwd.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <time.h>
@@ -110,8 +112,34 @@ int omni_remote_task_init(spank_t sp)
 	return 0;
 }
 
+/* The job's owner, whose directory of the spool gets the record. */
+static int job_owner(spank_t sp, struct omni_owner *owner, char *name, size_t namelen)
+{
+	struct passwd pw;
+	struct passwd *found = NULL;
+	char buf[4096];
+	int rc;
+
+	if (spank_get_item(sp, S_JOB_UID, &owner->uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &owner->gid) != ESPANK_SUCCESS) {
+		slurm_error("omni: task_exit: couldn't read the job's uid and gid");
+		return -1;
+	}
+	rc = getpwuid_r(owner->uid, &pw, buf, sizeof(buf), &found);
+	if (rc != 0 || found == NULL) {
+		slurm_error("omni: task_exit: couldn't find the name of uid %ld: %s", (long)owner->uid,
+			    rc ? strerror(rc) : "no such user");
+		return -1;
+	}
+	snprintf(name, namelen, "%s", pw.pw_name);
+	owner->name = name;
+	return 0;
+}
+
 int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
 {
+	struct omni_owner owner;
+	char user[OMNI_USER_MAX + 2];
 	char err[OMNI_ERR_MAX];
 	char path[PATH_MAX];
 	struct omni_fault f;
@@ -161,7 +189,9 @@ int omni_remote_task_exit(spank_t sp, const struct omni_config *cfg)
 		f.stage_index = place.stage;
 		f.stage_rank = place.stage_rank;
 	}
-	if (omni_fault_write(cfg->spool, &f, path, sizeof(path), err, sizeof(err)) < 0) {
+	if (job_owner(sp, &owner, user, sizeof(user)) < 0)
+		return -1;
+	if (omni_fault_write(cfg->spool, &owner, &f, path, sizeof(path), err, sizeof(err)) < 0) {
 		slurm_error("omni: task_exit: %s", err);
 		return -1;
 	}

@@ -28,6 +28,7 @@ from slurm_omni.checkpoint.restore import Restore, open_restore
 from slurm_omni.checkpoint.snapshot import HostArena, ShardLayout, ShardState, take
 from slurm_omni.checkpoint.tree import flatten
 from slurm_omni.errors import CheckpointError
+from slurm_omni.ownership import NotOwnedError, check_own_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,10 @@ class CheckpointEngine:
         self._closed = False
         self._warned_wait = False
         try:
-            config.root.mkdir(parents=True, exist_ok=True)
+            config.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            check_own_dir(config.root, "checkpoint")   # someone else's folder could hold a planted FENCE
+        except NotOwnedError as e:
+            raise CheckpointError(str(e)) from e
         except OSError as e:
             raise CheckpointError(f"checkpoint: couldn't create root {config.root}: {e.strerror}") from e
 

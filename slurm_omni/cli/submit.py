@@ -13,6 +13,7 @@ from slurm_omni.checkpoint.fence import read_fence
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site, site_path
 from slurm_omni.errors import ConfigError, SlurmError
+from slurm_omni.ownership import current_user, ensure_own_dir
 from slurm_omni.render import ArrayJobRequest, HetJobRequest, plan_stages
 from slurm_omni.render.registry import Registration, register
 from slurm_omni.render.request import check_command, training_command
@@ -46,11 +47,11 @@ def _request(loaded: list[tuple[Path, JobFile, str]], site: SiteConfig, max_para
     if len(loaded) == 1 and not sweep:
         path, job, digest = loaded[0]
         return HetJobRequest(job=job, site=site, job_file=path, job_sha256=digest,
-                             incarnation_base=first_incarnation(site.checkpoint.root / job.job.name))
+                             incarnation_base=first_incarnation(site.checkpoint.job_dir(current_user(), job.job.name)))
     return ArrayJobRequest(jobs=tuple(j for _, j, _ in loaded), site=site,
                            job_files=tuple(p for p, _, _ in loaded),
                            job_sha256s=tuple(d for _, _, d in loaded), max_parallel=max_parallel,
-                           incarnation_bases=tuple(first_incarnation(site.checkpoint.root / j.job.name)
+                           incarnation_bases=tuple(first_incarnation(site.checkpoint.job_dir(current_user(), j.job.name))
                                                    for _, j, _ in loaded))
 
 
@@ -87,6 +88,10 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     from slurm_omni.slurm.runner import CommandRunner
 
     loaded, site = _load(job_files, site_file)
+    user = current_user()
+    for _, job, _ in loaded:   # before the fence is read: a folder someone else made is never trusted
+        ensure_own_dir(site.checkpoint.job_dir(user, job.job.name), below=site.checkpoint.root,
+                       what="submit: checkpoint folder")
     request = _request(loaded, site, max_parallel, sweep)
     script = request.materialize()
     for path, job, _ in loaded:
@@ -103,11 +108,11 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     registration = Registration(
         job_id=job_id, kind="het" if isinstance(request, HetJobRequest) else "array", name=first.job.name,
         cluster=site.cluster, job_file=first_path, job_sha256=digest, script=script_path,
-        ckpt_dir=site.checkpoint.root / first.job.name, data_parallel_size=first.job.data_parallel_size,
+        ckpt_dir=site.checkpoint.job_dir(user, first.job.name), data_parallel_size=first.job.data_parallel_size,
         max_requeues=first.job.max_requeues, stages=plan_stages(first, site),
         array_tasks=None if isinstance(request, HetJobRequest) else tuple(
             {"task_id": i, "job_file": str(p), "name": j.job.name, "job_sha256": d,
-             "ckpt_dir": str(site.checkpoint.root / j.job.name), "incarnation_base": request.incarnation_bases[i]}
+             "ckpt_dir": str(site.checkpoint.job_dir(user, j.job.name)), "incarnation_base": request.incarnation_bases[i]}
             for i, (p, j, d) in enumerate(loaded)),
         incarnation_base=request.incarnation_base if isinstance(request, HetJobRequest) else 0,
         environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it

@@ -245,8 +245,10 @@ class LocalCluster:
         for d in (p.root, p.etc, p.munge_dir, p.ctld_dir, p.ctld_dir / "state", p.dev):
             d.mkdir(parents=True, exist_ok=True)
         p.munge_dir.chmod(0o700)
-        p.spool.mkdir(mode=0o700, parents=True, exist_ok=True)
-        p.spool.chmod(0o700)
+        # The site layout (docs/deployment.md): the spool root is root's and 0755; each user's
+        # <spool>/<user> is 0700 and made by the SPANK plugin on the first record.
+        p.spool.mkdir(mode=0o755, parents=True, exist_ok=True)
+        p.spool.chmod(0o755)
         if not p.munge_key.exists():
             _write_private(p.munge_key, secrets.token_bytes(1024))
         for node in spec.node_names:

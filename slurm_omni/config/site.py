@@ -81,10 +81,15 @@ class StageSite:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointSite:
     root: Path
-    """Shared storage that every node mounts; each job writes under ``root/<job name>``."""
+    """Shared storage that every node mounts; each job writes under ``root/<user>/<job name>``
+    (0700 folders of the user's, docs/deployment.md)."""
 
     def __post_init__(self) -> None:
         _check_absolute("checkpoint.root", self.root)
+
+    def job_dir(self, user: str, name: str) -> Path:
+        """A job's checkpoints and heartbeats: per user, so that nobody else can make them first."""
+        return self.root / user / name
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

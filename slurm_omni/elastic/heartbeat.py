@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.checkpoint.format import write_atomic
+from slurm_omni.ownership import check_own_dir
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class Heartbeat:
             self._state["node"] = node
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
-        heartbeat_dir.mkdir(parents=True, exist_ok=True)
+        heartbeat_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_own_dir(heartbeat_dir, "heartbeat")   # the manager trusts only its own user's beats
 
     def start(self) -> None:
         self._write()

@@ -111,6 +111,7 @@ class Manager:
         self.confirm_config = config.confirm_config()
         self.watches: dict[str, Watch] = {}
         self._refused: set[str] = set()
+        self._seen_shared: set[str] = set()   # node events read from <spool>/nodes (not ours to remove)
         self._timeline_dirty = True
 
     def close(self) -> None:
@@ -178,8 +179,10 @@ class Manager:
 
     # -- sources --------------------------------------------------------------------------------
     def _spool(self, now: float) -> None:
-        items = read_spool(self.config.site.manager.spool_dir)
+        items = read_spool(self.config.site.manager.spool_dir, self.user)
         for item in items:
+            if item.shared and item.key in self._seen_shared:
+                continue
             matched = False
             for w in self.watches.values():
                 if w.state in ENDED_STATES or not item.concerns(w.slurm_id, w.node_set):
@@ -190,7 +193,11 @@ class Manager:
                 if now - item.event.time < UNMATCHED_TTL_S:
                     continue   # maybe a job registered a moment from now; others' tools may read it too
                 self.journal.record_observation("", None, _kind(item), item.event.time, item.event, key=item.key)
-            consume(item.path)
+            if item.shared:
+                self._seen_shared.add(item.key)
+            else:
+                consume(item.path)
+        self._seen_shared &= {item.key for item in items if item.shared}   # the trigger program prunes old ones
 
     def _observe_event(self, w: Watch, item: SpoolItem) -> None:
         event = item.event

@@ -2,14 +2,19 @@
 
 Three kinds of file arrive, each one JSON object written to a temporary name and renamed:
 
-``node-<kind>-<ns>-<pid>.json`` in the spool, written by the strigger program (``trigger_main``
+The spool (the site's ``manager.spool_dir``, the plugin's ``spool=``) is root's and 0755; each user
+has ``<spool>/<user>/`` (0700, theirs: the SPANK plugin makes it on the first record and hands it
+over), read and emptied by that user's manager; node events, which every user may see (as in
+``sinfo``), go into ``<spool>/nodes/`` (SlurmUser's, 0755), which every manager reads and none removes.
+
+``node-<kind>-<ns>-<pid>.json`` in ``<spool>/nodes/``, written by the strigger program (``trigger_main``
 below; strigger appends the hostlist to the program's arguments)::
 
     {"version": 1, "kind": "down", "nodes": "node[1-2]", "time": 1764460000.12}
 
 ``kind`` is one of down, fail, drained, up; ``nodes`` a Slurm hostlist; ``time`` epoch seconds.
 
-``fault-<job>.<step>-<node>-<task>-<ns>.json`` in the spool, written by the SPANK plugin for a task
+``fault-<job>.<step>-<node>-<task>-<ns>.json`` in ``<spool>/<user>/``, written by the SPANK plugin for a task
 that exited abnormally (spank/fault.c, ``omni_fault_format``, version 1)::
 
     {"version": 1, "kind": "task_exit", "job_id": 43, "het_job_id": 42, "het_offset": 1,
@@ -50,6 +55,10 @@ MAX_NODE_EVENT_BYTES = 64 * 1024    # a hostlist of thousands of unrelated names
 MAX_FAULT_BYTES = 4096              # spank/fault.c formats into 2048 bytes at most
 MAX_HEARTBEAT_BYTES = 4096
 REJECTED = "rejected"
+NODES_SUBDIR = "nodes"
+"""``<spool>/nodes/``: node events for every user (the strigger program's)."""
+NODE_EVENT_TTL_S = 3600.0
+"""The strigger program removes node events older than this (no manager may remove them)."""
 NODE_EVENT_KINDS = ("down", "fail", "drained", "up")
 HEARTBEAT_PHASES = ("starting", "training", "checkpointing", "stopping", "done", "failed")
 
@@ -322,25 +331,39 @@ _SPOOL_PARSERS: dict[str, tuple[int, Callable[[bytes, str], SpoolEvent]]] = {
 }
 
 
-def scan_spool(spool: Path) -> list[tuple[Path, SpoolEvent]]:
+def scan_spool(spool: Path, *, shared: bool = False) -> list[tuple[Path, SpoolEvent]]:
     """Valid node events and fault records in ``spool``, oldest first; bad ones are set aside.
-    The caller journals each and then calls ``consume``; temporary (dot) files are left alone."""
+    The caller journals each and then calls ``consume``; temporary (dot) files are left alone.
+    ``shared``: ``<spool>/nodes``, which is not ours: node events only, and a bad file is skipped
+    with one log line (never moved)."""
     out: list[tuple[Path, SpoolEvent]] = []
+    parsers = {"node-": _SPOOL_PARSERS["node-"]} if shared else _SPOOL_PARSERS
     for entry in sorted(os.scandir(spool), key=lambda e: e.name):
-        if entry.name.startswith(".") or entry.name == REJECTED:
+        if entry.name.startswith(".") or entry.name == REJECTED or (not shared and entry.name == NODES_SUBDIR):
             continue
         path = Path(entry.path)
-        kind = next((k for k in _SPOOL_PARSERS if entry.name.startswith(k)), None)
-        if kind is None or not entry.name.endswith(".json"):
-            reject(path, "unknown file name (expected node-*.json or fault-*.json)")
-            continue
-        limit, parse = _SPOOL_PARSERS[kind]
+        kind = next((k for k in parsers if entry.name.startswith(k)), None)
         try:
+            if kind is None or not entry.name.endswith(".json"):
+                raise EventRejected(f"unknown file name (expected {' or '.join(k + '*.json' for k in parsers)})")
+            limit, parse = parsers[kind]
             out.append((path, parse(read_bounded(path, limit), entry.name)))
         except EventRejected as e:
-            reject(path, str(e))
+            if shared:
+                _skip_once(path, str(e))
+            else:
+                reject(path, str(e))
     out.sort(key=lambda pe: pe[1].time)
     return out
+
+
+_skipped: set[str] = set()
+
+
+def _skip_once(path: Path, reason: str) -> None:
+    if str(path) not in _skipped:
+        _skipped.add(str(path))
+        log.warning("events: skipped %s: %s", path, reason)
 
 
 def consume(path: Path) -> None:
@@ -378,10 +401,10 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_event_file(spool: Path, name: str, data: bytes) -> Path:
-    """Write ``data`` as ``spool/name`` atomically (temporary dot file, fsync, rename), mode 0600."""
+def write_event_file(spool: Path, name: str, data: bytes, *, mode: int = 0o600) -> Path:
+    """Write ``data`` as ``spool/name`` atomically (temporary dot file, fsync, rename)."""
     tmp = spool / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -391,16 +414,29 @@ def write_event_file(spool: Path, name: str, data: bytes) -> Path:
     return spool / name
 
 
+def prune_node_events(nodes_dir: Path, now: float) -> None:
+    """Remove node events older than ``NODE_EVENT_TTL_S`` (by the time in their name)."""
+    for entry in os.scandir(nodes_dir):
+        parts = entry.name.split("-")
+        if entry.name.startswith("node-") and len(parts) >= 3 and parts[2].isdigit() and \
+                int(parts[2]) / 1e9 < now - NODE_EVENT_TTL_S:
+            Path(entry.path).unlink(missing_ok=True)
+
+
 def trigger_main(argv: list[str]) -> int:
     """The strigger program: ``python -m slurm_omni.manager.events SPOOL KIND HOSTLIST``
-    (strigger appends HOSTLIST; a two-line wrapper script per kind supplies SPOOL and KIND)."""
+    (strigger appends HOSTLIST; a two-line wrapper script per kind supplies SPOOL and KIND). The
+    event goes into ``SPOOL/nodes/`` (made 0755), readable by every user's manager."""
     if len(argv) != 3 or argv[1] not in NODE_EVENT_KINDS:
         print(f"usage: events SPOOL {{{','.join(NODE_EVENT_KINDS)}}} HOSTLIST", file=sys.stderr)
         return 2
     spool, kind, nodes = Path(argv[0]), argv[1], argv[2]
     try:
         data = format_node_event(kind, nodes, time.time())
-        write_event_file(spool, f"node-{kind}-{time.time_ns()}-{os.getpid()}.json", data)
+        nodes_dir = spool / NODES_SUBDIR
+        nodes_dir.mkdir(mode=0o755, exist_ok=True)
+        write_event_file(nodes_dir, f"node-{kind}-{time.time_ns()}-{os.getpid()}.json", data, mode=0o644)
+        prune_node_events(nodes_dir, time.time())
     except (EventRejected, OSError) as e:
         print(f"omni trigger: couldn't record {kind} {nodes[:200]}: {e}", file=sys.stderr)
         return 1

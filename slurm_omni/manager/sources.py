@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slurm_omni.errors import SlurmError
 from slurm_omni.manager.events import (
+    NODES_SUBDIR,
     EventRejected,
     FaultRecord,
     HeartbeatRecord,
@@ -67,6 +68,8 @@ class Poller:
 class SpoolItem:
     path: Path
     event: SpoolEvent
+    shared: bool = False
+    """From ``<spool>/nodes``: every manager reads it, none removes it."""
 
     @property
     def key(self) -> str:
@@ -79,15 +82,37 @@ class SpoolItem:
         return bool(nodes.intersection(self.event.nodes))
 
 
-def read_spool(spool: Path) -> list[SpoolItem]:
-    """Valid events, oldest first (malformed files are set aside by ``scan_spool``). A spool that is
-    not ours and 0700 is refused: anyone who can write it can inject failures."""
-    try:
-        check_private_dir(spool)
-    except EventRejected as e:
-        _log_once(str(e))
-        return []
-    return [SpoolItem(path, event) for path, event in scan_spool(spool)]
+def read_spool(spool: Path, user: str) -> list[SpoolItem]:
+    """Valid events, oldest first: fault records from ``<spool>/<user>`` (malformed files are set
+    aside by ``scan_spool``; the SPANK plugin makes the folder on the first record) and node events
+    from ``<spool>/nodes``. A folder of the user's that is not theirs and 0700, or a node folder
+    others can write, is refused: anyone who can write it can inject failures."""
+    items: list[SpoolItem] = []
+    own = spool / user
+    if os.path.lexists(own):
+        try:
+            check_private_dir(own)
+            items += [SpoolItem(path, event) for path, event in scan_spool(own)]
+        except (EventRejected, OSError) as e:
+            _log_once(str(e))
+    nodes = spool / NODES_SUBDIR
+    if os.path.lexists(nodes):
+        try:
+            check_shared_dir(nodes)
+            items += [SpoolItem(path, event, shared=True) for path, event in scan_spool(nodes, shared=True)]
+        except (EventRejected, OSError) as e:
+            _log_once(str(e))
+    items.sort(key=lambda item: item.event.time)
+    return items
+
+
+def check_shared_dir(path: Path) -> None:
+    """A folder others write for us (node events): root's or ours, and nobody else may write to it."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or stat.S_IMODE(st.st_mode) & 0o022:
+        raise EventRejected(f"events: couldn't use node events in {path}: expected a directory of root's "
+                            f"that only its owner can write, found uid {st.st_uid} mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}")
 
 
 _logged: set[str] = set()

@@ -21,6 +21,7 @@ from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig, parse_gres
 from slurm_omni.config.training import substitute
 from slurm_omni.errors import ConfigError
+from slurm_omni.ownership import current_user
 from slurm_omni.render import engine
 from slurm_omni.runtime import exitcodes
 
@@ -197,17 +198,19 @@ def check_command(argv: Sequence[str], job_name: str) -> None:
                               "{job_dir}/SCRIPT.py for a script beside the job file)")
 
 
-def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[StagePlan]) -> dict[str, str]:
+def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[StagePlan],
+             owner: str) -> dict[str, str]:
     """OMNI_* variables that do not depend on the allocation, then the job file's ``[training.env]``;
     the template adds the rest."""
     fields = command_fields(job, site, job_file)
     user = {k: substitute(v, fields, where=f"training.env.{k}") for k, v in job.training.env.items()}
+    ckpt = site.checkpoint.job_dir(owner, job.job.name)
     return {
         "OMNI_JOB_NAME": job.job.name,
         "OMNI_JOB_FILE": str(job_file),
-        "OMNI_CKPT_DIR": str(site.checkpoint.root / job.job.name),
+        "OMNI_CKPT_DIR": str(ckpt),
         # where slurm_omni.manager.registry looks for them: shared storage every rank and the manager see
-        "OMNI_HEARTBEAT_DIR": str(site.checkpoint.root / job.job.name / "heartbeat"),
+        "OMNI_HEARTBEAT_DIR": str(ckpt / "heartbeat"),
         "OMNI_DP_SIZE": str(job.job.data_parallel_size),
         "OMNI_STAGES": ",".join(p.name for p in plans),
         "OMNI_STAGE_TASKS": ",".join(str(p.ntasks) for p in plans),
@@ -242,6 +245,8 @@ class HetJobRequest:
     incarnation_base: int = 0
     """OMNI_INCARNATION of this submission's first life (Slurm's requeues add their restart count):
     0 for ``omni submit``, one past the last life of the job for a resubmission by the manager."""
+    user: str = field(default_factory=current_user)
+    """Whose job it is: its checkpoint folder is ``<root>/<user>/<name>``."""
 
     def __post_init__(self) -> None:
         if self.incarnation_base < 0:
@@ -291,8 +296,8 @@ class HetJobRequest:
             "het_groups": ",".join(str(p.het_group) for p in plans),
             "spank": self.site.use_spank_plugin,
             "spank_stage": spank_stage_arg(plans),
-            "ckpt_dir": self.site.checkpoint.root / j.name,
-            "env": _quoted_env(_job_env(self.job, self.site, self.job_file, plans)),
+            "ckpt_dir": self.site.checkpoint.job_dir(self.user, j.name),
+            "env": _quoted_env(_job_env(self.job, self.site, self.job_file, plans, self.user)),
             "exit": exit_code_table(),
             "command": command,
             "incarnation_base": self.incarnation_base,
@@ -340,6 +345,7 @@ class DrillRequest:
     signal: DrillSignal = "KILL"
     command: tuple[str, ...] = ()
     """The step's argv under the drill wrapper; empty: ``omni train --config JOB_FILE``."""
+    user: str = field(default_factory=current_user)
 
     def het_request(self) -> HetJobRequest:
         allowed = self.site.drills.nodes
@@ -356,7 +362,7 @@ class DrillRequest:
         drill = {"rank": self.rank, "signal": self.signal, "after_s": self.after_s,
                  "allowed": self.site.drills.allowed_nodes}
         return HetJobRequest(job=self.job, site=self.site, job_file=self.job_file, job_sha256=self.job_sha256,
-                             command=command, template=DRILL_TEMPLATE, extra={"drill": drill})
+                             command=command, template=DRILL_TEMPLATE, extra={"drill": drill}, user=self.user)
 
     def materialize(self) -> str:
         return self.het_request().materialize()
@@ -383,6 +389,7 @@ class ArrayJobRequest:
     """The step's argv before ``--config FILE``; empty: ``omni train``."""
     incarnation_bases: tuple[int, ...] = ()
     """Per task, OMNI_INCARNATION of its first life (see ``HetJobRequest``); empty: all 0."""
+    user: str = field(default_factory=current_user)
 
     def context(self) -> dict[str, Any]:
         if not self.jobs or len(self.jobs) != len(self.job_files) or len(self.jobs) != len(self.job_sha256s):
@@ -410,7 +417,7 @@ class ArrayJobRequest:
         if len(limits) > 1:
             raise ConfigError(f"render: couldn't build a sweep: time limits differ ({sorted(limits)})")
         tasks = [
-            {"job_file_comment": quoting.Quoted(json.dumps(str(f))), "env": _quoted_env(_job_env(job, self.site, f, p)),
+            {"job_file_comment": quoting.Quoted(json.dumps(str(f))), "env": _quoted_env(_job_env(job, self.site, f, p, self.user)),
              "sha256": s, "name": job.job.name, "spank_stage": quoting.shell(spank_stage_arg(p)),
              "incarnation_base": b}
             for job, f, p, s, b in zip(self.jobs, self.job_files, plans, self.job_sha256s, bases, strict=True)

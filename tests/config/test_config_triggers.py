@@ -38,14 +38,14 @@ def test_install_fire_and_remove(slurm_cluster, tmp_path: Path) -> None:
             assert r.returncode == 0, r.stderr
         assert _ours(env, bin_dir) == [str(bin_dir / f"omni-node-{e}") for e in ("down", "drained", "fail", "up")]
         subprocess.run([str(bin_dir / "omni-node-down"), 'node[3-4]"}, {"x'], check=True, timeout=30)
-        (record,) = [json.loads(p.read_text()) for p in spool.glob("node-down-*.json")]
+        nodes = spool / "nodes"                                    # every user's manager reads <spool>/nodes
+        (record,) = [json.loads(p.read_text()) for p in nodes.glob("node-down-*.json")]
         assert record["kind"] == "down" and isinstance(record["time"], float)
         assert record["nodes"] == "node[3-4]__,___x"                # quotes and spaces cannot break the JSON
-        assert not list(spool.glob(".*"))
+        assert not list(nodes.glob(".*")) and oct(nodes.stat().st_mode & 0o777) == oct(0o755)
         # The manager's validator takes what the trigger program wrote.
         subprocess.run([str(bin_dir / "omni-node-down"), "node[5-6]"], check=True, timeout=30)
-        spool.chmod(0o700)
-        events = [e for _, e in scan_spool(spool) if getattr(e, "nodes", None) == ("node5", "node6")]
+        events = [e for _, e in scan_spool(nodes, shared=True) if getattr(e, "nodes", None) == ("node5", "node6")]
         assert len(events) == 1 and events[0].kind == "down"
     finally:
         r = _install(env, "--remove", "--bin-dir", str(bin_dir))

@@ -20,6 +20,7 @@ from omni_configs import site_toml
 from support import wait_until
 
 from slurm_omni.manager.journal import Journal, Recovery
+from slurm_omni.ownership import current_user
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 from slurm_omni.slurm.runner import CommandRunner
 
@@ -103,7 +104,7 @@ class ManagerRun:
 
     @property
     def heartbeat_dir(self) -> Path:
-        return self.tmp / "ckpt" / self.name / "heartbeat"
+        return self.tmp / "ckpt" / current_user() / self.name / "heartbeat"
 
     def runner(self) -> CommandRunner:
         return CommandRunner(self.env, timeout_s=20)

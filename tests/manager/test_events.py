@@ -176,27 +176,30 @@ def test_trigger_program_writes_a_valid_event(tmp_path: Path) -> None:
     assert events.trigger_main([str(spool), "fail", "n[3-4]"]) == 0
     assert events.trigger_main([str(spool), "explode", "n1"]) == 2
     assert events.trigger_main([str(spool), "down", "n[1-"]) == 1
-    (path, ev), = events.scan_spool(spool)
+    (path, ev), = events.scan_spool(spool / events.NODES_SUBDIR, shared=True)
     assert path.name.startswith("node-fail-") and ev.nodes == ("n3", "n4")
-    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)      # every user's manager reads node events
+    assert oct(path.parent.stat().st_mode & 0o777) == oct(0o755)
 
 
 HARNESS = r"""
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include "fault.h"
 int main(int argc, char **argv) {
     struct omni_fault f; char path[4096]; char err[256];
+    struct omni_owner owner = {getuid(), getgid(), argv[2]};
     memset(&f, 0, sizeof(f));
     f.job_id = 43; f.het_job_id = 42; f.het_offset = 1; f.step_id = 0;
     strcpy(f.node, "n3"); strcpy(f.stage, "te\"xt"); f.stage_rank = 2; f.task_id = 5; f.local_task_id = 1; f.pid = 77;
     f.status = 9;  /* killed by SIGKILL */
     f.time.tv_sec = 1764460800; f.time.tv_nsec = 120000000;
-    if (omni_fault_write(argv[1], &f, path, sizeof(path), err, sizeof(err)) < 0) { puts(err); return 1; }
+    if (omni_fault_write(argv[1], &owner, &f, path, sizeof(path), err, sizeof(err)) < 0) { puts(err); return 1; }
     f.status = 3 << 8;  /* exit code 3 */ f.het_job_id = -1; f.het_offset = -1; f.task_id = 6;
-    if (omni_fault_write(argv[1], &f, path, sizeof(path), err, sizeof(err)) < 0) { puts(err); return 1; }
-    return argc > 2;
+    if (omni_fault_write(argv[1], &owner, &f, path, sizeof(path), err, sizeof(err)) < 0) { puts(err); return 1; }
+    return argc > 3;
 }
 """
 
@@ -211,8 +214,11 @@ def test_spank_fault_record_as_written_by_c(tmp_path: Path) -> None:
     subprocess.run(["gcc", "-std=gnu11", f"-I{spank}", "-o", str(exe), str(tmp_path / "h.c"),
                     str(spank / "fault.c"), str(spank / "args.c")],   # fault.c's omni_set_err is in args.c
                    check=True, capture_output=True, timeout=60)
-    spool = private(tmp_path)
-    subprocess.run([str(exe), str(spool)], check=True, timeout=10)
+    root = tmp_path / "spool"
+    root.mkdir(mode=0o755)
+    subprocess.run([str(exe), str(root), "me"], check=True, timeout=10)
+    spool = root / "me"                                   # the plugin made the user's folder, 0700
+    assert oct(spool.stat().st_mode & 0o777) == oct(0o700) and spool.stat().st_uid == os.getuid()
     found = [ev for _, ev in events.scan_spool(spool)]
     assert not (spool / "rejected").exists()
     assert len(found) == 2
@@ -221,3 +227,23 @@ def test_spank_fault_record_as_written_by_c(tmp_path: Path) -> None:
     assert by_task[5].stage == 'te"xt' and by_task[5].time == pytest.approx(1764460800.12)
     assert by_task[5].stage_rank == 2
     assert by_task[6].exit_code == 3 and by_task[6].signal is None and by_task[6].het_offset is None
+
+
+def test_read_spool_takes_the_users_records_and_everyones_node_events(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from slurm_omni.manager.sources import read_spool
+    root = tmp_path / "spool"
+    root.mkdir(mode=0o755)
+    assert read_spool(root, "me") == []                         # no record yet: the plugin makes <spool>/me
+    assert events.trigger_main([str(root), "down", "n3"]) == 0
+    own = events.check_private_dir(root / "me", create=True)
+    (own / "fault-43.0-n3-5-1.json").write_bytes(dumps(FAULT))
+    items = read_spool(root, "me")
+    assert [(i.shared, type(i.event).__name__) for i in items] == [(False, "FaultRecord"), (True, "NodeEvent")]
+    (root / "nodes" / "node-down-1-1.json").write_text("{")    # not ours to move: skipped, kept
+    (root / "nodes").chmod(0o775)                               # others could inject node failures
+    assert [i.shared for i in read_spool(root, "me")] == [False]
+    assert "couldn't use node events in" in caplog.text and "mode 0775" in caplog.text
+    (root / "nodes").chmod(0o755)
+    assert [i.shared for i in read_spool(root, "me")] == [False, True]
+    assert (root / "nodes" / "node-down-1-1.json").exists() and "skipped" in caplog.text

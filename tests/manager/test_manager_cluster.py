@@ -17,6 +17,7 @@ from support import wait_until
 
 from slurm_omni.manager.journal import action_key, incarnation_tag
 from slurm_omni.manager.status import KINDS
+from slurm_omni.ownership import current_user
 from slurm_omni.report.timeline import load_timeline
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -105,7 +106,7 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
         assert entry.kind == KINDS.get(rec.cause, rec.cause), entry
         assert entry.confirmed is not None and entry.first_step_after_restore is not None
         script = (run.state_dir / "scripts" / f"{incarnation_tag(run.key, 1)}.sbatch").read_text()
-        assert "export OMNI_DP_SIZE=1" in script and f"export OMNI_CKPT_DIR={tmp_path}/ckpt/mgr-down" in script
+        assert "export OMNI_DP_SIZE=1" in script and f"export OMNI_CKPT_DIR={tmp_path}/ckpt/{current_user()}/mgr-down" in script
         # The failed node, drained once by the manager (drain_failed = true), its reason saying so.
         node = {n.name: n for n in slurm_cluster.backend().nodes()}[old_text[0]]
         assert "DRAIN" in node.flags and node.reason.startswith("omni:"), node

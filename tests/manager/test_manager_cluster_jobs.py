@@ -20,6 +20,7 @@ from support import wait_until
 
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
+from slurm_omni.ownership import current_user
 from slurm_omni.render.registry import Registration, register
 from slurm_omni.render.request import plan_stages
 from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED
@@ -59,7 +60,7 @@ def _register(run: ManagerRun, job_id: int, name: str) -> Path:
     return register(site.manager.registry_dir, Registration(
         job_id=job_id, kind="het", name=name, cluster=site.cluster, job_file=job_file,
         job_sha256=hashlib.sha256(job_file.read_bytes()).hexdigest(), script=None,
-        ckpt_dir=site.checkpoint.root / name, data_parallel_size=1, max_requeues=3,
+        ckpt_dir=site.checkpoint.job_dir(current_user(), name), data_parallel_size=1, max_requeues=3,
         stages=plan_stages(job, site)))
 
 
@@ -115,7 +116,7 @@ def test_failed_array_task_is_requeued_alone(slurm_cluster, shards: Path, tmp_pa
             return found if len(found) == 2 else None
         by_task = wait_until(tasks, 120, f"both tasks of array {array_id} to run", interval_s=1.0)
         ids = {t: j.job_id for t, j in by_task.items()}            # type: ignore[attr-defined]
-        hb = {t: tmp_path / "ckpt" / f"mgr-arr{t}" / "heartbeat" for t in (0, 1)}
+        hb = {t: tmp_path / "ckpt" / current_user() / f"mgr-arr{t}" / "heartbeat" for t in (0, 1)}
         for t in (0, 1):
             run.wait_steps(ids[t], 2, 6, heartbeat_dir=hb[t])
         os.kill(run.beats(ids[1], hb[1])[1]["pid"], signal.SIGKILL)
@@ -144,7 +145,9 @@ def test_failed_array_task_is_requeued_alone(slurm_cluster, shards: Path, tmp_pa
 
 def test_foreign_jobs_and_records_and_an_open_spool_are_refused(slurm_cluster, shards: Path, tmp_path: Path) -> None:
     spool = tmp_path / "spool"
-    spool.mkdir(mode=0o700)
+    spool.mkdir(mode=0o755)
+    own = spool / "root"                                            # this manager's folder of the spool
+    own.mkdir(mode=0o700)
     with manager_run(tmp_path, slurm_cluster.env, spool, shards, name="mgr-refuse") as run:
         # Another user's job, registered in our registry: Slurm says whose it is.
         foreign = run.sbatch("--uid=nobody", "--hold", "--output=/dev/null", "--wrap=sleep 300")
@@ -154,17 +157,17 @@ def test_foreign_jobs_and_records_and_an_open_spool_are_refused(slurm_cluster, s
         os.chown(other_record, NOBODY, NOBODY)
         (other_record.parent / "77.json").write_text('{"format": 1, "job_id": "77"}')
         # A job of ours whose task fails: the SPANK plugin writes a real fault record to the
-        # cluster's spool; it is moved into this manager's spool, which others can write.
+        # cluster's spool (<spool>/root); it is moved into this manager's folder, which others can write.
         ckpt = tmp_path / "ckpt" / "mgr-refuse"
         failing = run.sbatch("--partition=debug", "--time=5",
                              f"--wrap=srun --omni-stage=vision:1 --omni-ckpt={ckpt} bash -c 'exit 3'; sleep 300")
         _register(run, failing, "mgr-refuse")
-        record = wait_until(lambda: next(iter(slurm_cluster.spool.glob(f"fault-{failing}.*.json")), None), 60,
+        record = wait_until(lambda: next(iter((slurm_cluster.spool / "root").glob(f"fault-{failing}.*.json")), None), 60,
                             f"the SPANK fault record of job {failing}", interval_s=0.5)
         assert json.loads(record.read_text())["exit_code"] == 3
-        moved = spool / record.name
+        moved = own / record.name
         shutil.move(record, moved)
-        spool.chmod(0o755)
+        own.chmod(0o755)
 
         run.start_manager()
         foreign_key, failing_key = f"mgr-foreign-{foreign}", f"mgr-refuse-{failing}"
@@ -177,9 +180,9 @@ def test_foreign_jobs_and_records_and_an_open_spool_are_refused(slurm_cluster, s
         assert sorted(p.name for p in rejected.iterdir()) == ["77.json", other_record.name]
         time.sleep(3)                                               # a dozen ticks with the spool open
         assert moved.exists() and _observations(run, failing_key, "task_exit") == []
-        assert f"couldn't use spool {spool}" in run.manager_log() and "mode 0755" in run.manager_log()
+        assert f"couldn't use spool {own}" in run.manager_log() and "mode 0755" in run.manager_log()
 
-        spool.chmod(0o700)                                          # private again: read and consumed
+        own.chmod(0o700)                                            # private again: read and consumed
         wait_until(lambda: not moved.exists(), 30, f"{moved.name} to be consumed", interval_s=0.5)
         (exit_record,) = _observations(run, failing_key, "task_exit")
         assert exit_record["exit_code"] == 3 and exit_record["job_id"] == failing

@@ -1,4 +1,5 @@
 /* Drives the plugin's pure parts (args.c, fault.c) from the command line for tests/spank. */
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,7 @@
 static int usage(void)
 {
 	fprintf(stderr, "usage: harness stages ARG | path ARG | config ARGS... | "
-			"place STAGES HET_OFFSET COMP_RANK COMP_SIZE RANK SIZE | fault DIR NODE STAGE STATUS\n");
+			"place STAGES HET_OFFSET COMP_RANK COMP_SIZE RANK SIZE | fault DIR USER NODE STAGE STATUS\n");
 	return 2;
 }
 
@@ -53,26 +54,36 @@ int main(int argc, char **argv)
 		printf("%s %ld %ld\n", l.stages[p.stage].name, p.stage_rank, p.stage_size);
 		return 0;
 	}
-	if (strcmp(argv[1], "fault") == 0 && argc == 6) {
+	if (strcmp(argv[1], "fault") == 0 && argc == 7) {
 		struct omni_fault f;
+		struct omni_owner owner;
+		struct passwd *pw = getpwnam(argv[3]);
 		char path[PATH_MAX];
+
+		if (pw == NULL) {
+			snprintf(err, sizeof(err), "no user %s", argv[3]);
+			goto fail;
+		}
+		owner.uid = pw->pw_uid;
+		owner.gid = pw->pw_gid;
+		owner.name = argv[3];
 
 		memset(&f, 0, sizeof(f));
 		f.job_id = 42;
 		f.het_job_id = 41;
 		f.het_offset = 1;
 		f.step_id = 0;
-		snprintf(f.node, sizeof(f.node), "%s", argv[3]);
-		snprintf(f.stage, sizeof(f.stage), "%s", argv[4]);
+		snprintf(f.node, sizeof(f.node), "%s", argv[4]);
+		snprintf(f.stage, sizeof(f.stage), "%s", argv[5]);
 		f.stage_index = 1;
 		f.stage_rank = 3;
 		f.task_id = 3;
 		f.local_task_id = 1;
 		f.pid = 1234;
-		f.status = atoi(argv[5]);
+		f.status = atoi(argv[6]);
 		f.time.tv_sec = 1700000000;
 		f.time.tv_nsec = 5000000;
-		if (omni_fault_write(argv[2], &f, path, sizeof(path), err, sizeof(err)) < 0)
+		if (omni_fault_write(argv[2], &owner, &f, path, sizeof(path), err, sizeof(err)) < 0)
 			goto fail;
 		printf("%s\n", path);
 		return 0;

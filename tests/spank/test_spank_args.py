@@ -94,13 +94,22 @@ def test_placement_refused(harness: Path, stages: str, args: tuple[int, ...], me
     assert r.returncode == 1 and message in r.stdout
 
 
+def _spool(tmp_path: Path) -> Path:
+    """A spool root as the admin makes it: root's, 0755 (users reach only their own 0700 directory)."""
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o755)
+    return spool
+
+
 def test_fault_record_for_a_signal(harness: Path, tmp_path: Path) -> None:
-    r = run_harness(harness, "fault", str(tmp_path), "node5", "text", str(signal.SIGKILL))
+    spool = _spool(tmp_path)
+    r = run_harness(harness, "fault", str(spool), "root", "node5", "text", str(signal.SIGKILL))
     assert r.returncode == 0, r.stdout
     path = Path(r.stdout.strip())
-    assert path.parent == tmp_path and path.name.startswith("fault-42.0-node5-3-")
-    assert sorted(os.listdir(tmp_path)) == [path.name]            # no temp file left behind
-    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert path.parent == spool / "root" and path.name.startswith("fault-42.0-node5-3-")
+    assert sorted(os.listdir(path.parent)) == [path.name]            # no temp file left behind
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     record = json.loads(path.read_text())
     assert record == {
         "version": 1, "kind": "task_exit", "job_id": 42, "het_job_id": 41, "het_offset": 1, "step_id": 0,
@@ -110,20 +119,50 @@ def test_fault_record_for_a_signal(harness: Path, tmp_path: Path) -> None:
 
 
 def test_fault_record_for_an_exit_code(harness: Path, tmp_path: Path) -> None:
-    r = run_harness(harness, "fault", str(tmp_path), "node1", "vision", str(3 << 8))
+    r = run_harness(harness, "fault", str(_spool(tmp_path)), "root", "node1", "vision", str(3 << 8))
     record = json.loads(Path(r.stdout.strip()).read_text())
     assert (record["exit_code"], record["signal"]) == (3, None)
 
 
 def test_fault_record_escapes_hostile_names(harness: Path, tmp_path: Path) -> None:
     node = 'n"\\1\n\t$(x)/../' + "y" * 200
-    r = run_harness(harness, "fault", str(tmp_path), node, "v", "9")
+    spool = _spool(tmp_path)
+    r = run_harness(harness, "fault", str(spool), "root", node, "v", "9")
     path = Path(r.stdout.strip())
-    assert path.parent == tmp_path                                 # "/" and ".." cannot leave the spool
+    assert path.parent == spool / "root"                           # "/" and ".." cannot leave the spool
     assert json.loads(path.read_text())["node"] == node
 
 
 def test_fault_record_into_missing_spool_fails_cleanly(harness: Path, tmp_path: Path) -> None:
-    r = run_harness(harness, "fault", str(tmp_path / "absent"), "n", "v", "9")
+    r = run_harness(harness, "fault", str(tmp_path / "absent"), "root", "n", "v", "9")
     assert r.returncode == 1
-    assert r.stdout.startswith("couldn't create ") and "No such file or directory" in r.stdout
+    assert r.stdout.startswith("couldn't open spool ") and "No such file or directory" in r.stdout
+
+
+@pytest.mark.parametrize("mode, line", [
+    (0o775, "couldn't use spool {spool}: owned by uid 0 with mode 0775 (expected root's, not group/other writable)"),
+    (0o1777, "couldn't use spool {spool}: owned by uid 0 with mode 1777 (expected root's, not group/other writable)"),
+])
+def test_a_spool_root_others_can_write_is_refused(harness: Path, tmp_path: Path, mode: int, line: str) -> None:
+    spool = _spool(tmp_path)
+    spool.chmod(mode)
+    r = run_harness(harness, "fault", str(spool), "root", "n", "v", "9")
+    assert (r.returncode, r.stdout.strip()) == (1, line.format(spool=spool))
+    assert not (spool / "root").exists()
+
+
+def test_a_user_directory_that_is_a_link_or_writable_by_others_is_refused(harness: Path, tmp_path: Path) -> None:
+    spool = _spool(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (spool / "root").symlink_to(elsewhere)
+    r = run_harness(harness, "fault", str(spool), "root", "n", "v", "9")
+    assert r.stdout.strip() == f"couldn't open {spool}/root: Not a directory"   # O_NOFOLLOW | O_DIRECTORY
+    assert os.listdir(elsewhere) == []
+    (spool / "root").unlink()
+    (spool / "root").mkdir(mode=0o700)
+    (spool / "root").chmod(0o733)
+    r = run_harness(harness, "fault", str(spool), "root", "n", "v", "9")
+    assert r.stdout.strip() == f"couldn't use {spool}/root: owned by uid 0 with mode 0733 (expected uid 0, " \
+                               "not group/other writable)"
+    assert os.listdir(spool / "root") == []

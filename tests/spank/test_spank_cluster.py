@@ -68,7 +68,7 @@ def test_sigkilled_task_leaves_a_fault_record(slurm_cluster, plugin: Path, tmp_p
     script.write_text(HET_SCRIPT.format(out=tmp_path))
     before = time.time()
     leader = int(runner.run(["sbatch", "--parsable", str(script)]).stdout.strip().split(";")[0])
-    spool = slurm_cluster.spool
+    spool = slurm_cluster.spool / "root"                        # the job owner's folder (root's here)
 
     def records(job_id: int) -> list[Path]:
         # job ids restart with a fresh cluster state: ignore records older than this test

@@ -132,7 +132,7 @@ def test_drill_kills_the_target_rank(slurm_cluster, plugin_built, tmp_path: Path
     _wait_gone(runner, leader)
     log = (tmp_path / "logs" / f"omni-tiny-{leader}.out").read_text()
     assert "omni drill: rank 3 on node" in log and "step failed" in log
-    faults = [json.loads(p.read_text()) for p in slurm_cluster.spool.glob(f"fault-{leader + 1}.*.json")]
+    faults = [json.loads(p.read_text()) for p in (slurm_cluster.spool / "root").glob(f"fault-{leader + 1}.*.json")]
     target = [f for f in faults if f["time_unix"] >= started - 1 and f["task_id"] == 1]
     assert target and target[0]["signal"] == 9 and target[0]["stage"] == "text"
 

@@ -16,6 +16,7 @@ from render_support import REPO
 from support import wait_until
 
 from slurm_omni.cli.submit import submit
+from slurm_omni.ownership import current_user
 from slurm_omni.slurm.runner import CommandRunner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -49,7 +50,7 @@ def test_submit_trains_both_stages_to_done(slurm_cluster, tmp_path: Path, monkey
                f"job {job_id} to finish", interval_s=2.0)
     log = (tmp_path / "logs" / f"e2e-tiny-{job_id}.out").read_text()
     assert log.rstrip().endswith("omni: step finished: training done"), log[-2000:]
-    ckpt = tmp_path / "ckpt" / "e2e-tiny"
+    ckpt = tmp_path / "ckpt" / current_user() / "e2e-tiny"
     assert {p.name for p in ckpt.glob("step-*")} == {"step-2", "step-4"}
     assert sorted(p.name for p in (ckpt / "heartbeat").iterdir()) == ["rank-0.json", "rank-1.json"]
     assert {p.name for p in (tmp_path / "metrics" / "e2e-tiny").glob("*.prom")} == \

@@ -39,7 +39,8 @@ def _compare(name: str, rendered: str, golden_dir: Path = GOLDEN) -> None:
 
 
 def test_het_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
-    script = HetJobRequest(job=job, site=site, job_file=JOB_FILE, job_sha256=job_sha256).materialize()
+    script = HetJobRequest(job=job, site=site, job_file=JOB_FILE, job_sha256=job_sha256,
+                           user="alice").materialize()
     _compare("het.sbatch", script)
 
 
@@ -47,13 +48,13 @@ def test_array_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: st
     second = replace(job, job=replace(job.job, name="omni-tiny-lr2"))
     script = ArrayJobRequest(jobs=(job, second), site=site,
                              job_files=(JOB_FILE, JOB_FILE.with_name("job-lr2.toml")),
-                             job_sha256s=(job_sha256, "0" * 64), max_parallel=1).materialize()
+                             job_sha256s=(job_sha256, "0" * 64), max_parallel=1, user="alice").materialize()
     _compare("array.sbatch", script)
 
 
 def test_drill_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
     script = DrillRequest(job=job, site=site, job_file=JOB_FILE, job_sha256=job_sha256, rank=3,
-                          after_s=30).materialize()
+                          after_s=30, user="alice").materialize()
     _compare("drill.sbatch", script)
 
 
@@ -82,25 +83,26 @@ def _in_allocation(site: SiteConfig, *, features: bool = False) -> SiteConfig:
 
 
 def test_in_allocation_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
-    script = HetJobRequest(job=job, site=_in_allocation(site), job_file=JOB_FILE, job_sha256=job_sha256).materialize()
+    script = HetJobRequest(job=job, site=_in_allocation(site), job_file=JOB_FILE, job_sha256=job_sha256,
+                           user="alice").materialize()
     _compare("inalloc.sbatch", script)
 
 
 def test_in_allocation_with_node_features_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
     script = HetJobRequest(job=job, site=_in_allocation(site, features=True), job_file=JOB_FILE,
-                           job_sha256=job_sha256).materialize()
+                           job_sha256=job_sha256, user="alice").materialize()
     _compare("inalloc-features.sbatch", script)
 
 
 def test_in_allocation_drill_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
     script = DrillRequest(job=job, site=_in_allocation(site), job_file=JOB_FILE, job_sha256=job_sha256, rank=3,
-                          after_s=30).materialize()
+                          after_s=30, user="alice").materialize()
     _compare("inalloc-drill.sbatch", script)
 
 
 def test_own_script_job_matches_golden(site: SiteConfig, job_sha256: str) -> None:
     """[training] command and env: fields filled in, every word quoted, the program checked first."""
     own = load_job(DATA / "job-own.toml")
-    script = HetJobRequest(job=own, site=site, job_file=JOB_FILE, job_sha256=job_sha256).materialize()
+    script = HetJobRequest(job=own, site=site, job_file=JOB_FILE, job_sha256=job_sha256, user="alice").materialize()
     assert "/opt/slurm-omni/bin/python /shared/jobs/omni-tiny/train.py --name omni-own" in script
     _compare("own.sbatch", script)

@@ -23,6 +23,7 @@ from slurm_omni.cli.submit import parse_sbatch_id
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.errors import ConfigError
+from slurm_omni.ownership import current_user
 from slurm_omni.render import ArrayJobRequest, DrillRequest, HetJobRequest
 from slurm_omni.runtime import exitcodes
 from slurm_omni.slurm.runner import CommandRunner
@@ -189,7 +190,7 @@ def test_hostile_names_come_back_unchanged(submitted: Submitted) -> None:
     records = sorted(submitted.out("hostile").glob("*.json"))
     assert [p.name for p in records] == ["hostile-0-0.json", "hostile-0-1.json"]
     job_file = submitted.root / HOSTILE / "job.toml"
-    ckpt_dir = submitted.root / HOSTILE_PRINTABLE / "ckpt" / "hostile"
+    ckpt_dir = submitted.root / HOSTILE_PRINTABLE / "ckpt" / current_user() / "hostile"
     for path, stage in zip(records, ("vision", "text"), strict=True):
         argv, env = _recorded(path)
         assert env["OMNI_STAGE_NAME"] == stage                      # --het-group=0,1 --omni-stage=vision:1,text:1
@@ -227,7 +228,7 @@ def test_exit_codes_and_array_tasks(submitted: Submitted) -> None:
         assert (rows[task]["ExitCode"], rows[task]["Restarts"]) == (f"{script_exit}:0", "0"), (name, rows[task])
         argv, env = _recorded(submitted.out("exits") / f"{name}-0-0.json")
         assert argv == ["--config", str(submitted.root / f"{name} $(x) 'q'.toml")]
-        assert (env["OMNI_JOB_NAME"], env["OMNI_CKPT_DIR"]) == (name, str(submitted.root / "ckpt" / name))
+        assert (env["OMNI_JOB_NAME"], env["OMNI_CKPT_DIR"]) == (name, str(submitted.root / "ckpt" / current_user() / name))
         assert (env["OMNI_STAGE_NAME"], env["WORLD_SIZE"]) == ("vision", "2")
     missing = len(EXITS)
     assert f"omni: array task {missing} has no job file (sweep of {missing})" in \
