@@ -50,6 +50,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# Unprivileged users for the tests that run jobs and managers the way a site does (pytest -m
+# multiuser, omni demo --user alice): no password, no login shell; a home for their files.
+if [ "$(id -u)" -eq 0 ] && command -v useradd >/dev/null; then
+  for user in ${OMNI_TEST_USERS:-alice bob}; do
+    id -u "$user" >/dev/null 2>&1 || useradd --create-home --shell /usr/sbin/nologin "$user"
+  done
+fi
+
 if [ -f spank/Makefile ]; then
   make -s -C spank
 fi

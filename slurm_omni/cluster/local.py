@@ -244,7 +244,7 @@ class LocalCluster:
         p, spec = self.paths, self.spec
         for d in (p.root, p.etc, p.munge_dir, p.ctld_dir, p.ctld_dir / "state", p.dev):
             d.mkdir(parents=True, exist_ok=True)
-        p.munge_dir.chmod(0o700)
+        p.munge_dir.chmod(0o711)   # users reach the socket (0777); the key stays 0400 root's
         # The site layout (docs/deployment.md): the spool root is root's and 0755; each user's
         # <spool>/<user> is 0700 and made by the SPANK plugin on the first record.
         p.spool.mkdir(mode=0o755, parents=True, exist_ok=True)

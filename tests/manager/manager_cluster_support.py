@@ -89,6 +89,18 @@ class ManagerRun:
     restore_nodes: set[str] = field(default_factory=set)
     extra_jobs: set[int] = field(default_factory=set)
     """Slurm jobs the test made besides ``name``'s (array jobs, sleep jobs): cancelled at the end."""
+    user: str | None = None
+    """Run ``omni submit``, sbatch and the manager as this unprivileged user (tests/multiuser)."""
+    ckpt_root: Path | None = None
+    """The site's checkpoint root; default ``tmp/ckpt``."""
+
+    def as_user(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` to run as ``user`` (setpriv keeps the environment; HOME is theirs)."""
+        if self.user is None:
+            return argv, env
+        home = f"/home/{self.user}"
+        return (["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", *argv],
+                {**env, "HOME": home, "USER": self.user, "LOGNAME": self.user})
 
     @property
     def site(self) -> Path:
@@ -104,7 +116,7 @@ class ManagerRun:
 
     @property
     def heartbeat_dir(self) -> Path:
-        return self.tmp / "ckpt" / current_user() / self.name / "heartbeat"
+        return (self.ckpt_root or self.tmp / "ckpt") / (self.user or current_user()) / self.name / "heartbeat"
 
     def runner(self) -> CommandRunner:
         return CommandRunner(self.env, timeout_s=20)
@@ -113,9 +125,12 @@ class ManagerRun:
         """``omni submit`` of the run's job file (or of ``job_files``: several make a sweep), from the
         run's environment plus ``extra_env``."""
         files = [str(f) for f in job_files] or [str(self.tmp / "job.toml")]
-        out = subprocess.run([str(BIN / "omni"), "submit", *files, "--site", str(self.site)],
-                             env={**self.env, **(extra_env or {})}, capture_output=True, text=True, timeout=60,
-                             check=True).stdout
+        argv, env = self.as_user([str(BIN / "omni"), "submit", *files, "--site", str(self.site)],
+                                 {**self.env, **(extra_env or {})})
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise AssertionError(f"omni submit exited {done.returncode}: {done.stderr.strip()}")
+        out = done.stdout
         self.job_id = int(out.split("submitted job ")[1].split()[0])
         self.extra_jobs.add(self.job_id)
         return self.job_id
@@ -133,7 +148,8 @@ class ManagerRun:
         self.starts += 1
         argv = [sys.executable, "-m", "slurm_omni.cli.main", "-v", "manager", "run", "--site-config",
                 str(self.site), "--state-dir", str(self.state_dir), "--poll-interval", "1", "--tick", "0.25"]
-        self.proc = subprocess.Popen(argv, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT)
+        argv, env = self.as_user(argv, {**self.env, **extra_env})
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
     def stop_manager(self) -> int | None:
