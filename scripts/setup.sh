@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(slurmctld slurmd slurm-client munge libslurm-dev gcc make hdf5-tools)
+# The version lane (OMNI_SLURM_VERSION=24.11|26.05) builds a Debian root for that Slurm with debootstrap.
+case ${OMNI_SLURM_VERSION:-22.05} in 22.05) ;; *) APT_PACKAGES+=(debootstrap) ;; esac
 VENV=${OMNI_VENV:-.venv}
 
 missing=()

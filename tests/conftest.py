@@ -14,6 +14,10 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 
 
+LANE_PORTS = {"24.11": (17017, 17100), "26.05": (17217, 17300)}
+"""Default ports of the version lanes' clusters (22.05 keeps ClusterSpec's 16817/16900)."""
+
+
 @dataclass(frozen=True)
 class ClusterHandle:
     cluster: object          # slurm_omni.cluster.local.LocalCluster
@@ -34,9 +38,22 @@ def slurm_cluster() -> Iterator[ClusterHandle]:
     if shutil.which("slurmctld") is None and not Path("/usr/sbin/slurmctld").exists():
         pytest.skip("Slurm packages missing: run scripts/setup.sh")
     from slurm_omni.cluster.local import LocalCluster
+    from slurm_omni.cluster.spec import ClusterSpec
+    from slurm_omni.cluster.versions import HOST_VERSION
 
-    state_dir = Path(os.environ.get("OMNI_CLUSTER_DIR", REPO / ".omni" / "cluster"))
+    # The version lane (OMNI_SLURM_VERSION=24.11|26.05, README): that version's cluster, in its own
+    # state directory, on its own ports unless the directory records others.
+    version = os.environ.get("OMNI_SLURM_VERSION") or HOST_VERSION
+    default_dir = REPO / ".omni" / ("cluster" if version == HOST_VERSION else f"cluster-{version}")
+    state_dir = Path(os.environ.get("OMNI_CLUSTER_DIR", default_dir))
     lc = LocalCluster(state_dir)
+    recorded = lc.recorded_spec()
+    if recorded is not None and recorded.slurm_version != version:
+        pytest.exit(f"{state_dir} holds a Slurm {recorded.slurm_version} cluster, not {version} "
+                    "(OMNI_SLURM_VERSION / OMNI_CLUSTER_DIR)", returncode=2)
+    if recorded is None and version != HOST_VERSION:
+        ctld, slurmd = LANE_PORTS[version]
+        lc = LocalCluster(state_dir, ClusterSpec(slurm_version=version, ctld_port=ctld, slurmd_base_port=slurmd))
     lc.up(wait_s=120)
     os.environ.update(lc.env)
     yield ClusterHandle(lc, lc.env, lc.paths.root, lc.paths.spool, lc.spec.node_names)

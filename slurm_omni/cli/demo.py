@@ -35,10 +35,11 @@ T = TypeVar("T")
 HET_SAMPLE = """#!/bin/bash
 #SBATCH --job-name=omni-demo-het
 #SBATCH --output={output}
-#SBATCH --partition=vision --nodes=1 --ntasks-per-node=2 --gres=gpu:h100:2 --nodelist={vision}
+#SBATCH --partition=vision --nodes=1 --ntasks=2 --ntasks-per-node=2 --gres=gpu:h100:2 --nodelist={vision}
 #SBATCH hetjob
-#SBATCH --partition=text --nodes=2 --ntasks-per-node=1 --gres=gpu:h100:4 --nodelist={text}
-# Slurm 22.05 names no component per task in a het step: tasks of component 0 come first.
+#SBATCH --partition=text --nodes=2 --ntasks=2 --ntasks-per-node=1 --gres=gpu:h100:4 --nodelist={text}
+# Slurm names no component per task in a het step: tasks of component 0 come first. --ntasks on each
+# component: 24.11 and 26.05 set SLURM_NTASKS_HET_GROUP_<n> (and srun's task count) only from it.
 srun --het-group=0,1 bash -c 'c=$(( SLURM_PROCID < SLURM_NTASKS_HET_GROUP_0 ? 0 : 1 )); \
 echo "task=$SLURM_PROCID component=$c node=$SLURMD_NODENAME switch=$SLURM_TOPOLOGY_ADDR \
 gpus=$CUDA_VISIBLE_DEVICES"' | sort

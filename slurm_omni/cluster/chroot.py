@@ -235,6 +235,7 @@ class RootView:
             return
         self.unmount()      # whatever part of an earlier view is left
         self.path.mkdir(parents=True, exist_ok=True)
+        self.record.parent.mkdir(parents=True, exist_ok=True)
         done: list[str] = []
 
         def remember(target: Path) -> None:

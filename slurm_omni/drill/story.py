@@ -63,7 +63,8 @@ def omni_argv(*args: str) -> list[str]:
 def job_environment(cluster: LocalCluster) -> dict[str, str]:
     """What ``omni submit`` passes on to the ranks: traced ids, one thread, pacing, ``omni`` on PATH."""
     bin_dir = str(Path(sys.executable).parent)
-    path = os.environ.get("PATH", "")
+    # The cluster's PATH when it has one (the wrappers of a Slurm from a Debian root come first).
+    path = cluster.env.get("PATH") or os.environ.get("PATH", "")
     return {**os.environ, **cluster.env, **JOB_ENV, "OMNI_STEP_DELAY_S": STEP_DELAY_S,
             "PATH": path if path.split(os.pathsep)[0] == bin_dir else f"{bin_dir}{os.pathsep}{path}"}
 

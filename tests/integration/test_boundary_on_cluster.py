@@ -53,7 +53,7 @@ def test_het_job_lands_on_requested_nodes(slurm_cluster, tmp_path: Path) -> None
         #SBATCH --output={out}
         #SBATCH --partition=vision --nodes=1 --ntasks=1 --gres=gpu:h100:2 --nodelist=node2
         #SBATCH hetjob
-        #SBATCH --partition=text --nodes=2 --ntasks-per-node=1 --gres=gpu:h100:4 --nodelist=node[6-7]
+        #SBATCH --partition=text --nodes=2 --ntasks=2 --ntasks-per-node=1 --gres=gpu:h100:4 --nodelist=node[6-7]
         srun --het-group=0,1 bash -c 'echo "ran $SLURM_HET_SIZE $SLURMD_NODENAME $SLURM_PROCID"'
         sleep 30
         """))

@@ -35,6 +35,10 @@ def our_processes(state_dir: Path) -> list[str]:
     return found
 
 
+def mount_points() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
 def free_ports(count: int, start: int = 20000, stop: int = 60000) -> int:
     """The first port of ``count`` consecutive ports that nothing listens on (other clusters of the
     same machine, e.g. other checkouts' test runs, hold fixed ones)."""
@@ -57,7 +61,9 @@ def test_up_down_leaves_nothing(tmp_path: Path, slurm_cluster) -> None:
     shape = ["--state-dir", str(state), "--nodes", "2", "--nodes-per-switch", "1", "--gpus-per-node", "2",
              "--ctld-port", str(ctld := free_ports(1, 20000 + os.getpid() % 20000)),
              "--slurmd-base-port", str(free_ports(2, ctld + 1))]
-    up = omni("cluster", "up", *shape)
+    version = slurm_cluster.cluster.spec.slurm_version     # the version lane's, 22.05 by default
+    mounts: list[str] = []
+    up = omni("cluster", "up", *shape, "--slurm", version)
     try:
         assert up.returncode == 0, up.stderr
         again = omni("cluster", "up", "--state-dir", str(state))
@@ -66,10 +72,14 @@ def test_up_down_leaves_nothing(tmp_path: Path, slurm_cluster) -> None:
         assert [n["gres"] for n in doc["nodes"]] == [["gpu:h100:2"]] * 2
         assert {s["name"] for s in doc["switches"]} == {"leaf1", "leaf2", "root"}
         assert len(our_processes(state)) == 4   # munged, slurmctld, 2 slurmd
+        assert doc["slurm_version"] == version and doc["slurm_release"].startswith(version + ".")
+        mounts = json.loads((state / "mounts.json").read_text())["mounts"] if version != "22.05" else []
+        assert all(m in mount_points() for m in mounts)
     finally:
         down = omni("cluster", "down", "--state-dir", str(state))
     assert down.returncode == 0, down.stderr
     assert our_processes(state) == []
+    assert not set(mounts) & mount_points() and not (state / "mounts.json").exists()   # only ours, all gone
     # The main cluster was not touched.
     assert all(slurm_cluster.cluster.running().values())
 
