@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up slurm-omni on a Debian 12 machine: apt packages, a virtual environment with the package and
-# its test extras, and the SPANK plugin. Safe to run again; each step skips what is already done.
+# its test extras (the examples extra with them: examples/own-script), and the SPANK plugin. Safe to run again; each step skips what is already done.
 #   OMNI_TORCH_SPEC   torch requirement to install first (default: the pin in constraints.txt;
 #                     a GPU site sets e.g. OMNI_TORCH_SPEC='torch==2.13.0+cu126' or 'torch>=2.13')
 #   OMNI_VENV         where the virtual environment goes (default: .venv)

@@ -111,7 +111,10 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Per waiting phase (job start, recovery, finish).")
 @click.option("--sample-only", is_flag=True, help="Only the heterogeneous placement sample (the old demo).")
-def demo(state_dir: Path, timeout_s: float, sample_only: bool) -> None:
+@click.option("--job-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Run the story on this job (e.g. examples/own-script/job.toml: your own script) "
+                   "instead of the demo's built-in trainer; the files beside it are copied along.")
+def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None) -> None:
     """Cluster up, a multimodal het job, a node failure drilled mid-run, automatic recovery, report."""
     from slurm_omni.drill import story
 
@@ -127,10 +130,11 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool) -> None:
         s.say(line)
     if sample_only:
         return
-    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s)
+    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s, job_file.resolve() if job_file else None)
 
 
-def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFiles, timeout_s: float) -> None:
+def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFiles, timeout_s: float,
+                job_file: Path | None = None) -> None:
     from slurm_omni.config.site import load_site
     from slurm_omni.drill import story
     from slurm_omni.drill.faults import fill_faults
@@ -140,7 +144,8 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
     from slurm_omni.drill.run import DrillRunner, DrillSpec
     from slurm_omni.drill.verify import wait_done
 
-    s.phase("files", lambda: story.write_files(files, lc), lambda _: f"job file and site config in {files.work}")
+    s.phase("files", lambda: story.write_files(files, lc, job_file=job_file),
+            lambda _: f"job file{' and its script' if job_file else ''} and site config in {files.work}")
     s.phase("data", lambda: story.synthesize(files), lambda n: f"{n} synthetic samples (image-text pairs, text)")
     site = load_site(files.site)
     injector = Injector(allowed=site.drills.nodes, site=str(files.site), backend=backend, cluster=lc)
@@ -179,8 +184,17 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         for line in (render_table([result]) + "\n" + text).rstrip().splitlines():
             s.say(line)
     finally:
-        for line in story.cleanup(backend, injector, "omni-demo", manager):
+        for line in story.cleanup(backend, injector, _job_name(files.job), manager):
             s.say(f"cleanup: {line}")
+
+
+def _job_name(job_file: Path) -> str:
+    from slurm_omni.config.job import load_job
+
+    try:
+        return load_job(job_file).job.name
+    except OmniError:
+        return "omni-demo"
 
 
 def _s(v: float | None) -> str:

@@ -9,10 +9,12 @@ passes the submitting environment on to the ranks).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_omni.config.job import load_job
 from slurm_omni.drill.inject import DrillError
+from slurm_omni.render.request import command_env, training_command
 from slurm_omni.runtime import exitcodes
 from slurm_omni.runtime.launch import LocalJob, launch_local
 
@@ -26,8 +28,19 @@ def start_reference(job_file: Path, run_dir: Path) -> LocalJob:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    return launch_local(job_file.resolve(), data_parallel_size=job.job.data_parallel_size, run_dir=run_dir,
-                        extra_env=JOB_ENV)
+    return launch_job(job_file, data_parallel_size=job.job.data_parallel_size, run_dir=run_dir, extra_env=JOB_ENV)
+
+
+def launch_job(job_file: Path, *, data_parallel_size: int, run_dir: Path, incarnation: int = 0,
+               extra_env: Mapping[str, str] | None = None) -> LocalJob:
+    """The job file's ranks on this machine as the batch script would start them: its ``[training]
+    command`` (with its ``[training.env]`` and ``OMNI_MAX_STEPS``) or the built-in trainer."""
+    path = job_file.resolve()
+    job = load_job(path)
+    env = {"OMNI_MAX_STEPS": str(job.training.max_steps), **command_env(job, None, path), **(extra_env or {})}
+    command = training_command(job, None, path) if job.training.command else ()
+    return launch_local(path, data_parallel_size=data_parallel_size, run_dir=run_dir, incarnation=incarnation,
+                        extra_env=env, command=command, stages=tuple(s.name for s in job.stages))
 
 
 def finish_reference(local: LocalJob, run_dir: Path, timeout_s: float) -> Path:

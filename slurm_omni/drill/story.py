@@ -69,14 +69,22 @@ def job_environment(cluster: LocalCluster) -> dict[str, str]:
             "PATH": path if path.split(os.pathsep)[0] == bin_dir else f"{bin_dir}{os.pathsep}{path}"}
 
 
-def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPLES) -> None:
-    """A fresh demo folder with the example job file and site config filled in."""
+def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPLES,
+                job_file: Path | None = None) -> None:
+    """A fresh demo folder with the example job file and site config filled in. ``job_file``: another
+    job (``omni demo --job-file``), copied with the files beside it (its script), in place of the demo's."""
     if files.work.exists():
         shutil.rmtree(files.work)
     files.work.mkdir(parents=True)
     values = {"{work}": str(files.work), "{spool}": str(cluster.paths.spool),
               "{nodes}": compress(cluster.spec.node_names)}
-    for src, dst in ((examples / "job.toml", files.job), (examples / "omni.toml", files.site)):
+    job_src = examples / "job.toml"
+    if job_file is not None:
+        job_src = job_file
+        for src in job_file.parent.iterdir():
+            if src.is_file() and src.suffix in (".py", ".txt", ".json", ".md"):
+                shutil.copy2(src, files.work / src.name)
+    for src, dst in ((job_src, files.job), (examples / "omni.toml", files.site)):
         text = src.read_text()
         for key, value in values.items():
             text = text.replace(key, value)

@@ -10,7 +10,8 @@ What goes where:
 
 - ``modules`` (``nn.Module`` or anything with tensor ``state_dict()``): HDF5 datasets with checksums,
   a replicated tensor written once (spread over the replicas);
-- ``optimizers``: the same, one unit per optimizer;
+- ``optimizers``: the same, one unit per optimizer, named ``<stage>.<name>`` on disk (every stage may
+  call its optimizer "adamw");
 - ``state`` (schedulers, ``StatefulDataLoader``, samplers, RNG holders, any small
   ``state_dict()``/``load_state_dict()`` object): per rank, as JSON in the shard's state. When the
   data-parallel size changed since the save, replica ``r`` gets the state old replica
@@ -129,7 +130,7 @@ class Checkpointer:
         objects = {name: statecodec.encode(obj.state_dict(), name) for name, obj in self.objects.items()}
         return ShardState(
             modules={name: m.state_dict() for name, m in self.modules.items()},
-            optimizer={name: o.state_dict() for name, o in self.optimizers.items()},
+            optimizer={self._unit(name): o.state_dict() for name, o in self.optimizers.items()},
             state={"global_step": step, "script": self.script, "modules": sorted(self.modules),
                    "optimizers": sorted(self.optimizers), "objects": objects,
                    "extra": self.extra() if self.extra is not None else None,
@@ -195,7 +196,7 @@ class Checkpointer:
             for name in [*self.critical, *(m for m in self.modules if m not in self.critical)]:
                 self._load(name, self.modules[name], session.module(name), session.step)
             for name, opt in self.optimizers.items():
-                value = session.optimizer(name)
+                value = session.optimizer(self._unit(name))
                 if value is None:
                     raise self._mismatch(f"step-{session.step} has no optimizer {name!r}", session.step)
                 self._load(name, opt, value, session.step)
@@ -249,10 +250,13 @@ class Checkpointer:
             return   # the engine's restore marks it corrupt and falls back
         stage = self.layout.stage_name
         saved = {u.module for u in manifest.units.values() if u.stage == stage}
-        mine = set(self.modules) | set(self.optimizers)
+        mine = set(self.modules) | {self._unit(n) for n in self.optimizers}
         if saved and saved != mine:
             raise self._mismatch(f"step-{entry.step} holds {', '.join(sorted(saved))} for stage {stage!r}, "
                                  f"this script has {', '.join(sorted(mine))}", entry.step)
+
+    def _unit(self, optimizer: str) -> str:
+        return f"{self.layout.stage_name}.{optimizer}"
 
     def _check_same_script(self, saved: dict[str, Any], step: int) -> None:
         other = saved.get("script")

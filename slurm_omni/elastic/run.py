@@ -99,6 +99,9 @@ class Run:
         """What :meth:`restore` resumed from (None: a fresh start)."""
         self.step = 0
         """The last completed global step (set by a restore and by every :meth:`step_done`)."""
+        self.step_delay_s = float(os.environ.get("OMNI_STEP_DELAY_S") or 0.0)
+        """Pacing for drills and demos (OMNI_STEP_DELAY_S): a sleep after every step, so that a fault
+        lands mid-run; not part of the step's time."""
         self._step_started = time.monotonic()
         self._closed = False
         self.heartbeat.start()
@@ -165,6 +168,9 @@ class Run:
                 "data_seconds": data_s, "data_parallel_size": self.layout.data_parallel_size,
                 "ckpt_blocking_seconds": ckpt.last_blocking_s if ckpt else None,
                 "ckpt_persist_seconds": ckpt.last_persist_s if ckpt else None})
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+            self._step_started = time.monotonic()
 
     def trace(self, step: int, sample_ids: Iterable[int]) -> None:
         """Record which sample ids this rank trained on at ``step`` (with OMNI_TRACE_SAMPLES=1)."""
@@ -257,12 +263,13 @@ def init(stages: Sequence[str] | None = None, *, max_steps: int | None = None, b
     process groups joined (``distributed``; gloo on CPU, nccl on CUDA unless ``backend`` says).
 
     ``stages`` names the script's pipeline stages in order (default one stage, ``main``);
-    ``max_steps`` (default ``OMNI_MAX_STEPS``, from the job file) lets the run check that the loop
-    reached the end and checkpoint the last step; ``run_dir`` is where checkpoints, heartbeats and
+    ``max_steps`` (the script's default; ``OMNI_MAX_STEPS``, the job file's ``[training] max_steps``,
+    wins when set: read it back as ``run.max_steps``) lets the run check that the loop reached the end
+    and checkpoint the last step; ``run_dir`` is where checkpoints, heartbeats and
     metrics go when no ``OMNI_*`` folder is set (``torchrun`` on a laptop)."""
     stop = (stop or StopSignals()).install()
     layout = Layout.from_env(stages, run_dir=run_dir)
-    if max_steps is None and os.environ.get("OMNI_MAX_STEPS", "").isdigit():
+    if os.environ.get("OMNI_MAX_STEPS", "").isdigit():   # the job file's, over the script's default
         max_steps = int(os.environ["OMNI_MAX_STEPS"])
     dev = device_for(layout, device)
     groups = None

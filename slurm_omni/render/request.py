@@ -154,22 +154,22 @@ def spank_stage_arg(plans: Sequence[StagePlan]) -> str:
     return ",".join(f"{p.name}:{p.ntasks}" for p in plans)
 
 
-def python_for(site: SiteConfig) -> str:
+def python_for(site: SiteConfig | None) -> str:
     """The Python batch scripts run: the site's ``python``, else the one rendering this script."""
-    return str(site.python) if site.python is not None else os.path.abspath(sys.executable)
+    return str(site.python) if site is not None and site.python is not None else os.path.abspath(sys.executable)
 
 
-def omni_argv(site: SiteConfig) -> tuple[str, ...]:
+def omni_argv(site: SiteConfig | None) -> tuple[str, ...]:
     """``omni`` on the compute nodes, by absolute path: no reliance on PATH or an activated venv."""
     return (python_for(site), "-m", "slurm_omni.cli.main")
 
 
-def command_fields(job: JobFile, site: SiteConfig, job_file: Path) -> dict[str, str]:
+def command_fields(job: JobFile, site: SiteConfig | None, job_file: Path) -> dict[str, str]:
     return {"python": python_for(site), "omni": " ".join(omni_argv(site)), "job_dir": str(job_file.parent),
             "job_file": str(job_file), "job_name": job.job.name}
 
 
-def training_command(job: JobFile, site: SiteConfig, job_file: Path) -> tuple[str, ...]:
+def training_command(job: JobFile, site: SiteConfig | None, job_file: Path) -> tuple[str, ...]:
     """The argv every rank runs: the job file's ``[training] command`` with its fields filled in (a
     word ``{omni}`` becomes omni's argv), else the built-in trainer."""
     if not job.training.command:
@@ -198,12 +198,17 @@ def check_command(argv: Sequence[str], job_name: str) -> None:
                               "{job_dir}/SCRIPT.py for a script beside the job file)")
 
 
+def command_env(job: JobFile, site: SiteConfig | None, job_file: Path) -> dict[str, str]:
+    """The job file's ``[training.env]`` with its fields filled in."""
+    fields = command_fields(job, site, job_file)
+    return {k: substitute(v, fields, where=f"training.env.{k}") for k, v in job.training.env.items()}
+
+
 def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[StagePlan],
              owner: str) -> dict[str, str]:
     """OMNI_* variables that do not depend on the allocation, then the job file's ``[training.env]``;
     the template adds the rest."""
-    fields = command_fields(job, site, job_file)
-    user = {k: substitute(v, fields, where=f"training.env.{k}") for k, v in job.training.env.items()}
+    user = command_env(job, site, job_file)
     ckpt = site.checkpoint.job_dir(owner, job.job.name)
     return {
         "OMNI_JOB_NAME": job.job.name,

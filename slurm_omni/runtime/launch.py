@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,9 +62,11 @@ class LocalJob:
 
 def launch_local(config: Path, *, data_parallel_size: int, run_dir: Path, incarnation: int = 0,
                  extra_env: Mapping[str, str] | None = None, threads_per_rank: int = 1,
-                 colocated: bool = False) -> LocalJob:
+                 colocated: bool = False, command: Sequence[str] = (),
+                 stages: Sequence[str] = ("vision", "text")) -> LocalJob:
     """Start ``2 * data_parallel_size`` ranks of ``omni train --config config`` (``data_parallel_size``
-    ranks running both stages when ``colocated``).
+    ranks running both stages when ``colocated``), or of ``command`` (a job file's own script, which
+    also gets ``OMNI_STAGES``).
 
     ``run_dir`` gets ckpt/, heartbeat/, metrics/ and logs/ (shared by incarnations, as on a cluster
     where the job's folders outlive its processes)."""
@@ -89,8 +91,10 @@ def launch_local(config: Path, *, data_parallel_size: int, run_dir: Path, incarn
         else:
             env["OMNI_STAGE"] = str(rank // data_parallel_size)
         env.setdefault("OMNI_DEVICE", "cpu")
+        if command:
+            env["OMNI_STAGES"] = ",".join(stages)
         env.update(extra_env or {})
-        argv = [sys.executable, "-m", "slurm_omni.cli.main", "train", "--config", str(config)]
+        argv = list(command) or [sys.executable, "-m", "slurm_omni.cli.main", "train", "--config", str(config)]
         with open(log_dir / f"rank-{rank}.log", "wb") as out:
             procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True))

@@ -17,4 +17,7 @@ def through_standby(command: Sequence[str]) -> tuple[str, ...]:
     for i in range(len(cmd) - 1):
         if cmd[i] == "omni" and cmd[i + 1] == "train":
             return (*cmd[:i], sys.executable, "-S", str(CLIENT), "node", "--", *cmd[i + 1:])
+        # batch scripts run omni by absolute path: PYTHON -m slurm_omni.cli.main train ...
+        if cmd[i + 1:i + 4] == ("-m", "slurm_omni.cli.main", "train"):
+            return (*cmd[:i], sys.executable, "-S", str(CLIENT), "node", "--", *cmd[i + 3:])
     return cmd

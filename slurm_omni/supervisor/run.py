@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -231,7 +232,7 @@ class Supervisor:
             if find_step_process(name) is not None:
                 continue
             argv = ["srun", f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-                    "omni", "standby", "serve"]
+                    sys.executable, "-m", "slurm_omni.cli.main", "standby", "serve"]   # no PATH needed
             fd = os.open(self._log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
                 self._standbys.append(self.runner.spawn(argv, stdout=fd, stderr=fd))
