@@ -4,8 +4,10 @@ One loop, every ``tick_s``: a throttled poll (one ``sinfo --json`` + one ``squeu
 ``poll_interval_s``, serving every job), the spool (strigger node events, SPANK fault records) and
 each job's heartbeat files. Every observation is journaled (heartbeats when a rank's phase changes;
 the newest step and heartbeat time go to the job's progress row), fed to the job incarnation's
-``Confirmer``, and every change of verdict is journaled as a decision. A CONFIRMED failure starts a
-recovery (``recovery.py``): plan by topology, end the old incarnation, resubmit once.
+``Confirmer``, and every change of verdict is journaled as a decision. What a recovery does next is
+one state machine's (``policy/recovery.py``): the loop turns what it saw into the machine's
+observations (a CONFIRMED verdict, Slurm's requeue or end of the life, the next life running, its
+first step, a tick) and ``recovery.feed`` carries out the effects it returns.
 
 The runtime's exit codes are not failures: a rank whose last heartbeat says ``done`` (exit 0) or
 ``stopping`` (exit 75, checkpointed for requeue) never goes stale, a fault record with exit 0 or 75
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.errors import OmniError
@@ -36,7 +39,20 @@ from slurm_omni.manager.registry import RegisteredJob, read_registry
 from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
 from slurm_omni.manager.status import write_timeline
 from slurm_omni.manager.watch import Watch, new_watch, restore_watch
-from slurm_omni.policy.confirm import ConfirmConfig, NodeObservation, TaskExit, Verdict
+from slurm_omni.policy.cluster_index import ClusterIndex
+from slurm_omni.policy.confirm import NODE_STATE_KIND, ConfirmConfig, NodeObservation, TaskExit, Verdict
+from slurm_omni.policy.placement import plan_grow
+from slurm_omni.policy.recovery import Phase
+from slurm_omni.policy.recovery_events import (
+    FailureConfirmed,
+    FirstStep,
+    GrowPossible,
+    LifeEnded,
+    LifeNumbered,
+    LifeRequeued,
+    LifeRunning,
+    Tick,
+)
 from slurm_omni.runtime.exitcodes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 from slurm_omni.slurm.types import Job, JobState, Node
@@ -44,6 +60,7 @@ from slurm_omni.slurm.types import Job, JobState, Node
 log = logging.getLogger(__name__)
 
 _ALIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.REQUEUED})
+_BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING})
 UNMATCHED_TTL_S = 120.0
 """A spool event that concerns none of the watched jobs stays this long before it is journaled
 (under no job) and removed."""
@@ -228,9 +245,7 @@ class Manager:
                                                 key=f"hb:{w.key}:{w.slurm_id}:{hb.incarnation}:{hb.rank}:{hb.phase}")
             w.confirmer.observe(hb.observation(het_job=w.array_task is None))
             if w.awaiting is not None and hb.phase == "training" and hb.step > (w.restore_step or 0):
-                self.mark_phase(w.key, w.awaiting, "first_step", hb.time)
-                log.info("manager: %s incarnation %d trains again (step %d)", w.key, w.incarnation, hb.step)
-                w.awaiting = None
+                recovery.feed(self, w, FirstStep(at=hb.time, step=hb.step), now)
         if beats:
             progress = (max(hb.step for hb in beats),
                         max((hb.last_checkpoint_step for hb in beats if hb.last_checkpoint_step is not None),
@@ -251,7 +266,7 @@ class Manager:
         self.journal.record_decision(w.key, w.incarnation, hb.time, "refused", "bad_input",
                                      {"rank": hb.rank, "error": why})
         log.error("manager: job %s: %s; not restarting it (fix that and submit again)", w.key, why)
-        self._close(w, "failed", hb.time, f"bad input: {why}")
+        self.close_job(w, "failed", hb.time, f"bad input: {why}")
 
     def _observe_poll(self, w: Watch, snap: ClusterSnapshot, nodes: dict[str, Node], now: float) -> None:
         if w.slurm_id is None:
@@ -260,6 +275,7 @@ class Manager:
         job = snap.job(w.slurm_id)
         if job is None:
             if w.seen_in_slurm:
+                w.slurm_ended = True
                 self._ended(w, None, snap.taken_at)
             return
         if job.user != self.user:
@@ -275,8 +291,9 @@ class Manager:
             w.seen_in_slurm = True
             if not w.expect_restart:
                 w.restart_count = w.slurm_restart_count = job.restart_count
-                if w.array_task is not None and w.pending is None and w.awaiting is None:
+                if w.array_task is not None and not w.recovery.open:
                     w.incarnation = job.restart_count
+                    recovery.feed(self, w, LifeNumbered(incarnation=w.incarnation), now)
         for name in w.node_set:
             node = nodes.get(name)
             if node is None or w.node_states.get(name) == node.state:
@@ -288,7 +305,7 @@ class Manager:
         if job.restart_count != w.slurm_restart_count:
             w.slurm_restart_count = job.restart_count
             self._restarted(w, job, snap.taken_at)
-            if w.pending is not None or w.slurm_id != job.job_id:
+            if not w.recovery.judging or w.slurm_id != job.job_id:
                 return   # a recovery started (and may have switched to the next incarnation)
         if job.slurm_state != w.slurm_state:
             w.slurm_state = job.slurm_state
@@ -301,6 +318,7 @@ class Manager:
                 # FAILED (or CANCELLED) until it is PENDING again: not the end of the incarnation.
                 return
             w.requeue_settling = False
+        w.slurm_ended = job.state.finished
         if job.state is JobState.RUNNING:
             w.running_restart_count = max(w.running_restart_count, job.restart_count)
         if job.state is JobState.RUNNING and not w.running:
@@ -310,7 +328,7 @@ class Manager:
                 "nodes": {str(k): list(v) for k, v in w.nodes.items()}, "restore_step": w.restore_step})
             self.journal.set_incarnation(w.key, w.incarnation, slurm_job_id=str(w.slurm_id), started_at=snap.taken_at)
             if w.awaiting is not None:
-                self.mark_phase(w.key, w.awaiting, "running", snap.taken_at)
+                recovery.feed(self, w, LifeRunning(at=snap.taken_at), now)
         if job.state.finished:
             self._ended(w, job, snap.taken_at)
 
@@ -331,91 +349,81 @@ class Manager:
                 log.error("%s", e)
 
     def _restarted(self, w: Watch, job: Job, at: float) -> None:
-        """Slurm requeued the job (same id, restart count + 1): after a checkpointed exit that is the
-        job's own requeue; otherwise (JobRequeue after a node failure) the incarnation ended badly."""
+        """Slurm requeued the job (same id, restart count + 1); the state machine says what it means."""
         quiet = w.quiet
-        lost = w.lost_nodes()
+        lost = w.lost_kinds()
         self.journal.record_observation(w.key, w.incarnation, "requeued", at,
                                         {"restart_count": job.restart_count, "checkpointed": quiet,
-                                         "lost_nodes": list(lost)})
-        if w.expect_restart:   # the array task we requeued
-            w.expect_restart = False
-            w.restart_count = w.incarnation = job.restart_count
-            w.new_life()
-        elif lost and w.awaiting_grow is None:
-            # Slurm killed the job for a lost node and requeued it (JobRequeue): a node failure,
-            # whatever the ranks' last words (on Slurm's SIGTERM they checkpoint and exit 75). The
-            # recovery cancels the requeued job to place the next incarnation by topology instead.
-            recovery.start_without_confirmer(self, w, at, lost)
-        elif quiet or w.awaiting_grow is not None:
-            w.restart_count = job.restart_count
-            w.new_life()
-        else:
-            # Requeued by Slurm without a lost node in sight: the life being judged ended badly. Its
-            # ranks' beats stop (the next life's carry another restart count and are not read).
-            w.fail_all(at, f"requeued by Slurm ({job.reason or job.slurm_state})")
-            w.requeued_at = at
+                                         "lost_nodes": sorted(lost)})
+        recovery.feed(self, w, LifeRequeued(at=at, restart_count=job.restart_count, quiet=quiet, lost=lost,
+                                            reason=job.reason or job.slurm_state), self.clock())
 
     def _ended(self, w: Watch, job: Job | None, at: float) -> None:
-        if w.ended or w.pending is not None:
-            return   # a recovery of this incarnation is under way (a restarted manager sees it ended)
         phases = set(w.phases.values())
-        if (job is not None and job.state is JobState.COMPLETED) or phases == {"done"}:
-            self._close(w, "done", at, "done")
-            log.info("manager: %s finished training", w.key)
-        elif job is not None and job.state is JobState.CANCELLED and not w.lost_nodes():
-            # scancel by its user or an admin (the manager cancels only incarnations it replaces);
-            # the ranks checkpointed on its SIGTERM, but nobody asked for the job to run again
-            self._close(w, "cancelled", at, "cancelled in Slurm")
-            log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
-        elif w.quiet:
-            if w.awaiting_grow is not None:
-                return   # the planned stop before a grow: recovery.py takes it from here
-            lost = w.lost_nodes()
-            if lost or w.restart_count < w.reg.max_requeues:
-                w.ended = True
-                recovery.start_without_confirmer(self, w, at, lost)
-            else:
-                self._close(w, "failed", at, "checkpointed; max_requeues reached")
-        elif not phases:
-            # it never trained: resubmitting a job that cannot start helps nobody
-            self._close(w, "failed", at, f"ended {job.slurm_state if job else 'unseen'} before training")
-            log.error("manager: %s ended before its ranks reported; not resubmitting", w.key)
-        else:
-            w.fail_all(at, f"job {job.slurm_state if job else 'left the queue'}")
+        recovery.feed(self, w, LifeEnded(
+            at=at, slurm_state=job.slurm_state if job is not None else "",
+            completed=(job is not None and job.state is JobState.COMPLETED) or phases == {"done"},
+            cancelled=job is not None and job.state is JobState.CANCELLED, quiet=w.quiet, trained=bool(phases),
+            restart_count=w.restart_count, lost=w.lost_kinds()), self.clock())
 
-    def _close(self, w: Watch, state: str, at: float, reason: str) -> None:
+    def close_job(self, w: Watch, state: str, at: float, reason: str) -> None:
         """The job's last incarnation ended for good (``state``: done, cancelled or failed)."""
-        w.ended = True
         w.state = state
         self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason=reason)
         self.journal.set_job_state(w.key, state)
+        if state == "done":
+            log.info("manager: %s finished training", w.key)
+        elif state == "cancelled":
+            log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
+        else:
+            log.error("manager: %s: %s; not resubmitting", w.key, reason)
 
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, w: Watch, now: float, snap: ClusterSnapshot | None) -> None:
-        if w.pending is not None:
-            recovery.proceed(self, w, now)
-            return
-        if w.awaiting_grow is not None:
-            recovery.finish_grow(self, w, now)
-            return
-        if w.requeued_at is not None and w.quiet:
-            # requeued by Slurm and every rank checkpointed on its way out: no rank will go stale
-            recovery.start_without_confirmer(self, w, w.requeued_at, w.lost_nodes())
+        """A tick of the recovery (its bounded waits, its outstanding steps); then, while the life is
+        judged, the confirmer's verdict, and a grow when a shrunk job's nodes came back."""
+        recovery.feed(self, w, self._tick(w), now)
+        if not w.recovery.judging or w.state in ENDED_STATES:
             return
         decision = w.confirmer.evaluate(now)
         if decision.verdict is not w.verdict:
             w.verdict = decision.verdict
             self.journal.record_decision(w.key, w.incarnation, now, decision.verdict.value, decision.cause, decision)
         if decision.verdict is Verdict.CONFIRMED:
-            recovery.start(self, w, decision, now)
+            recovery.feed(self, w, FailureConfirmed(decision=decision, lost=self._lost_now(w)), now)
         elif (snap is not None and self.config.grow and decision.verdict is Verdict.NONE and w.running
-              and w.awaiting is None):
-            recovery.consider_grow(self, w, snap, now)
+              and w.recovery.phase is Phase.WATCHING and w.array_task is None and w.nodes
+              and w.units < w.shape.units):
+            index = ClusterIndex.build(snap.topology, snap.nodes)
+            plan = plan_grow(index, w.layout(), now=now, quarantine=w.quarantine, config=w.placement)
+            if plan is not None:
+                recovery.feed(self, w, GrowPossible(at=now, plan=plan), now)
 
-    def mark_phase(self, job: str, incarnation: int, phase: str, at: float, **extra: object) -> None:
+    def _tick(self, w: Watch) -> Tick:
+        """The judged life now; while a recovery waits for the old life to stop, whether a poll taken
+        since the wait began shows it no longer RUNNING or COMPLETING."""
+        s, snap = w.recovery, self.poller.last
+        stopped, state = None, ""
+        if s.phase is Phase.STOPPING and s.slurm_job_id is not None and snap is not None:
+            job = snap.job(s.slurm_job_id)
+            state = job.slurm_state if job is not None else ""
+            if s.since is not None and snap.taken_at >= s.since:
+                stopped = job is None or not any(st in _BUSY for st in (job.state, *(c.state for c in job.components)))
+        return Tick(quiet=w.quiet, running=w.running and not w.slurm_ended, ended=w.slurm_ended, stopped=stopped,
+                    state=state)
+
+    def _lost_now(self, w: Watch) -> dict[str, str]:
+        """Nodes of the life that a poll taken now shows failed, with their kind: tasks that died on
+        them are a node failure (policy/recovery.root_cause)."""
+        snap = self.poller.poll(force=True) or self.poller.last
+        if snap is None or not w.nodes:
+            return {}
+        mine = w.node_set
+        return {n.name: NODE_STATE_KIND[n.state] for n in snap.nodes if n.name in mine and n.state in NODE_STATE_KIND}
+
+    def mark_phase(self, job: str, incarnation: int, phase: str, at: float, **extra: Any) -> None:
         """Journal a phase of a recovery timeline; the timeline file follows within the tick."""
-        self.journal.mark_phase(job, incarnation, phase, at, **extra)  # type: ignore[arg-type]
+        self.journal.mark_phase(job, incarnation, phase, at, **extra)
         self._timeline_dirty = True
 
     def _export_timeline(self) -> None:

@@ -57,11 +57,16 @@ CREATE TABLE IF NOT EXISTS actions (
 CREATE TABLE IF NOT EXISTS recoveries (
     job TEXT NOT NULL, incarnation INTEGER NOT NULL, cause TEXT NOT NULL, nodes TEXT NOT NULL,
     fault_at REAL, detected_at REAL, confirmed_at REAL, resubmitted_at REAL, running_at REAL,
-    first_step_at REAL, new_incarnation INTEGER, plan TEXT, PRIMARY KEY (job, incarnation));
+    first_step_at REAL, new_incarnation INTEGER, plan TEXT, path TEXT, detail TEXT,
+    PRIMARY KEY (job, incarnation));
 CREATE INDEX IF NOT EXISTS observations_job ON observations (job, time);
 CREATE INDEX IF NOT EXISTS actions_state ON actions (state);
 """
 
+
+_RECOVERY_COLUMNS = ("path", "detail")
+"""``path``: the road the recovery took (policy/recovery.RecoveryPath); ``detail``: what the step
+supervisor reported of an in-allocation relaunch (nodes removed and added, spares left)."""
 
 JOB_STATES = ("active", "waiting", "done", "failed", "cancelled")
 """A job's states in the journal; the last three are final (``cancelled``: by scancel, not the manager)."""
@@ -122,6 +127,8 @@ class Recovery:
     times: dict[str, float | None]    # phase -> time, for every name in PHASES
     new_incarnation: int | None
     plan: dict[str, Any] | None
+    path: str | None = None
+    detail: dict[str, Any] | None = None
 
     @property
     def complete(self) -> bool:
@@ -154,6 +161,7 @@ class Journal:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.executescript(_SCHEMA)
+                self._add_columns()
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self._db.execute("PRAGMA foreign_keys=ON")
             row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -162,6 +170,13 @@ class Journal:
         if row is None or int(row[0]) != SCHEMA_VERSION:
             raise JournalError(f"journal: couldn't use {path}: schema version {row and row[0]} "
                                f"(this manager knows {SCHEMA_VERSION})")
+
+    def _add_columns(self) -> None:
+        """Columns added since schema version 1 (a journal written by an older manager lacks them)."""
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(recoveries)")}
+        for column in _RECOVERY_COLUMNS:
+            if column not in have:
+                self._db.execute(f"ALTER TABLE recoveries ADD COLUMN {column} TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -309,20 +324,24 @@ class Journal:
 
     # -- recovery timelines -------------------------------------------------------------------------
     def open_recovery(self, job: str, incarnation: int, cause: str, nodes: tuple[str, ...], *,
-                      fault_at: float | None, detected_at: float | None, confirmed_at: float | None) -> Recovery:
+                      fault_at: float | None, detected_at: float | None, confirmed_at: float | None,
+                      path: str | None = None) -> Recovery:
         """The timeline of incarnation ``incarnation``'s failure; opening it again changes nothing."""
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO recoveries (job, incarnation, cause, nodes, fault_at, "
-                       "detected_at, confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (job, incarnation, cause, json.dumps(list(nodes)), fault_at, detected_at, confirmed_at))
+                       "detected_at, confirmed_at, path) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (job, incarnation, cause, json.dumps(list(nodes)), fault_at, detected_at, confirmed_at,
+                        path))
         found = self.recovery(job, incarnation)
         if found is None:
             raise JournalError(f"journal: couldn't read back recovery of {job} incarnation {incarnation}")
         return found
 
     def mark_phase(self, job: str, incarnation: int, phase: str, at: float, *,
-                   new_incarnation: int | None = None, plan: Any = None) -> None:
-        """Set a phase time once (the first report wins); also the new incarnation and its plan."""
+                   new_incarnation: int | None = None, plan: Any = None, path: str | None = None,
+                   detail: Mapping[str, Any] | None = None) -> None:
+        """Set a phase time once (the first report wins); also the new incarnation, its plan, the
+        recovery's path (the manager's takeover changes it) and the supervisor's detail."""
         if phase not in PHASES:
             raise JournalError(f"journal: couldn't mark phase {phase!r} (allowed: {', '.join(PHASES)})")
         col = f"{phase}_at"
@@ -335,6 +354,12 @@ class Journal:
             if plan is not None:
                 db.execute("UPDATE recoveries SET plan = ? WHERE job = ? AND incarnation = ?",
                            (to_json(plan), job, incarnation))
+            if path is not None:
+                db.execute("UPDATE recoveries SET path = ? WHERE job = ? AND incarnation = ?",
+                           (path, job, incarnation))
+            if detail is not None:
+                db.execute("UPDATE recoveries SET detail = ? WHERE job = ? AND incarnation = ?",
+                           (to_json(detail), job, incarnation))
 
     def recovery(self, job: str, incarnation: int) -> Recovery | None:
         rows = self._recoveries("WHERE job = ? AND incarnation = ?", (job, incarnation))
@@ -349,10 +374,13 @@ class Journal:
 
     def _recoveries(self, where: str, args: tuple[Any, ...]) -> list[Recovery]:
         cols = ", ".join(f"{p}_at" for p in PHASES)
-        rows = self._db.execute(f"SELECT job, incarnation, cause, nodes, {cols}, new_incarnation, plan "
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(recoveries)")}
+        extra = ", ".join(c if c in have else "NULL" for c in _RECOVERY_COLUMNS)   # a read-only older journal
+        rows = self._db.execute(f"SELECT job, incarnation, cause, nodes, {cols}, new_incarnation, plan, {extra} "
                                 f"FROM recoveries {where}", args).fetchall()
         return [Recovery(r[0], r[1], r[2], tuple(json.loads(r[3])), dict(zip(PHASES, r[4:10], strict=True)),
-                         r[10], None if r[11] is None else json.loads(r[11])) for r in rows]
+                         r[10], None if r[11] is None else json.loads(r[11]), r[12],
+                         None if r[13] is None else json.loads(r[13])) for r in rows]
 
     # -- the view of ``omni status --json`` -------------------------------------------------------------
     def status(self, owner_uid: int, now: float) -> list[dict[str, Any]]:
@@ -363,7 +391,8 @@ class Journal:
                         "incarnations": self.incarnations(job["name"]),
                         "recoveries": [{"incarnation": r.incarnation, "cause": r.cause, "nodes": list(r.nodes),
                                         "new_incarnation": r.new_incarnation, "times": r.times,
-                                        "durations": r.durations(), "complete": r.complete}
+                                        "durations": r.durations(), "complete": r.complete, "path": r.path,
+                                        "plan": r.plan, "detail": r.detail}
                                        for r in self.recoveries(job["name"])]})
         return out
 

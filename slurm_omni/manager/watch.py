@@ -13,8 +13,10 @@ from slurm_omni.errors import OmniError
 from slurm_omni.manager.journal import Recovery
 from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegisteredJob
 from slurm_omni.manager.shape import Shape
-from slurm_omni.policy.confirm import QUIET_PHASES, Confirmer, TaskExit, Verdict
-from slurm_omni.policy.placement import JobLayout, PlacementConfig, Quarantine
+from slurm_omni.policy.confirm import NODE_STATE_KIND, QUIET_PHASES, Confirmer, TaskExit, Verdict
+from slurm_omni.policy.placement import Action, ComponentPlan, JobLayout, PlacementConfig, Plan, Quarantine
+from slurm_omni.policy.recovery import RecoveryConfig, RecoveryState, Replayed, initial, resume
+from slurm_omni.policy.recovery_events import RecoveryPath
 from slurm_omni.slurm.types import Job, NodeState
 
 if TYPE_CHECKING:
@@ -42,7 +44,6 @@ class Watch:
     running_restart_count: int = 0           # the newest restart count Slurm showed RUNNING
     running: bool = False
     seen_in_slurm: bool = False
-    ended: bool = False
     slurm_state: str = ""
     verdict: Verdict = Verdict.NONE
     node_states: dict[str, NodeState] = field(default_factory=dict)
@@ -50,21 +51,27 @@ class Watch:
     progress: tuple[Any, ...] = ()
     progress_written: float = float("-inf")  # when the progress row was last written (manager clock)
     quarantine: Quarantine = field(default_factory=Quarantine)
-    awaiting: int | None = None              # failed incarnation whose timeline waits for running / first step
     restore_step: int | None = None          # newest complete checkpoint when this incarnation was submitted
-    pending: Recovery | None = None          # a recovery of this incarnation not yet resubmitted
-    awaiting_grow: float | None = None       # when the ranks were asked to stop for a grow
-    expect_restart: bool = False             # an array task we requeued: its restart is no failure
-    requeued_at: float | None = None         # Slurm requeued the life being judged, unasked
+    recovery: RecoveryState = field(default_factory=lambda: initial(0, None))   # set by new_watch
+    recovery_config: RecoveryConfig = field(default_factory=RecoveryConfig)
+    slurm_ended: bool = False                # the newest poll showed the job ended (or no longer showed it)
     ended_ids: set[int] = field(default_factory=set)   # Slurm ids of earlier incarnations: must stay gone
     last_plan_poll: int = -1                 # the poll a waiting plan was last made from
     requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
-    end_wait_since: float | None = None      # a recovery waits from here for the cancelled job to stop
-    end_waited: bool = False                 # ...and is done waiting
 
     @property
     def node_set(self) -> frozenset[str]:
         return frozenset(n for nodes in self.nodes.values() for n in nodes)
+
+    @property
+    def awaiting(self) -> int | None:
+        """The failed incarnation whose timeline waits for this one's running and first step."""
+        return self.recovery.awaiting
+
+    @property
+    def expect_restart(self) -> bool:
+        """An array task the manager requeued, before Slurm shows its next life."""
+        return self.recovery.expect_restart
 
     @property
     def quiet(self) -> bool:
@@ -84,6 +91,10 @@ class Watch:
     def lost_nodes(self) -> tuple[str, ...]:
         """Nodes of the incarnation that the newest poll showed failed (DOWN, FAIL, DRAIN...)."""
         return tuple(sorted(n for n, state in self.node_states.items() if state.failed and n in self.node_set))
+
+    def lost_kinds(self) -> dict[str, str]:
+        """The lost nodes, each with its kind of failure (the recovery's cause)."""
+        return {n: NODE_STATE_KIND.get(self.node_states[n], "down") for n in self.lost_nodes()}
 
     def layout(self) -> JobLayout:
         return self.shape.layout(self.nodes, self.units)
@@ -114,24 +125,29 @@ class Watch:
             for node in nodes:
                 self.confirmer.observe(TaskExit(at, node, offset, -1, 1, None))
 
-    def switch_to(self, incarnation: int, slurm_id: int, units: int, *, awaiting: int | None,
-                  restore_step: int | None, quarantine: Quarantine) -> None:
-        """The next incarnation was submitted: watch it instead."""
+    def relaunched(self, life: int) -> None:
+        """The step supervisor relaunched inside the allocation: the same Slurm job, life ``life``."""
+        self.incarnation = life - self.restart_count
+        self.phases.clear()
+        self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
+        self.verdict = Verdict.NONE
+
+    def switch_to(self, incarnation: int, slurm_id: int, units: int, *, restore_step: int | None,
+                  quarantine: Quarantine) -> None:
+        """The next incarnation was submitted: watch it instead (the recovery goes on judging it)."""
         if self.slurm_id is not None:
             self.ended_ids.add(self.slurm_id)
         self.incarnation, self.slurm_id, self.units = incarnation, slurm_id, units
-        self.awaiting, self.restore_step, self.quarantine = awaiting, restore_step, quarantine
+        self.restore_step, self.quarantine = restore_step, quarantine
         self.nodes = {}
         self.restart_count = self.slurm_restart_count = self.running_restart_count = 0
-        self.running = self.seen_in_slurm = self.ended = False
+        self.running = self.seen_in_slurm = self.slurm_ended = False
         self.slurm_state = ""
         self.phases.clear()
         self.node_states.clear()
         self.confirmer.reset({})
         self.verdict = Verdict.NONE
-        self.pending = None
-        self.awaiting_grow = self.requeued_at = self.end_wait_since = None
-        self.end_waited = self.requeue_settling = False
+        self.requeue_settling = False
         self.state = "active"
 
 
@@ -156,10 +172,13 @@ def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) ->
         ckpt = next((t.ckpt_dir for t in reg.array_tasks if t.task_id == task), reg.ckpt_dir)
         heartbeat_dir = ckpt / HEARTBEAT_SUBDIR
         slurm_id = task_job.job_id
+    incarnation = reg.incarnation_base if task is None else 0
+    config = RecoveryConfig(same_job=task is not None, end_wait_s=m.config.end_wait_s,
+                            stop_timeout_s=m.config.stop_timeout_s, max_requeues=reg.max_requeues)
     return Watch(key=key, reg=reg, shape=shape, placement=_placement(m, reg, shape),
-                 confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir,
-                 incarnation=reg.incarnation_base if task is None else 0,
-                 slurm_id=slurm_id, units=shape.units, array_task=task)
+                 confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir, incarnation=incarnation,
+                 slurm_id=slurm_id, units=shape.units, array_task=task, recovery=initial(incarnation, slurm_id),
+                 recovery_config=config)
 
 
 def restore_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, state: str) -> Watch:
@@ -179,15 +198,27 @@ def restore_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None
         if rec.plan and isinstance(rec.plan.get("quarantine"), dict):
             until = rec.plan["quarantine"].get("until") or {}
             w.quarantine = Quarantine({str(k): float(v) for k, v in until.items()})
-        if w.array_task is not None:    # an array task's incarnations are its restart counts
-            if rec.times["resubmitted"] is None:
-                w.incarnation, w.pending = rec.incarnation, rec
-            elif rec.times["first_step"] is None:
-                w.incarnation, w.awaiting, w.expect_restart = rec.incarnation, rec.incarnation, True
-        elif rec.incarnation == w.incarnation and rec.times["resubmitted"] is None:
-            w.pending = rec
-        elif rec.new_incarnation == w.incarnation and rec.times["first_step"] is None:
-            w.awaiting = rec.incarnation
-    if w.pending is not None and w.pending.cause == "grow":
-        w.awaiting_grow = w.pending.times["confirmed"]
+    w.recovery = resume(w.incarnation, w.slurm_id, [replayed(rec) for rec in recoveries], m.clock(),
+                        w.recovery_config)
+    if w.array_task is not None and w.recovery.open:   # an array task's incarnations are its restart counts
+        w.incarnation = w.recovery.incarnation
     return w
+
+
+def replayed(rec: Recovery) -> Replayed:
+    """A journaled recovery as the state machine's ``resume`` reads it."""
+    return Replayed(incarnation=rec.incarnation, path=RecoveryPath(rec.path) if rec.path else None, cause=rec.cause,
+                    nodes=rec.nodes, confirmed_at=rec.times["confirmed"], resubmitted_at=rec.times["resubmitted"],
+                    running_at=rec.times["running"], first_step_at=rec.times["first_step"],
+                    new_incarnation=rec.new_incarnation, plan=plan_from_json(rec.plan) if rec.plan else None)
+
+
+def plan_from_json(obj: dict[str, Any]) -> Plan:
+    """A plan as ``journal.to_json`` stored it."""
+    until = (obj.get("quarantine") or {}).get("until") or {}
+    return Plan(Action(obj["action"]), int(obj["data_parallel_size"]),
+                tuple(ComponentPlan(int(c["het_offset"]), tuple(c["nodes"]), tuple(c["added"]), tuple(c["removed"]))
+                      for c in obj.get("components") or ()),
+                exclude=tuple(obj.get("exclude") or ()), drain=tuple((n, r) for n, r in obj.get("drain") or ()),
+                quarantine=Quarantine({str(k): float(v) for k, v in until.items()}),
+                wait_until=obj.get("wait_until"), reasons=tuple(obj.get("reasons") or ()))
