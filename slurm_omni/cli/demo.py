@@ -161,7 +161,8 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         result = s.phase("drill", lambda: runner.run(DrillSpec(kind="node-down", after_steps=30, timeout_s=timeout_s)),
                          lambda r: f"{r.node} DOWN at step {r.progress.last_step_before if r.progress else '?'}: "
                                    f"confirmed in {_s(r.detection_s)}, training again {_s(r.recovery_s)} later "
-                                   f"({r.times.source}), {r.node} resumed")
+                                   f"({r.times.source}), {r.node} resumed; "
+                                   f"{story.recovery_path(files.manager_dir / 'timeline.json')}")
         if not result.ok:
             raise OmniError(f"demo: phase {s.n} (drill) failed: {result.error or 'no recovery'} "
                             f"(manager log: {manager.log_path})")

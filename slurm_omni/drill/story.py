@@ -163,6 +163,22 @@ def compare(files: DemoFiles, metrics: Path, reference_metrics: Path) -> Equival
     return check_equivalence(load_history(metrics), load_history(reference_metrics))
 
 
+def recovery_path(timeline: Path) -> str:
+    """The newest recovery's road as the manager's timeline says it: ``in_allocation`` (the same
+    Slurm job), ``resubmitted`` or ``requeued``, and the Slurm job before and after."""
+    from slurm_omni.errors import OmniError
+    from slurm_omni.report.timeline import load_timeline
+
+    try:
+        recoveries = load_timeline(timeline).recoveries
+    except OmniError as e:
+        return f"path unknown ({e})"
+    if not recoveries:
+        return "path unknown (no recovery in the timeline)"
+    r = recoveries[-1]
+    return f"path {r.path or '?'}: Slurm job {r.job_id} -> {r.new_job_id or '?'}"
+
+
 def report(files: DemoFiles, h: JobHandle, reference_metrics: Path, env: dict[str, str],
            timeline: Path | None) -> str:
     """``omni report``; its summary text."""

@@ -21,7 +21,10 @@ TIMELINE_KEYS = {"fault": "fault", "detected": "detected", "confirmed": "confirm
 
 def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
     """Every job of ``uid``: state, incarnations with their layouts, progress, heartbeat lag and
-    recovery timelines with durations (the journal's view, plus the current incarnation)."""
+    recoveries (the journal's view, plus the current incarnation). Each recovery says its ``path``
+    (in_allocation, resubmitted, requeued, planned_migration), the Slurm job id before and after,
+    the nodes removed and added per het component, and the spares left in the allocation (what the
+    step supervisor reported; null for a resubmission, which takes spares from the cluster)."""
     out = []
     for job in journal.status(uid, now):
         incs = job["incarnations"]
@@ -29,8 +32,38 @@ def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
         job["current_incarnation"] = current["number"] if current else None
         job["slurm_job_id"] = current["slurm_job_id"] if current else None
         job["data_parallel_size"] = (current["layout"] or {}).get("data_parallel_size") if current else None
+        slurm_ids = {i["number"]: i["slurm_job_id"] for i in incs}
+        job["recoveries"] = [recovery_view(r, slurm_ids) for r in job["recoveries"]]
         out.append(job)
     return out
+
+
+def recovery_path(cause: str, path: str | None, new_incarnation: int | None, plan: Any) -> str:
+    """The recorded path; a journal from before paths were recorded: a requeue when no plan was made."""
+    if path:
+        return path
+    return "requeued" if plan is None and cause != "grow" and new_incarnation is not None else "resubmitted"
+
+
+def recovery_view(rec: dict[str, Any], slurm_ids: dict[int, str | None]) -> dict[str, Any]:
+    plan, detail = rec.pop("plan") or {}, rec.pop("detail") or {}
+    path = recovery_path(rec["cause"], rec["path"], rec["new_incarnation"], plan or None)
+    removed: dict[str, list[str]] = {str(k): list(v) for k, v in (detail.get("removed") or {}).items()}
+    added: dict[str, list[str]] = {str(k): list(v) for k, v in (detail.get("added") or {}).items()}
+    for c in plan.get("components") or ():
+        if c.get("removed"):
+            removed.setdefault(str(c["het_offset"]), list(c["removed"]))
+        if c.get("added"):
+            added.setdefault(str(c["het_offset"]), list(c["added"]))
+    before = slurm_ids.get(rec["incarnation"])
+    after = slurm_ids.get(rec["new_incarnation"]) if rec["new_incarnation"] is not None else None
+    if after is None and path in ("in_allocation", "requeued") and rec["new_incarnation"] is not None:
+        after = before   # the same Slurm job runs the next life
+    spares = detail.get("spares_left")
+    return {**rec, "path": path, "slurm_job_id_before": before, "slurm_job_id_after": after,
+            "nodes_removed": removed, "nodes_added": added,
+            "spares_left": {str(k): int(v) for k, v in spares.items()} if isinstance(spares, dict) else None,
+            "action": plan.get("action")}
 
 
 def timeline_entries(journal: Journal, uid: int) -> list[dict[str, Any]]:
@@ -42,10 +75,16 @@ def timeline_entries(journal: Journal, uid: int) -> list[dict[str, Any]]:
             if rec.times["confirmed"] is None:
                 continue
             times = _monotone([rec.times[p] for p in PHASES])
+            path = recovery_path(rec.cause, rec.path, rec.new_incarnation, rec.plan)
             entry: dict[str, Any] = {"job_id": str(slurm_ids.get(rec.incarnation) or job["name"]),
                                      "incarnation": rec.incarnation,
                                      **{TIMELINE_KEYS[p]: t for p, t in zip(PHASES, times, strict=True)},
-                                     "kind": KINDS.get(rec.cause, rec.cause)}
+                                     "kind": KINDS.get(rec.cause, rec.cause), "path": path}
+            if rec.new_incarnation is not None:
+                after = slurm_ids.get(rec.new_incarnation) or (
+                    slurm_ids.get(rec.incarnation) if path in ("in_allocation", "requeued") else None)
+                if after:
+                    entry["new_job_id"] = str(after)
             if rec.plan is not None:
                 entry["action"] = str(rec.plan.get("action", ""))
             elif rec.cause != "grow" and rec.new_incarnation is not None:
@@ -95,6 +134,13 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
             lines.append(f"  recovery of incarnation {rec['incarnation']} ({rec['cause']} on "
                          f"{','.join(rec['nodes']) or '-'}): {steps}  total {total}"
                          f"{'' if rec['complete'] else '  (in progress)'}")
+            moved = "; ".join(f"{k}: -{','.join(rec['nodes_removed'].get(k, [])) or '0'} "
+                              f"+{','.join(rec['nodes_added'].get(k, [])) or '0'}"
+                              for k in sorted({*rec["nodes_removed"], *rec["nodes_added"]}))
+            spares = ("" if rec["spares_left"] is None else "  spares left "
+                      + ", ".join(f"{k}: {v}" for k, v in sorted(rec["spares_left"].items())))
+            lines.append(f"    path {rec['path']}: Slurm job {_n(rec['slurm_job_id_before'])} -> "
+                         f"{_n(rec['slurm_job_id_after'])}  nodes {moved or '-'}{spares}")
     return "\n".join(lines) + "\n"
 
 

@@ -116,7 +116,8 @@ def _timeline(ax: Axes, recoveries: Sequence[Recovery]) -> None:
             ax.barh(i, tb - ta, left=ta - origin, height=0.5, color=color,
                     label=None if label in seen else label)
             seen.add(label)
-    ax.set_yticks(range(len(timed)), [f"{r.job_id} inc {r.incarnation}" for r in timed], fontsize=7)
+    ax.set_yticks(range(len(timed)), [f"{r.job_id} inc {r.incarnation}" + (f"\n{r.path}" if r.path else "")
+                                      for r in timed], fontsize=7)
     ax.set_ylim(len(timed) - 0.4, -0.6 - 0.4 * len(PHASES) / max(len(timed), 1))
     ax.set_title("recovery timeline")
     ax.set_xlabel("seconds since the fault")

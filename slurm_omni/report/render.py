@@ -32,8 +32,8 @@ def _fmt(fmt: str, value: float | None) -> str:
 def text_table(s: ReportSummary) -> str:
     lines = [(f"omni report: job {s.job_id or '?'}, steps {s.first_step}..{s.last_step}, "
              f"incarnations {', '.join(map(str, s.incarnations))}, {s.wall_s:.1f} s of metrics")]
-    header = ["recovery", "job", "inc", "kind"] + [name for name, *_ in FIELDS]
-    rows = [[str(i + 1), r.job_id, str(r.incarnation), r.kind or "-"]
+    header = ["recovery", "job", "inc", "kind", "path"] + [name for name, *_ in FIELDS]
+    rows = [[str(i + 1), r.job_id, str(r.incarnation), r.kind or "-", r.path or "-"]
             + [_fmt(fmt, get(r)) for _n, fmt, _g, _h, get in FIELDS] for i, r in enumerate(s.recoveries)]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(header)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
@@ -80,17 +80,17 @@ def summary_json(s: ReportSummary) -> str:
         "incarnations": list(s.incarnations), "wall_s": s.wall_s,
         "max_loss_deviation": s.max_loss_deviation, "max_loss_deviation_step": s.max_loss_deviation_step,
         "loss_compared_steps": s.loss_compared_steps,
-        "recoveries": [{"job_id": r.job_id, "incarnation": r.incarnation, "kind": r.kind,
+        "recoveries": [{"job_id": r.job_id, "incarnation": r.incarnation, "kind": r.kind, "path": r.path,
                         **{name: get(r) for name, *_, get in FIELDS}} for r in s.recoveries],
     }, sort_keys=True) + "\n"
 
 
 def html_page(s: ReportSummary, png: bytes, *, title: str) -> str:
     """A self-contained page: the PNG inline (base64) and the summary as tables."""
-    head = ["recovery", "job", "incarnation", "kind"] + [n for n, *_ in FIELDS]
+    head = ["recovery", "job", "incarnation", "kind", "path"] + [n for n, *_ in FIELDS]
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in
-                         [str(i + 1), r.job_id, str(r.incarnation), r.kind or "-"]
+                         [str(i + 1), r.job_id, str(r.incarnation), r.kind or "-", r.path or "-"]
                          + [_fmt(fmt, get(r)) for _n, fmt, _g, _h, get in FIELDS]) + "</tr>\n"
         for i, r in enumerate(s.recoveries))
     loss = ("n/a" if s.max_loss_deviation is None

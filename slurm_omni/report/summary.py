@@ -50,6 +50,8 @@ class RecoverySummary:
     steps_lost: int | None
     throughput_before: float | None
     throughput_after: float | None
+    path: str = ""
+    """in_allocation, resubmitted, requeued or planned_migration ("" when the timeline does not say)."""
 
     @property
     def throughput_ratio(self) -> float | None:
@@ -141,7 +143,7 @@ def summarize_recovery(points: Sequence[StepPoint], rec: Recovery, every: int) -
     return RecoverySummary(
         rec.job_id, rec.incarnation, rec.kind, rec.detection_s, rec.recovery_s, steps_lost,
         _median([p.global_samples_per_s for p in before[-WINDOW:]]),
-        _median([p.global_samples_per_s for p in settled[:WINDOW]]))
+        _median([p.global_samples_per_s for p in settled[:WINDOW]]), rec.path)
 
 
 def inferred_recoveries(points: Sequence[StepPoint], job_id: str) -> list[Recovery]:

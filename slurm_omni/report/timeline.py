@@ -25,6 +25,10 @@ running                     the job's new incarnation is RUNNING in Slurm, unix 
 first_step_after_restore    first global step completed after the restore, unix time or null
 kind                        optional free text: node_down, task_crash, hang, ...
 action                      optional free text: replace, shrink, wait, requeue, ...
+path                        optional: the road the recovery took, in_allocation (relaunched
+                            inside the same Slurm job), resubmitted (a new Slurm job), requeued
+                            (Slurm ran the same job id again) or planned_migration
+new_job_id                  optional: the Slurm job id the job trains in after the recovery
 ==========================  ======================================================================
 
 Times that are present must not decrease in the order listed. Unknown keys are errors, so a typo
@@ -45,7 +49,7 @@ from typing import Any
 from slurm_omni.errors import OmniError
 
 TIME_KEYS = ("fault", "detected", "confirmed", "resubmitted", "running", "first_step_after_restore")
-KEYS = frozenset({"job_id", "incarnation", "kind", "action", *TIME_KEYS})
+KEYS = frozenset({"job_id", "incarnation", "kind", "action", "path", "new_job_id", *TIME_KEYS})
 
 
 class ReportInputError(OmniError):
@@ -68,6 +72,8 @@ class Recovery:
     first_step_after_restore: float | None = None
     kind: str = ""
     action: str = ""
+    path: str = ""
+    new_job_id: str = ""
 
     def __post_init__(self) -> None:
         if self.incarnation < 0:
@@ -139,7 +145,8 @@ def parse_recovery(obj: Any, *, where: str) -> Recovery:
         raise ReportInputError(f"report: couldn't read {where}: confirmed is required")
     try:
         return Recovery(job_id=str(job_id), incarnation=incarnation, confirmed=confirmed,
-                        kind=str(obj.get("kind", "")), action=str(obj.get("action", "")), **times)
+                        kind=str(obj.get("kind", "")), action=str(obj.get("action", "")),
+                        path=str(obj.get("path", "")), new_job_id=str(obj.get("new_job_id", "")), **times)
     except ValueError as e:
         raise ReportInputError(f"report: couldn't read {where}: {e}") from e
 

@@ -97,12 +97,16 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
         assert timeline["complete"] and all(timeline["times"][p] is not None for p in
                                             ("detected", "confirmed", "resubmitted", "running", "first_step"))
         assert timeline["cause"] == rec.cause and timeline["durations"]["confirmed"] <= 5.0
+        assert timeline["path"] == "resubmitted" and rec.path == "resubmitted"
+        assert (timeline["slurm_job_id_before"], timeline["slurm_job_id_after"]) == (str(job_id), str(new_id))
+        assert timeline["nodes_removed"] == {"1": [old_text[0]]} and timeline["nodes_added"] == {"1": new_text}
         text = subprocess.run([str(BIN / "omni"), "status", "--site-config", str(run.site), "--state-dir",
                                str(run.state_dir)], env=run.env, capture_output=True, text=True, timeout=30,
                               check=True).stdout
         assert f"recovery of incarnation 0 ({rec.cause} on {','.join(rec.nodes)})" in text, text
         (entry,) = load_timeline(run.state_dir / "timeline.json").recoveries
-        assert (entry.job_id, entry.incarnation, entry.action) == (str(job_id), 0, "resubmit")
+        assert (entry.job_id, entry.incarnation, entry.action, entry.path, entry.new_job_id) == \
+            (str(job_id), 0, "resubmit", "resubmitted", str(new_id))
         assert entry.kind == KINDS.get(rec.cause, rec.cause), entry
         assert entry.confirmed is not None and entry.first_step_after_restore is not None
         script = (run.state_dir / "scripts" / f"{incarnation_tag(run.key, 1)}.sbatch").read_text()

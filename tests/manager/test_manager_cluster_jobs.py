@@ -128,7 +128,7 @@ def test_failed_array_task_is_requeued_alone(slurm_cluster, shards: Path, tmp_pa
         wait_until(requeue_done, 90, f"the manager to requeue {array_id}_1\n{run.manager_log()}", interval_s=0.5)
         _start_now(run.runner(), [ids[1]])
         (rec,) = run.wait_recovery(1, "first_step", timeout_s=150, key=key)
-        assert rec.cause == "task_exit" and rec.new_incarnation == 1
+        assert rec.cause == "task_exit" and rec.new_incarnation == 1 and rec.path == "requeued"
         # the first step is the next life's (heartbeats of restart count 1), seen after it ran again
         assert rec.times["running"] is not None and rec.times["first_step"] >= rec.times["running"], rec.times
         assert {b["incarnation"] for b in run.beats(ids[1], hb[1]).values()} == {1}
