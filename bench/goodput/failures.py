@@ -64,13 +64,16 @@ class Interruption:
 
     ``draw`` is a uniform [0, 1) number of the event itself, used by policies whose reaction time
     varies (a person's response, the phase of Slurm's node ping); drawing it with the trace keeps
-    the three policies on exactly the same events (common random numbers)."""
+    the three policies on exactly the same events (common random numbers). ``queue_draw``, drawn
+    from a stream of its own (so the trace is the same with or without it), places the event's
+    queue wait in the queue-wait distribution (``models.PolicyCosts.queue_s``)."""
 
     time_s: float
     category: str
     kind: Kind
     replace: bool
     draw: float
+    queue_draw: float = 0.5
 
 
 def interruption_trace(*, wall_s: float, expected: float, seed: int,
@@ -80,6 +83,7 @@ def interruption_trace(*, wall_s: float, expected: float, seed: int,
     if wall_s <= 0 or expected < 0:
         raise ValueError(f"wall_s = {wall_s}, expected = {expected}: need wall_s > 0, expected >= 0")
     rng = random.Random(seed)
+    queue = random.Random(f"queue-{seed}")
     events: list[Interruption] = []
     if expected == 0:
         return events
@@ -88,7 +92,7 @@ def interruption_trace(*, wall_s: float, expected: float, seed: int,
     t = rng.expovariate(rate)
     while t < wall_s:
         c = rng.choices(categories, weights=weights)[0]
-        events.append(Interruption(t, c.name, c.kind, c.replace, rng.random()))
+        events.append(Interruption(t, c.name, c.kind, c.replace, rng.random(), queue.random()))
         t += rng.expovariate(rate)
     return events
 

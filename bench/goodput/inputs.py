@@ -2,7 +2,7 @@
 
 Defaults live in the dataclasses below (each field says where its number comes from). A TOML file
 (``--config``) may override any of them, table by table (``[run]``, ``[storage]``, ``[start]``,
-``[manual]``, ``[slurm]``, ``[omni]``), loaded strictly. Measured files override on top:
+``[manual]``, ``[slurm]``, ``[omni]``, ``[queue]``, ``[alloc]``), loaded strictly. Measured files override on top:
 
 ``--drill-json FILE`` (written by ``omni drill``; all keys optional, seconds)::
 
@@ -186,6 +186,50 @@ class OmniConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class QueueConfig:
+    """The queue wait a job pays when it leaves its allocation: every resubmission (a, c, and the
+    in-allocation mode's fallback) and Slurm's requeue (b) go back into the queue.
+
+    The wait is lognormal: ``median_s x exp(sigma x z)`` with z standard normal (the event's own
+    ``queue_draw``). Queue waits of large jobs are long-tailed; the lognormal is the usual fit. The
+    defaults are an assumption, not a measurement: "for a 2,000-node job, often hours" (issue 13), a
+    median of one hour, and sigma 1 puts the 90th percentile at 3.6 x the median. ``median_s = 0``:
+    no queue (the model before issue 13)."""
+
+    median_s: float = 3600.0
+    sigma: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.median_s < 0 or self.sigma < 0:
+            raise ConfigError(f"queue: median_s = {self.median_s}, sigma = {self.sigma} must not be negative")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllocConfig:
+    """(d) slurm-omni in the allocation: the job holds idle spare nodes (paid for, node-seconds) and
+    its step supervisor relaunches on survivors plus a spare, inside the same Slurm job: no queue.
+    Out of spares it shrinks (the elastic resume keeps the global batch) down to
+    ``min_dp_fraction`` of its data-parallel size; below that it is resubmitted, pays the queue
+    wait, and starts again full size with its spares."""
+
+    spares_per_100: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
+    """Spares per 100 job nodes to compare (the printout's rows)."""
+    relaunch_small_s: float = 3.0
+    """Confirmed -> the relaunched step running on the drill cluster (warm standbys: imports done);
+    issue 13's goal for fault -> first step, measured by bench/recovery_bench.py. At scale the
+    communicator set-up (``start.init_s_per_1k_gpus``), the restore and the first step come on top."""
+    min_dp_fraction: float = 0.9
+    """Shrink inside the allocation while at least this fraction of the replicas is left."""
+
+    def __post_init__(self) -> None:
+        if not self.spares_per_100 or any(s < 0 for s in self.spares_per_100):
+            raise ConfigError(f"alloc: spares_per_100 = {list(self.spares_per_100)}: need values >= 0")
+        if self.relaunch_small_s < 0 or not 0 < self.min_dp_fraction <= 1:
+            raise ConfigError(f"alloc: relaunch_small_s = {self.relaunch_small_s} must be >= 0 and "
+                              f"min_dp_fraction = {self.min_dp_fraction} in (0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SimConfig:
     run: RunConfig = field(default_factory=RunConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
@@ -193,6 +237,8 @@ class SimConfig:
     manual: ManualConfig = field(default_factory=ManualConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     omni: OmniConfig = field(default_factory=OmniConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    alloc: AllocConfig = field(default_factory=AllocConfig)
 
 
 @dataclass(frozen=True, slots=True)

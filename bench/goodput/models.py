@@ -29,7 +29,9 @@ would slow the others by an amount we have not measured), false alarms, failures
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -64,10 +66,27 @@ class PolicyCosts:
     shrink: bool = False
     grow_save_s: float = 0.0
     """A planned grow first saves synchronously (snapshot + persist)."""
+    queue_median_s: float = 0.0
+    """Each trip through the queue waits ``queue_s(draw)``: lognormal with this median..."""
+    queue_sigma: float = 0.0
+    """...and this log-standard deviation (inputs.QueueConfig)."""
+    spares: int | None = None
+    """In-allocation mode: spare nodes the allocation holds idle (None: the policy resubmits)."""
+    relaunch_s: float = 0.0
+    """In-allocation mode: confirmed -> first step after a relaunch inside the allocation."""
+    min_replicas: int = 1
+    """In-allocation mode: shrink inside the allocation down to this many replicas, then resubmit."""
 
     def __post_init__(self) -> None:
         if self.ckpt_interval_s <= 0:
             raise ValueError(f"{self.name}: ckpt_interval_s = {self.ckpt_interval_s} must be positive")
+
+    def queue_s(self, draw: float) -> float:
+        """The queue wait of one trip: ``median x exp(sigma x z)``, z the standard normal quantile of ``draw``."""
+        if self.queue_median_s <= 0:
+            return 0.0
+        z = statistics.NormalDist().inv_cdf(min(max(draw, 1e-12), 1 - 1e-12))
+        return self.queue_median_s * math.exp(self.queue_sigma * z)
 
     def detection_s(self, kind: str, draw: float) -> float:
         spread = self.detect_spread.get(kind, 0.0)
@@ -128,21 +147,22 @@ def scale(cfg: SimConfig) -> Scaled:
     else:
         interval = max(interval, persist)  # at most one save in flight
 
+    queue = {"queue_median_s": cfg.queue.median_s, "queue_sigma": cfg.queue.sigma}
     manual = PolicyCosts(
-        name="(a) manual restart, hourly ckpt", detect_base=dict.fromkeys(KINDS, 0.0),
+        **queue, name="(a) manual restart, hourly ckpt", detect_base=dict.fromkeys(KINDS, 0.0),
         detect_spread=dict.fromkeys(KINDS, cfg.manual.human_detect_s), spread="exponential",
         resubmit_s=cfg.manual.human_fix_s, start_s=start, restore_s=restore_full, first_step_s=step,
         ckpt_interval_s=cfg.manual.ckpt_interval_s, ckpt_blocking_s=sync_save)
     sl = cfg.slurm
     slurm = PolicyCosts(
-        name="(b) Slurm requeue", spread="uniform",
+        **queue, name="(b) Slurm requeue", spread="uniform",
         detect_base={"node_down": sl.slurmd_timeout_s, "task_crash": sl.nccl_timeout_s,
                      "hang": sl.hang_timeout_s},
         detect_spread={"node_down": sl.slurmd_timeout_s / 3},
         resubmit_s=0.0, pending_s=sl.requeue_pending_s, start_s=start, restore_s=restore_full,
         first_step_s=step, ckpt_interval_s=sl.ckpt_interval_s, ckpt_blocking_s=sync_save)
     omni = PolicyCosts(
-        name="(c) slurm-omni",
+        **queue, name="(c) slurm-omni resubmission",
         detect_base={"node_down": om.detect_node_down_s + scan, "task_crash": om.detect_task_crash_s + scan,
                      "hang": hang + scan},
         resubmit_s=om.resubmit_s, start_s=start, restore_s=om.restore_small_s + restore_critical,
@@ -156,5 +176,20 @@ def scale(cfg: SimConfig) -> Scaled:
         "restore_full_s": restore_full, "restore_critical_s": restore_critical, "start_s": start,
         "omni_ckpt_interval_s": interval, "omni_hang_detect_s": hang, "heartbeat_scan_s": scan,
         "mtbf_s": mtbf, **{f"share_{k}": v for k, v in shares.items()},
+        "relaunch_s": in_allocation(cfg, omni, 0).relaunch_s,
     }
     return Scaled(manual, slurm, omni, figures)
+
+
+def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float) -> PolicyCosts:
+    """(d) slurm-omni's in-allocation mode with ``per_100`` spares per 100 job nodes: detection and
+    checkpoints as (c); a relaunch costs the small cluster's relaunch, the communicator set-up at
+    scale, the critical-first restore and a step; out of spares and below the minimum data-parallel
+    size, (c)'s resubmission with its queue wait."""
+    run = cfg.run
+    spares = round(per_100 * run.nodes / 100)
+    init = cfg.start.init_s_per_1k_gpus * run.gpus / 1000.0
+    relaunch = cfg.alloc.relaunch_small_s + init + omni.restore_s + omni.first_step_s
+    return dataclasses.replace(omni, name=f"(d) in allocation, {per_100:g} spares/100 nodes", spares=spares,
+                               relaunch_s=relaunch,
+                               min_replicas=max(1, math.ceil(cfg.alloc.min_dp_fraction * run.data_parallel)))

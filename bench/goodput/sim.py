@@ -13,8 +13,22 @@ spare pool) and runs at ``replicas / dp`` of full throughput ("running shrunk" i
 enough nodes are back for a replica, when it grows through a planned restart (synchronous save,
 no lost work). Replaced nodes return to the spare pool after ``repair_s``.
 
-Every wall second lands in exactly one bucket: productive, detection, restart, waiting for nodes,
-recompute (lost work), checkpoint (blocking), shrunk. ETTR = productive / wall.
+A policy that leaves its allocation (every resubmission, and Slurm's requeue) waits in the queue
+for ``PolicyCosts.queue_s`` of the event's ``queue_draw`` (a planned grow does not: the larger job
+can be submitted while the shrunk one trains).
+
+In-allocation mode (``PolicyCosts.spares`` set, ``simulate_in_allocation``): the allocation holds
+``spares`` idle nodes. A lost node is replaced by one of them and the step relaunched inside the
+allocation (``relaunch_s``, no queue); a software fault relaunches on the same nodes. Out of spares
+the job drops a replica (its healthy nodes serve as the next replacements) while at least
+``min_replicas`` are left; below that it is resubmitted (queue wait and a full start) and starts
+again full size with all its spares. The cluster's own spare pool does not matter here (the queue
+wait stands for finding a whole allocation).
+
+Every wall second lands in exactly one bucket: productive, detection, restart, queue (waiting in
+the queue), waiting for nodes, recompute (lost work), checkpoint (blocking), shrunk. Idle spares are
+paid as node-seconds; ``spare_s`` expresses them in the job's wall seconds (node-seconds / job
+nodes). ETTR = productive / (wall + spare_s): the useful share of what the job paid for.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from bench.goodput.failures import Interruption
 from bench.goodput.inputs import RunConfig
 from bench.goodput.models import PolicyCosts
 
-BUCKETS = ("productive", "detection", "restart", "waiting", "recompute", "checkpoint", "shrunk")
+BUCKETS = ("productive", "detection", "restart", "queue", "waiting", "recompute", "checkpoint", "shrunk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +59,16 @@ class Outcome:
     shrinks: int
     grows: int
     waits: int
+    resubmits: int = 0
+    """In-allocation mode: fallbacks to a resubmission (the other policies resubmit every time)."""
+    relaunches: int = 0
+    """In-allocation mode: relaunches inside the allocation."""
+    spare_s: float = 0.0
+    """Idle spare node-seconds / job nodes (paid, not used)."""
 
     @property
     def ettr(self) -> float:
-        return self.seconds["productive"] / self.wall_s
+        return self.seconds["productive"] / (self.wall_s + self.spare_s)
 
 
 class SparePool:
@@ -116,10 +136,23 @@ class _Ledger:
         self.t = 0.0
         self.seconds = dict.fromkeys(BUCKETS, 0.0)
 
-    def charge(self, bucket: str, seconds: float) -> None:
+    def charge(self, bucket: str, seconds: float) -> float:
         take = min(max(seconds, 0.0), self.wall_s - self.t)
         self.seconds[bucket] += take
         self.t += take
+        return take
+
+    def train(self, p: PolicyCosts, end: float, failed: bool, frac: float) -> float:
+        """Train (and checkpoint) from now to ``end``; returns the wall seconds."""
+        train, blocking, durable = segment(p, end - self.t)
+        lost = train - durable if failed else 0.0
+        self.seconds["productive"] += (train - lost) * frac
+        self.seconds["recompute"] += lost * frac
+        self.seconds["shrunk"] += train * (1 - frac)
+        self.seconds["checkpoint"] += blocking
+        length = end - self.t
+        self.t = end
+        return length
 
     @property
     def over(self) -> bool:
@@ -127,6 +160,8 @@ class _Ledger:
 
 
 def simulate(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> Outcome:
+    if p.spares is not None:
+        return simulate_in_allocation(p, run, events)
     wall, dp, per_replica = run.wall_s, run.data_parallel, run.nodes_per_replica
     pool = SparePool(run.spare_nodes, run.repair_s)
     led = _Ledger(wall)
@@ -141,15 +176,8 @@ def simulate(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> 
         fail_at = ev.time_s if ev is not None else math.inf
         grow_at = pool.when_free(per_replica, led.t) if p.shrink and replicas < dp else math.inf
         end = min(fail_at, grow_at, wall)
-        train, blocking, durable = segment(p, end - led.t)
         failed = ev is not None and end == fail_at and end < wall
-        lost = train - durable if failed else 0.0
-        frac = replicas / dp
-        led.seconds["productive"] += (train - lost) * frac
-        led.seconds["recompute"] += lost * frac
-        led.seconds["shrunk"] += train * (1 - frac)
-        led.seconds["checkpoint"] += blocking
-        led.t = end
+        led.train(p, end, failed, replicas / dp)
         if led.over:
             break
         if not failed:
@@ -179,10 +207,60 @@ def simulate(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> 
             pool.take(per_replica, led.t)   # grow inside this restart, at no extra cost
             replicas, grows = replicas + 1, grows + 1
         led.charge("restart", p.resubmit_s + p.pending_s)
+        led.charge("queue", p.queue_s(ev.queue_draw))
         led.charge("waiting", wait)
         led.charge("restart", p.start_s + p.restore_s + p.first_step_s)
         ev = next(queue, None)
     while ev is not None:
         absorbed += ev.time_s < wall
         ev = next(queue, None)
-    return Outcome(p.name, wall, led.seconds, hits, absorbed, shrinks, grows, waits)
+    return Outcome(p.name, wall, led.seconds, hits, absorbed, shrinks, grows, waits, resubmits=hits)
+
+
+def simulate_in_allocation(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> Outcome:
+    """The in-allocation mode (module docstring); ``p.spares`` idle nodes in the allocation."""
+    wall, dp, per_replica, nodes = run.wall_s, run.data_parallel, run.nodes_per_replica, run.nodes
+    full = p.spares or 0
+    led = _Ledger(wall)
+    spares, freed, replicas = full, 0, dp
+    idle_node_s = 0.0
+    absorbed = hits = shrinks = resubmits = relaunches = 0
+    queue = iter(sorted(events, key=lambda e: e.time_s))
+    ev = next(queue, None)
+    while not led.over:
+        while ev is not None and ev.time_s < led.t:
+            absorbed += 1
+            ev = next(queue, None)
+        end = min(ev.time_s if ev is not None else math.inf, wall)
+        failed = ev is not None and end == ev.time_s and end < wall
+        idle_node_s += spares * led.train(p, end, failed, replicas / dp)
+        if led.over or ev is None:
+            break
+        hits += 1
+        idle_node_s += spares * led.charge("detection", p.detection_s(ev.kind, ev.draw))
+        inside = True
+        if ev.replace:   # the lost node leaves the allocation for good
+            if freed:
+                freed -= 1
+            elif spares:
+                spares -= 1
+            elif replicas - 1 >= p.min_replicas:
+                replicas, shrinks = replicas - 1, shrinks + 1
+                freed += per_replica - 1
+            else:
+                inside = False
+        if inside:
+            relaunches += 1
+            idle_node_s += spares * led.charge("restart", p.relaunch_s)
+        else:   # a new allocation, full size, all spares again
+            resubmits += 1
+            led.charge("restart", p.resubmit_s + p.pending_s)
+            led.charge("queue", p.queue_s(ev.queue_draw))
+            spares, freed, replicas = full, 0, dp
+            idle_node_s += spares * led.charge("restart", p.start_s + p.restore_s + p.first_step_s)
+        ev = next(queue, None)
+    while ev is not None:
+        absorbed += ev.time_s < wall
+        ev = next(queue, None)
+    return Outcome(p.name, wall, led.seconds, hits, absorbed, shrinks, 0, 0, resubmits=resubmits,
+                   relaunches=relaunches, spare_s=idle_node_s / nodes)
