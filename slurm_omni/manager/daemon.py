@@ -38,6 +38,7 @@ from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
 from slurm_omni.manager.registry import RegisteredJob, read_registry
 from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
 from slurm_omni.manager.status import write_timeline
+from slurm_omni.manager.supervisor_reports import read_reports, supervised
 from slurm_omni.manager.watch import Watch, new_watch, restore_watch
 from slurm_omni.policy.cluster_index import ClusterIndex
 from slurm_omni.policy.confirm import NODE_STATE_KIND, ConfirmConfig, NodeObservation, TaskExit, Verdict
@@ -168,6 +169,7 @@ class Manager:
             if snap is not None:
                 self._observe_poll(w, snap, nodes, now)
             self._heartbeats(w, now)
+            self._supervisor(w, now)
             self._decide(w, now, snap)
         self._export_timeline()
 
@@ -267,6 +269,24 @@ class Manager:
                                      {"rank": hb.rank, "error": why})
         log.error("manager: job %s: %s; not restarting it (fix that and submit again)", w.key, why)
         self.close_job(w, "failed", hb.time, f"bad input: {why}")
+
+    def _supervisor(self, w: Watch, now: float) -> None:
+        """A step supervisor in the job's allocation (its status file is there): its failures are
+        its own to handle first, and its reports move the recovery (docs/recovery.md)."""
+        if w.slurm_id is None or w.array_task is not None:
+            return
+        present = supervised(w.reg.ckpt_dir, w.slurm_id)
+        if present != w.recovery_config.supervised:
+            w.recovery_config = replace(w.recovery_config, supervised=present)
+            log.info("manager: %s: Slurm job %d %s a step supervisor", w.key, w.slurm_id,
+                     "has" if present else "no longer has")
+        if not present:
+            return
+        for report in read_reports(w.reg.ckpt_dir, w.slurm_id):
+            lost = [n for n in report.failed_nodes if n not in w.quarantine.active(now)]
+            if lost:   # a node the job lost is never used again by it
+                w.quarantine = w.quarantine.add(lost, now, w.placement.quarantine_s)
+            recovery.feed(self, w, report.observation, now)
 
     def _observe_poll(self, w: Watch, snap: ClusterSnapshot, nodes: dict[str, Node], now: float) -> None:
         if w.slurm_id is None:

@@ -163,6 +163,12 @@ def _make_plan(m: Manager, w: Watch, snap: ClusterSnapshot, now: float) -> Plan:
     if not w.nodes:   # the incarnation never ran: resubmit it as it was, away from what failed
         return Plan(Action.RESUBMIT, w.units, exclude=s.nodes, quarantine=w.quarantine,
                     reasons=("the incarnation never ran: resubmit without a node list",))
+    if w.recovery_config.supervised:
+        # taking over from the step supervisor: a new allocation as the job file asks for it, away
+        # from every node the job lost (the supervisor's failed nodes are in the quarantine)
+        exclude = tuple(sorted({*s.nodes, *w.quarantine.active(now)}))
+        return Plan(Action.RESUBMIT, w.units, exclude=exclude, quarantine=w.quarantine,
+                    reasons=("taking over from the step supervisor: resubmit without a node list",))
     index = ClusterIndex.build(snap.topology, snap.nodes)
     layout = w.layout()
     failed = nodes_to_replace(Decision(Verdict.CONFIRMED, now, cause=s.cause, nodes=s.nodes), index, layout)

@@ -1,0 +1,85 @@
+"""The step supervisor's report files as the manager reads them: strict, bounded, one bad file
+skipped, only the Slurm job asked for, oldest life first."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_omni.manager.events import EventRejected
+from slurm_omni.manager.supervisor_reports import MAX_REPORT_BYTES, parse_report, read_reports, supervised
+
+REPORT: dict[str, Any] = {
+    "version": 1, "kind": "relaunched", "slurm_job_id": "42", "life_before": 0, "life_after": 1, "cause": "down",
+    "nodes": ["node3"], "removed": {"1": ["node3"]}, "added": {"1": ["node4"]}, "spares_left": {"0": 1, "1": 0},
+    "data_parallel_size": 2, "fault_at": 100.0, "detected_at": 101.0, "confirmed_at": 102.0,
+    "relaunched_at": 103.5, "reason": "spare node4 on leaf1", "failed_nodes": ["node3"]}
+
+
+def _write(folder: Path, name: str, obj: Any) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return path
+
+
+def test_a_relaunch_report_becomes_the_state_machines_observation() -> None:
+    report = parse_report(json.dumps(REPORT).encode(), "relaunched-1.json")
+    o = report.observation
+    assert (report.slurm_job_id, report.failed_nodes) == ("42", ("node3",))
+    assert (o.kind, o.at, o.life_before, o.life_after, o.cause, o.nodes) == ("relaunched", 103.5, 0, 1, "down",
+                                                                             ("node3",))
+    assert o.removed == {"1": ("node3",)} and o.added == {"1": ("node4",)} and o.spares_left == {"0": 1, "1": 0}
+    assert (o.fault_at, o.detected_at, o.confirmed_at, o.data_parallel_size) == (100.0, 101.0, 102.0, 2)
+
+
+def test_a_minimal_gave_up_report() -> None:
+    o = parse_report(json.dumps({"version": 1, "kind": "gave_up", "slurm_job_id": 42, "life_after": 3,
+                                 "confirmed_at": 50.0, "reason": "below min dp"}).encode(), "g").observation
+    assert (o.kind, o.at, o.life_after, o.reason, o.nodes) == ("gave_up", 50.0, 3, "below min dp", ())
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"version": 2}, "version = 2"),
+    ({"kind": "exploded"}, "kind = 'exploded'"),
+    ({"surprise": 1}, "unknown key 'surprise'"),
+    ({"slurm_job_id": "42; rm -rf /"}, "slurm_job_id"),
+    ({"life_after": -1}, "life_after = -1"),
+    ({"life_after": True}, "life_after = True"),
+    ({"relaunched_at": "soon"}, "relaunched_at = 'soon'"),
+    ({"nodes": "node3"}, "nodes must be a list"),
+    ({"removed": ["node3"]}, "removed must map"),
+    ({"spares_left": {"0": -1}}, "spares_left"),
+    ({"relaunched_at": None, "confirmed_at": None, "detected_at": None}, "no time"),
+])
+def test_a_bad_report_is_refused_naming_what_is_wrong(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(EventRejected, match=message):
+        parse_report(json.dumps({**REPORT, **change}).encode(), "relaunched-1.json")
+
+
+def test_not_json_and_nan_are_refused() -> None:
+    with pytest.raises(EventRejected, match="couldn't parse"):
+        parse_report(b"{", "r")
+    with pytest.raises(EventRejected, match="NaN is not a number"):
+        parse_report(json.dumps(REPORT).replace("103.5", "NaN").encode(), "r")
+
+
+def test_reports_of_the_job_oldest_first_and_a_bad_one_skipped(tmp_path: Path) -> None:
+    folder = tmp_path / "supervisor"
+    assert read_reports(tmp_path, 42) == [] and not supervised(tmp_path, 42)
+    _write(folder, "42.status.json", {"path": "in_allocation"})
+    _write(folder, "relaunched-2.json", {**REPORT, "life_before": 1, "life_after": 2})
+    _write(folder, "relaunched-1.json", REPORT)
+    _write(folder, "relaunched-9.json", {**REPORT, "slurm_job_id": "43", "life_after": 9})   # another job's
+    _write(folder, "gave_up-3.json", "{not json")
+    _write(folder, "42.jsonl", "not a report")
+    big = _write(folder, "relaunched-4.json", " " * (MAX_REPORT_BYTES + 1))
+    os.symlink(folder / "relaunched-1.json", folder / "relaunched-5.json")
+    reports = read_reports(tmp_path, 42)
+    assert [r.observation.life_after for r in reports] == [1, 2]
+    assert supervised(tmp_path, 42) and not supervised(tmp_path, 43)
+    assert big.exists()                       # skipped, not removed: the supervisor's file
