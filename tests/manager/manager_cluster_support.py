@@ -152,6 +152,17 @@ class ManagerRun:
         self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
+    def wait_watching(self, slurm_job_id: int, timeout_s: float = 90) -> None:
+        """Until the manager journaled the job's incarnation running (it watches it): a fault
+        drilled before a slow start (a loaded machine takes seconds to import) would be a past the
+        manager never saw."""
+        def probe() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"manager exited {self.proc.returncode}\n{self.manager_log()}")
+            return bool(self.rows("SELECT 1 FROM incarnations WHERE slurm_job_id = ? AND started_at IS NOT NULL",
+                                  str(slurm_job_id)))
+        wait_until(probe, timeout_s, f"the manager to watch job {slurm_job_id}", interval_s=0.5)
+
     def stop_manager(self) -> int | None:
         if self.proc is None:
             return None

@@ -46,6 +46,7 @@ def test_text_node_down_confirmed_within_5s_replaced_on_its_switch_and_resumed(
                      drain_failed=True) as run:
         job_id = run.submit()
         run.start_manager()
+        run.wait_watching(job_id)
         run.wait_steps(job_id, 2, 8)
         # A rank stopped for 5 x the median step time, then continued: no recovery.
         per_step = step_time(run, job_id, 1)
@@ -124,6 +125,7 @@ def test_killed_rank_recovers_without_slurm_and_a_killed_manager_submits_once(
     with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-kill") as run:
         job_id = run.submit()
         run.start_manager(OMNI_MANAGER_CRASH_AT="resubmit:after_submit")
+        run.wait_watching(job_id)
         run.wait_steps(job_id, 2, 6)
         _, text_nodes = run.components(job_id)
         os.kill(run.beats(job_id)[1]["pid"], signal.SIGKILL)      # its node stays up
@@ -155,6 +157,7 @@ def test_no_spare_on_the_switch_shrinks_then_grows_back(slurm_cluster, shards: P
         for node in spares:                                        # no spare left on the text switch
             run.set_node(node, "DRAIN", "omni-test-hold")
         run.start_manager()
+        run.wait_watching(job_id)
         run.wait_steps(job_id, 4, 6)
         run.set_node(text[1], "DOWN")
         (rec,) = run.wait_recovery(1, "first_step", timeout_s=150)
