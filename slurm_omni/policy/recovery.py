@@ -189,14 +189,16 @@ def root_cause(d: Decision, lost: Mapping[str, str]) -> tuple[str, tuple[str, ..
 
 def _open(s: RecoveryState, cause: str, nodes: tuple[str, ...], *, fault_at: float | None,
           detected_at: float | None, confirmed_at: float, now: float, c: RecoveryConfig,
-          effects: Effects = ()) -> tuple[RecoveryState, Effects]:
-    """A confirmed failure of the judged life: open its timeline, take the job's road."""
+          effects: Effects = (), delegate: bool = True) -> tuple[RecoveryState, Effects]:
+    """A confirmed failure of the judged life: open its timeline, take the job's road (a failure
+    Slurm itself ended the job for is never the supervisor's: it went down with the job)."""
     inc = s.incarnation
+    delegated = c.supervised and c.role == "manager" and delegate
     if c.role == "supervisor":
         path = RecoveryPath.IN_ALLOCATION
     elif c.same_job:
         path = RecoveryPath.REQUEUED
-    elif c.supervised:
+    elif delegated:
         path = RecoveryPath.IN_ALLOCATION    # until the manager has to take over
     else:
         path = RecoveryPath.RESUBMITTED
@@ -208,7 +210,7 @@ def _open(s: RecoveryState, cause: str, nodes: tuple[str, ...], *, fault_at: flo
                          life_ended=s.life_ended)
     if c.same_job:
         return replace(base, phase=Phase.LAUNCHING), (*opened, Launch(path=path, incarnation=inc, plan=None))
-    if c.supervised and c.role == "manager":
+    if delegated:
         return replace(base, phase=Phase.DELEGATED, since=now), opened
     return replace(base, phase=Phase.PLANNING), (*opened, RequestPlan(fresh=True))
 
@@ -230,7 +232,7 @@ def _by_slurm(s: RecoveryState, at: float, lost: Mapping[str, str], now: float,
                         reasons=(why,))
     record = RecordDecision(incarnation=s.incarnation, at=at, verdict="confirmed", cause=cause, payload=decision)
     return _open(replace(s, life_ended=True, requeued_at=None), cause, nodes, fault_at=at, detected_at=at,
-                 confirmed_at=at, now=now, c=c, effects=(record,))
+                 confirmed_at=at, now=now, c=c, effects=(record,), delegate=False)
 
 
 def _requeued(s: RecoveryState, o: LifeRequeued, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
@@ -350,6 +352,12 @@ def _delegated_end(s: RecoveryState, o: LifeEnded, now: float, c: RecoveryConfig
     return _take_over(replace(s, life_ended=True), now, f"the allocation ended ({o.slurm_state or 'left the queue'})")
 
 
+def _delegated_requeued(s: RecoveryState, o: LifeRequeued, now: float,
+                        c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
+    """Slurm requeued the allocation (its batch host was lost): the supervisor went with it."""
+    return _take_over(s, now, f"Slurm requeued the allocation ({o.reason or 'no reason given'})")
+
+
 # Planning and waiting: a plan, then end the old life.
 def _planning_tick(s: RecoveryState, o: Tick, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
     if s.plan is not None:   # a plan journaled before a restart
@@ -428,9 +436,15 @@ def _stopped(s: RecoveryState, now: float, outcome: str | None, slurm_state: str
 
 
 def _stopping_ended(s: RecoveryState, o: LifeEnded, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
-    """Training finished while the ranks were asked to checkpoint for a move: nothing to move."""
-    if s.stop is Stop.CHECKPOINT and o.completed:
+    """While the ranks were asked to checkpoint for a move: training finished (nothing to move), or
+    its user cancelled the job (nobody asked for it to run again)."""
+    if s.stop is not Stop.CHECKPOINT:
+        return s, ()
+    if o.completed:
         return replace(s, phase=Phase.CLOSED, life_ended=True), (Close(state="done", at=o.at, reason="done"),)
+    if o.cancelled and not o.lost:
+        return (replace(s, phase=Phase.CLOSED, life_ended=True),
+                (Close(state="cancelled", at=o.at, reason="cancelled in Slurm"),))
     return s, ()
 
 
@@ -544,6 +558,7 @@ _TABLE: dict[tuple[Phase, type], _Handler] = {
     (Phase.DELEGATED, SupervisorReport): _relaunched,
     (Phase.DELEGATED, Tick): _delegated_tick,
     (Phase.DELEGATED, LifeEnded): _delegated_end,
+    (Phase.DELEGATED, LifeRequeued): _delegated_requeued,
     (Phase.PLANNING, Planned): _planned,
     (Phase.PLANNING, Tick): _planning_tick,
     (Phase.WAITING, Planned): _planned,

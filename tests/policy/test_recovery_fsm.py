@@ -201,6 +201,12 @@ CASES = [
          (RecordDecision, MarkPhase, RequestPlan), config=SUPERVISED),
     Case("delegated: the allocation ended", DELEGATED, LifeEnded(at=T, slurm_state="NODE_FAIL"), Phase.PLANNING,
          (RecordDecision, MarkPhase, RequestPlan), config=SUPERVISED, check=_path(RecoveryPath.RESUBMITTED)),
+    Case("delegated: Slurm requeued the allocation", DELEGATED, LifeRequeued(at=T, restart_count=1, quiet=True),
+         Phase.PLANNING, (RecordDecision, MarkPhase, RequestPlan), config=SUPERVISED,
+         check=_path(RecoveryPath.RESUBMITTED)),
+    Case("supervised, Slurm ended it for a lost node: not the supervisor's", WATCHING,
+         LifeRequeued(at=T, restart_count=1, quiet=True, lost={"n3": "down"}), Phase.PLANNING,
+         (RecordDecision, *OPENED, RequestPlan), config=SUPERVISED, check=_path(RecoveryPath.RESUBMITTED)),
     # planning and waiting
     Case("planned: cancel and wait for the old life", PLANNING, Planned(plan=RESUBMIT), Phase.STOPPING,
          (RecordDecision, MarkPhase, Cancel, Note), check=lambda s, e: (s.since, s.stop) == (T, Stop.CANCEL)),
@@ -240,6 +246,10 @@ CASES = [
     Case("checkpoint stop: training finished meanwhile", CKPT_STOP, LifeEnded(at=T, completed=True), Phase.CLOSED,
          (Close,), check=_close("done")),
     Case("cancel stop: its end is expected", STOPPING, LifeEnded(at=T, cancelled=True), Phase.STOPPING, ()),
+    Case("checkpoint stop: its user cancelled it", CKPT_STOP, LifeEnded(at=T, cancelled=True), Phase.CLOSED, (Close,),
+         check=_close("cancelled")),
+    Case("checkpoint stop: ended otherwise, the move goes on", CKPT_STOP, LifeEnded(at=T, slurm_state="FAILED"),
+         Phase.STOPPING, ()),
     # launching
     Case("launching tick: launch again (keyed)", LAUNCHING, Tick(), Phase.LAUNCHING, (Drain, Launch)),
     Case("launched: watch the next incarnation", LAUNCHING,
