@@ -323,9 +323,10 @@ def _relaunched(s: RecoveryState, o: SupervisorReport, now: float, c: RecoveryCo
                      key=f"relaunch:{inc}:{o.life_after}"),
                 MarkPhase(incarnation=inc, phase="resubmitted", at=o.at, new_incarnation=o.life_after,
                           path=RecoveryPath.IN_ALLOCATION, detail=detail),
+                MarkPhase(incarnation=inc, phase="running", at=o.at),   # the relaunched step runs in the same job
                 WatchNext(path=RecoveryPath.IN_ALLOCATION, incarnation=o.life_after, slurm_job_id=s.slurm_job_id, units=None, restore_step=None,
                           quarantine=None, same_job=True)]
-    return (RecoveryState(phase=Phase.STARTING, incarnation=inc, slurm_job_id=s.slurm_job_id,
+    return (RecoveryState(phase=Phase.RESTORING, incarnation=inc, slurm_job_id=s.slurm_job_id,
                           path=RecoveryPath.IN_ALLOCATION, cause=o.cause or s.cause, nodes=o.nodes or s.nodes,
                           next_incarnation=o.life_after, next_slurm_job_id=s.slurm_job_id, restarted=True),
             tuple(effects))
