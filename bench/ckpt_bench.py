@@ -37,6 +37,7 @@ import torch
 
 from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardState
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.fsio import fsync_dir
 
 SHARES = {"vision_encoder": 0.30, "projector": 0.03, "text_decoder": 0.67}
 CRITICAL = ("vision_encoder", "projector")
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             os.fsync(fd)
         finally:
             os.close(fd)
-        fmt.fsync_dir(work)
+        fsync_dir(work)
         elapsed = time.perf_counter() - t
         (work / f"raw-{i - 1}.bin").unlink(missing_ok=True)
         return elapsed

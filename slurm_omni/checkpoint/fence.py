@@ -37,6 +37,7 @@ from typing import Any
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.errors import CheckpointError
+from slurm_omni.fsio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def read_fence(root: Path) -> Fence | None:
 def _write(root: Path, fence: Fence) -> None:
     data = {"format": FENCE_FORMAT, "incarnation": fence.incarnation, "run": fence.run,
             "raises": [r.to_json() for r in fence.raises]}
-    fmt.write_atomic(root / FENCE, json.dumps(data).encode(), owner=fence.run)
+    write_atomic(root / FENCE, json.dumps(data).encode(), owner=fence.run)
 
 
 def fenced_by(root: Path, incarnation: int | None) -> Fence | None:
@@ -160,7 +161,7 @@ def await_raise(root: Path, incarnation: int, timeout_s: float) -> Fence | None:
 def mark_fenced(path: Path, reason: str) -> None:
     """Take a late commit of an older incarnation out of use, keeping its files."""
     try:
-        fmt.write_atomic(path / fmt.FENCED, (reason.strip() + "\n").encode())
+        write_atomic(path / fmt.FENCED, (reason.strip() + "\n").encode())
         log.warning("checkpoint: %s marked FENCED: %s", path.name, reason)
     except OSError as e:
         log.warning("checkpoint: couldn't mark %s FENCED: %s", path, e)

@@ -22,7 +22,6 @@ import enum
 import json
 import os
 import re
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import xxhash
 
 from slurm_omni.errors import CheckpointError
+from slurm_omni.fsio import write_atomic
 
 FORMAT_NAME = "slurm-omni-checkpoint"
 FORMAT_VERSION = 1
@@ -398,30 +398,6 @@ def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:
 
 
 # -- durable files -------------------------------------------------------------------------------------
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes, *, durable: bool = True, owner: str = "") -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one; ``durable``
-    also fsyncs the file and its directory before returning. ``owner`` (an incarnation) goes into the
-    temporary name: pids repeat across nodes."""
-    tag = f".{safe_name(owner)}" if owner else ""
-    tmp = path.with_name(f".{path.name}{tag}.{os.getpid()}.{threading.get_ident()}.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
 
 
 def safe_name(text: str) -> str:

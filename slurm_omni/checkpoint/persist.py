@@ -30,6 +30,7 @@ from slurm_omni.checkpoint.fence import fenced_by
 from slurm_omni.checkpoint.snapshot import Item, ShardLayout, Snapshot
 from slurm_omni.checkpoint.tree import tensor_paths
 from slurm_omni.errors import CheckpointError
+from slurm_omni.fsio import fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
         "units": units, "state": json.loads(snap.state_json), "rng": snap.rng,
     }
     # Not fsynced: only the commit reads it, and the commit makes the directory durable as a whole.
-    fmt.write_atomic(tmp / f"{name}.json", json.dumps(record).encode(), durable=False, owner=incarnation)
+    write_atomic(tmp / f"{name}.json", json.dumps(record).encode(), durable=False, owner=incarnation)
     return True
 
 
@@ -188,7 +189,7 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
         return None
     manifest = merge(records, step=step, incarnation=incarnation)
     raw = json.dumps({**manifest.to_json(), **({"incarnation_number": number} if number is not None else {})}).encode()
-    fmt.write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
+    write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
     final = fmt.step_dir(root, step)
     if final.exists():
         # The same step again (a restore fell back past it): retire the old copy first, marker first.
@@ -197,7 +198,7 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
         os.rename(final, old)
         shutil.rmtree(old, ignore_errors=True)
     os.rename(tmp, final)
-    fmt.fsync_dir(root)
+    fsync_dir(root)
     fmt.write_marker(final, step, raw, number)
     return manifest
 

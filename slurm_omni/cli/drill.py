@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from slurm_omni.cluster.spec import DEFAULT_STATE_DIR
+from slurm_omni.fsio import write_atomic
 
 
 def _kinds(kind: str | None, matrix: str) -> list[str]:
@@ -160,6 +161,4 @@ def _source(kinds: str, job: str) -> str:
 
 
 def _write(path: Path, doc: dict[str, object]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n", mode=0o644)

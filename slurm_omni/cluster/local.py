@@ -40,6 +40,7 @@ from slurm_omni.cluster.spec import (
 )
 from slurm_omni.cluster.versions import VERSIONS
 from slurm_omni.errors import ClusterError, OmniError
+from slurm_omni.fsio import write_atomic
 from slurm_omni.slurm.types import Node, NodeState
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class LocalCluster:
         self.paths.bin.mkdir(parents=True, exist_ok=True)
         for cmd in CLIENTS:
             wrapper = self.paths.bin / cmd
-            _write_text(wrapper, render_client_wrapper(view.path, cmd, info.get("slurm_version", "?")))
+            write_atomic(wrapper, render_client_wrapper(view.path, cmd, info.get("slurm_version", "?")), mode=0o644, durable=False)
             wrapper.chmod(0o755)
         if self._plugin is None:
             self.build_plugin()
@@ -258,17 +259,17 @@ class LocalCluster:
                 if not gpu.exists():
                     # The same major/minor as /dev/null: a character device slurmd accepts as a GPU.
                     os.mknod(gpu, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        _write_text(p.etc / "slurm.conf", render_slurm_conf(spec, p))
-        _write_text(p.etc / "topology.conf", render_topology_conf(spec))
-        _write_text(p.etc / "gres.conf", render_gres_conf(spec, p))
+        write_atomic(p.etc / "slurm.conf", render_slurm_conf(spec, p), mode=0o644, durable=False)
+        write_atomic(p.etc / "topology.conf", render_topology_conf(spec), mode=0o644, durable=False)
+        write_atomic(p.etc / "gres.conf", render_gres_conf(spec, p), mode=0o644, durable=False)
         if spec.in_root:
-            _write_text(p.etc / "cgroup.conf", render_cgroup_conf())
+            write_atomic(p.etc / "cgroup.conf", render_cgroup_conf(), mode=0o644, durable=False)
         self._write_plugstack()
-        _write_text(p.record, json.dumps({"spec": asdict(spec), "plugin": str(self.plugin)}, indent=2))
+        write_atomic(p.record, json.dumps({"spec": asdict(spec), "plugin": str(self.plugin)}, indent=2), mode=0o644, durable=False)
 
     def _write_plugstack(self) -> None:
         plugin = self.plugin if self.plugin.exists() else None
-        _write_text(self.paths.etc / "plugstack.conf", render_plugstack_conf(plugin, self.paths))
+        write_atomic(self.paths.etc / "plugstack.conf", render_plugstack_conf(plugin, self.paths), mode=0o644, durable=False)
 
     def _start(self, daemon: Daemon, extra: tuple[str, ...] = ()) -> None:
         daemon.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +278,7 @@ class LocalCluster:
             proc = subprocess.Popen([*prefix, *daemon.argv, *extra], stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**os.environ, **self.env})
-        _write_text(daemon.pid_file, f"{proc.pid}\n")
+        write_atomic(daemon.pid_file, f"{proc.pid}\n", mode=0o644, durable=False)
         time.sleep(0.05)
         if proc.poll() is not None:
             raise ClusterError(f"cluster: couldn't start {daemon.name}: exited {proc.returncode} "
@@ -454,12 +455,6 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
     except PermissionError:
         os.kill(pid, sig)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -8,11 +8,11 @@ manager's. Matching is by the confirmation time, which the drill read from the s
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_omni.drill.measure import DrillResult
+from slurm_omni.fsio import write_atomic
 from slurm_omni.report.timeline import load_timeline, timeline_json
 
 
@@ -29,7 +29,5 @@ def fill_faults(manager_timeline: Path, results: Sequence[DrillResult], out: Pat
                 r = dataclasses.replace(r, fault=t.fault)
         recoveries.append(r)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(timeline_json(recoveries))
-    os.replace(tmp, out)
+    write_atomic(out, timeline_json(recoveries), mode=0o644)
     return out

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.checkpoint.format import write_atomic
+from slurm_omni.fsio import write_atomic
 from slurm_omni.ownership import check_own_dir
 
 log = logging.getLogger(__name__)

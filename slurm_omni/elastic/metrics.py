@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from slurm_omni.checkpoint.format import write_atomic
+from slurm_omni.fsio import write_atomic
 
 _GAUGE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -71,7 +71,7 @@ class MetricsLog:
                 continue
             lines += [f"# HELP omni_{key} {self.help.get(key, 'Logged by the training script.')}",
                       f"# TYPE omni_{key} gauge", f"omni_{key}{{{self._prom_labels}}} {float(value)!r}"]
-        write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), durable=False)
+        write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), mode=0o644, durable=False)
 
     def close(self) -> None:
         self._jsonl.close()

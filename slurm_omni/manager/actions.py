@@ -19,7 +19,7 @@ from pathlib import Path
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.errors import OmniError, SlurmError
-from slurm_omni.manager.events import write_private
+from slurm_omni.fsio import write_atomic
 from slurm_omni.manager.registry import RegisteredJob
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.placement import Plan
@@ -86,7 +86,7 @@ class Actions:
                                incarnation_base=incarnation).materialize()
         self.scripts.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.scripts / f"{tag}.sbatch"
-        write_private(path, script)
+        write_atomic(path, script)
         return path
 
     def resubmit(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> int:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.manager.events import write_private
+from slurm_omni.fsio import write_atomic
 from slurm_omni.manager.journal import JOB_STATES, PHASES, Journal
 
 # The confirmer's causes in the words of the timeline's "kind".
@@ -108,7 +108,8 @@ def _monotone(times: list[float | None]) -> list[float | None]:
 
 
 def write_timeline(journal: Journal, uid: int, path: Path) -> None:
-    write_private(path, json.dumps({"recoveries": timeline_entries(journal, uid)}, indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps({"recoveries": timeline_entries(journal, uid)}, indent=1, sort_keys=True) + "\n",
+                 durable=False)
 
 
 def format_status(jobs: list[dict[str, Any]]) -> str:

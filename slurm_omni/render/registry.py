@@ -33,13 +33,13 @@ import json
 import logging
 import os
 import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from slurm_omni.errors import ConfigError, OmniError
+from slurm_omni.fsio import write_atomic
 from slurm_omni.render.request import StagePlan
 
 log = logging.getLogger(__name__)
@@ -115,18 +115,8 @@ def register(registry_dir: Path, registration: Registration) -> Path:
         st = os.lstat(registry_dir)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
             registry_dir.chmod(0o700)   # the record holds the submitter's environment
-        path = registry_dir / f"{registration.job_id}.json"
-        fd, tmp = tempfile.mkstemp(prefix=f".{registration.job_id}.", suffix=".tmp", dir=registry_dir)
-        try:
-            with os.fdopen(fd, "w") as f:      # mkstemp creates it 0600
-                json.dump(registration.to_json(), f, indent=1, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        path = write_atomic(registry_dir / f"{registration.job_id}.json",
+                            json.dumps(registration.to_json(), indent=1, sort_keys=True) + "\n")
     except OSError as e:
         raise OmniError(f"submit: couldn't register job {registration.job_id} in {registry_dir}: "
                         f"{e.strerror} (check manager.registry_dir in the site config)") from e

@@ -6,12 +6,12 @@ written, so a bad input or a failed write leaves nothing half-done (and an older
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_omni.errors import OmniError
+from slurm_omni.fsio import write_atomic
 from slurm_omni.report.inputs import HeartbeatRecord, load_heartbeats, load_metrics
 from slurm_omni.report.render import html_page, prom_text, summary_json, text_table
 from slurm_omni.report.summary import ReportSummary, step_points, summarize_points
@@ -48,19 +48,14 @@ def build_report(metrics: Sequence[Path], *, reference: Sequence[Path] = (), hea
 
 
 def write_all(files: dict[Path, bytes]) -> None:
-    """Write each file to a temporary name beside it, then rename them all."""
-    temps: list[tuple[Path, Path]] = []
+    """Replace each file at once (a reader sees the old report file or the whole new one); every
+    folder is made first, so that a bad output path writes nothing."""
     try:
-        for path, data in files.items():
+        for path in files:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            temps.append((tmp, path))
-        for tmp, path in temps:
-            os.replace(tmp, path)
+        for path, data in files.items():
+            write_atomic(path, data, mode=0o644, durable=False)
     except OSError as e:
-        for tmp, _path in temps:
-            tmp.unlink(missing_ok=True)
         raise OmniError(f"report: couldn't write {e.filename or 'outputs'}: {e.strerror}") from e
 
 

@@ -10,6 +10,7 @@ from report_synth import write_run
 
 from slurm_omni.cli.main import main
 from slurm_omni.errors import OmniError
+from slurm_omni.fsio import PARTIAL
 from slurm_omni.report.build import build_report
 from slurm_omni.report.inputs import load_metrics
 from slurm_omni.report.render import text_table
@@ -115,7 +116,7 @@ def test_unwritable_output_leaves_no_temporaries(run: dict[str, Path], tmp_path:
     (tmp_path / "blocked").write_text("a file where a folder should be")
     with pytest.raises(OmniError, match="couldn't write"):
         write_all(files)
-    assert not any(p.name.endswith(".tmp") for p in out.iterdir())
+    assert not any(p.name.endswith(PARTIAL) for p in out.iterdir())
     assert not (out / "report.png").exists()
 
 

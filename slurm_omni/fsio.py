@@ -1,0 +1,112 @@
+"""Atomic writes and bounded reads: the one place files are replaced and untrusted files are read.
+
+``write_atomic`` writes a temporary dot file beside the target (created ``O_EXCL | O_NOFOLLOW`` with
+the given mode, so neither a planted file nor a symlink is written through), optionally fsyncs it,
+renames it over the target and fsyncs the directory: a reader sees the old file or the whole new
+one, never half of it. ``read_bounded`` reads a file another process wrote: no symlinks, regular
+files only, at most ``limit`` bytes, so a fifo, a device or a 10 GiB file cannot stall or exhaust the
+reader. ``read_text`` adds one clear error for bytes that are not UTF-8.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+import threading
+from pathlib import Path
+
+from slurm_omni.errors import OmniError
+
+PARTIAL = ".partial"
+"""Suffix of the temporary files ``write_atomic`` leaves only if killed mid-write."""
+
+
+class FileRejected(OmniError):
+    """A file is missing, too big, not a regular file, a symlink, or not text."""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o600, durable: bool = True,
+                 owner: str = "") -> Path:
+    """Replace ``path`` with ``data`` at once. ``durable`` fsyncs the file and its directory before
+    returning; ``mode`` is set exactly (not through the umask). ``owner`` (an incarnation, a host)
+    goes into the temporary name, for whoever finds a partial file after a crash."""
+    raw = data.encode() if isinstance(data, str) else data
+    tag = f".{_name_piece(owner)}" if owner else ""
+    # pids repeat across nodes sharing a folder and threads share a pid: a random part as well
+    tmp = path.with_name(f".{path.name}{tag}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}{PARTIAL}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777)
+    try:
+        try:
+            os.fchmod(fd, mode & 0o777)
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+    return path
+
+
+def _name_piece(text: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:64]
+
+
+def read_bounded(path: Path, limit: int, *, what: str = "") -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; a symlink, a fifo, a
+    folder or a larger file is a ``FileRejected`` naming ``what`` (default: the file's name)."""
+    what = what or path.name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        hint = " (a symlink is not followed)" if e.errno == errno.ELOOP else ""
+        raise FileRejected(f"couldn't open {what}: {e.strerror}{hint}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRejected(f"couldn't read {what}: not a regular file")
+        if st.st_size > limit:
+            raise FileRejected(f"couldn't read {what}: {st.st_size} bytes (limit {limit})")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:   # it grew after fstat
+            raise FileRejected(f"couldn't read {what}: more than {limit} bytes (limit {limit})")
+        return b"".join(chunks)
+    except OSError as e:
+        raise FileRejected(f"couldn't read {what}: {e.strerror}") from e
+    finally:
+        os.close(fd)
+
+
+def decode_utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileRejected(f"couldn't read {what}: byte {e.start} is not UTF-8 (expected UTF-8 text)") from e
+
+
+def read_text(path: Path, limit: int, *, what: str = "") -> str:
+    """``read_bounded`` decoded as UTF-8, with one clear error for anything else."""
+    what = what or path.name
+    return decode_utf8(read_bounded(path, limit, what=what), what)

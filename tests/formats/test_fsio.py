@@ -1,0 +1,67 @@
+"""fsio: atomic writes (mode, no symlink followed, nothing left behind) and bounded reads."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.fsio import PARTIAL, FileRejected, read_bounded, read_text, write_atomic
+
+
+def test_write_atomic_replaces_with_the_given_mode_and_leaves_no_partial(tmp_path: Path) -> None:
+    target = tmp_path / "record.json"
+    target.write_text("old")
+    write_atomic(target, "new")
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o600
+    old = os.umask(0o077)
+    try:
+        write_atomic(target, b"public", mode=0o644, durable=False)   # exactly the mode, not through the umask
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"public" and stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+
+
+def test_write_atomic_replaces_a_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "link").symlink_to(victim)
+    write_atomic(tmp_path / "link", "mine")
+    assert victim.read_text() == "keep" and not (tmp_path / "link").is_symlink()
+
+
+def test_write_atomic_cleans_up_when_the_rename_fails(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "x").write_text("occupied")
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "dir", "text")   # a non-empty folder cannot be replaced by a file
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(PARTIAL)]
+
+
+def test_read_bounded_refuses_big_links_fifos_and_folders(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 11)
+    assert read_bounded(big, 11) == b"x" * 11
+    with pytest.raises(FileRejected, match=r"11 bytes \(limit 10\)"):
+        read_bounded(big, 10)
+    (tmp_path / "link").symlink_to(big)
+    with pytest.raises(FileRejected, match="symlink"):
+        read_bounded(tmp_path / "link", 100)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(FileRejected, match="not a regular file"):
+        read_bounded(tmp_path / "fifo", 100)
+    with pytest.raises(FileRejected, match="not a regular file"):
+        read_bounded(tmp_path, 100)
+    with pytest.raises(FileRejected, match="couldn't open missing"):
+        read_bounded(tmp_path / "missing", 100)
+
+
+def test_read_text_names_the_first_byte_that_is_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "latin1.toml").write_bytes("name = 'café'".encode("latin-1"))
+    with pytest.raises(FileRejected, match=r"couldn't read job.toml: byte 11 is not UTF-8"):
+        read_text(tmp_path / "latin1.toml", 1000, what="job.toml")
+    (tmp_path / "ok").write_text("café")
+    assert read_text(tmp_path / "ok", 100) == "café"
