@@ -27,6 +27,13 @@ class FileRejected(OmniError):
     """A file is missing, too big, not a regular file, a symlink, or not text."""
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` as one printable line of at most ``limit`` characters (for messages that quote
+    untrusted names and values: a newline in a file name must not forge a second log line)."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -68,12 +75,13 @@ def _name_piece(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:64]
 
 
-def read_bounded(path: Path, limit: int, *, what: str = "") -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them; a symlink, a fifo, a
-    folder or a larger file is a ``FileRejected`` naming ``what`` (default: the file's name)."""
-    what = what or path.name
+def read_bounded(path: Path, limit: int, *, what: str = "", follow: bool = False) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; a symlink (unless
+    ``follow``: a path a user named on the command line), a fifo, a folder or a larger file is a
+    ``FileRejected`` naming ``what`` (default: the file's name)."""
+    what = one_line(what or path.name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         hint = " (a symlink is not followed)" if e.errno == errno.ELOOP else ""
         raise FileRejected(f"couldn't open {what}: {e.strerror}{hint}") from e
@@ -106,7 +114,7 @@ def decode_utf8(data: bytes, what: str) -> str:
         raise FileRejected(f"couldn't read {what}: byte {e.start} is not UTF-8 (expected UTF-8 text)") from e
 
 
-def read_text(path: Path, limit: int, *, what: str = "") -> str:
+def read_text(path: Path, limit: int, *, what: str = "", follow: bool = False) -> str:
     """``read_bounded`` decoded as UTF-8, with one clear error for anything else."""
     what = what or path.name
-    return decode_utf8(read_bounded(path, limit, what=what), what)
+    return decode_utf8(read_bounded(path, limit, what=what, follow=follow), what)

@@ -338,7 +338,7 @@ def _non_finite(state: ShardState) -> str:
 
 def _number() -> int | None:
     value = os.environ.get("OMNI_INCARNATION", "")
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def _incarnation(given: str | None, world_size: int) -> str:

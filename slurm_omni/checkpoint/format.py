@@ -50,7 +50,7 @@ class CheckpointCorrupt(CheckpointError):
     """
 
 
-_STEP_RE = re.compile(r"^step-(\d+)(\.tmp|\.old-\d+)?$")
+_STEP_RE = re.compile(r"^step-([0-9]+)(\.tmp|\.old-[0-9]+)?$")
 
 
 def checksum(data: Any) -> str:

@@ -20,7 +20,7 @@ from slurm_omni.render.request import check_command, training_command
 
 log = logging.getLogger(__name__)
 
-_SBATCH_ID = re.compile(r"(\d+)(?:;\S+)?")
+_SBATCH_ID = re.compile(r"([0-9]+)(?:;\S+)?")
 
 
 def parse_sbatch_id(stdout: str) -> int:

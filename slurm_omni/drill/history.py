@@ -11,12 +11,14 @@ what the model was trained on. Pure file reading: no Slurm, no torch.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_omni.errors import OmniError
+from slurm_omni.fsio import FileRejected, read_text
+
+MAX_HISTORY_BYTES = 1 << 30
 
 LOSS_STAGES = ("text", "vision+text")
 """Stages whose replica 0 logs the job's loss (already averaged over replicas)."""
@@ -79,18 +81,20 @@ class RunHistory:
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     out = []
     try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise HistoryError(f"drill: couldn't read {path}: {e.strerror}") from e
+        lines = read_text(path, MAX_HISTORY_BYTES, what=str(path), follow=True).splitlines()
+    except FileRejected as e:
+        raise HistoryError(f"drill: {e}") from None
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:
             if n == len(lines):
                 continue  # a rank killed mid-write leaves a torn last line
-            raise HistoryError(f"drill: couldn't parse {path} line {n}: {e.msg}") from e
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deep" if isinstance(
+                e, RecursionError) else str(e)[:100]
+            raise HistoryError(f"drill: couldn't parse {path} line {n}: {why}") from e
         if not isinstance(obj, dict):
             raise HistoryError(f"drill: couldn't read {path} line {n}: expected a JSON object")
         out.append(obj)
@@ -106,7 +110,7 @@ def _int(obj: dict[str, Any], key: str, where: str) -> int:
 
 def _float(obj: dict[str, Any], key: str) -> float | None:
     value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1e308 < value < 1e308:
         return None
     return float(value)
 

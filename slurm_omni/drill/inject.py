@@ -32,7 +32,7 @@ from slurm_omni.slurm.types import HetComponent
 log = logging.getLogger(__name__)
 
 REASON = "omni-drill"
-_PID_ROW = re.compile(r"^(\d+)\s+(\d+)\s+(\S+)\s+(\d+|-)\s+(\d+|-)\s*$")
+_PID_ROW = re.compile(r"^([0-9]+)\s+([0-9]+)\s+(\S+)\s+([0-9]+|-)\s+([0-9]+|-)\s*$")
 _HOSTNAME = re.compile(r"\bNodeHostName=(\S+)")
 
 

@@ -36,7 +36,7 @@ DrillKind = Literal["node-down", "kill-rank", "stall-rank", "ckpt-crash", "slurm
 KINDS: tuple[str, ...] = get_args(DrillKind)
 RANK_KINDS = frozenset({"kill-rank", "stall-rank", "ckpt-crash"})
 GONE_GRACE_S = 30.0
-_WRITING = re.compile(r"^step-(\d+)\.tmp$")
+_WRITING = re.compile(r"^step-([0-9]+)\.tmp$")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

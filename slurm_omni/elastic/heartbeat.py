@@ -25,7 +25,6 @@ a slow step (beats, no progress) from a dead process (no beats).
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
 import os
@@ -34,14 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_omni.formats import encode
+from slurm_omni.formats.heartbeat import MAX_ERROR_CHARS, MAX_METRICS, PHASES, HeartbeatRecord
 from slurm_omni.fsio import write_atomic
 from slurm_omni.ownership import check_own_dir
 
 log = logging.getLogger(__name__)
 
-PHASES = ("starting", "training", "checkpointing", "stopping", "done", "failed")
-MAX_METRICS = 16
-MAX_ERROR_CHARS = 400
+__all__ = ["MAX_ERROR_CHARS", "MAX_METRICS", "PHASES", "Heartbeat", "clean_metrics"]
 
 
 class Heartbeat:
@@ -125,9 +124,9 @@ class Heartbeat:
         with self._lock:
             self._state["beats"] += 1
             self._state["time"] = time.time()
-            text = json.dumps(self._state, sort_keys=True, allow_nan=False)
+            data = encode(HeartbeatRecord(**self._state))   # the schema the manager reads it with
         try:
-            write_atomic(self.path, (text + "\n").encode(), durable=False)
+            write_atomic(self.path, data, durable=False)
         except OSError as e:
             # A full or flaky shared disk must not kill training; the manager sees stale beats.
             log.warning("heartbeat: couldn't write %s: %s", self.path, e)

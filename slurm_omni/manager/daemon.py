@@ -131,6 +131,7 @@ class Manager:
         self._refused: set[str] = set()
         self._seen_shared: set[str] = set()   # node events read from <spool>/nodes (not ours to remove)
         self._timeline_dirty = True
+        self._barrier_logged: dict[str, float] = {}
 
     def close(self) -> None:
         self.journal.close()
@@ -152,6 +153,8 @@ class Manager:
                 self.tick(force_poll=once)
             except (OmniError, OSError, sqlite3.Error) as e:   # the next tick tries again; the journal holds the rest
                 log.error("manager: tick failed: %s", e)
+            except Exception as e:  # noqa: BLE001 - a bug must not end the daemon that keeps every job alive
+                self._barrier("", e)
             if once:
                 return
             stop.wait(max(0.0, self.config.tick_s - (time.monotonic() - started)))
@@ -166,22 +169,39 @@ class Manager:
         for w in list(self.watches.values()):
             if w.state in ENDED_STATES:
                 continue
-            if snap is not None:
-                self._observe_poll(w, snap, nodes, now)
-            self._heartbeats(w, now)
-            self._supervisor(w, now)
-            self._decide(w, now, snap)
+            try:
+                if snap is not None:
+                    self._observe_poll(w, snap, nodes, now)
+                self._heartbeats(w, now)
+                self._supervisor(w, now)
+                self._decide(w, now, snap)
+            except Exception as e:  # noqa: BLE001 - one job's trouble never stops the others; it retries next tick
+                self._barrier(w.key, e)
         self._export_timeline()
+
+    def _barrier(self, key: str, error: Exception) -> None:
+        """One line for an error that escaped the handling of ``key`` (or of the tick); the
+        traceback at debug level, and the same line at most once a minute."""
+        line = f"manager: couldn't handle {key or 'the tick'}: {type(error).__name__}: {error}"
+        last = self._barrier_logged.get(line)
+        mono = time.monotonic()
+        if last is None or mono - last >= 60.0:
+            self._barrier_logged[line] = mono
+            log.error("%s", line[:500])
+        log.debug("manager: traceback of %s", key or "the tick", exc_info=error)
 
     # -- registry -------------------------------------------------------------------------------
     def _sync_registry(self, now: float, snap: ClusterSnapshot | None) -> None:
         for reg in read_registry(self.config.site.manager.registry_dir, uid=self.uid):
-            if reg.kind == "het":
-                self._ensure_watch(reg, None, reg.key, now)
-            elif snap is not None:
-                for job in snap.jobs:
-                    if job.array_job_id == reg.job_id and job.array_task_id is not None:
-                        self._ensure_watch(reg, job, f"{reg.key}_{job.array_task_id}", now)
+            try:
+                if reg.kind == "het":
+                    self._ensure_watch(reg, None, reg.key, now)
+                elif snap is not None:
+                    for job in snap.jobs:
+                        if job.array_job_id == reg.job_id and job.array_task_id is not None:
+                            self._ensure_watch(reg, job, f"{reg.key}_{job.array_task_id}", now)
+            except Exception as e:  # noqa: BLE001 - one registration's trouble never stops the others
+                self._barrier(reg.key, e)
 
     def _ensure_watch(self, reg: RegisteredJob, task_job: Job | None, key: str, now: float) -> None:
         if key in self.watches:
@@ -207,7 +227,10 @@ class Manager:
                 if w.state in ENDED_STATES or not item.concerns(w.slurm_id, w.node_set):
                     continue
                 matched = True
-                self._observe_event(w, item)
+                try:
+                    self._observe_event(w, item)
+                except Exception as e:  # noqa: BLE001 - as for the per-job barrier in tick()
+                    self._barrier(w.key, e)
             if not matched:
                 if now - item.event.time < UNMATCHED_TTL_S:
                     continue   # maybe a job registered a moment from now; others' tools may read it too

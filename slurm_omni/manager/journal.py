@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+import msgspec
+
 from slurm_omni.errors import OmniError
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,8 @@ def to_json(obj: Any) -> str:
     def plain(o: Any) -> Any:
         if dataclasses.is_dataclass(o) and not isinstance(o, type):
             return {f.name: plain(getattr(o, f.name)) for f in dataclasses.fields(o)}
+        if isinstance(o, msgspec.Struct):
+            return plain(msgspec.to_builtins(o))
         if isinstance(o, enum.Enum):
             return o.value
         if isinstance(o, Mapping):

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from slurm_omni.manager.events import EventRejected, check_private_dir, read_bounded, reject
+from slurm_omni.fsio import FileRejected, one_line, read_bounded
+from slurm_omni.manager.events import EventRejected, check_private_dir, reject
 from slurm_omni.render.registry import REGISTRY_FORMAT
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,8 @@ def _base(obj: dict[str, Any], what: str) -> int:
 def parse_record(data: bytes, what: str) -> RegisteredJob:
     try:
         obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EventRejected(f"registry: couldn't parse {what}: {e}") from e
+    except (ValueError, RecursionError) as e:   # not UTF-8, not JSON, an int of 5,000 digits, too deep
+        raise EventRejected(f"registry: couldn't parse {what}: {one_line(str(e)) or 'nested too deep'}") from None
     if not isinstance(obj, dict) or obj.get("format") != REGISTRY_FORMAT:
         raise EventRejected(f"registry: couldn't accept {what}: expected an object of format {REGISTRY_FORMAT}")
     kind = obj.get("kind")
@@ -173,8 +174,8 @@ def read_registry(registry_dir: Path, *, uid: int | None = None) -> list[Registe
             job = parse_record(read_bounded(path, MAX_RECORD_BYTES), entry.name)
             if entry.name != f"{job.job_id}.json":
                 raise EventRejected(f"registry: couldn't accept {entry.name}: it names job {job.job_id}")
-        except EventRejected as e:
-            reject(path, str(e))
+        except FileRejected as e:
+            reject(path, str(e) if str(e).startswith("registry:") else f"registry: {e}")
             continue
         out.append(dataclasses.replace(job, path=path))
     return out

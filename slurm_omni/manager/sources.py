@@ -79,7 +79,7 @@ class SpoolItem:
         """A fault record of this incarnation's Slurm job, or a node event naming one of its nodes."""
         if isinstance(self.event, FaultRecord):
             return slurm_job_id is not None and slurm_job_id in (self.event.het_job_id, self.event.job_id)
-        return bool(nodes.intersection(self.event.nodes))
+        return bool(nodes.intersection(self.event.node_names))
 
 
 def read_spool(spool: Path, user: str) -> list[SpoolItem]:

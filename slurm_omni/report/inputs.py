@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.report.timeline import ReportInputError, read_text
+from slurm_omni.report.timeline import ReportInputError, _why, read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +58,16 @@ def _number(obj: dict[str, Any], key: str, where: str, *, required: bool = False
         if required:
             raise ReportInputError(f"report: couldn't read {where}: missing {key!r}")
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         raise ReportInputError(f"report: couldn't read {where}: {key} = {value!r} (expected a number)")
     return float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:   # an int past the float range
+        return False
 
 
 def _int(obj: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -77,8 +84,8 @@ def _lines(path: Path) -> Iterable[tuple[str, dict[str, Any]]]:
         where = f"{path} line {n}"
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ReportInputError(f"report: couldn't parse {where}: {e.msg} (expected one JSON object "
+        except (ValueError, RecursionError) as e:
+            raise ReportInputError(f"report: couldn't parse {where}: {_why(e)} (expected one JSON object "
                                    "per line)") from e
         if not isinstance(obj, dict):
             raise ReportInputError(f"report: couldn't read {where}: expected a JSON object")
@@ -133,9 +140,9 @@ def load_heartbeats(folder: Path) -> list[HeartbeatRecord]:
     beats: list[HeartbeatRecord] = []
     for file in sorted(folder.glob("rank-*.json")):
         try:
-            obj = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ReportInputError(f"report: couldn't parse heartbeat {file}: {e}") from e
+            obj = json.loads(read_text(file, "heartbeat"))
+        except (ValueError, RecursionError) as e:
+            raise ReportInputError(f"report: couldn't parse heartbeat {file}: {_why(e)}") from e
         if not isinstance(obj, dict):
             raise ReportInputError(f"report: couldn't read heartbeat {file}: expected a JSON object")
         beats.append(_heartbeat(obj, str(file)))

@@ -46,7 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_omni import fsio
 from slurm_omni.errors import OmniError
+
+MAX_INPUT_BYTES = 1 << 30
+"""The largest metrics, heartbeat or timeline file a report reads (a long run's metrics: ~100 MiB)."""
 
 TIME_KEYS = ("fault", "detected", "confirmed", "resubmitted", "running", "first_step_after_restore")
 KEYS = frozenset({"job_id", "incarnation", "kind", "action", "path", "new_job_id", *TIME_KEYS})
@@ -151,22 +155,26 @@ def parse_recovery(obj: Any, *, where: str) -> Recovery:
         raise ReportInputError(f"report: couldn't read {where}: {e}") from e
 
 
+def _why(e: Exception) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    return "nested too deep" if isinstance(e, RecursionError) else str(e)[:100]
+
+
 def read_text(path: Path, what: str = "") -> str:
     """The text of a file ``omni report`` reads; ``what`` names it in the error ("timeline")."""
     name = f"{what} {path}" if what else str(path)
     try:
-        return path.read_text()
-    except FileNotFoundError as e:
-        raise ReportInputError(f"report: couldn't read {name}: no such file") from e
-    except OSError as e:
-        raise ReportInputError(f"report: couldn't read {name}: {e.strerror}") from e
+        return fsio.read_text(path, MAX_INPUT_BYTES, what=name, follow=True)
+    except fsio.FileRejected as e:
+        raise ReportInputError(f"report: {e}") from None
 
 
 def load_timeline(path: Path) -> Timeline:
     text = read_text(path, "timeline")
     try:
         whole = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):   # JSONDecodeError, an int of 5,000 digits, a deep nest
         whole = None
     if isinstance(whole, dict) and "recoveries" in whole:
         if set(whole) - {"recoveries"} or not isinstance(whole["recoveries"], list):
@@ -181,8 +189,8 @@ def load_timeline(path: Path) -> Timeline:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ReportInputError(f"report: couldn't parse timeline {path} line {n}: {e.msg} "
+        except (ValueError, RecursionError) as e:
+            raise ReportInputError(f"report: couldn't parse timeline {path} line {n}: {_why(e)} "
                                    "(expected one JSON object per line, or {\"recoveries\": [...]})") from e
         recoveries.append(parse_recovery(obj, where=f"timeline {path} line {n}"))
     return Timeline(tuple(recoveries))

@@ -13,8 +13,8 @@ from slurm_omni.slurm.parse_text import parse_topology
 from slurm_omni.slurm.runner import CommandResult, CommandRunner
 from slurm_omni.slurm.types import Job, Node, Topology
 
-_SBATCH_ID = re.compile(r"^Submitted batch job (\d+)", re.MULTILINE)
-_JOB_REF = re.compile(r"^\d+(\+\d+|_\d+)?$")
+_SBATCH_ID = re.compile(r"^Submitted batch job ([0-9]+)", re.MULTILINE)
+_JOB_REF = re.compile(r"^[0-9]+(\+[0-9]+|_[0-9]+)?$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
 
 

@@ -6,7 +6,7 @@ import re
 
 from slurm_omni.slurm.types import Gres
 
-_GRES = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[A-Za-z0-9_.-]+))?(?::(?P<count>\d+[KMG]?))?$")
+_GRES = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[A-Za-z0-9_.-]+))?(?::(?P<count>[0-9]+[KMG]?))?$")
 
 
 def parse_gres(text: str) -> tuple[Gres, ...]:

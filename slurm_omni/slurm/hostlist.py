@@ -10,64 +10,78 @@ from collections.abc import Iterable
 
 from slurm_omni.errors import SlurmError
 
-_MAX_HOSTS = 1_000_000
-_NAME_NUM = re.compile(r"^(.*?)(\d+)$")
+MAX_HOSTS = 1_000_000
+"""The most names one expression may expand to; counted before any name is made."""
+_NAME_NUM = re.compile(r"^(.*?)([0-9]+)$")
+_RANGE = re.compile(r"([0-9]{1,18})(?:-([0-9]{1,18}))?")   # ASCII digits only: str.isdigit() takes '٣' and '²'
+
+_Ranges = tuple[str, str, tuple[tuple[int, int, int], ...]]
+"""prefix, suffix, (first, last, zero-padded width) of each range."""
 
 
-def expand(expr: str) -> list[str]:
-    """Expand a hostlist expression; the order of the expression is kept."""
+def expand(expr: str, *, limit: int = MAX_HOSTS) -> list[str]:
+    """Expand a hostlist expression; the order of the expression is kept. The names are counted
+    first: an expression of more than ``limit`` names is refused before any is made."""
+    parts = [_parse_one(part, expr) for part in _split_top(expr.strip(), expr)]
+    total = sum(1 if isinstance(p, str) else sum(hi - lo + 1 for lo, hi, _ in p[2]) for p in parts)
+    if total > limit:
+        raise SlurmError(f"hostlist: couldn't expand {_short(expr)}: {total} hosts (limit {limit})")
     out: list[str] = []
-    for part in _split_top(expr.strip()):
-        out.extend(_expand_one(part, expr))
-        if len(out) > _MAX_HOSTS:
-            raise SlurmError(f"hostlist: couldn't expand {expr[:80]!r}: more than {_MAX_HOSTS} hosts")
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        prefix, suffix, ranges = part
+        for lo, hi, width in ranges:
+            out.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(lo, hi + 1))
     return out
 
 
-def _split_top(expr: str) -> list[str]:
+def _short(expr: str) -> str:
+    return repr(expr[:80]) + ("..." if len(expr) > 80 else "")
+
+
+def _split_top(expr: str, whole: str) -> list[str]:
     """Split on commas that are not inside brackets."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(expr):
         if ch == "[":
             depth += 1
             if depth > 1:
-                raise SlurmError(f"hostlist: couldn't parse {expr!r}: nested '['")
+                raise SlurmError(f"hostlist: couldn't parse {_short(whole)}: nested '['")
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise SlurmError(f"hostlist: couldn't parse {expr!r}: ']' without '['")
+                raise SlurmError(f"hostlist: couldn't parse {_short(whole)}: ']' without '['")
         elif ch == "," and depth == 0:
             parts.append(expr[start:i])
             start = i + 1
     if depth != 0:
-        raise SlurmError(f"hostlist: couldn't parse {expr!r}: unclosed '['")
+        raise SlurmError(f"hostlist: couldn't parse {_short(whole)}: unclosed '['")
     parts.append(expr[start:])
     return [p for p in (p.strip() for p in parts) if p]
 
 
-def _expand_one(part: str, whole: str) -> list[str]:
+def _parse_one(part: str, whole: str) -> str | _Ranges:
     m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", part)
     if m is None:
         if "[" in part or "]" in part:
-            raise SlurmError(f"hostlist: couldn't parse {whole!r}: bad brackets in {part!r}")
-        return [part]
+            raise SlurmError(f"hostlist: couldn't parse {_short(whole)}: bad brackets in {_short(part)}")
+        return part
     prefix, ranges, suffix = m.groups()
-    if "[" in suffix:
-        raise SlurmError(f"hostlist: couldn't parse {whole!r}: more than one bracket group in {part!r}")
-    names: list[str] = []
+    parsed = []
     for rng in ranges.split(","):
-        rng = rng.strip()
-        lo, sep, hi = rng.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise SlurmError(f"hostlist: couldn't parse {whole!r}: bad range {rng!r} (use N or N-M)")
-        a, b = int(lo), int(hi) if sep else int(lo)
-        if b < a:
-            raise SlurmError(f"hostlist: couldn't parse {whole!r}: range {rng!r} goes backwards")
-        if b - a > _MAX_HOSTS:
-            raise SlurmError(f"hostlist: couldn't expand {whole!r}: range {rng!r} too large")
-        width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
-        names.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(a, b + 1))
-    return names
+        rm = _RANGE.fullmatch(rng.strip())
+        if rm is None:
+            raise SlurmError(f"hostlist: couldn't parse {_short(whole)}: bad range {_short(rng)} "
+                             "(use N or N-M: at most 18 ASCII digits each)")
+        lo_text, hi_text = rm.group(1), rm.group(2)
+        lo, hi = int(lo_text), int(hi_text if hi_text is not None else lo_text)
+        if hi < lo:
+            raise SlurmError(f"hostlist: couldn't parse {_short(whole)}: range {_short(rng)} goes backwards")
+        width = len(lo_text) if lo_text.startswith("0") and len(lo_text) > 1 else 0
+        parsed.append((lo, hi, width))
+    return prefix, suffix, tuple(parsed)
 
 
 def compress(names: Iterable[str]) -> str:
