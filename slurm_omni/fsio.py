@@ -82,6 +82,8 @@ def read_bounded(path: Path, limit: int, *, what: str = "", follow: bool = False
     what = one_line(what or path.name)
     try:
         fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise FileRejected(f"couldn't read {what}: no such file") from e
     except OSError as e:
         hint = " (a symlink is not followed)" if e.errno == errno.ELOOP else ""
         raise FileRejected(f"couldn't open {what}: {e.strerror}{hint}") from e

@@ -32,27 +32,48 @@ from slurm_omni.config.site import check_slurm_name, parse_gres
 from slurm_omni.config.training import TrainingConfig, load_training_table
 from slurm_omni.errors import ConfigError
 
-# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                   r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)")
+# Slurm's time formats (src/common/parse_time.c, time_str2secs): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"(?:(?P<d>[0-9]{1,9})-(?P<dh>[0-9]{1,9})(?::(?P<dm>[0-9]{1,9})(?::(?P<ds>[0-9]{1,9}))?)?"
+                   r"|(?P<a>[0-9]{1,9})(?::(?P<b>[0-9]{1,9})(?::(?P<c>[0-9]{1,9}))?)?)")
+_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+_MAX_SLURM_SECONDS = 2**31 - 2   # time_str2secs returns an int; INFINITE and NO_VAL sit above
+
+
+def _clock(total: int) -> str:
+    days, rest = divmod(total, 86400)
+    return (f"{days}-" if days else "") + f"{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
 
 
 def parse_slurm_time(text: str) -> int:
-    """Seconds in a Slurm time string (``--time``, ``--switches=N@T``); ConfigError otherwise."""
+    """Seconds in a Slurm time string (``--time``, ``--switches=N@T``), summed as Slurm's
+    time_str2secs sums them; ConfigError otherwise. Slurm carries a field past its range into the
+    next (``25:99:99`` becomes 1-02:40:39) without a word: that is refused here, as are hours of 24
+    or more beside a day part."""
     m = _TIME.fullmatch(text)
     if m is None:
-        raise ConfigError(f"time {text!r} is not allowed (expected a Slurm time: MM, MM:SS, HH:MM:SS, "
-                          f"D-HH, D-HH:MM or D-HH:MM:SS)")
+        raise ConfigError(f"time {text!r} is not allowed (expected a Slurm time: {_FORMATS}, ASCII digits)")
+    fields: tuple[tuple[str, int, int], ...]
     if m["d"] is not None:
-        days, hours = int(m["d"]), int(m["dh"])
-        minutes, seconds = int(m["dm"] or 0), int(m["ds"] or 0)
-        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    parts = [int(p) for p in (m["a"], m["b"], m["c"]) if p is not None]
-    if len(parts) == 1:
-        return parts[0] * 60
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+        days, hours, minutes, seconds = int(m["d"]), int(m["dh"]), int(m["dm"] or 0), int(m["ds"] or 0)
+        fields = (("hours", hours, 24), ("minutes", minutes, 60), ("seconds", seconds, 60))
+    else:
+        parts = [int(p) for p in (m["a"], m["b"], m["c"]) if p is not None]
+        days = 0
+        if len(parts) == 3:
+            hours, minutes, seconds = parts
+            fields = (("minutes", minutes, 60), ("seconds", seconds, 60))
+        else:   # MM or MM:SS: the minutes may be any number
+            hours, minutes, seconds = 0, parts[0], parts[1] if len(parts) == 2 else 0
+            fields = (("seconds", seconds, 60),)
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    for name, value, bound in fields:
+        if value >= bound:
+            raise ConfigError(f"time {text!r} is not allowed: {name} = {value} (expected below {bound}; "
+                              f"Slurm would silently take it as {_clock(total)})")
+    if total > _MAX_SLURM_SECONDS:
+        raise ConfigError(f"time {text!r} is not allowed: {total} s is more than Slurm can hold "
+                          f"({_MAX_SLURM_SECONDS} s)")
+    return total
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -182,4 +203,8 @@ def load_job(path: Path) -> JobFile:
     base = path.resolve().parent
     training = load_training_table(doc["training"], source=source, base_dir=base)
     log_dir = job.job.log_dir if job.job.log_dir.is_absolute() else base / job.job.log_dir
+    try:   # the runtime cuts the global batch this way at start: fail here, not in every rank
+        training.parallel.micro_batches_for(job.job.data_parallel_size)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: training.{e} (job.data_parallel_size = {job.job.data_parallel_size})") from None
     return replace(job, job=replace(job.job, log_dir=log_dir), training=training)

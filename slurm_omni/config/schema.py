@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_omni.errors import ConfigError
+from slurm_omni.fsio import FileRejected, read_text
+
+MAX_CONFIG_BYTES = 4 << 20
 
 T = TypeVar("T")
 
@@ -23,14 +26,13 @@ T = TypeVar("T")
 def read_toml(path: Path) -> dict[str, Any]:
     """Parse ``path`` as TOML; a missing file or a syntax error is one ConfigError line."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError as e:
-        raise ConfigError(f"config: couldn't read {path}: no such file") from e
+        return tomllib.loads(read_text(path, MAX_CONFIG_BYTES, what=str(path), follow=True))
+    except FileRejected as e:
+        raise ConfigError(f"config: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config: couldn't parse {path}: {e} (TOML syntax)") from e
-    except OSError as e:
-        raise ConfigError(f"config: couldn't read {path}: {e.strerror}") from e
+    except RecursionError:
+        raise ConfigError(f"config: couldn't parse {path}: nested too deep (TOML syntax)") from None
 
 
 def load_dataclass(cls: type[T], table: Any, *, source: str, prefix: str = "") -> T:
@@ -137,6 +139,11 @@ def _convert(tp: Any, value: Any, *, source: str, key: str) -> Any:
         raise bad
     if tp is Path:
         if isinstance(value, str) and value:
+            control = next((c for c in value if not c.isprintable()), None)
+            if control is not None:
+                # a newline in a path reaches a batch script's #SBATCH line or a log line as two
+                raise ConfigError(f"{source}: {key} = {value!r} is not allowed (a path without control "
+                                  f"characters; found {control!r})")
             return Path(value)
         raise bad
     raise bad

@@ -46,11 +46,33 @@ NODE_EVENT_TTL_S = 3600.0
 """The strigger program removes node events older than this (no manager may remove them)."""
 HEARTBEAT_PHASES = PHASES
 
-__all__ = ["MAX_FAULT_BYTES", "MAX_HEARTBEAT_BYTES", "MAX_NODE_EVENT_BYTES", "NODE_EVENT_KINDS", "REJECTED",
-           "EventRejected", "FaultRecord", "HeartbeatRecord", "NodeEvent", "SpoolEvent", "check_private_dir",
-           "consume", "format_node_event", "parse_fault_record", "parse_heartbeat", "parse_node_event",
-           "read_bounded", "read_heartbeats", "reject", "scan_spool", "trigger_main", "write_event_file",
-           "NODES_SUBDIR", "NODE_EVENT_TTL_S", "prune_node_events"]
+__all__ = [
+    "MAX_FAULT_BYTES",
+    "MAX_HEARTBEAT_BYTES",
+    "MAX_NODE_EVENT_BYTES",
+    "NODES_SUBDIR",
+    "NODE_EVENT_KINDS",
+    "NODE_EVENT_TTL_S",
+    "REJECTED",
+    "EventRejected",
+    "FaultRecord",
+    "HeartbeatRecord",
+    "NodeEvent",
+    "SpoolEvent",
+    "check_private_dir",
+    "consume",
+    "format_node_event",
+    "parse_fault_record",
+    "parse_heartbeat",
+    "parse_node_event",
+    "prune_node_events",
+    "read_bounded",
+    "read_heartbeats",
+    "reject",
+    "scan_spool",
+    "trigger_main",
+    "write_event_file",
+]
 
 
 class EventRejected(FileRejected):

@@ -144,13 +144,18 @@ def test_job_error(tmp_path: Path, case: str, edit: tuple[str, str] | list[tuple
 
 @pytest.mark.parametrize(("edit", "message"), [
     (("name = \"text\"\nnodes = 1", "name = \"audio\"\nnodes = 1"), "stage 'audio' is not in the site config"),
-    (("data_parallel_size = 2", "data_parallel_size = 16"), "has 16 tasks per node but gres 'gpu:h100:4' gives 4"),
+    ([("data_parallel_size = 2", "data_parallel_size = 16"),   # with a global batch that cuts for 16
+      ("[training.data]", "[training.parallel]\nglobal_batch_size = 32\n[training.data]")],
+     "has 16 tasks per node but gres 'gpu:h100:4' gives 4"),
     (("name = \"text\"\nnodes = 1", "name = \"text\"\nnodes = 1\nspares = 5"),
      "stage 'text' spares = 5 is not allowed \\(the site allows at most elasticity.max_spares = 4 per stage\\)"),
 ])
-def test_job_against_site_error(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
+def test_job_against_site_error(tmp_path: Path, edit: tuple[str, str] | list[tuple[str, str]], message: str) -> None:
     site = load_site(_write(tmp_path, "omni.toml", SITE))
-    job = load_job(_write(tmp_path, "job.toml", JOB.replace(*edit, 1)))
+    text = JOB
+    for old, new in edit if isinstance(edit, list) else [edit]:
+        text = text.replace(old, new, 1)
+    job = load_job(_write(tmp_path, "job.toml", text))
     with pytest.raises(ConfigError, match=message):
         plan_stages(job, site)
 

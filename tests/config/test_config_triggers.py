@@ -45,7 +45,7 @@ def test_install_fire_and_remove(slurm_cluster, tmp_path: Path) -> None:
         assert not list(nodes.glob(".*")) and oct(nodes.stat().st_mode & 0o777) == oct(0o755)
         # The manager's validator takes what the trigger program wrote.
         subprocess.run([str(bin_dir / "omni-node-down"), "node[5-6]"], check=True, timeout=30)
-        events = [e for _, e in scan_spool(nodes, shared=True) if getattr(e, "nodes", None) == ("node5", "node6")]
+        events = [e for _, e in scan_spool(nodes, shared=True) if getattr(e, "node_names", None) == ("node5", "node6")]
         assert len(events) == 1 and events[0].kind == "down"
     finally:
         r = _install(env, "--remove", "--bin-dir", str(bin_dir))
