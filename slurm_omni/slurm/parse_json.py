@@ -29,6 +29,8 @@ def _load(text: str, command: str) -> dict[str, Any]:
         data = json.loads(text)
     except ValueError as e:
         raise SlurmError(f"{command}: couldn't parse --json output: {e}") from e
+    except RecursionError:   # json nests past Python's recursion limit
+        raise SlurmError(f"{command}: couldn't parse --json output: nested too deep") from None
     if not isinstance(data, dict):
         raise SlurmError(f"{command}: couldn't parse --json output: top level is not an object")
     errors = data.get("errors") or []
