@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.manager.events import EventRejected, read_bounded
+from slurm_omni.fsio import FileRejected, one_line, read_bounded
+from slurm_omni.manager.events import EventRejected
 from slurm_omni.policy.recovery_events import SupervisorReport
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def read_reports(ckpt_dir: Path, slurm_job_id: int) -> list[Report]:
             continue
         try:
             report = parse_report(read_bounded(path, MAX_REPORT_BYTES), path.name)
-        except EventRejected as e:
+        except FileRejected as e:   # too big, a link, not ours to read, malformed
             _log_once(str(e))
             continue
         if report.slurm_job_id == str(slurm_job_id):
@@ -76,8 +77,9 @@ def read_reports(ckpt_dir: Path, slurm_job_id: int) -> list[Report]:
 def parse_report(data: bytes, what: str) -> Report:
     try:
         obj = json.loads(data.decode("utf-8"), parse_constant=lambda c: _refuse(what, f"{c} is not a number"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EventRejected(f"manager: couldn't parse supervisor report {what}: {e}") from e
+    except (ValueError, RecursionError) as e:   # not UTF-8, not JSON, an int of 5,000 digits, too deep
+        raise EventRejected(f"manager: couldn't parse supervisor report {one_line(what)}: "
+                            f"{one_line(str(e)) or 'nested too deep'}") from None
     if not isinstance(obj, dict):
         _refuse(what, "expected a JSON object")
     unknown = sorted(set(obj) - _KEYS)

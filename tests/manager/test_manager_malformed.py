@@ -19,7 +19,7 @@ from omni_configs import site_toml
 
 from slurm_omni.config.site import load_site
 from slurm_omni.manager.daemon import Manager, ManagerConfig
-from slurm_omni.manager.events import REJECTED, check_private_dir, write_event_file
+from slurm_omni.manager.events import NODES_SUBDIR, REJECTED, check_private_dir, write_event_file
 from slurm_omni.render.registry import Registration, register
 from slurm_omni.render.request import StagePlan
 
@@ -44,7 +44,9 @@ REG = {"format": 1, "job_id": 5, "kind": "het", "name": "x", "user": "u", "job_f
 @pytest.fixture(scope="module")
 def manager(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Manager]:
     tmp = tmp_path_factory.mktemp("malformed")
-    spool = check_private_dir(tmp / "spool", create=True)
+    spool = tmp / "spool"                       # deployment.md: root's 0755, <user>/ 0700, nodes/ 0755
+    spool.mkdir(mode=0o755)
+    (spool / NODES_SUBDIR).mkdir(mode=0o755)
     # windows no generated timestamp can reach: a valid heartbeat or fault record among the garbage
     # is observed, but never confirms a failure (that would resubmit the job for real)
     (tmp / "site.toml").write_text(site_toml(tmp, spool_dir=spool, tables=(
@@ -59,6 +61,7 @@ def manager(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         job_sha256=hashlib.sha256(job_file.read_bytes()).hexdigest(), script=None,
         ckpt_dir=site.checkpoint.root / "fuzz", data_parallel_size=1, max_requeues=3, stages=stages))
     m = Manager(ManagerConfig(site=site, state_dir=tmp / "state", poll_interval_s=3600.0), slurm_cluster.backend())
+    check_private_dir(spool / m.user, create=True)
     m.tick(force_poll=True)
     (w,) = m.watches.values()
     w.heartbeat_dir.mkdir(mode=0o700, parents=True)
@@ -74,8 +77,8 @@ def _garbage_of(valid: dict[str, object]) -> st.SearchStrategy[bytes]:
 
 
 FILES = st.lists(st.one_of(
-    st.tuples(st.just("spool"), st.sampled_from(["fault-x-{}.json"]), _garbage_of(FAULT)),
-    st.tuples(st.just("spool"), st.sampled_from(["node-down-{}.json", "other-{}.txt"]), _garbage_of(NODE)),
+    st.tuples(st.just("spool"), st.sampled_from(["fault-x-{}.json", "other-{}.txt"]), _garbage_of(FAULT)),
+    st.tuples(st.just("nodes"), st.sampled_from(["node-down-{}.json", "other-{}.txt"]), _garbage_of(NODE)),
     st.tuples(st.just("heartbeat"), st.sampled_from(["rank-{}.json"]), _garbage_of(BEAT)),
     st.tuples(st.just("registry"), st.sampled_from(["{}.json"]), _garbage_of(REG)),
 ), min_size=FILES_PER_TICK, max_size=FILES_PER_TICK)
@@ -87,7 +90,8 @@ FILES = st.lists(st.one_of(
 def test_malformed_files_never_stop_the_manager(manager: Manager, files: list[tuple[str, str, bytes]],
                                                 caplog: pytest.LogCaptureFixture) -> None:
     (w,) = (w for w in manager.watches.values() if w.key == f"fuzz-{JOB_ID}")
-    folders = {"spool": manager.config.site.manager.spool_dir, "heartbeat": w.heartbeat_dir,
+    spool = manager.config.site.manager.spool_dir
+    folders = {"spool": spool / manager.user, "nodes": spool / NODES_SUBDIR, "heartbeat": w.heartbeat_dir,
                "registry": manager.config.site.manager.registry_dir}
     written = []
     for n, (where, name, data) in enumerate(files):
@@ -101,9 +105,9 @@ def test_malformed_files_never_stop_the_manager(manager: Manager, files: list[tu
     assert not [r for r in caplog.records if r.getMessage().startswith("manager: couldn't handle")]
     for (where, _name, data), path in zip(files, written, strict=True):
         rejected = path.parent / REJECTED / path.name
-        if path.exists():   # only a valid file stays: an event for later, a heartbeat, a registration
+        if path.exists() and where != "nodes":   # only a valid file stays: an event for later, a beat, a record
             assert not rejected.exists() and _valid(where, path.name, data), path
-            path.unlink()
+        path.unlink(missing_ok=True)   # <spool>/nodes is every manager's: a bad file there is skipped, not moved
         rejected.unlink(missing_ok=True)
 
 
@@ -111,7 +115,7 @@ def _valid(where: str, name: str, data: bytes) -> bool:
     from slurm_omni.manager import events
     from slurm_omni.manager.registry import parse_record
     parse = {"heartbeat": events.parse_heartbeat, "registry": lambda d: parse_record(d, name),
-             "spool": events.parse_fault_record if name.startswith("fault-") else events.parse_node_event}[where]
+             "spool": events.parse_fault_record, "nodes": events.parse_node_event}[where]
     try:
         parse(data)
     except events.EventRejected:
@@ -122,7 +126,8 @@ def _valid(where: str, name: str, data: bytes) -> bool:
 def test_after_the_garbage_a_valid_event_and_heartbeat_still_count(manager: Manager) -> None:
     (w,) = (w for w in manager.watches.values() if w.key == f"fuzz-{JOB_ID}")
     before = manager.journal.count("observations", w.key)
-    write_event_file(manager.config.site.manager.spool_dir, "fault-valid.json", json.dumps(FAULT).encode())
+    own = manager.config.site.manager.spool_dir / manager.user
+    write_event_file(own, "fault-valid.json", json.dumps(FAULT).encode())
     (w.heartbeat_dir / "rank-0.json").write_text(json.dumps({**BEAT, "phase": "checkpointing"}))
     manager.tick()
     with sqlite3.connect(manager.config.journal_path) as db:
@@ -130,4 +135,4 @@ def test_after_the_garbage_a_valid_event_and_heartbeat_still_count(manager: Mana
                                           (w.key,)).fetchall()][before:]
     assert "task_exit" in kinds and "heartbeat_phase" in kinds
     assert manager.journal.count("actions", w.key) == 0 and w.incarnation == 0
-    assert not (manager.config.site.manager.spool_dir / "fault-valid.json").exists()
+    assert not (own / "fault-valid.json").exists()
