@@ -250,7 +250,7 @@ class CheckpointEngine:
 
     # -- restoring ----------------------------------------------------------------------------------
 
-    def restore(self, *, step: int | None = None, critical: Iterable[str] | None = None,
+    def restore(self, *, step: int | None = None, max_step: int | None = None, critical: Iterable[str] | None = None,
                 modules: Iterable[str] | None = None, into: Mapping[str, Mapping[str, Any]] | None = None,
                 device: torch.device | str = "cpu", apply_rng: bool = True) -> Restore | None:
         """Load the newest complete checkpoint that verifies (see ``restore.open_restore``).
@@ -266,7 +266,7 @@ class CheckpointEngine:
             self._raise_fence()
         elif self.number is not None:
             await_raise(self.config.root, self.number, self.config.fence_wait_s)
-        session = open_restore(self.config.root, self.layout, step=step,
+        session = open_restore(self.config.root, self.layout, step=step, max_step=max_step,
                                critical=critical if critical is not None else self.config.critical,
                                modules=modules, into=into, device=device,
                                threads=self.config.restore_threads, apply_rng=apply_rng)

@@ -63,6 +63,8 @@ class Restore:
         self.path = path
         self.manifest = manifest
         self.step = manifest.step
+        self.fallbacks: tuple[str, ...] = ()
+        """Why newer checkpoints were passed over on the way to this one (open_restore's CORRUPT marks)."""
         self.layout = layout
         olds = sorted((s for s in manifest.shards.values() if s.stage == layout.stage),
                       key=lambda s: s.data_parallel_rank)

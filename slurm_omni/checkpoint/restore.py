@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Restore", "open_restore"]
 
 
-def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None,
+def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, max_step: int | None = None,
                  critical: Iterable[str] | None = None, modules: Iterable[str] | None = None,
                  into: Mapping[str, Mapping[str, Any]] | None = None, device: torch.device | str = "cpu",
                  threads: int = 4, apply_rng: bool = True) -> Restore | None:
@@ -41,6 +41,8 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None,
     next attempt skip the checkpoint).
     """
     candidates = fmt.complete(root)
+    if max_step is not None:   # the ranks agreed on no newer step (checkpoint/agree.py)
+        candidates = [e for e in candidates if e.step <= max_step]
     if step is not None:
         candidates = [e for e in candidates if e.step == step]
         if not candidates:
@@ -48,6 +50,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None,
     if not candidates:
         return None
     skipped = []
+    reasons: list[str] = []
     for entry in candidates:
         session = None
         try:
@@ -66,11 +69,13 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None,
             fmt.mark_corrupt(entry.path, str(e))
             log.warning("%s; marked it CORRUPT and trying the previous checkpoint", e)
             skipped.append(f"step-{entry.step}")
+            reasons.append(str(e))
             continue
         except BaseException:
             if session is not None:
                 session.close()
             raise
+        session.fallbacks = tuple(reasons)
         if apply_rng:
             session.apply_rng()
         log.info("checkpoint: restoring step-%d (%s ready in %.2f s; %d units streaming)%s", session.step,

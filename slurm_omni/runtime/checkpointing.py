@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardLayout, ShardState
+from slurm_omni.checkpoint.agree import Loaded, restore_agreed
 from slurm_omni.checkpoint.engine import SaveResult
 from slurm_omni.config.training import TrainingConfig
 from slurm_omni.errors import CheckpointError
@@ -105,10 +106,14 @@ class StageCheckpointer:
                 self.last_persisted_step = stats.step
             self._pending = None
 
-    def restore_latest(self, plan: DataPlan) -> Restored | None:
-        """Load the newest complete checkpoint into the module, optimisers and data plan."""
+    def restore_latest(self, plan: DataPlan, reduce_min: Callable[[int], int] = lambda step: step) -> Restored | None:
+        """Load the newest checkpoint every rank's shards verify into the modules, optimisers and data
+        plan; ``reduce_min`` is the ranks' collective minimum (checkpoint/agree.py)."""
         t0 = time.monotonic()
-        session = self.engine.restore()   # critical: the config's, self.names[:1]
+        return restore_agreed(lambda bound: self._restore(plan, bound, t0), reduce_min, rank=self.layout.rank)
+
+    def _restore(self, plan: DataPlan, bound: int | None, t0: float) -> Loaded[Restored] | None:
+        session = self.engine.restore(max_step=bound)   # critical: the config's, self.names[:1]
         if session is None:
             return None
         try:
@@ -125,8 +130,8 @@ class StageCheckpointer:
         finally:
             session.close()
         self.last_step = self.last_persisted_step = session.step
-        return Restored(global_step=session.step, state=state, layout_changed=changed,
-                        load_s=time.monotonic() - t0)
+        return Loaded(session.step, Restored(global_step=session.step, state=state, layout_changed=changed,
+                                             load_s=time.monotonic() - t0), session.fallbacks)
 
     def close(self) -> None:
         self.engine.close()

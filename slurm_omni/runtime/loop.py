@@ -42,6 +42,7 @@ from slurm_omni.runtime.pipeline import (
     device_for,
     init_distributed,
     lr_at,
+    min_over_ranks,
 )
 from slurm_omni.runtime.signals import StopRequest
 
@@ -111,7 +112,8 @@ class Trainer:
         plan = DataPlan(cfg.shards, sources)
         reader = ShardReader(cfg.model, sources)
         ckpt = StageCheckpointer(cfg, layout, parts, optimizers)
-        restored = ckpt.restore_latest(plan)
+        # every rank resumes from the same step: the newest one all ranks' shards verify
+        restored = ckpt.restore_latest(plan, lambda step: min_over_ranks(step, device))
         start = restored.global_step if restored else 0
         if restored:
             log.info("runtime: rank %d resumed at step %d (saved with %s) in %.2fs", layout.rank, start,

@@ -180,6 +180,13 @@ def lr_at(optim: OptimConfig, global_step: int, max_steps: int) -> float:
     return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def min_over_ranks(value: int, device: torch.device) -> int:
+    """The smallest ``value`` of every rank (the restore agreement's collective)."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is true on any rank (signals reach ranks at different times)."""
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
