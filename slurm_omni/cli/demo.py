@@ -114,10 +114,22 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
 @click.option("--job-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Run the story on this job (e.g. examples/own-script/job.toml: your own script) "
                    "instead of the demo's built-in trainer; the files beside it are copied along.")
-def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None) -> None:
+@click.option("--busy", is_flag=True, help="In-allocation recovery on a busy cluster (every free node runs another "
+              "job): node losses recovered inside the same Slurm job, a shrink, and the batch host lost.")
+def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None, busy: bool) -> None:
     """Cluster up, a multimodal het job, a node failure drilled mid-run, automatic recovery, report."""
     from slurm_omni.drill import story
 
+    if busy:
+        from slurm_omni.drill.busy_demo import run_busy_demo
+
+        s = Story(22)
+        lc = LocalCluster(state_dir)
+        s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "
+                f"{'started' if started else 'already up'} in {lc.paths.root}")
+        backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
+        run_busy_demo(s, lc, backend, lc.paths.root.parent / "demo-busy", story.EXAMPLES, timeout_s)
+        return
     s = Story(2 if sample_only else 11)
     lc = LocalCluster(state_dir)
     s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "

@@ -70,16 +70,20 @@ def _kinds(kind: str | None, matrix: str) -> list[str]:
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               default=lambda: os.environ.get("OMNI_CLUSTER_DIR", str(DEFAULT_STATE_DIR)),
               help="Embedded cluster state dir (slurmd-crash).")
+@click.option("--busy", "busy_s", type=click.IntRange(min=0), default=0, metavar="SECONDS",
+              help="Before each drill fill every free node with another job running this long (a resubmission "
+                   "then waits in the queue); they are cancelled after the drill. 0: no fillers.")
 def drill(kind: str | None, job: str, factor: float, method: str, duration_s: float, site_file: Path | None,
           matrix: str, node: str, rank: int | None, stall_s: float, after_steps: int, timeout_s: float,
           timeline: Path | None, reference: Path | None, run_reference: bool, rtol: float, out_dir: Path,
-          state_dir: Path) -> None:
+          state_dir: Path, busy_s: int) -> None:
     """Inject KIND into a running job (node-down, kill-rank, stall-rank, ckpt-crash, slurmd-crash),
     measure detection and recovery, and return the node to service. ``slow-node`` makes the job's
     ranks on --node --factor times slower until --duration ends (or Ctrl-C / SIGTERM), then undoes it."""
     if kind == "slow-node" and not matrix:
         _slow_node(job, site_file, node, factor, method, duration_s)
         return
+    from slurm_omni.cluster.busy import BusyCluster
     from slurm_omni.config.site import load_site, site_path
     from slurm_omni.drill.faults import fill_faults
     from slurm_omni.drill.inject import Injector, read_state_dir
@@ -110,7 +114,14 @@ def drill(kind: str | None, job: str, factor: float, method: str, duration_s: fl
         click.echo(f"drill {i}/{len(kinds)}: {name} on job {handle.name}")
         spec = DrillSpec(kind=name, node=node, rank=rank, stall_s=stall_s,  # type: ignore[arg-type]
                          after_steps=after_steps, timeout_s=timeout_s)
-        result = runner.run(spec)
+        filler = BusyCluster(backend, seconds=busy_s, tag=f"omni-drill-busy-{os.getpid()}")
+        if busy_s:
+            busy_nodes = filler.fill()
+            click.echo(f"  busy: {len(busy_nodes)} filler job(s) of {busy_s} s on every free node")
+        try:
+            result = runner.run(spec)
+        finally:
+            filler.clear()
         results.append(result)
         _write(out_dir / f"drill-{i}-{name}.json", goodput_document([result], source=_source(name, job)))
         if result.error:

@@ -104,3 +104,48 @@ def test_node_loss_and_rank_crash_relaunch_inside_the_same_job(slurm_cluster, tm
     doc = json.loads(status_path(ckpt, str(job_id)).read_text())
     assert doc["phase"] == "done" and [r["removed"] for r in doc["recoveries"]] == [[lost], []]
     assert all(r["slurm_job_id_after"] == str(job_id) for r in doc["recoveries"])
+
+
+def test_no_spare_shrinks_inside_the_job_and_a_lost_batch_host_falls_back_to_a_requeue(
+        slurm_cluster, tmp_path: Path) -> None:
+    runner = CommandRunner(slurm_cluster.env)
+    request, work = _request(tmp_path, slurm_cluster.spool)
+    site = replace(request.site, elasticity=replace(request.site.elasticity, default_spares=0))
+    request = replace(request, site=site, command=("bash", "-c", RANK.replace(
+        '"$OMNI_LAUNCH $RANK', '"${SLURM_RESTART_COUNT:-0}.$OMNI_LAUNCH $OMNI_DP_SIZE $RANK'), str(work)))
+    env = {**os.environ, **slurm_cluster.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize(), env=env).stdout)
+    ckpt = tmp_path / "ckpt" / request.job.job.name
+    down: list[str] = []
+
+    def lines(life: str) -> list[list[str]]:
+        path = work / "ranks"
+        return [line.split()[1:] for line in (path.read_text().splitlines() if path.exists() else ())
+                if line.split()[0] == life]
+
+    try:
+        first = wait_until(lambda: len(lines("0.0")) == 4 and lines("0.0"), 120, "launch 0 on 4 nodes")
+        text_node = next(node for _, _, stage, node in first if stage == "1")
+        runner.run(["scontrol", "update", f"nodename={text_node}", "state=DOWN", "reason=omni-test"])
+        down.append(text_node)
+        shrunk = wait_until(lambda: len(lines("0.1")) == 2 and lines("0.1"), 120, "launch 1, shrunk to dp 1")
+        assert {dp for dp, _, _, _ in shrunk} == {"1"} and text_node not in {n for *_, n in shrunk}
+        status = read_status(status_path(ckpt, str(job_id)))
+        assert status is not None and status["data_parallel_size"] == 1
+        assert status["recoveries"][0]["data_parallel_size_before"] == 2
+        # the batch host (the supervisor's node) lost: Slurm requeues the job, same id, a new life
+        batch_host = runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.split(" BatchHost=")[1].split()[0]
+        runner.run(["scontrol", "update", f"nodename={batch_host}", "state=DOWN", "reason=omni-test"])
+        down.append(batch_host)
+        again = wait_until(lambda: len(lines("1.0")) == 4 and lines("1.0"), 180, "the requeued job's launch 0")
+        assert not {n for *_, n in again} & set(down)
+        (work / "done").touch()
+        wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(), 90,
+                   "the job to finish")
+    finally:
+        (work / "done").touch()
+        for node in down:
+            runner.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], check=False)
+        runner.run(["scancel", str(job_id)], check=False)
+    state = SupervisorJournal(journal_path(ckpt, f"{job_id}.1")).state
+    assert state.outcome == "done" and [la.number for la in state.launches] == [0]

@@ -1,0 +1,235 @@
+"""``omni demo --busy``: in-allocation recovery on a busy cluster, one line per phase.
+
+The job runs in-allocation (one ``--no-kill`` allocation: 2 vision + 2 text nodes and a spare per
+stage) and every other node gets a filler job of a few minutes, so that anything that goes through
+the queue waits. Then: a vision node lost (a spare takes its place, same Slurm job), a text node lost
+(the other spare), a third node lost with no spare left (the supervisor relaunches with one
+data-parallel replica instead of two, same job, same global batch), and finally the batch host lost:
+the supervisor is gone with it and the job leaves the allocation (Slurm's requeue of the same job id,
+``--requeue``; it waits in the queue behind the fillers) and still trains to the end. The loss
+curve is compared with a run that never failed: bitwise up to the shrink (the layout is the same),
+within tolerance after it (fewer replicas reduce in another order).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slurm_omni.cluster.busy import BusyCluster
+from slurm_omni.cluster.local import LocalCluster
+from slurm_omni.errors import OmniError
+from slurm_omni.slurm.cli_backend import CliBackend
+from slurm_omni.slurm.hostlist import compress
+
+REASON = "omni-demo-busy"
+
+SITE_EDITS = {'partition = "vision"': 'partition = "debug"', 'partition = "text"': 'partition = "debug"',
+              '[elasticity]\n': '[elasticity]\nrecovery = "in_allocation"\ndefault_spares = 1\n'}
+JOB_EDITS = {'name = "omni-demo"': 'name = "omni-demo-busy"',
+             'name = "vision"\nnodes = 1': 'name = "vision"\nnodes = 2',
+             'name = "text"\nnodes = 1': 'name = "text"\nnodes = 2',
+             "max_steps = 80": "max_steps = 70", "every_steps = 10": "every_steps = 5"}
+
+
+def write_files(work: Path, cluster: LocalCluster, examples: Path) -> tuple[Path, Path]:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    values = {"{work}": str(work), "{spool}": str(cluster.paths.spool), "{nodes}": compress(cluster.spec.node_names)}
+    out = []
+    for src, edits in (("omni.toml", SITE_EDITS), ("job.toml", JOB_EDITS)):
+        text = (examples / src).read_text()
+        for key, value in {**values, **edits}.items():
+            if key not in text:
+                raise OmniError(f"demo: couldn't adapt {examples / src}: {key!r} not found")
+            text = text.replace(key, value)
+        (work / src).write_text(text)
+        out.append(work / src)
+    (work / "logs").mkdir()
+    return out[0], out[1]
+
+
+class BusyDemo:
+    def __init__(self, cluster: LocalCluster, backend: CliBackend, work: Path, *, say: Callable[[str], None],
+                 timeout_s: float) -> None:
+        self.cluster, self.backend, self.work, self.say, self.timeout_s = cluster, backend, work, say, timeout_s
+        self.filler = BusyCluster(backend, seconds=180, tag=REASON)
+        self.job_id = 0
+        self.down: list[str] = []
+
+    @property
+    def ckpt(self) -> Path:
+        return self.work / "ckpt" / "omni-demo-busy"
+
+    def status(self, life: str = "") -> dict[str, Any]:
+        path = self.ckpt / "supervisor" / f"{life or self.job_id}.status.json"
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def wait(self, what: str, probe: Callable[[], Any], timeout_s: float | None = None) -> Any:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while time.monotonic() < deadline:
+            got = probe()
+            if got:
+                return got
+            time.sleep(0.5)
+        raise OmniError(f"demo: couldn't see {what} within {timeout_s or self.timeout_s:.0f}s "
+                        f"(logs in {self.work / 'logs'}, {self.ckpt / 'supervisor'})")
+
+    def submit(self, site: Path, job: Path, env: dict[str, str]) -> int:
+        from slurm_omni.config.job import load_job
+        from slurm_omni.config.site import load_site
+        from slurm_omni.render import HetJobRequest
+
+        request = HetJobRequest(job=load_job(job), site=load_site(site), job_file=job, job_sha256="0" * 64)
+        out = self.backend.runner.run(["sbatch", "--parsable"], input_text=request.materialize(), env=env).stdout
+        self.job_id = int(out.strip().split(";")[0])
+        return self.job_id
+
+    def step(self) -> int:
+        steps = [-1]
+        for f in (self.work / "metrics").rglob("metrics-*.jsonl"):
+            for line in f.read_text().splitlines()[-3:]:
+                try:
+                    steps.append(int(json.loads(line)["step"]))
+                except (ValueError, KeyError):
+                    continue
+        return max(steps)
+
+    def steps_more(self, n: int) -> None:
+        target = self.step() + n
+        self.wait(f"step {target}", lambda: self.step() >= target)
+
+    def lose(self, node: str) -> None:
+        self.backend.runner.run(["scontrol", "update", f"nodename={node}", "state=DOWN", f"reason={REASON}"])
+        self.down.append(node)
+
+    def resume(self) -> None:
+        for node in self.down:
+            self.backend.runner.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], check=False)
+        self.down = []
+
+    def recovery(self, n: int) -> dict[str, Any]:
+        recs = self.status().get("recoveries") or []
+        rec = recs[n - 1] if len(recs) >= n and recs[n - 1].get("first_step_at") else None
+        return rec or {}
+
+    def batch_host(self) -> str:
+        out = self.backend.runner.run(["scontrol", "show", "job", "-o", str(self.job_id)]).stdout
+        return out.split(" BatchHost=")[1].split()[0] if " BatchHost=" in out else ""
+
+    def job_state(self) -> str:
+        out = self.backend.runner.run(["squeue", "-h", f"--jobs={self.job_id}", "--format=%T %r"], check=False)
+        return out.stdout.strip()
+
+    def cleanup(self) -> list[str]:
+        done = []
+        self.filler.clear()
+        done.append("filler jobs cancelled")
+        if self.job_id:
+            self.backend.runner.run(["scancel", str(self.job_id)], check=False)
+        if self.down:
+            done.append(f"{compress(self.down)} resumed")
+        self.resume()
+        return done
+
+
+def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, examples: Path,
+                  timeout_s: float) -> None:
+    """The phases (``s`` is cli.demo.Story)."""
+    from slurm_omni.drill import story
+    from slurm_omni.drill.equivalence import check_equivalence, compare_losses
+    from slurm_omni.drill.history import load_history
+    from slurm_omni.drill.reference import finish_reference, start_reference
+
+    d = BusyDemo(lc, backend, work, say=s.say, timeout_s=timeout_s)
+    site, job = s.phase("files", lambda: write_files(work, lc, examples),
+                        lambda f: f"in-allocation job file and site config in {work}")
+    s.phase("data", lambda: story.synthesize(story.DemoFiles(work)), lambda n: f"{n} synthetic samples")
+    env = story.job_environment(lc)
+    try:
+        job_id = s.phase("submit", lambda: d.submit(site, job, env),
+                         lambda j: f"job {j}: one --no-kill allocation, 2+2 nodes and a spare per stage")
+        s.phase("running", lambda: d.wait("the first steps", lambda: d.step() >= 8 and d.status()),
+                lambda st: f"launch 0: vision on {compress(st['components'][0])}, text on "
+                           f"{compress(st['components'][1])}, spares {compress(st['spares'])}")
+        s.phase("busy", lambda: d.filler.fill(), lambda nodes: f"{len(nodes)} filler job(s) of {d.filler.seconds} s "
+                f"on every free node ({compress(nodes) or 'none free'}): a resubmission would wait")
+        losses = [("vision", 0), ("text", 1), ("text", 1)]
+        for n, (name, comp) in enumerate(losses, start=1):
+            st = d.status()
+            nodes = [x for x in st["components"][comp] if x != d.batch_host()]
+            if not nodes:
+                raise OmniError(f"demo: no {name} node besides the batch host to lose")
+            d.steps_more(4)
+            victim = nodes[-1]
+            s.phase(f"{name} node lost", lambda v=victim: d.lose(v), lambda _, v=victim: f"{v} DOWN")
+            rec: dict[str, Any] = s.phase("in-allocation relaunch", lambda k=n: d.wait(f"recovery {k}",
+                                                                                        lambda: d.recovery(k)),
+                                          lambda r: _recovery_line(r, d.job_id, d.job_state()))
+            if rec["slurm_job_id_after"] != str(job_id):
+                raise OmniError("demo: the recovery left the Slurm job")
+            d.resume()           # back to the cluster (never to this job): a filler takes it
+            d.filler.fill()
+        d.steps_more(3)
+        host = d.batch_host()
+        s.phase("batch host lost", lambda: d.lose(host),
+                lambda _: f"{host} DOWN: the supervisor goes with it; the allocation ends")
+        s.phase("queued", lambda: d.wait("the requeue", lambda: "PENDING" in d.job_state() and d.job_state()),
+                lambda st: f"job {job_id} back in the queue ({st}): Slurm's requeue, behind the fillers")
+        d.resume()
+        d.filler.fill()          # the requeued job must wait for nodes, as at a centre
+        s.phase("requeued run", lambda: d.wait("the requeued job's first steps",
+                                               lambda: d.status(f"{job_id}.1") or None, 600),
+                lambda st: f"job {job_id} runs again (restart 1) on "
+                           f"{compress([n for c in st['components'] for n in c])}")
+        s.phase("finish", lambda: d.wait("the last step", lambda: d.step() >= 69, 900),
+                lambda _: "trained to step 70")
+        ref = start_reference(job, work / "reference")
+        ref_metrics = s.phase("reference", lambda: finish_reference(ref, work / "reference", 900),
+                              lambda p: f"a run that never failed, in {p}")
+        run, reference = load_history(work / "metrics" / "omni-demo-busy"), load_history(ref_metrics)
+        shrink_at = _shrink_step(d)
+        before = {k: v for k, v in run.losses().items() if k < shrink_at}
+        exact = compare_losses(before, {k: v for k, v in reference.losses().items() if k < shrink_at},
+                               bitwise=True, rtol=0.0)
+        eq = check_equivalence(run, reference)
+        s.phase("compare", lambda: exact, lambda e: f"loss bitwise equal to the reference over {e.steps_compared} "
+                f"steps before the shrink at step {shrink_at}" if e.ok else "loss NOT bitwise equal before the shrink")
+        s.say(("whole run: " if eq.ok else "whole run NOT equivalent: ") + eq.summary())
+        if not exact.ok:
+            raise OmniError("demo: the loss before the shrink differs from the reference")
+    finally:
+        for line in d.cleanup():
+            s.say(f"cleanup: {line}")
+
+
+def _recovery_line(rec: dict[str, Any], job_id: int, state: str) -> str:
+    took = rec["first_step_at"] - rec["fault_at"] if rec.get("fault_at") else None
+    return (f"path in_allocation, Slurm job {job_id} before and after ({state.split()[0] if state else '?'}): "
+            f"{','.join(rec['removed']) or '-'} out, {','.join(rec['added']) or 'no spare'} in, dp "
+            f"{rec['data_parallel_size_before']} -> {rec['data_parallel_size_after']}, {rec['spares_left']} spare(s) "
+            f"left" + (f", first step {took:.1f} s after the fault" if took is not None else ""))
+
+
+def _shrink_step(d: BusyDemo) -> int:
+    """The first step trained with fewer replicas (the metrics' own data_parallel_size)."""
+    steps = []
+    for f in (d.work / "metrics").rglob("metrics-*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("data_parallel_size") == 1:
+                steps.append(int(r["step"]))
+    return min(steps) if steps else 1 << 30
+

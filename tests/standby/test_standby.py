@@ -1,0 +1,49 @@
+"""The warm standby: a real server process (torch imported once) and the stdlib client that hands it
+a task's environment and file descriptors; the forked trainer's output and exit status come back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurm_omni.standby import CLIENT, through_standby
+
+
+def test_through_standby_rewrites_only_omni_train() -> None:
+    drill = ("bash", "-c", "exec \"$@\"", "omni-drill", "omni", "train", "--config", "/j.toml")
+    out = through_standby(drill)
+    assert out[:4] == drill[:4] and out[4:8] == (sys.executable, "-S", str(CLIENT), "node")
+    assert out[8:] == ("--", "train", "--config", "/j.toml")
+    assert through_standby(("python", "my_train.py")) == ("python", "my_train.py")
+
+
+def test_a_client_runs_its_command_in_a_forked_warm_trainer(tmp_path: Path) -> None:
+    folder = tmp_path / "standby"
+    folder.mkdir(mode=0o700)
+    sock = folder / "s.sock"
+    code = ("import sys; from pathlib import Path; from slurm_omni.standby.server import serve; "
+            "serve(Path(sys.argv[1]), ready=Path(sys.argv[2]))")
+    server = subprocess.Popen([sys.executable, "-c", code, str(sock), str(tmp_path / "ready")])
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.1)
+        assert (tmp_path / "ready").exists(), "the standby server never became ready"
+        env = {**os.environ, "OMNI_STANDBY_TEST": "passed through"}
+        done = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "--version"], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "slurm-omni" in done.stdout          # printed by the forked trainer onto the client's stdout
+        bad = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "no-such-command"],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0 and "no-such-command" in (bad.stderr + bad.stdout)
+        # no server: a cold start of the same command
+        cold = subprocess.run([sys.executable, "-S", str(CLIENT), str(tmp_path / "none.sock"), "--", "--version"],
+                              capture_output=True, text=True, timeout=120)
+        assert cold.returncode == 0 and "slurm-omni" in cold.stdout
+    finally:
+        server.kill()
+        server.wait()
