@@ -120,11 +120,16 @@ TORCHRUN = """#!/bin/bash
 export OMNI_CKPT_DIR={ckpt} OMNI_HEARTBEAT_DIR={ckpt}/heartbeat OMNI_METRICS_DIR={metrics}
 export OMNI_HEARTBEAT_INTERVAL=1 OMNI_DEVICE=cpu TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 mkdir -p -- "$OMNI_CKPT_DIR"
-srun --kill-on-bad-exit=0 --nodes=2 --ntasks-per-node=1 torchrun --nnodes=1:2 --nproc-per-node=2 \\
-    --max-restarts=3 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:{port} --rdzv-id=$SLURM_JOB_ID \\
-    --rdzv-conf=join_timeout=30,last_call_timeout=1 --monitor-interval=0.1 --no-python \\
-    bash -c 'export OMNI_INCARNATION=${{TORCHELASTIC_RESTART_COUNT:-0}} OMNI_JOB_ID=$SLURM_JOB_ID; exec "$@"' \\
-    omni-rank {omni} train --config {job}
+# One srun per node: Slurm 22.05 terminates a whole step when one of its nodes fails (srun: "Node
+# failure"), which would take the surviving torchrun agent with it.
+for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    srun --nodes=1 --ntasks=1 --nodelist="$node" torchrun --nnodes=1:2 --nproc-per-node=2 \\
+        --max-restarts=3 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:{port} --rdzv-id=$SLURM_JOB_ID \\
+        --rdzv-conf=join_timeout=30,last_call_timeout=1 --monitor-interval=0.1 --no-python \\
+        bash -c 'export OMNI_INCARNATION=${{TORCHELASTIC_RESTART_COUNT:-0}} OMNI_JOB_ID=$SLURM_JOB_ID; exec "$@"' \\
+        omni-rank {omni} train --config {job} &
+done
+wait
 """
 
 

@@ -96,7 +96,11 @@ class Actions:
             log.warning("manager: %s has no recorded environment (registered by an older omni submit): "
                         "resubmitting with the manager's", reg.key)
         # sbatch hands the job the environment it runs with: the submitter's, not the manager's
-        return self.backend.submit(str(script), placement_args(plan, tag, len(shape.stages)), env=reg.environment)
+        job = shape.resized(self.job_file(reg), units)
+        in_allocation = HetJobRequest(job=job, site=self.site, job_file=reg.job_file,
+                                      job_sha256=reg.job_sha256).in_allocation()[0] is not None
+        args = exclude_args(plan, tag) if in_allocation else placement_args(plan, tag, len(shape.stages))
+        return self.backend.submit(str(script), args, env=reg.environment)
 
     def find_by_tag(self, tag: str, *, user: str, name: str, since: float) -> str | None:
         """The job carrying ``tag`` in its comment (a submission a crash kept out of the journal).
@@ -113,6 +117,12 @@ class Actions:
                 continue
             return str(job.job_id)
         return None
+
+
+def exclude_args(plan: Plan, tag: str) -> list[str]:
+    """An in-allocation job is one homogeneous allocation whose supervisor places the stages itself:
+    only the tag and the nodes it must not get (every node the job lost)."""
+    return [f"--comment={tag}", *([f"--exclude={compress(plan.exclude)}"] if plan.exclude else [])]
 
 
 def placement_args(plan: Plan, tag: str, components: int) -> list[str]:

@@ -11,13 +11,18 @@ CLIENT = Path(__file__).with_name("client.py")
 
 
 def through_standby(command: Sequence[str]) -> tuple[str, ...]:
-    """``command`` with its ``omni train ...`` run through the node's standby (the rest, e.g. a
-    drill wrapper that execs it, unchanged); unchanged when it runs no ``omni train``."""
+    """``command`` with its ``omni train ...`` (or ``PYTHON -m slurm_omni.cli.main train ...``) run
+    through the node's standby; the rest (a drill wrapper that execs it) unchanged. A command that
+    runs no built-in trainer (``[training] command``) is returned as it is."""
     cmd = tuple(command)
-    for i in range(len(cmd) - 1):
-        if cmd[i] == "omni" and cmd[i + 1] == "train":
-            return (*cmd[:i], sys.executable, "-S", str(CLIENT), "node", "--", *cmd[i + 1:])
-        # batch scripts run omni by absolute path: PYTHON -m slurm_omni.cli.main train ...
-        if cmd[i + 1:i + 4] == ("-m", "slurm_omni.cli.main", "train"):
-            return (*cmd[:i], sys.executable, "-S", str(CLIENT), "node", "--", *cmd[i + 3:])
+    for i, word in enumerate(cmd):
+        if word != "train" or i == 0:
+            continue
+        if cmd[i - 1] == "omni" or cmd[i - 1].endswith("/omni"):
+            start, python = i - 1, sys.executable
+        elif i >= 3 and cmd[i - 2:i] == ("-m", "slurm_omni.cli.main"):
+            start, python = i - 3, cmd[i - 3]
+        else:
+            continue
+        return (*cmd[:start], python, "-S", str(CLIENT), "node", "--", *cmd[i:])
     return cmd

@@ -24,8 +24,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, sign
 
 
 def _cold(args: list[str]) -> None:
-    omni = os.path.join(os.path.dirname(sys.executable), "omni")
-    os.execv(omni, [omni, *args])
+    os.execv(sys.executable, [sys.executable, "-m", "slurm_omni.cli.main", *args])
 
 
 def _read_line(sock: socket.socket, buf: bytearray) -> dict[str, int] | None:

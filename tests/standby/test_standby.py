@@ -18,6 +18,9 @@ def test_through_standby_rewrites_only_omni_train() -> None:
     assert out[:4] == drill[:4] and out[4:8] == (sys.executable, "-S", str(CLIENT), "node")
     assert out[8:] == ("--", "train", "--config", "/j.toml")
     assert through_standby(("python", "my_train.py")) == ("python", "my_train.py")
+    py = ("/usr/bin/python3", "-m", "slurm_omni.cli.main", "train", "--config", "/j.toml")
+    assert through_standby(py) == ("/usr/bin/python3", "-S", str(CLIENT), "node", "--", "train", "--config",
+                                   "/j.toml")
 
 
 def test_a_client_runs_its_command_in_a_forked_warm_trainer(tmp_path: Path) -> None:
@@ -34,15 +37,15 @@ def test_a_client_runs_its_command_in_a_forked_warm_trainer(tmp_path: Path) -> N
         assert (tmp_path / "ready").exists(), "the standby server never became ready"
         env = {**os.environ, "OMNI_STANDBY_TEST": "passed through"}
         done = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "--version"], env=env,
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
         assert done.returncode == 0, done.stderr
         assert "slurm-omni" in done.stdout          # printed by the forked trainer onto the client's stdout
         bad = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "no-such-command"],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, check=False)
         assert bad.returncode != 0 and "no-such-command" in (bad.stderr + bad.stdout)
         # no server: a cold start of the same command
         cold = subprocess.run([sys.executable, "-S", str(CLIENT), str(tmp_path / "none.sock"), "--", "--version"],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, check=False)
         assert cold.returncode == 0 and "slurm-omni" in cold.stdout
     finally:
         server.kill()
