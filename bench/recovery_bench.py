@@ -335,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         for fault in faults:
             for path in paths:
                 for _ in range(a.repeats):
-                    t = bench.trial(path, fault, busy)
+                    try:
+                        t = bench.trial(path, fault, busy)
+                    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                        t = Trial(path, fault, busy, None, f"trial failed: {e}")
                     trials.append(t)
                     shown = f"{t.seconds:7.2f} s" if t.seconds is not None else "    n/a  "
                     print(f"{'busy' if busy else 'idle'} {fault:4} {path:13} {shown}  {t.note}", flush=True)

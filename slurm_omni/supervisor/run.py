@@ -46,8 +46,8 @@ from slurm_omni.policy.in_allocation import (
 )
 from slurm_omni.policy.placement import SpareScope
 from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.slurm.allocation import AllocationView
 from slurm_omni.slurm.hostlist import compress
-from slurm_omni.slurm.parse_text import parse_nodes, parse_records, parse_topology
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.steps import (
     SrunEvent,
@@ -59,7 +59,7 @@ from slurm_omni.slurm.steps import (
     step_argv,
     step_name,
 )
-from slurm_omni.slurm.types import Node, NodeState, Topology
+from slurm_omni.slurm.types import NodeState
 from slurm_omni.standby import through_standby
 from slurm_omni.supervisor.journal import (
     Launch,
@@ -141,7 +141,7 @@ class Supervisor:
         self.request_file = request_path(opts.ckpt_dir, opts.job_id)
         self.phase = "launching"
         self.stop_signal: int | None = None
-        self._topology: Topology | None = None
+        self.slurm = AllocationView(runner, opts.job_id)
         self._proc: subprocess.Popen[bytes] | None = None
         self._step_log: StepLog | None = None
         self._lost: set[str] = set()
@@ -165,7 +165,7 @@ class Supervisor:
         if self.opts.standby:
             self._start_standbys()
         if st.current is None:
-            nodes, feats, _ = self.node_info(self.opts.allocation)
+            nodes, feats, _ = self.slurm.node_info(self.opts.allocation)
             leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
             layout = first_layout(self.opts.stages, self.opts.allocation, features=feats, leaf_of=leaf_of)
             self.journal.append("allocation", nodes=list(self.opts.allocation))
@@ -251,7 +251,7 @@ class Supervisor:
         command = through_standby(self.opts.command) if self.opts.standby else self.opts.command
         argv = step_argv(comps, command, name=name, overlap=True,
                          spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt)
-        _, _, addrs = self.node_info(cur.layout.components[0][:1])
+        _, _, addrs = self.slurm.node_info(cur.layout.components[0][:1])
         env = {
             "MASTER_ADDR": addrs.get(cur.layout.components[0][0], "127.0.0.1"),
             "MASTER_PORT": str(cur.port), "OMNI_DP_SIZE": str(cur.data_parallel_size),
@@ -359,7 +359,7 @@ class Supervisor:
         if self.stop_signal is not None:   # the batch shell asked (time limit, scancel): not a failure
             self.phase = "stopped"
             return EXIT_CHECKPOINTED if rc in (EXIT_CHECKPOINTED, 128 + signal.SIGTERM) else rc
-        state = self._job_state()
+        state = self.slurm.job_state()
         if state not in ("RUNNING", ""):   # scancel, the time limit, a requeue: the allocation is ending
             log.warning("supervisor: launch %d ended while Slurm shows the job %s: no relaunch", cur.number, state)
             self.phase = "stopped"
@@ -435,12 +435,12 @@ class Supervisor:
     def _plan(self, cur: Launch, decision: Decision, now: float) -> Relaunch | Fallback:
         """The next launch. The nodes to replace are those Slurm reported failed (srun's node
         failure, or a node state), not every node where a task died: a peer of a lost rank dies too."""
-        nodes, _, _ = self.node_info((*cur.layout.nodes, *cur.layout.spares))
+        nodes, _, _ = self.slurm.node_info((*cur.layout.nodes, *cur.layout.spares))
         failed = self._lost | {n.name for n in nodes if n.state.failed and n.name in cur.layout.nodes}
         decision = Decision(decision.verdict, decision.at, cause=decision.cause,
                             nodes=tuple(sorted(failed | (set(decision.nodes) if decision.cause == "drain" else set()))))
         return plan_relaunch(self.opts.stages, cur.layout, decision, nodes={n.name: n for n in nodes},
-                             topology=self.topology(), now=now, min_units=self.opts.min_units,
+                             topology=self.slurm.topology(), now=now, min_units=self.opts.min_units,
                              units_divide=self.opts.units_divide, spare_scope=self.opts.spare_policy)
 
     def _fallback(self, cur: Launch, failed: Sequence[str], reasons: Sequence[str]) -> int:
@@ -531,7 +531,7 @@ class Supervisor:
 
     def _observe_nodes(self, cur: Launch, confirmer: Confirmer, *, force: bool = False) -> None:
         try:
-            nodes, _, _ = self.node_info(cur.layout.nodes)
+            nodes, _, _ = self.slurm.node_info(cur.layout.nodes)
         except SlurmError as e:
             log.warning("supervisor: couldn't read node states: %s", e)
             return
@@ -540,30 +540,6 @@ class Supervisor:
             confirmer.observe(NodeObservation(now, n.name, n.state, n.reason))
             if n.state.failed:
                 self._lost.add(n.name)
-
-    def topology(self) -> Topology:
-        if self._topology is None:
-            result = self.runner.run(["scontrol", "show", "topology"], check=False)
-            self._topology = parse_topology(result.stdout) if result.ok else Topology()
-        return self._topology
-
-    def node_info(self, names: Sequence[str]) -> tuple[list[Node], dict[str, frozenset[str]], dict[str, str]]:
-        """``scontrol show node`` of ``names``: the nodes, their features, their addresses."""
-        if not names:
-            return [], {}, {}
-        text = self.runner.run(["scontrol", "show", "node", compress(names)], timeout_s=10).stdout
-        records = parse_records(text, "NodeName")
-        feats = {r["NodeName"]: frozenset(f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)")
-                 for r in records}
-        addrs = {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records}
-        return parse_nodes(text, self.topology()), feats, addrs
-
-    def _job_state(self) -> str:
-        """Slurm's state of this job (``squeue``), empty when it cannot tell."""
-        out = self.runner.run(["squeue", "--noheader", f"--jobs={self.opts.job_id}", "--format=%T"], check=False,
-                              timeout_s=10)
-        lines = out.stdout.split()
-        return lines[0] if out.ok and lines else ""
 
     def _reap(self) -> None:
         """Old sruns that were left to finish on their own (their tasks already killed)."""

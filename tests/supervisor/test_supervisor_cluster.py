@@ -149,3 +149,31 @@ def test_no_spare_shrinks_inside_the_job_and_a_lost_batch_host_falls_back_to_a_r
         runner.run(["scancel", str(job_id)], check=False)
     state = SupervisorJournal(journal_path(ckpt, f"{job_id}.1")).state
     assert state.outcome == "done" and [la.number for la in state.launches] == [0]
+
+
+def test_a_planned_replacement_request_moves_a_node_to_a_spare_at_a_checkpoint(slurm_cluster, tmp_path: Path) -> None:
+    """The fail-slow hook: a request file names a node; the ranks are told to checkpoint and stop
+    (SIGUSR1, exit 75 here), and the next launch runs on a spare instead, in the same job."""
+    runner = CommandRunner(slurm_cluster.env)
+    request, work = _request(tmp_path, slurm_cluster.spool)
+    rank = ('trap "exit 75" USR1; ' + RANK.replace("do sleep 0.2; done", "do sleep 0.2 & wait $!; done"))
+    request = replace(request, command=("bash", "-c", rank, str(work)))
+    env = {**os.environ, **slurm_cluster.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize(), env=env).stdout)
+    ckpt = tmp_path / "ckpt" / request.job.job.name
+    try:
+        first = wait_until(lambda: len(_launches(work).get(0, [])) == 4 and _launches(work)[0], 120, "launch 0")
+        slow = next(node for _, stage, node in first if stage == 1)
+        (ckpt / "supervisor" / f"{job_id}.request.json").write_text(json.dumps({"id": "slow-1", "replace": [slow]}))
+        second = wait_until(lambda: len(_launches(work).get(1, [])) == 4 and _launches(work)[1], 120,
+                            "launch 1 without the slow node")
+        assert slow not in {node for _, _, node in second}
+        (work / "done").touch()
+        wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(), 90,
+                   "the job to finish")
+    finally:
+        (work / "done").touch()
+        runner.run(["scancel", str(job_id)], check=False)
+    state = SupervisorJournal(journal_path(ckpt, str(job_id))).state
+    assert state.requests == {"slow-1": "carried_out"} and state.outcome == "done"
+    assert state.launches[1].cause == "planned" and state.launches[1].removed == (slow,)

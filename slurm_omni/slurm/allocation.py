@@ -1,0 +1,44 @@
+"""What the step supervisor asks Slurm about its own allocation: the nodes (state, features,
+address), the switch tree, and the job's state. Each call is one bounded command through the runner."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slurm_omni.slurm.hostlist import compress
+from slurm_omni.slurm.parse_text import parse_nodes, parse_records, parse_topology
+from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.types import Node, Topology
+
+
+class AllocationView:
+    def __init__(self, runner: CommandRunner, job_id: str) -> None:
+        self.runner = runner
+        self.job_id = job_id
+        self._topology: Topology | None = None
+
+    def topology(self) -> Topology:
+        """``scontrol show topology`` once (it changes only on reconfiguration); empty without one."""
+        if self._topology is None:
+            result = self.runner.run(["scontrol", "show", "topology"], check=False)
+            self._topology = parse_topology(result.stdout) if result.ok else Topology()
+        return self._topology
+
+    def node_info(self, names: Sequence[str]) -> tuple[list[Node], dict[str, frozenset[str]], dict[str, str]]:
+        """``scontrol show node`` of ``names``: the nodes, their features, their addresses (NodeAddr:
+        names need not resolve, several slurmd may share a host)."""
+        if not names:
+            return [], {}, {}
+        text = self.runner.run(["scontrol", "show", "node", compress(names)], timeout_s=10).stdout
+        records = parse_records(text, "NodeName")
+        feats = {r["NodeName"]: frozenset(f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)")
+                 for r in records}
+        addrs = {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records}
+        return parse_nodes(text, self.topology()), feats, addrs
+
+    def job_state(self) -> str:
+        """Slurm's state of the job (``squeue``), empty when it cannot tell."""
+        out = self.runner.run(["squeue", "--noheader", f"--jobs={self.job_id}", "--format=%T"], check=False,
+                              timeout_s=10)
+        words = out.stdout.split()
+        return words[0] if out.ok and words else ""
