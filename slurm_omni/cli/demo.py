@@ -123,7 +123,7 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | 
     if busy:
         from slurm_omni.drill.busy_demo import run_busy_demo
 
-        s = Story(22)
+        s = Story(19)
         lc = LocalCluster(state_dir)
         s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "
                 f"{'started' if started else 'already up'} in {lc.paths.root}")

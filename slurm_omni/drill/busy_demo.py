@@ -5,8 +5,9 @@ stage) and every other node gets a filler job of a few minutes, so that anything
 the queue waits. Then: a vision node lost (a spare takes its place, same Slurm job), a text node lost
 (the other spare), a third node lost with no spare left (the supervisor relaunches with one
 data-parallel replica instead of two, same job, same global batch), and finally the batch host lost:
-the supervisor is gone with it and the job leaves the allocation (Slurm's requeue of the same job id,
-``--requeue``; it waits in the queue behind the fillers) and still trains to the end. The loss
+the supervisor is gone with it, Slurm ends the job (22.05: FAILED, no requeue), and the manager,
+which stayed out of the way while the supervisor reported (delegated), resubmits it with ``--exclude``
+of every node it lost; the new job waits in the queue behind the fillers and trains to the end. The loss
 curve is compared with a run that never failed: bitwise up to the shrink (the layout is the same),
 within tolerance after it (fewer replicas reduce in another order).
 """
@@ -44,9 +45,11 @@ def write_files(work: Path, cluster: LocalCluster, examples: Path) -> tuple[Path
     out = []
     for src, edits in (("omni.toml", SITE_EDITS), ("job.toml", JOB_EDITS)):
         text = (examples / src).read_text()
-        for key, value in {**values, **edits}.items():
+        for key, value in edits.items():
             if key not in text:
                 raise OmniError(f"demo: couldn't adapt {examples / src}: {key!r} not found")
+            text = text.replace(key, value)
+        for key, value in values.items():
             text = text.replace(key, value)
         (work / src).write_text(text)
         out.append(work / src)
@@ -64,7 +67,9 @@ class BusyDemo:
 
     @property
     def ckpt(self) -> Path:
-        return self.work / "ckpt" / "omni-demo-busy"
+        from slurm_omni.ownership import current_user
+
+        return self.work / "ckpt" / current_user() / "omni-demo-busy"
 
     def status(self, life: str = "") -> dict[str, Any]:
         path = self.ckpt / "supervisor" / f"{life or self.job_id}.status.json"
@@ -84,15 +89,21 @@ class BusyDemo:
         raise OmniError(f"demo: couldn't see {what} within {timeout_s or self.timeout_s:.0f}s "
                         f"(logs in {self.work / 'logs'}, {self.ckpt / 'supervisor'})")
 
-    def submit(self, site: Path, job: Path, env: dict[str, str]) -> int:
-        from slurm_omni.config.job import load_job
-        from slurm_omni.config.site import load_site
-        from slurm_omni.render import HetJobRequest
+    def submit(self, env: dict[str, str]) -> int:
+        """``omni submit``: rendered in-allocation (the job file says so) and registered with the manager."""
+        from slurm_omni.drill import story
 
-        request = HetJobRequest(job=load_job(job), site=load_site(site), job_file=job, job_sha256="0" * 64)
-        out = self.backend.runner.run(["sbatch", "--parsable"], input_text=request.materialize(), env=env).stdout
-        self.job_id = int(out.strip().split(";")[0])
+        self.job_id = story.submit(story.DemoFiles(self.work), env)
         return self.job_id
+
+    def resubmitted(self) -> int:
+        """The manager's resubmission of the job: a later Slurm job of the same name."""
+        out = self.backend.runner.run(["squeue", "-h", "--name=omni-demo-busy", "--format=%i %T %r"], check=False)
+        for line in out.stdout.splitlines():
+            job, _, _ = (line.split() + ["", ""])[:3]
+            if job.isdigit() and int(job) > self.job_id:
+                return int(job)
+        return 0
 
     def step(self) -> int:
         steps = [-1]
@@ -130,12 +141,17 @@ class BusyDemo:
         out = self.backend.runner.run(["squeue", "-h", f"--jobs={self.job_id}", "--format=%T %r"], check=False)
         return out.stdout.strip()
 
+    def job_state_of(self, job: int) -> str:
+        out = self.backend.runner.run(["squeue", "-h", f"--jobs={job}", "--format=%T (%r)"], check=False)
+        return out.stdout.strip() or "gone"
+
     def cleanup(self) -> list[str]:
         done = []
         self.filler.clear()
         done.append("filler jobs cancelled")
-        if self.job_id:
-            self.backend.runner.run(["scancel", str(self.job_id)], check=False)
+        out = self.backend.runner.run(["squeue", "-h", "--name=omni-demo-busy", "--format=%i"], check=False)
+        for job in out.stdout.split():
+            self.backend.runner.run(["scancel", job], check=False)
         if self.down:
             done.append(f"{compress(self.down)} resumed")
         self.resume()
@@ -151,13 +167,17 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
     from slurm_omni.drill.reference import finish_reference, start_reference
 
     d = BusyDemo(lc, backend, work, say=s.say, timeout_s=timeout_s)
-    site, job = s.phase("files", lambda: write_files(work, lc, examples),
+    manager = None
+    _, job = s.phase("files", lambda: write_files(work, lc, examples),
                         lambda f: f"in-allocation job file and site config in {work}")
     s.phase("data", lambda: story.synthesize(story.DemoFiles(work)), lambda n: f"{n} synthetic samples")
     env = story.job_environment(lc)
     try:
-        job_id = s.phase("submit", lambda: d.submit(site, job, env),
-                         lambda j: f"job {j}: one --no-kill allocation, 2+2 nodes and a spare per stage")
+        files = story.DemoFiles(work)
+        manager = s.phase("manager", lambda: story.start_manager(files, env),
+                          lambda m: f"omni manager run (pid {m.proc.pid}): the fallback when the allocation is lost")
+        job_id = s.phase("submit", lambda: d.submit(env),
+                         lambda j: f"omni submit: job {j}, one --no-kill allocation, 2+2 nodes and a spare per stage")
         s.phase("running", lambda: d.wait("the first steps", lambda: d.step() >= 8 and d.status()),
                 lambda st: f"launch 0: vision on {compress(st['components'][0])}, text on "
                            f"{compress(st['components'][1])}, spares {compress(st['spares'])}")
@@ -183,14 +203,15 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
         host = d.batch_host()
         s.phase("batch host lost", lambda: d.lose(host),
                 lambda _: f"{host} DOWN: the supervisor goes with it; the allocation ends")
-        s.phase("queued", lambda: d.wait("the requeue", lambda: "PENDING" in d.job_state() and d.job_state()),
-                lambda st: f"job {job_id} back in the queue ({st}): Slurm's requeue, behind the fillers")
+        new_id = s.phase("resubmitted", lambda: d.wait("the manager's resubmission", d.resubmitted, 300),
+                         lambda j: f"the manager resubmitted it as job {j} with --exclude of the lost nodes: "
+                                   f"{d.job_state_of(j)}")
         d.resume()
-        d.filler.fill()          # the requeued job must wait for nodes, as at a centre
-        s.phase("requeued run", lambda: d.wait("the requeued job's first steps",
-                                               lambda: d.status(f"{job_id}.1") or None, 600),
-                lambda st: f"job {job_id} runs again (restart 1) on "
-                           f"{compress([n for c in st['components'] for n in c])}")
+        d.filler.fill()          # the resubmission must wait for nodes, as at a centre
+        s.phase("running again", lambda: d.wait("the resubmitted job's first steps",
+                                                lambda: d.status(str(new_id)) or None, 900),
+                lambda st: f"job {new_id} runs (path resubmitted) on "
+                           f"{compress([n for c in st['components'] for n in c])}, after waiting in the queue")
         s.phase("finish", lambda: d.wait("the last step", lambda: d.step() >= 69, 900),
                 lambda _: "trained to step 70")
         ref = start_reference(job, work / "reference")
@@ -208,6 +229,9 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
         if not exact.ok:
             raise OmniError("demo: the loss before the shrink differs from the reference")
     finally:
+        if manager is not None and manager.alive():
+            manager.stop()
+            s.say("cleanup: manager stopped")
         for line in d.cleanup():
             s.say(f"cleanup: {line}")
 
