@@ -29,7 +29,7 @@ from pathlib import Path
 
 from slurm_omni.config.site import load_site
 from slurm_omni.manager.daemon import Manager, ManagerConfig
-from slurm_omni.render.registry import Registration, register
+from slurm_omni.render.registry import RegistryRecord, register, registered_stages
 from slurm_omni.render.request import StagePlan
 from slurm_omni.slurm.backend import ClusterSnapshot
 from slurm_omni.slurm.parse_json import parse_sinfo_json
@@ -132,9 +132,9 @@ def manager_setup(root: Path, nodes: list[Node], topology: Topology, jobs: int) 
         job_id = 1000 + 10 * j
         vision, text = allocated[8 * j:8 * j + 4], allocated[8 * j + 4:8 * j + 8]
         stages = tuple(StagePlan(i, s, s, 4, 1, "gpu:h100:4", 1, "10:00", 0) for i, s in enumerate(("vision", "text")))
-        register(root / "registry", Registration(
+        register(root / "registry", RegistryRecord(
             job_id=job_id, kind="het", name=f"bench{j}", cluster="omni", job_file=job_file, job_sha256=digest,
-            script=None, ckpt_dir=root / "ckpt" / f"bench{j}", data_parallel_size=4, max_requeues=3, stages=stages))
+            script=None, ckpt_dir=root / "ckpt" / f"bench{j}", data_parallel_size=4, max_requeues=3, stages=registered_stages(stages)))
         hb = root / "ckpt" / f"bench{j}" / "heartbeat"
         hb.mkdir(mode=0o700, parents=True)
         for rank in range(8):

@@ -13,9 +13,10 @@ from slurm_omni.checkpoint.fence import read_fence
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site, site_path
 from slurm_omni.errors import ConfigError, SlurmError
+from slurm_omni.formats.registry import RegisteredTask
 from slurm_omni.ownership import current_user, ensure_own_dir
 from slurm_omni.render import ArrayJobRequest, HetJobRequest, plan_stages
-from slurm_omni.render.registry import Registration, register
+from slurm_omni.render.registry import RegistryRecord, register, registered_stages
 from slurm_omni.render.request import check_command, training_command
 
 log = logging.getLogger(__name__)
@@ -105,14 +106,15 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     job_id = parse_sbatch_id(result.stdout)
     first_path, first, digest = loaded[0]
     script_path = _keep_script(first.job.log_dir, first.job.name, job_id, script)
-    registration = Registration(
+    registration = RegistryRecord(
         job_id=job_id, kind="het" if isinstance(request, HetJobRequest) else "array", name=first.job.name,
         cluster=site.cluster, job_file=first_path, job_sha256=digest, script=script_path,
         ckpt_dir=site.checkpoint.job_dir(user, first.job.name), data_parallel_size=first.job.data_parallel_size,
-        max_requeues=first.job.max_requeues, stages=plan_stages(first, site),
+        max_requeues=first.job.max_requeues, stages=registered_stages(plan_stages(first, site)),
         array_tasks=None if isinstance(request, HetJobRequest) else tuple(
-            {"task_id": i, "job_file": str(p), "name": j.job.name, "job_sha256": d,
-             "ckpt_dir": str(site.checkpoint.job_dir(user, j.job.name)), "incarnation_base": request.incarnation_bases[i]}
+            RegisteredTask(task_id=i, job_file=p, name=j.job.name, job_sha256=d,
+                           ckpt_dir=site.checkpoint.job_dir(user, j.job.name),
+                           incarnation_base=request.incarnation_bases[i])
             for i, (p, j, d) in enumerate(loaded)),
         incarnation_base=request.incarnation_base if isinstance(request, HetJobRequest) else 0,
         environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it

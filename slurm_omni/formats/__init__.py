@@ -9,6 +9,7 @@ another exception. ``encode`` is the writer's side of the same Struct.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -31,10 +32,11 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def decode(data: bytes | str, kind: type[T], what: str) -> T:
+def decode(data: bytes | str, kind: type[T], what: str,
+           dec_hook: Callable[[type, Any], Any] | None = None) -> T:
     """``data`` as one ``kind`` record; ``what`` names the file in the error."""
     try:
-        record = msgspec.json.decode(data, type=kind, strict=True)
+        record = msgspec.json.decode(data, type=kind, strict=True, dec_hook=dec_hook)
     except msgspec.ValidationError as e:
         raise RecordRejected(f"couldn't accept {one_line(what)}: {one_line(str(e))}") from None
     except msgspec.DecodeError as e:

@@ -20,7 +20,7 @@ from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.errors import OmniError, SlurmError
 from slurm_omni.fsio import write_atomic
-from slurm_omni.manager.registry import RegisteredJob
+from slurm_omni.manager.registry import RegistryRecord
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.placement import Plan
 from slurm_omni.render import HetJobRequest
@@ -67,7 +67,7 @@ class Actions:
         self.backend.requeue(array_ref)
         return f"{array_ref} requeued"
 
-    def job_file(self, reg: RegisteredJob) -> JobFile:
+    def job_file(self, reg: RegistryRecord) -> JobFile:
         """The registered job file, refused when its bytes changed since registration."""
         try:
             data = reg.job_file.read_bytes()
@@ -79,7 +79,7 @@ class Actions:
                                   f"registered (sha256 {digest[:12]} != {reg.job_sha256[:12]}; submit it anew)")
         return load_job(reg.job_file)
 
-    def render(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> Path:
+    def render(self, reg: RegistryRecord, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> Path:
         """The next incarnation's script; its ranks number their first life ``incarnation``."""
         job = shape.resized(self.job_file(reg), units)
         script = HetJobRequest(job=job, site=self.site, job_file=reg.job_file, job_sha256=reg.job_sha256,
@@ -89,7 +89,7 @@ class Actions:
         write_atomic(path, script)
         return path
 
-    def resubmit(self, reg: RegisteredJob, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> int:
+    def resubmit(self, reg: RegistryRecord, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> int:
         """Submit the next incarnation; returns its Slurm job id (the het leader's)."""
         script = self.render(reg, shape, plan, units, tag, incarnation)
         if reg.environment is None:

@@ -35,7 +35,7 @@ from slurm_omni.manager import recovery
 from slurm_omni.manager.actions import Actions
 from slurm_omni.manager.events import FaultRecord, HeartbeatRecord, NodeEvent, consume
 from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
-from slurm_omni.manager.registry import RegisteredJob, read_registry
+from slurm_omni.manager.registry import RegistryRecord, read_registry
 from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
 from slurm_omni.manager.status import write_timeline
 from slurm_omni.manager.supervisor_reports import read_reports, supervised
@@ -203,7 +203,7 @@ class Manager:
             except Exception as e:  # noqa: BLE001 - one registration's trouble never stops the others
                 self._barrier(reg.key, e)
 
-    def _ensure_watch(self, reg: RegisteredJob, task_job: Job | None, key: str, now: float) -> None:
+    def _ensure_watch(self, reg: RegistryRecord, task_job: Job | None, key: str, now: float) -> None:
         if key in self.watches:
             return
         known = {j["name"]: j for j in self.journal.jobs(self.uid, states=JOB_STATES)}

@@ -16,14 +16,14 @@ from dataclasses import dataclass, replace
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig, parse_gres
 from slurm_omni.errors import ConfigError
-from slurm_omni.manager.registry import StageShape
+from slurm_omni.formats.registry import RegisteredStage
 from slurm_omni.policy.placement import ComponentLayout, JobLayout, PlacementConfig
 from slurm_omni.slurm.hostlist import expand
 
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    stages: tuple[StageShape, ...]
+    stages: tuple[RegisteredStage, ...]
     data_parallel_size: int            # replicas as registered
 
     @property
@@ -35,7 +35,7 @@ class Shape:
     def replicas_per_unit(self) -> int:
         return self.data_parallel_size // self.units
 
-    def nodes_per_unit(self, stage: StageShape) -> int:
+    def nodes_per_unit(self, stage: RegisteredStage) -> int:
         return stage.nodes // self.units
 
     def data_parallel_size_for(self, units: int) -> int:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_omni.config.job import load_job
 from slurm_omni.errors import OmniError
 from slurm_omni.manager.journal import Recovery
-from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegisteredJob
+from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegistryRecord
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.confirm import NODE_STATE_KIND, QUIET_PHASES, Confirmer, TaskExit, Verdict
 from slurm_omni.policy.placement import Action, ComponentPlan, JobLayout, PlacementConfig, Plan, Quarantine
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 @dataclass(eq=False)
 class Watch:
     key: str
-    reg: RegisteredJob
+    reg: RegistryRecord
     shape: Shape
     placement: PlacementConfig
     confirmer: Confirmer
@@ -84,7 +84,7 @@ class Watch:
         submission's first life is its incarnation, and each of Slurm's requeues adds one. An array
         task's incarnations are its restart counts, past the task's base."""
         if self.array_task is not None:
-            base = next((t.incarnation_base for t in self.reg.array_tasks if t.task_id == self.array_task), 0)
+            base = next((t.incarnation_base for t in self.reg.tasks if t.task_id == self.array_task), 0)
             return base + self.restart_count
         return self.incarnation + self.restart_count
 
@@ -151,7 +151,7 @@ class Watch:
         self.state = "active"
 
 
-def _placement(m: Manager, reg: RegisteredJob, shape: Shape) -> PlacementConfig:
+def _placement(m: Manager, reg: RegistryRecord, shape: Shape) -> PlacementConfig:
     try:
         job = load_job(reg.job_file)
     except OmniError as e:
@@ -160,7 +160,7 @@ def _placement(m: Manager, reg: RegisteredJob, shape: Shape) -> PlacementConfig:
     return shape.placement_config(m.config.site, job)
 
 
-def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) -> Watch:
+def new_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None) -> Watch:
     """A job seen for the first time; its incarnation 0 is journaled once it runs (with its nodes)."""
     shape = Shape(reg.stages, reg.data_parallel_size)
     if task_job is None:
@@ -169,7 +169,7 @@ def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) ->
         task = None
     else:
         task = task_job.array_task_id
-        ckpt = next((t.ckpt_dir for t in reg.array_tasks if t.task_id == task), reg.ckpt_dir)
+        ckpt = next((t.ckpt_dir for t in reg.tasks if t.task_id == task), reg.ckpt_dir)
         heartbeat_dir = ckpt / HEARTBEAT_SUBDIR
         slurm_id = task_job.job_id
     incarnation = reg.incarnation_base if task is None else 0
@@ -181,7 +181,7 @@ def new_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None) ->
                  recovery_config=config)
 
 
-def restore_watch(m: Manager, reg: RegisteredJob, key: str, task_job: Job | None, state: str) -> Watch:
+def restore_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None, state: str) -> Watch:
     """Rebuild after a restart: the newest incarnation with a Slurm job id, its open recovery."""
     w = new_watch(m, reg, key, task_job)
     w.state = state

@@ -1,90 +1,45 @@
-"""Registration of submitted jobs with the manager: one JSON file per job in the site's registry.
+"""Registration of submitted jobs with the manager: one record per job in the site's registry.
 
-``<registry_dir>/<slurm job id>.json`` (directory 0700, file 0600, written to a temporary name,
-fsynced and renamed, so the manager never reads half a record)::
-
-    {"format": 1, "job_id": 1234, "kind": "het" | "array", "name": "omni-tiny",
-     "cluster": "omni", "user": "alice", "submitted_at": "2026-11-30T00:40:00Z",
-     "job_file": "/abs/job.toml", "job_sha256": "...", "script": "/abs/.omni/scripts/1234.sbatch",
-     "ckpt_dir": "/shared/ckpt/omni-tiny", "data_parallel_size": 2, "max_requeues": 5,
-     "stages": [{"het_group": 0, "name": "vision", "partition": "vision", "nodes": 1,
-                 "tasks_per_node": 2, "gres": "gpu:h100:4", "switches": 1}, ...],
-     "array_tasks": null | [{"task_id": 0, "job_file": ..., "name": ..., "ckpt_dir": ...,
-                             "incarnation_base": 0}, ...],
-     "incarnation_base": 0,
-     "environment": {"PATH": "...", "VIRTUAL_ENV": "...", "OMP_NUM_THREADS": "8", ...}}
-
-``incarnation_base`` is the OMNI_INCARNATION of the job's first life: 0, or one past the highest
-incarnation that started on its checkpoint root (its FENCE) when the job is submitted onto it again.
-The manager numbers the job's incarnations from it (an array task: from its own, in ``array_tasks``).
-
-``environment`` is the environment ``omni submit`` ran sbatch with, which sbatch hands to the job's
-ranks: the manager resubmits the job with it rather than with its own (SLURM_CONF excepted: the
-manager's cluster). At most ``MAX_ENVIRONMENT_BYTES`` of it are kept; past that the largest values
-are left out, named in ``environment_dropped`` and in a warning. It may hold secrets: the record is
-0600 in a 0700 directory of its user, and the manager's journal never copies it.
+The record's format is ``slurm_omni.formats.registry.RegistryRecord`` (one type, shared with the
+manager's reader); ``<registry_dir>/<slurm job id>.json`` is 0600 in a 0700 directory, written to a
+temporary name, fsynced and renamed, so the manager never reads half a record.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import getpass
-import json
 import logging
 import os
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+import msgspec
 
 from slurm_omni.errors import ConfigError, OmniError
-from slurm_omni.fsio import write_atomic
+from slurm_omni.formats.registry import (
+    MAX_ENVIRONMENT_BYTES,
+    MAX_RECORD_BYTES,
+    RegisteredStage,
+    RegistryRecord,
+    decode_record,
+    encode_record,
+)
+from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
 from slurm_omni.render.request import StagePlan
 
 log = logging.getLogger(__name__)
 
-REGISTRY_FORMAT = 1
-MAX_ENVIRONMENT_BYTES = 128 * 1024
-"""The submitter's environment kept in a record (the manager reads records of at most 256 KiB)."""
+__all__ = ["MAX_ENVIRONMENT_BYTES", "RegistryRecord", "bounded_environment", "read_registrations", "register",
+           "registered_stages"]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Registration:
-    job_id: int
-    kind: Literal["het", "array"]
-    name: str
-    cluster: str
-    job_file: Path
-    job_sha256: str
-    script: Path | None
-    ckpt_dir: Path
-    data_parallel_size: int
-    max_requeues: int
-    stages: tuple[StagePlan, ...]
-    array_tasks: tuple[dict[str, Any], ...] | None = None
-    user: str = ""
-    submitted_at: str = ""
-    incarnation_base: int = 0
-    """OMNI_INCARNATION of the job's first life (past the lives of earlier jobs on its checkpoint root)."""
-    environment: Mapping[str, str] | None = None
-    """What sbatch ran with at submission; None records none (the manager then resubmits with its own)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": REGISTRY_FORMAT, "job_id": self.job_id, "kind": self.kind, "name": self.name,
-            "cluster": self.cluster, "user": self.user or getpass.getuser(),
-            "submitted_at": self.submitted_at or _now(), "job_file": str(self.job_file),
-            "job_sha256": self.job_sha256, "script": str(self.script) if self.script else None,
-            "ckpt_dir": str(self.ckpt_dir), "data_parallel_size": self.data_parallel_size,
-            "max_requeues": self.max_requeues,
-            "stages": [{"het_group": s.het_group, "name": s.name, "partition": s.partition, "nodes": s.nodes,
-                        "tasks_per_node": s.tasks_per_node, "gres": s.gres, "switches": s.switches}
-                       for s in self.stages],
-            "array_tasks": list(self.array_tasks) if self.array_tasks is not None else None,
-            "incarnation_base": self.incarnation_base,
-            **(bounded_environment(self.environment) if self.environment is not None else {}),
-        }
+def registered_stages(plans: Sequence[StagePlan]) -> tuple[RegisteredStage, ...]:
+    """What the registry keeps of each planned stage (what the manager needs to resize and resubmit)."""
+    return tuple(RegisteredStage(p.het_group, p.name, p.partition, p.nodes, p.tasks_per_node, p.gres, p.switches)
+                 for p in plans)
 
 
 def bounded_environment(env: Mapping[str, str]) -> dict[str, Any]:
@@ -108,30 +63,33 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def register(registry_dir: Path, registration: Registration) -> Path:
-    """Write the record atomically; returns its path."""
+def register(registry_dir: Path, record: RegistryRecord) -> Path:
+    """Write ``record`` atomically (its user and submission time filled in when empty, its
+    environment bounded); returns its path."""
+    bounded = bounded_environment(record.environment) if record.environment is not None else {}
+    record = msgspec.structs.replace(record, user=record.user or getpass.getuser(),
+                                     submitted_at=record.submitted_at or _now(),
+                                     environment=bounded.get("environment"),
+                                     environment_dropped=tuple(bounded.get("environment_dropped", ())))
     try:
         registry_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(registry_dir)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
             registry_dir.chmod(0o700)   # the record holds the submitter's environment
-        path = write_atomic(registry_dir / f"{registration.job_id}.json",
-                            json.dumps(registration.to_json(), indent=1, sort_keys=True) + "\n")
+        path = write_atomic(registry_dir / f"{record.job_id}.json", encode_record(record))
     except OSError as e:
-        raise OmniError(f"submit: couldn't register job {registration.job_id} in {registry_dir}: "
+        raise OmniError(f"submit: couldn't register job {record.job_id} in {registry_dir}: "
                         f"{e.strerror} (check manager.registry_dir in the site config)") from e
     return path
 
 
 def read_registrations(registry_dir: Path) -> list[dict[str, Any]]:
-    """Every complete record, oldest job id first (for the manager)."""
+    """Every record as plain values, oldest job id first (for the drills)."""
     records = []
     for path in sorted(registry_dir.glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
         try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"registry: couldn't read {path}: {e}") from e
-        if record.get("format") != REGISTRY_FORMAT:
-            raise ConfigError(f"registry: {path}: format {record.get('format')!r} is not {REGISTRY_FORMAT}")
-        records.append(record)
+            record = decode_record(read_bounded(path, MAX_RECORD_BYTES, what=str(path)), str(path))
+        except FileRejected as e:
+            raise ConfigError(f"registry: {e}") from None
+        records.append(msgspec.to_builtins(record, enc_hook=str))
     return records

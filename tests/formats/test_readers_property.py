@@ -12,10 +12,11 @@ from malformed_inputs import garbage, mutated
 
 from slurm_omni.drill.history import HistoryError, load_history
 from slurm_omni.formats.heartbeat import HeartbeatRecord
+from slurm_omni.formats.registry import RegistryRecord
 from slurm_omni.formats.spool import FaultRecord, NodeEvent
 from slurm_omni.manager import events
 from slurm_omni.manager.events import EventRejected
-from slurm_omni.manager.registry import RegisteredJob, parse_record
+from slurm_omni.manager.registry import parse_record
 from slurm_omni.report.inputs import load_heartbeats, load_metrics
 from slurm_omni.report.timeline import ReportInputError, load_timeline
 
@@ -42,7 +43,7 @@ SAMPLES = {"step": 3, "ids": [1, 2], "dp_rank": 0, "incarnation": 0}
     (BEAT, events.parse_heartbeat, HeartbeatRecord)])
 def test_the_valid_records_the_generators_start_from_parse(valid, parse, kind) -> None:
     assert isinstance(parse(json.dumps(valid).encode()), kind)
-    assert isinstance(parse_record(json.dumps(REGISTRY).encode(), "12.json"), RegisteredJob)
+    assert isinstance(parse_record(json.dumps(REGISTRY).encode(), "12.json"), RegistryRecord)
 
 
 @given(garbage(NODE_EVENT))

@@ -21,7 +21,7 @@ from support import wait_until
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
 from slurm_omni.ownership import current_user
-from slurm_omni.render.registry import Registration, register
+from slurm_omni.render.registry import RegistryRecord, register, registered_stages
 from slurm_omni.render.request import plan_stages
 from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED
 from slurm_omni.slurm.runner import CommandRunner
@@ -57,11 +57,11 @@ def _register(run: ManagerRun, job_id: int, name: str) -> Path:
     """A registry record as ``omni submit`` writes it, for a job submitted some other way."""
     job_file = run.tmp / "job.toml"
     job, site = load_job(job_file), load_site(run.site)
-    return register(site.manager.registry_dir, Registration(
+    return register(site.manager.registry_dir, RegistryRecord(
         job_id=job_id, kind="het", name=name, cluster=site.cluster, job_file=job_file,
         job_sha256=hashlib.sha256(job_file.read_bytes()).hexdigest(), script=None,
         ckpt_dir=site.checkpoint.job_dir(current_user(), name), data_parallel_size=1, max_requeues=3,
-        stages=plan_stages(job, site)))
+        stages=registered_stages(plan_stages(job, site))))
 
 
 def test_checkpointed_exit_75_and_done_exit_0_are_not_failures(slurm_cluster, shards: Path, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ the heartbeats of exactly that number."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import subprocess
 from pathlib import Path
@@ -19,23 +18,25 @@ from slurm_omni.checkpoint.fence import raise_fence
 from slurm_omni.cli.submit import first_incarnation
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
+from slurm_omni.formats.registry import RegisteredStage, RegisteredTask, RegistryRecord, encode_record
 from slurm_omni.manager.actions import Actions
 from slurm_omni.manager.journal import Journal
 from slurm_omni.manager.recovery import next_incarnation
-from slurm_omni.manager.registry import ArrayTask, RegisteredJob, StageShape, parse_record, vars_of
+from slurm_omni.manager.registry import parse_record
 from slurm_omni.manager.shape import Shape
 from slurm_omni.manager.watch import Watch
 from slurm_omni.policy.placement import Action, Plan
 from slurm_omni.render import ArrayJobRequest
-from slurm_omni.render.registry import Registration
 
 
-def _registered(tmp: Path) -> RegisteredJob:
+def _registered(tmp: Path) -> RegistryRecord:
     job_file = tmp / "job.toml"
     job_file.write_text(job_file_text("inc", tmp, tmp / "shards"))
-    stages = (StageShape(0, "vision", "vision", 1, 1, "gpu:h100:4"), StageShape(1, "text", "text", 1, 1, "gpu:h100:4"))
-    return RegisteredJob(7, "het", "inc", "me", job_file, hashlib.sha256(job_file.read_bytes()).hexdigest(),
-                         tmp / "ckpt" / "inc", 1, 3, stages)
+    stages = (RegisteredStage(0, "vision", "vision", 1, 1, "gpu:h100:4"),
+              RegisteredStage(1, "text", "text", 1, 1, "gpu:h100:4"))
+    return RegistryRecord(job_id=7, kind="het", name="inc", user="me", job_file=job_file,
+                          job_sha256=hashlib.sha256(job_file.read_bytes()).hexdigest(), ckpt_dir=tmp / "ckpt" / "inc",
+                          data_parallel_size=1, max_requeues=3, stages=stages)
 
 
 def _exported_incarnation(script: str, restart_count: str | None) -> str:
@@ -59,7 +60,7 @@ def test_a_resubmitted_script_numbers_its_lives_from_the_managers_incarnation(
 
 def _watch(incarnation: int, restart_count: int, *, array_task: int | None = None,
            ckpt_dir: Path = Path("/nonexistent")) -> Watch:
-    reg: Any = SimpleNamespace(ckpt_dir=ckpt_dir, array_tasks=())
+    reg: Any = SimpleNamespace(ckpt_dir=ckpt_dir, tasks=())
     w = Watch(key="inc-7", reg=reg, shape=None, placement=None, confirmer=None,  # type: ignore[arg-type]
               heartbeat_dir=Path("/nonexistent"), incarnation=incarnation, slurm_id=41, units=1,
               array_task=array_task)
@@ -100,11 +101,10 @@ def test_a_job_submitted_again_onto_a_fenced_root_numbers_its_lives_past_it(tmp_
     raise_fence(tmp_path, 3, "41.3")
     assert first_incarnation(tmp_path) == 4
     reg = _registered(tmp_path)
-    record = Registration(job_id=8, kind="het", name="inc", cluster="omni", job_file=reg.job_file,
-                          job_sha256=reg.job_sha256, script=None, ckpt_dir=tmp_path, data_parallel_size=1,
-                          max_requeues=3, stages=(), incarnation_base=4).to_json()
-    record["stages"] = [vars_of(s) for s in reg.stages]
-    parsed = parse_record(json.dumps(record).encode(), "8.json")
+    record = RegistryRecord(job_id=8, kind="het", name="inc", cluster="omni", job_file=reg.job_file,
+                            job_sha256=reg.job_sha256, script=None, ckpt_dir=tmp_path, data_parallel_size=1,
+                            max_requeues=3, stages=reg.stages, incarnation_base=4)
+    parsed = parse_record(encode_record(record), "8.json")
     assert parsed.incarnation_base == 4 and parsed.environment is None
 
 
@@ -128,6 +128,9 @@ def test_each_array_task_numbers_its_lives_from_its_own_base(
                          capture_output=True, text=True, timeout=30, check=True).stdout
     assert out.strip() == expected
     w = _watch(int(restart_count or 0), int(restart_count or 0), array_task=int(task))
-    w.reg = RegisteredJob(9, "array", "sweep-a", "me", files[0], "a", tmp_path, 1, 3, (), (
-        ArrayTask(0, "sweep-a", tmp_path / "a"), ArrayTask(1, "sweep-b", tmp_path / "b", 5)))
+    w.reg = RegistryRecord(job_id=9, kind="array", name="sweep-a", user="me", job_file=files[0], job_sha256="a",
+                           ckpt_dir=tmp_path, data_parallel_size=1, max_requeues=3,
+                           stages=_registered(tmp_path).stages, array_tasks=(
+                               RegisteredTask(0, "sweep-a", tmp_path / "a"),
+                               RegisteredTask(1, "sweep-b", tmp_path / "b", incarnation_base=5)))
     assert str(w.life) == expected    # the manager judges the heartbeats of that number

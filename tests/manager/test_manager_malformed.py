@@ -20,7 +20,7 @@ from omni_configs import site_toml
 from slurm_omni.config.site import load_site
 from slurm_omni.manager.daemon import Manager, ManagerConfig
 from slurm_omni.manager.events import NODES_SUBDIR, REJECTED, check_private_dir, write_event_file
-from slurm_omni.render.registry import Registration, register
+from slurm_omni.render.registry import RegistryRecord, register, registered_stages
 from slurm_omni.render.request import StagePlan
 
 pytestmark = pytest.mark.cluster
@@ -56,10 +56,10 @@ def manager(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     job_file = tmp / "job.toml"
     job_file.write_text(job_file_text("fuzz", tmp, tmp / "shards"))
     stages = tuple(StagePlan(i, s, s, 1, 1, "gpu:h100:4", 1, "10:00", 0) for i, s in enumerate(("vision", "text")))
-    register(site.manager.registry_dir, Registration(
+    register(site.manager.registry_dir, RegistryRecord(
         job_id=JOB_ID, kind="het", name="fuzz", cluster=site.cluster, job_file=job_file,
         job_sha256=hashlib.sha256(job_file.read_bytes()).hexdigest(), script=None,
-        ckpt_dir=site.checkpoint.root / "fuzz", data_parallel_size=1, max_requeues=3, stages=stages))
+        ckpt_dir=site.checkpoint.root / "fuzz", data_parallel_size=1, max_requeues=3, stages=registered_stages(stages)))
     m = Manager(ManagerConfig(site=site, state_dir=tmp / "state", poll_interval_s=3600.0), slurm_cluster.backend())
     check_private_dir(spool / m.user, create=True)
     m.tick(force_poll=True)

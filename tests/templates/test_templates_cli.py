@@ -13,7 +13,7 @@ from render_support import DATA
 from slurm_omni.cli.main import main
 from slurm_omni.cli.submit import parse_sbatch_id
 from slurm_omni.errors import SlurmError
-from slurm_omni.render.registry import Registration, read_registrations, register
+from slurm_omni.render.registry import RegistryRecord, read_registrations, register, registered_stages
 from slurm_omni.render.request import StagePlan
 
 
@@ -81,10 +81,10 @@ def test_parse_sbatch_id_refused(stdout: str) -> None:
 
 def test_registry_record_is_private_and_atomic(tmp_path: Path) -> None:
     stage = StagePlan(0, "vision", "vision", 1, 2, "gpu:h100:4", 1, "10:00", 0)
-    registration = Registration(job_id=9, kind="het", name="omni-tiny", cluster="omni",
-                                job_file=Path("/j.toml"), job_sha256="ab", script=None,
-                                ckpt_dir=Path("/ck/omni-tiny"), data_parallel_size=2, max_requeues=3,
-                                stages=(stage,))
+    registration = RegistryRecord(job_id=9, kind="het", name="omni-tiny", cluster="omni",
+                                  job_file=Path("/j.toml"), job_sha256="ab", script=None,
+                                  ckpt_dir=Path("/ck/omni-tiny"), data_parallel_size=2, max_requeues=3,
+                                  stages=registered_stages((stage,)))
     path = register(tmp_path / "registry", registration)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
