@@ -21,7 +21,7 @@ the same work) over a sliding window, with robust statistics:
   slowdown). A whole-job slowdown is reported, never migrated: moving nodes cannot fix it.
 
 ``judge_migration`` decides whether a flagged node is worth a planned migration: a replacement
-(the step loses the node's excess), or a shrink of the data parallelism when that beats keeping k
+(the step goes back to the job's best window, at most down to the step over the node's ratio), or a shrink of the data parallelism when that beats keeping k
 replicas with a slow one (k-1 healthy replicas take k/(k-1) of the healthy step time), or nothing;
 never more than ``max_migrations_per_hour``, and only when the time won over the rest of the run
 is ``min_gain`` times the measured cost of a restart. Nothing here is a failure: the confirmation
@@ -42,6 +42,7 @@ from typing import Any
 from slurm_omni.errors import ConfigError
 
 MAD_SCALE = 1.4826   # MAD x this estimates the standard deviation of normal noise
+FULL_WINDOW = 0.75   # a node's samples must span this share of the window before it is judged
 MEDIAN_SE = 1.2533   # a median of n normal samples has sqrt(pi/2) sigma / sqrt(n) standard error
 
 
@@ -56,16 +57,16 @@ class FailSlowConfig:
     window_s: float = 30.0
     """Sliding window of per-step samples that the medians look at."""
     min_samples: int = 8
-    """Samples a node (and its peers) need in the window before it is judged."""
+    """Samples a node (and its peers) need in the window before it is judged (spanning 3/4 of it)."""
     margin: float = 0.2
     """A node is slow when its median own step time is at least 1 + margin times its peers'..."""
     min_z: float = 4.0
     """...and the excess is at least this many standard errors of the difference of the medians."""
     sustain_s: float = 15.0
     """A slow node is flagged once it stayed slow this long."""
-    clear_margin: float = 0.1
+    clear_margin: float = 0.15
     """A flagged node clears only below 1 + clear_margin times its peers'..."""
-    clear_s: float = 30.0
+    clear_s: float = 20.0
     """...held this long (hysteresis)."""
     job_margin: float = 0.25
     """The whole job is slower when its median own (or step) time rose this much over its best window."""
@@ -230,7 +231,10 @@ class FailSlowDetector:
             by_stage.setdefault(s.stage, {}).setdefault(s.node, []).append(s)
         verdicts: list[NodeVerdict] = []
         for stage, nodes in sorted(by_stage.items()):
-            judged = {n: xs for n, xs in nodes.items() if len(xs) >= cfg.min_samples}
+            # a node is judged once its samples fill most of the window: the first steps of a life
+            # (imports, restore, warm-up) are no baseline
+            judged = {n: xs for n, xs in nodes.items() if len(xs) >= cfg.min_samples
+                      and max(x.time for x in xs) - min(x.time for x in xs) >= FULL_WINDOW * cfg.window_s}
             for node, xs in sorted(judged.items()):
                 peers = [s for n, ys in judged.items() if n != node for s in ys]
                 if not peers:
@@ -341,25 +345,35 @@ class MigrationBudget:
 
 
 def estimate(verdict: NodeVerdict, step_now_s: float, replicas: int, remaining_steps: int,
-             restart_cost_s: float) -> Estimate:
-    """The step after a replacement loses the slow node's excess (its peers' level is what a healthy
-    node does); after a shrink each of k-1 healthy replicas carries k/(k-1) of the work."""
-    excess = max(0.0, verdict.level_s - verdict.peer_level_s)
-    step_replace = max(step_now_s - excess, step_now_s / max(verdict.ratio, 1.0), 1e-9)
-    step_replace = min(step_replace, step_now_s)
+             restart_cost_s: float, best_step_s: float | None = None) -> Estimate:
+    """The step after a replacement. A slow rank holds its peers up by more than its own excess (they
+    wait for its sends too), so when the job's best window is known the healthy step is that, but
+    never less than the step scaled down by the node's ratio (the slow node cannot have cost more
+    than that); without it, the step loses the node's excess. After a shrink each of k-1 healthy
+    replicas carries k/(k-1) of the work."""
+    if best_step_s is not None and best_step_s > 0:
+        step_replace = max(best_step_s, step_now_s / max(verdict.ratio, 1.0))
+    else:
+        step_replace = step_now_s - max(0.0, verdict.level_s - verdict.peer_level_s)
+    step_replace = min(max(step_replace, 1e-9), step_now_s)
     step_shrink = step_replace * replicas / (replicas - 1) if replicas > 1 else None
     gain_shrink = None if step_shrink is None else remaining_steps * (step_now_s - step_shrink) - restart_cost_s
     return Estimate(step_now_s, step_replace, step_shrink, remaining_steps,
                     remaining_steps * (step_now_s - step_replace) - restart_cost_s, gain_shrink, restart_cost_s)
 
 
+def first_flagged(report: Report) -> NodeVerdict:
+    """The flagged node whose episode began first (then the slowest): a slow rank makes its pipeline
+    partners' times waver too, and the node that started it was slow first."""
+    return min(report.flagged, key=lambda v: (v.since if v.since is not None else report.time, -v.ratio))
+
+
 def judge_migration(report: Report, *, config: FailSlowConfig, replicas: int, remaining_steps: int,
                     spare_available: bool, can_shrink: bool, budget: MigrationBudget, now: float) -> MigrationDecision:
-    """Replace, shrink, warn or nothing for the most clearly slow flagged node of ``report``."""
-    flagged = sorted(report.flagged, key=lambda v: -v.ratio)
-    if not flagged:
+    """Replace, shrink, warn or nothing for the first flagged node of ``report``."""
+    if not report.flagged:
         return MigrationDecision(Mitigation.NONE, "", (report.summary,))
-    v = flagged[0]
+    v = first_flagged(report)
     why = [f"{v.node} (stage {v.stage}) runs {v.ratio:.2f}x its peers' own step time ({v.kind})"]
     if not config.migrate:
         return MigrationDecision(Mitigation.WARN, v.node, (*why, "failslow.migrate is false: warning only"))
@@ -369,7 +383,7 @@ def judge_migration(report: Report, *, config: FailSlowConfig, replicas: int, re
     step_now = report.job.step_time_s
     if step_now is None:
         return MigrationDecision(Mitigation.WARN, v.node, (*why, "no step time measured yet"))
-    est = estimate(v, step_now, replicas, remaining_steps, config.restart_cost_s)
+    est = estimate(v, step_now, replicas, remaining_steps, config.restart_cost_s, report.job.best_step_time_s)
     need = (config.min_gain - 1.0) * config.restart_cost_s
     if spare_available:
         if est.gain_replace_s >= need:

@@ -1,7 +1,8 @@
 """The fail-slow detector on heartbeat series recorded on the embedded cluster
 (tests/fixtures/heartbeats/, made by ``bench/failslow_bench.py --only SCENARIO --record DIR``): a
 steady run, a noisy one (two busy loops competing for the cores), one vision node made 1.5x slower
-by ``omni drill slow-node`` (duty cycles, and a CPU quota), and a slow data source."""
+by ``omni drill slow-node`` (duty cycles, and a CPU quota), every node 1.5x slower in step (the
+whole job), and a slow data source."""
 
 from __future__ import annotations
 
@@ -79,8 +80,9 @@ def test_a_slow_node_is_worth_a_replacement_and_its_estimate_is_the_peers_speed(
     est = decision.estimate
     assert est is not None and est.step_replace_s < est.step_now_s
     v = report.flagged[0]
-    assert est.step_replace_s == pytest.approx(max(est.step_now_s - (v.level_s - v.peer_level_s),
-                                                   est.step_now_s / v.ratio))
+    best = report.job.best_step_time_s
+    assert best is not None
+    assert est.step_replace_s == pytest.approx(min(est.step_now_s, max(best, est.step_now_s / v.ratio)))
     # a short rest of the run does not pay for a restart; a cap or migrate = false only warns
     short = judge_migration(report, config=CONFIG, replicas=2, remaining_steps=10, spare_available=True,
                             can_shrink=False, budget=MigrationBudget(), now=report.time)
@@ -98,26 +100,34 @@ def test_without_a_spare_a_shrink_only_when_k_minus_one_healthy_replicas_are_fas
     samples, _ = series("slow-node")
     report = next(r for r in replay(samples, CONFIG).reports if r.flagged)
     v = report.flagged[0]
-    est = estimate(v, report.job.step_time_s or 0.0, 2, 10_000, CONFIG.restart_cost_s)
+    est = estimate(v, report.job.step_time_s or 0.0, 2, 10_000, CONFIG.restart_cost_s, report.job.best_step_time_s)
     decision = judge_migration(report, config=CONFIG, replicas=2, remaining_steps=10_000, spare_available=False,
                                can_shrink=True, budget=MigrationBudget(), now=report.time)
     # 2 replicas -> 1 doubles each replica's work: it pays only when the node is more than 2x slower
     assert est.step_shrink_s == pytest.approx(2 * est.step_replace_s)
     assert decision.action is (Mitigation.SHRINK if est.step_shrink_s < est.step_now_s else Mitigation.WARN)
-    # 8 -> 7 costs 8/7 of a healthy step: it pays once the slow node's excess is more than a seventh
-    # of the step (not in this recording, whose step is mostly waiting; yes when the step is the
-    # slow node's own time)
+    # 8 -> 7 costs 8/7 of a healthy step: it pays once the slow node costs the job more than that
+    # (yes when the job runs twice its best step because of it)
     actions = []
-    for step_now in (est.step_now_s, v.level_s):
+    for step_now in (est.step_now_s, 2 * (report.job.best_step_time_s or 0.0)):
         scaled = replace(report, job=replace(report.job, step_time_s=step_now))
         many = judge_migration(scaled, config=CONFIG, replicas=8, remaining_steps=10_000, spare_available=False,
                                can_shrink=True, budget=MigrationBudget(), now=report.time)
-        e8 = estimate(v, step_now, 8, 10_000, CONFIG.restart_cost_s)
+        e8 = estimate(v, step_now, 8, 10_000, CONFIG.restart_cost_s, scaled.job.best_step_time_s)
         assert e8.step_shrink_s == pytest.approx(e8.step_replace_s * 8 / 7)
         pays = (e8.gain_shrink_s or 0) >= (CONFIG.min_gain - 1) * CONFIG.restart_cost_s
         assert many.action is (Mitigation.SHRINK if pays else Mitigation.WARN)
         actions.append(many.action)
     assert actions[-1] is Mitigation.SHRINK
+
+
+def test_the_whole_job_slower_is_reported_not_blamed_on_a_node() -> None:
+    samples, meta = series("job-slow")
+    result = replay(samples, CONFIG)
+    assert result.first_flag == {}
+    slow = [r for r in result.reports if r.job.slow and r.time > change_at(samples, meta)]
+    assert slow and all(r.job.cause == "compute" for r in slow)
+    assert "whole job" in slow[0].summary
 
 
 def test_a_slow_data_source_is_the_jobs_not_a_nodes() -> None:
@@ -130,28 +140,34 @@ def test_a_slow_data_source_is_the_jobs_not_a_nodes() -> None:
 
 
 def test_hysteresis_a_flagged_node_clears_only_after_clear_s_back_among_its_peers() -> None:
-    """The slow section of the recording, then the steady run's samples shifted after it."""
+    """The slow section of the recording, then the steady run's samples shifted after it (twice)."""
     slow, meta = series("slow-node")
     steady, _ = series("steady")
     end = max(s.time for s in slow)
-    shift = end + 1 - min(s.time for s in steady)
-    last_step = {s.rank: s.step for s in slow}
-    # the steady run's nodes stand in for the same ranks (one rank per node in both)
-    rank_node = {s.rank: s.node for s in slow}
-    after = [replace(s, time=s.time + shift, step=last_step[s.rank] + s.step + 1, node=rank_node[s.rank])
-             for s in steady]
+    rank_node = {s.rank: s.node for s in slow}   # the steady run's ranks stand in for the same nodes
+    after: list[StepSample] = []
+    last, t_end = {s.rank: s.step for s in slow}, end
+    for _ in range(2):
+        shift = t_end + 1 - min(s.time for s in steady)
+        part = [replace(s, time=s.time + shift, step=last[s.rank] + s.step + 1, node=rank_node[s.rank])
+                for s in steady]
+        last = {r: max(s.step for s in part if s.rank == r) for r in last}
+        t_end = max(s.time for s in part)
+        after.extend(part)
     det = FailSlowDetector(CONFIG)
-    states: list[tuple[float, NodeState]] = []
+    seen: list[tuple[float, NodeState, float]] = []
     node = meta["slowed_nodes"][0]
     for s in sorted(slow + after, key=lambda s: s.time):
         det.observe(s)
-        rep = det.evaluate(s.time)
-        states.extend((s.time, v.state) for v in rep.nodes if v.node == node)
-    flagged_at = next(t for t, st in states if st is NodeState.FLAGGED)
-    cleared_at = next(t for t, st in states if t > flagged_at and st is NodeState.OK)
-    # flagged through the end of the slow section, cleared at least clear_s into the healthy one
-    assert all(st is NodeState.FLAGGED for t, st in states if flagged_at <= t <= end)
-    assert cleared_at - (end + 1) >= CONFIG.clear_s
+        seen.extend((s.time, v.state, v.ratio) for v in det.evaluate(s.time).nodes if v.node == node)
+    flagged_at = next(t for t, st, _ in seen if st is NodeState.FLAGGED)
+    # still flagged through the slow section and for clear_s into the healthy one, whatever the ratio
+    assert all(st is NodeState.FLAGGED for t, st, _ in seen if flagged_at <= t <= end + 1 + CONFIG.clear_s)
+    cleared = [t for t, st, _ in seen if t > flagged_at and st is NodeState.OK]
+    assert cleared, "the node never cleared over two steady runs"
+    # and it cleared only after clear_s below the clear line
+    below = [(t, r) for t, st, r in seen if cleared[0] - CONFIG.clear_s <= t < cleared[0]]
+    assert below and all(r < 1 + CONFIG.clear_margin for _, r in below)
 
 
 def test_repeated_heartbeats_of_one_step_count_once() -> None:
