@@ -11,7 +11,9 @@ the same work) over a sliding window, with robust statistics:
   peers' level is the median of the other nodes' samples of that stage, their spread 1.4826 x MAD;
 - the node is *slow now* when its level is at least ``1 + margin`` times its peers' and the excess
   is at least ``min_z`` standard errors of the difference of the two medians (the peers' spread x
-  1.2533 x sqrt(1/n + 1/m)): a few noisy samples do not count;
+  1.2533 x sqrt(1/n + 1/m)): a few noisy samples do not count; and the lead is its own doing: it
+  is ``1 + margin`` above its own usual level (the median of its last windows), or its peers are
+  at theirs (not a peer that sped up: on shared cores a stalled rank's partner gets the CPU);
 - SUSPECT from the first evaluation that finds it slow, and while it stays ``1 + margin`` above
   its peers; FLAGGED once that lasted ``sustain_s``; back to OK only after ``clear_s`` below
   ``1 + clear_margin`` (hysteresis);
@@ -42,6 +44,7 @@ from typing import Any
 from slurm_omni.errors import ConfigError
 
 MAD_SCALE = 1.4826   # MAD x this estimates the standard deviation of normal noise
+BASELINE_WINDOWS = 10  # a node's usual level: the median over this many windows of its life
 FULL_WINDOW = 0.75   # a node's samples must span this share of the window before it is judged
 MEDIAN_SE = 1.2533   # a median of n normal samples has sqrt(pi/2) sigma / sqrt(n) standard error
 
@@ -194,9 +197,11 @@ class FailSlowDetector:
         self._tracks: dict[tuple[int, str], _Track] = {}
         self._best: dict[str, float] = {}
         self._job_since: float | None = None   # the whole job above job_margin since
+        self._levels: dict[tuple[int, str], deque[tuple[float, float]]] = {}
 
     def reset(self) -> None:
         self._job_since = None
+        self._levels.clear()
         self._samples.clear()
         self._last_step.clear()
         self._tracks.clear()
@@ -235,15 +240,31 @@ class FailSlowDetector:
             # (imports, restore, warm-up) are no baseline
             judged = {n: xs for n, xs in nodes.items() if len(xs) >= cfg.min_samples
                       and max(x.time for x in xs) - min(x.time for x in xs) >= FULL_WINDOW * cfg.window_s}
+            baselines = {n: self._baseline(now, stage, n, statistics.median(x.own_s for x in xs))
+                         for n, xs in judged.items()}
             for node, xs in sorted(judged.items()):
                 peers = [s for n, ys in judged.items() if n != node for s in ys]
                 if not peers:
                     continue
-                verdicts.append(self._judge(now, stage, node, xs, peers))
+                peer_bases = [b for n, b in baselines.items() if n != node and b is not None]
+                verdicts.append(self._judge(now, stage, node, xs, peers, baselines[node],
+                                            statistics.median(peer_bases) if peer_bases else None))
         return Report(now, tuple(verdicts), self._job(now, window,
                                                       any(v.state is not NodeState.OK for v in verdicts)))
 
-    def _judge(self, now: float, stage: int, node: str, xs: list[StepSample], peers: list[StepSample]) -> NodeVerdict:
+    def _baseline(self, now: float, stage: int, node: str, level: float) -> float | None:
+        """The node's usual level in this life: the median of its window levels while it was not
+        suspect, one kept per fifth of a window (the last ``BASELINE_WINDOWS`` windows); None until
+        three are kept."""
+        hist = self._levels.setdefault((stage, node), deque(maxlen=5 * BASELINE_WINDOWS))
+        track = self._tracks.get((stage, node))
+        calm = track is None or track.state is NodeState.OK   # an episode is not the usual level
+        if calm and (not hist or now - hist[-1][0] >= self.config.window_s / 5):
+            hist.append((now, level))
+        return statistics.median(v for _, v in hist) if len(hist) >= 3 else None
+
+    def _judge(self, now: float, stage: int, node: str, xs: list[StepSample], peers: list[StepSample],
+               baseline: float | None, peer_baseline: float | None) -> NodeVerdict:
         cfg = self.config
         own = [s.own_s for s in xs]
         peer_own = [s.own_s for s in peers]
@@ -256,7 +277,12 @@ class FailSlowDetector:
         d_compute = statistics.median(s.compute_s for s in xs) - statistics.median(s.compute_s for s in peers)
         d_data = statistics.median(s.data_s for s in xs) - statistics.median(s.data_s for s in peers)
         kind = "data" if d_data > d_compute else "compute"
-        slow = ratio >= 1 + cfg.margin and z >= cfg.min_z
+        # peer-relative against job-relative: ahead of its peers because they sped up (on shared cores
+        # a stalled rank's partner gets the CPU) is not slow; slower than its own usual level, or than
+        # peers at their usual level, is
+        peers_faster = peer_baseline is not None and peer_level < peer_baseline / (1 + cfg.margin)
+        got_slower = baseline is not None and level >= (1 + cfg.margin) * baseline
+        slow = ratio >= 1 + cfg.margin and z >= cfg.min_z and (got_slower or not peers_faster)
         track = self._tracks.setdefault((stage, node), _Track())
         if track.state is NodeState.FLAGGED:
             if ratio < 1 + cfg.clear_margin:
