@@ -71,13 +71,12 @@ class GlobalBatches:
         while True:
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
             while (self.step + 1) * self.global_batch <= self.size:
-                start = self.step * self.global_batch + self.first
-                while self.done < self.share:
-                    batch = order[start + self.done:start + self.done + self.micro].tolist()
-                    self.done += self.micro
-                    if self.done == self.share:
-                        self.step, self.done = self.step + 1, 0
-                    yield batch
+                start = self.step * self.global_batch + self.first + self.done
+                batch = order[start:start + self.micro].tolist()
+                self.done += self.micro                  # advanced before the yield: the loader's
+                if self.done == self.share:              # snapshot of this batch is "after it"
+                    self.step, self.done = self.step + 1, 0
+                yield batch
             self.epoch, self.step = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:

@@ -19,11 +19,17 @@ What goes where:
 
 The process-wide random streams (python, numpy, torch) are saved with every shard and put back when
 the layout is unchanged.
+
+A data loader in ``state`` with worker processes (``num_workers > 0``, not yet iterated) gets a
+``worker_init_fn`` that makes its workers ignore SIGTERM and SIGUSR1: torch's workers die of SIGTERM,
+which Slurm sends every process of the step, and the main process would then fail in the middle of
+the checkpoint the signal asked for.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.agree import Loaded, restore_agreed
 from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, SaveResult
 from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
 from slurm_omni.elastic import statecodec
@@ -80,6 +87,20 @@ class Resume:
         return accumulation_for(global_batch_size, micro_batch_size, self.previous_data_parallel_size)
 
 
+class QuietWorkers:
+    """A data loader's ``worker_init_fn`` that first makes the worker ignore the stop signals (the main
+    process handles them; the worker goes when the main process does)."""
+
+    def __init__(self, inner: Callable[[int], Any] | None) -> None:
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
 def shard_layout(layout: Layout) -> ShardLayout:
     return ShardLayout(rank=layout.rank, world_size=layout.world_size, stage=layout.stage_name,
                        data_parallel_rank=layout.data_parallel_rank, data_parallel_size=layout.data_parallel_size)
@@ -105,6 +126,10 @@ class Checkpointer:
         self.extra = extra
         self.script = script if script is not None else script_name()
         self.critical = tuple(critical) or tuple(self.modules)[:1]
+        for obj in self.objects.values():
+            workers = int(getattr(obj, "num_workers", 0) or 0)
+            if workers > 0 and not isinstance(getattr(obj, "worker_init_fn", QuietWorkers(None)), QuietWorkers):
+                obj.worker_init_fn = QuietWorkers(obj.worker_init_fn)  # type: ignore[attr-defined]
         names = [*self.modules, *self.optimizers]
         for problem, bad in (("is not a module", [c for c in self.critical if c not in self.modules]),
                              ("has a '/' or is empty", [n for n in names if not n or "/" in n]),
@@ -169,16 +194,30 @@ class Checkpointer:
 
     # -- restoring --------------------------------------------------------------------------------
 
-    def restore(self) -> Resume | None:
+    def restore(self, reduce_min: Callable[[int], int] | None = None) -> Resume | None:
         """Load the newest complete checkpoint; None when there is none (a fresh start).
 
         Critical modules are loaded first, then the other modules, the optimizers and the small
-        states. A checkpoint of another script (other module names, another ``script``) or a
-        ``load_state_dict`` that refuses its state raises :class:`CheckpointMismatch`."""
+        states. ``reduce_min`` (the ranks' collective minimum; ``Run.restore`` passes one) makes every
+        rank resume from the same step: the newest one every rank's shards verify
+        (``checkpoint/agree.py``). A checkpoint of another script (other module names, another
+        ``script``) or a ``load_state_dict`` that refuses its state raises :class:`CheckpointMismatch`."""
         t0 = time.monotonic()
         self._check_compatible()
+        resume = restore_agreed(lambda bound: self._restore(bound, t0), reduce_min or (lambda step: step),
+                                rank=self.layout.rank)
+        if resume is not None:
+            self.last_step = self.last_persisted_step = resume.step
+            log.info("checkpoint: rank %d resumed at step %d (data-parallel size %d, was %d) in %.2fs",
+                     self.layout.rank, resume.step, resume.data_parallel_size, resume.previous_data_parallel_size,
+                     resume.load_s)
+        return resume
+
+    def _restore(self, bound: int | None, t0: float) -> Loaded[Resume] | None:
         try:
-            session = self.engine.restore()
+            session = self.engine.restore(max_step=bound)
+        except CheckpointMismatch:
+            raise
         except CheckpointError as e:
             if "no modules for stage" in str(e) or "not among" in str(e):
                 raise self._mismatch(f"{e}") from e
@@ -207,12 +246,10 @@ class Checkpointer:
             previous = len(states) if states else self.layout.data_parallel_size
         finally:
             session.close()
-        self.last_step = self.last_persisted_step = session.step
-        log.info("checkpoint: rank %d resumed at step %d (data-parallel size %d, was %d) in %.2fs",
-                 self.layout.rank, session.step, self.layout.data_parallel_size, previous, time.monotonic() - t0)
-        return Resume(step=session.step, previous_data_parallel_size=previous,
-                      data_parallel_size=self.layout.data_parallel_size, layout_changed=changed,
-                      load_s=time.monotonic() - t0, extra=saved.get("extra"))
+        return Loaded(session.step, Resume(step=session.step, previous_data_parallel_size=previous,
+                                           data_parallel_size=self.layout.data_parallel_size, layout_changed=changed,
+                                           load_s=time.monotonic() - t0, extra=saved.get("extra")),
+                      session.fallbacks)
 
     def _object_state(self, name: str, own: dict[str, Any] | None, states: list[dict[str, Any]], step: int) -> Any:
         if own is not None:

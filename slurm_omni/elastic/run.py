@@ -125,12 +125,17 @@ class Run:
 
     def restore(self) -> int:
         """Restore the newest checkpoint (if any); the step to train on from (0 for a fresh start)."""
-        resume = self._ckpt().restore()
+        resume = self._ckpt().restore(self._min_over_ranks if self._groups is not None else None)
         self.step = resume.step if resume else 0
         self.resume = resume
         self.heartbeat.update(step=self.step, last_checkpoint_step=self._ckpt().last_persisted_step)
         self._step_started = time.monotonic()
         return self.step
+
+    def _min_over_ranks(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.groups.world)
+        return int(t.item())
 
     def save(self, step: int, *, sync: bool = False) -> None:
         """Checkpoint as of ``step``; the heartbeat says ``checkpointing`` while the save blocks."""

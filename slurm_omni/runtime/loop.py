@@ -111,14 +111,14 @@ class Trainer:
         sources = open_sources(cfg.shards)
         plan = DataPlan(cfg.shards, sources)
         reader = ShardReader(cfg.model, sources)
-        ckpt = StageCheckpointer(cfg, layout, parts, optimizers)
+        ckpt = StageCheckpointer(cfg, layout, parts, optimizers, plan)
         # every rank resumes from the same step: the newest one all ranks' shards verify
-        restored = ckpt.restore_latest(plan, lambda step: min_over_ranks(step, device))
+        restored = ckpt.restore_latest(lambda step: min_over_ranks(step, device))
         start = restored.global_step if restored else 0
         if restored:
             log.info("runtime: rank %d resumed at step %d (saved with %s) in %.2fs", layout.rank, start,
                      restored.state.get("layout"), restored.load_s)
-        ckpt.prepare(plan, self.micro_batches)
+        ckpt.prepare(self.micro_batches)
         self.heartbeat.update(step=start, phase="training", last_checkpoint_step=ckpt.last_persisted_step)
         clock = StageClock()   # the stages' own chunk time: compute without waits for peers
         schedule = build_schedule(cfg.model, cfg.parallel, stages, self.micro_batches, device, groups.pipeline,
@@ -165,7 +165,7 @@ class Trainer:
                 every = cfg.checkpoint.every_steps
                 if stop or last or (every and global_step % every == 0):
                     self.heartbeat.update(phase="checkpointing")
-                    ckpt.save(global_step, plan, self.micro_batches, sync=stop or last)
+                    ckpt.save(global_step, sync=stop or last)
                     self.heartbeat.update(phase="training")
                 ckpt.poll()
                 self.heartbeat.update(last_checkpoint_step=ckpt.last_persisted_step)
