@@ -208,7 +208,7 @@ class Checkpointer:
                                 rank=self.layout.rank)
         if resume is not None:
             self.last_step = self.last_persisted_step = resume.step
-            log.info("checkpoint: rank %d resumed at step %d (data-parallel size %d, was %d) in %.2fs",
+            log.info("checkpoint: rank %d restored step-%d (data-parallel size %d, was %d) in %.2fs",
                      self.layout.rank, resume.step, resume.data_parallel_size, resume.previous_data_parallel_size,
                      resume.load_s)
         return resume
