@@ -28,7 +28,7 @@ from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.types import JobState, NodeState
 
 if TYPE_CHECKING:
-    from slurm_omni.drill.story import DemoFiles
+    from slurm_omni.drill.story import DemoFiles, RunAs
 
 T = TypeVar("T")
 
@@ -116,9 +116,24 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
                    "instead of the demo's built-in trainer; the files beside it are copied along.")
 @click.option("--busy", is_flag=True, help="In-allocation recovery on a busy cluster (every free node runs another "
               "job): node losses recovered inside the same Slurm job, a shrink, and the batch host lost.")
-def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None, busy: bool) -> None:
+@click.option("--user", default="", help="Run the job and the manager as this unprivileged user (run as root; "
+              "the demo's folder is ~USER/omni-demo), as a site runs them: Slurm and the plugin stay root's.")
+def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None, busy: bool, user: str) -> None:
     """Cluster up, a multimodal het job, a node failure drilled mid-run, automatic recovery, report."""
     from slurm_omni.drill import story
+
+    runas = story.RunAs(user)
+    if user:
+        import pwd
+        if os.geteuid() != 0:
+            raise click.UsageError(f"--user {user}: run omni demo as root (it switches to {user} for the job "
+                                   "and the manager)")
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise click.UsageError(f"--user {user}: no such user (scripts/setup.sh creates alice and bob)") from None
+        if busy or sample_only:
+            raise click.UsageError("--user runs the full story only (not with --busy or --sample-only)")
 
     if busy:
         from slurm_omni.drill.busy_demo import run_busy_demo
@@ -135,18 +150,19 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | 
     s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "
             f"{'started' if started else 'already up'} in {lc.paths.root}")
     backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
-    work = lc.paths.root.parent / "demo"
+    work = runas.home() / "omni-demo" if user else lc.paths.root.parent / "demo"
     lines = s.phase("placement", lambda: het_sample(backend, work / "sample"),
                     lambda out: f"a het job ran {len(out)} tasks across two leaf switches")
     for line in lines:
         s.say(line)
     if sample_only:
         return
-    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s, job_file.resolve() if job_file else None)
+    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s, job_file.resolve() if job_file else None,
+                runas)
 
 
 def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFiles, timeout_s: float,
-                job_file: Path | None = None) -> None:
+                job_file: Path | None = None, runas: RunAs | None = None) -> None:
     from slurm_omni.config.site import load_site
     from slurm_omni.drill import story
     from slurm_omni.drill.faults import fill_faults
@@ -159,15 +175,18 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
     s.phase("files", lambda: story.write_files(files, lc, job_file=job_file),
             lambda _: f"job file{' and its script' if job_file else ''} and site config in {files.work}")
     s.phase("data", lambda: story.synthesize(files), lambda n: f"{n} synthetic samples (image-text pairs, text)")
+    runas = runas or story.RunAs()
+    runas.hand_over(files.work)   # the user's own files, as omni submit expects them
     site = load_site(files.site)
     injector = Injector(allowed=site.drills.nodes, site=str(files.site), backend=backend, cluster=lc)
     env = story.job_environment(lc)
     manager = None
     try:
-        manager = s.phase("manager", lambda: story.start_manager(files, env),
-                          lambda m: f"omni manager run (pid {m.proc.pid}), journal in {files.manager_dir}")
-        job_id = s.phase("submit", lambda: story.submit(files, env),
-                         lambda j: f"omni submit: het job {j} (vision | text stages, 2 replicas each)")
+        who = f" as {runas.user}" if runas.user else ""
+        manager = s.phase("manager", lambda: story.start_manager(files, env, runas),
+                          lambda m: f"omni manager run{who} (pid {m.proc.pid}), journal in {files.manager_dir}")
+        job_id = s.phase("submit", lambda: story.submit(files, env, runas),
+                         lambda j: f"omni submit{who}: het job {j} (vision | text stages, 2 replicas each)")
         h = story.handle(files, job_id)
         runner = DrillRunner(injector, backend, h, timeline=files.manager_dir / "timeline.json", on_event=s.say)
         result = s.phase("drill", lambda: runner.run(DrillSpec(kind="node-down", after_steps=30, timeout_s=timeout_s)),

@@ -101,9 +101,43 @@ def synthesize(files: DemoFiles) -> int:
     return spec.pairs + spec.text
 
 
-def submit(files: DemoFiles, env: dict[str, str]) -> int:
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    """Who runs the demo's job and manager: this process (no ``user``), or an unprivileged user as a
+    site has them (``omni demo --user NAME``, as root: setpriv, the user's own HOME)."""
+
+    user: str = ""
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if not self.user:
+            return argv
+        return ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", *argv]
+
+    def env(self, env: dict[str, str]) -> dict[str, str]:
+        if not self.user:
+            return env
+        return {**env, "HOME": str(self.home()), "USER": self.user, "LOGNAME": self.user}
+
+    def home(self) -> Path:
+        import pwd
+        return Path(pwd.getpwnam(self.user).pw_dir)
+
+    def hand_over(self, path: Path) -> None:
+        """Everything under ``path`` becomes the user's (the files root wrote for them)."""
+        if not self.user:
+            return
+        import pwd
+        pw = pwd.getpwnam(self.user)
+        for root, dirs, names in os.walk(path):
+            for name in (*dirs, *names):
+                os.lchown(os.path.join(root, name), pw.pw_uid, pw.pw_gid)
+        os.lchown(path, pw.pw_uid, pw.pw_gid)
+
+
+def submit(files: DemoFiles, env: dict[str, str], runas: RunAs = RunAs()) -> int:
     """``omni submit job.toml --site omni.toml``; the Slurm job id."""
-    proc = subprocess.run(omni_argv("submit", str(files.job), "--site", str(files.site)), env=env,
+    proc = subprocess.run(runas.argv(omni_argv("submit", str(files.job), "--site", str(files.site))),
+                          env=runas.env(env),
                           capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
         raise DrillError(f"demo: couldn't submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
@@ -138,14 +172,15 @@ class ManagerProcess:
         return lines[-1] if lines else "no output"
 
 
-def start_manager(files: DemoFiles, env: dict[str, str]) -> ManagerProcess:
+def start_manager(files: DemoFiles, env: dict[str, str], runas: RunAs = RunAs()) -> ManagerProcess:
     """``omni manager run`` in the background, its output in manager/manager.log."""
     files.manager_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runas.hand_over(files.manager_dir)
     log_path = files.manager_dir / "manager.log"
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(omni_argv("-v", "manager", "run", "--site-config", str(files.site), "--state-dir",
-                                          str(files.manager_dir), "--poll-interval", "1"),
-                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(runas.argv(omni_argv("-v", "manager", "run", "--site-config", str(files.site),
+                                                     "--state-dir", str(files.manager_dir), "--poll-interval", "1")),
+                                env=runas.env(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     manager = ManagerProcess(proc, log_path)
     time.sleep(1.0)
