@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 # torch takes seconds to import; ``omni ckpt ls`` and the requeue manager use format.py alone, so the
 # names below load on first use.
 _LAZY = {
-    "CheckpointConfig": "engine", "CheckpointEngine": "engine", "CrashGuard": "engine", "SaveResult": "engine",
+    "CheckpointConfig": "engine", "CheckpointEngine": "engine", "SaveResult": "engine",
     "CheckpointCorrupt": "format", "find_latest_complete": "format", "latest_step": "format",
     "PersistStats": "persist", "Restore": "restore", "SaveRequest": "signals",
     "ShardLayout": "snapshot", "ShardState": "snapshot", "DpSplit": "tree",
@@ -41,7 +41,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, CrashGuard, SaveResult
+    from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, SaveResult
     from slurm_omni.checkpoint.format import CheckpointCorrupt, find_latest_complete, latest_step
     from slurm_omni.checkpoint.persist import PersistStats
     from slurm_omni.checkpoint.restore import Restore
@@ -61,7 +61,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CheckpointConfig", "CheckpointCorrupt", "CheckpointEngine", "CrashGuard", "DpSplit", "PersistStats",
+    "CheckpointConfig", "CheckpointCorrupt", "CheckpointEngine", "DpSplit", "PersistStats",
     "Restore", "SaveRequest", "SaveResult", "ShardLayout", "ShardState", "capture_rng_state",
     "find_latest_complete", "latest_step", "restore_rng_state",
 ]

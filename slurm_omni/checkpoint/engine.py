@@ -8,12 +8,11 @@ collectively (``persist_in_flight`` on every rank, then an all-reduce), never pe
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,6 @@ from slurm_omni.checkpoint.fence import await_raise, raise_fence
 from slurm_omni.checkpoint.persist import PersistStats, persist
 from slurm_omni.checkpoint.restore import Restore, open_restore
 from slurm_omni.checkpoint.snapshot import HostArena, ShardLayout, ShardState, take
-from slurm_omni.checkpoint.tree import flatten
 from slurm_omni.errors import CheckpointError
 from slurm_omni.ownership import NotOwnedError, check_own_dir
 
@@ -49,8 +47,6 @@ class CheckpointConfig:
     """I/O threads reading tensors during a restore."""
     commit_timeout_s: float = 600.0
     """How long rank 0 waits for the other ranks' shards before giving a checkpoint up."""
-    crash_commit_timeout_s: float = 60.0
-    """The same, for a save on the way out of a crash (other ranks may be gone)."""
     incarnation: str | None = None
     """One value shared by every rank of this run; None reads OMNI_INCARNATION, TORCHELASTIC_RUN_ID,
     or SLURM_JOB_ID with SLURM_RESTART_COUNT (ordinary jobs only)."""
@@ -66,8 +62,8 @@ class CheckpointConfig:
             raise CheckpointError(f"checkpoint: keep_last = {self.keep_last} (0 keeps all, or a positive count)")
         if self.restore_threads < 1:
             raise CheckpointError(f"checkpoint: restore_threads = {self.restore_threads} (at least 1)")
-        if not (self.commit_timeout_s > 0 and self.crash_commit_timeout_s > 0):
-            raise CheckpointError("checkpoint: commit timeouts must be positive")
+        if not self.commit_timeout_s > 0:
+            raise CheckpointError("checkpoint: commit_timeout_s must be positive")
         if self.incarnation_number is not None and self.incarnation_number < 0:
             raise CheckpointError(f"checkpoint: incarnation_number = {self.incarnation_number} (0 or more)")
 
@@ -201,53 +197,6 @@ class CheckpointEngine:
             raise
         return time.monotonic() - started
 
-    def wait_complete(self, step: int, timeout_s: float) -> bool:
-        """On any rank: wait until ``step`` is committed (rank 0 wrote its marker)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if (fmt.step_dir(self.config.root, step) / fmt.MARKER).exists():
-                return True
-            time.sleep(0.05)
-        return False
-
-    # -- crashes ------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def save_on_crash(self, current: Callable[[], tuple[int, ShardState]]) -> Iterator[CrashGuard]:
-        """Around the training loop: if it raises while the state is still sane, save synchronously.
-
-        ``current()`` gives the global step and state as of the last completed optimizer step. Wrap the
-        optimizer step in ``guard.torn()``: a crash there leaves weights half-updated and is not saved.
-        A device fault (CUDA or NCCL error) or a non-finite weight is not saved either.
-        """
-        guard = CrashGuard()
-        try:
-            yield guard
-        except (Exception, KeyboardInterrupt) as exc:
-            self._crash_save(current, guard, exc)
-            raise
-
-    def _crash_save(self, current: Callable[[], tuple[int, ShardState]], guard: CrashGuard,
-                    exc: BaseException) -> None:
-        why = _insane(exc) or ("it happened inside the optimizer step" if guard.inside else "")
-        try:
-            if not why:
-                step, state = current()
-                why = _non_finite(state)
-            if why:
-                log.error("checkpoint: not saving on the way out of %s: %s", type(exc).__name__, why)
-                return
-            if step == self._last_step:
-                self._wait_inflight()
-                log.warning("checkpoint: step %d was already saved; nothing more to save after %s",
-                            step, type(exc).__name__)
-                return
-            result = self.save(step, state, sync=True, commit_timeout_s=self.config.crash_commit_timeout_s)
-            log.warning("checkpoint: saved step %d on the way out of %s in %.2f s", step,
-                        type(exc).__name__, result.blocking_s)
-        except Exception as e:  # noqa: BLE001 - the original error matters more than this one
-            log.error("checkpoint: couldn't save on the way out of %s: %s", type(exc).__name__, e)
-
     # -- restoring ----------------------------------------------------------------------------------
 
     def restore(self, *, step: int | None = None, max_step: int | None = None, critical: Iterable[str] | None = None,
@@ -296,44 +245,6 @@ class CheckpointEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError("checkpoint: the engine is closed")
-
-
-class CrashGuard:
-    def __init__(self) -> None:
-        self.inside = False
-
-    @contextlib.contextmanager
-    def torn(self) -> Iterator[None]:
-        """Mark a region (the optimizer step) where a crash leaves the state inconsistent."""
-        self.inside = True
-        yield
-        self.inside = False   # not reached when the region raises: the state stays marked torn
-
-
-_DEVICE_FAULTS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL", "device-side assert",
-                  "illegal memory access", "ECC error", "uncorrectable")
-
-
-def _insane(exc: BaseException) -> str:
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return ""  # an allocation failed; nothing was written
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(exc, accelerator_error):
-        return "the accelerator reported a fault"
-    text = str(exc)
-    hit = next((f for f in _DEVICE_FAULTS if f in text), None)
-    return f"a device fault ({hit}): device memory cannot be trusted" if hit else ""
-
-
-def _non_finite(state: ShardState) -> str:
-    for part, tree in (("weights", state.modules), ("optimizer state", state.optimizer)):
-        for module, obj in tree.items():
-            _, leaves = flatten(obj, where=module)
-            for leaf in leaves:
-                t = leaf.tensor
-                if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-                    return f"{module} {part} hold non-finite values ({leaf.path})"
-    return ""
 
 
 def _number() -> int | None:

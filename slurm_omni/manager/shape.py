@@ -41,9 +41,6 @@ class Shape:
     def data_parallel_size_for(self, units: int) -> int:
         return units * self.replicas_per_unit
 
-    def units_for(self, data_parallel_size: int) -> int:
-        return data_parallel_size // self.replicas_per_unit
-
     def layout(self, nodes_by_offset: Mapping[int, Sequence[str]], units: int) -> JobLayout:
         """The planner's view of an incarnation with ``units`` units running on these nodes."""
         return JobLayout(

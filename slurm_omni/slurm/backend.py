@@ -21,9 +21,6 @@ class ClusterSnapshot:
     topology: Topology
     taken_at: float           # time.time() when the poll finished
 
-    def node(self, name: str) -> Node | None:
-        return next((n for n in self.nodes if n.name == name), None)
-
     def job(self, job_id: int) -> Job | None:
         return next((j for j in self.jobs if j.job_id == job_id
                      or any(c.job_id == job_id for c in j.components)), None)

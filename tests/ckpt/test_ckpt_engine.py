@@ -8,9 +8,8 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
-from ckpt.states import assert_same, engine, modules, shard_state
+from ckpt.states import engine, shard_state
 from slurm_omni.checkpoint import SaveRequest, ShardState
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.errors import CheckpointError
@@ -85,38 +84,6 @@ def test_usr1_becomes_a_flag_and_the_loop_saves_synchronously(tmp_path: Path) ->
         assert request.signum == signal.SIGUSR1
     assert fmt.latest_step(tmp_path) == 6
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
-
-
-class Boom(RuntimeError):
-    pass
-
-
-@pytest.mark.parametrize(("raise_with", "saved"), [
-    (Boom("data loader died"), True),
-    (KeyboardInterrupt(), True),
-    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
-    (RuntimeError("NCCL error: unhandled system error"), False),
-])
-def test_save_on_the_way_out_of_a_crash_when_the_state_is_sane(
-        tmp_path: Path, raise_with: BaseException, saved: bool) -> None:
-    state = shard_state(9)
-    with engine(tmp_path) as eng, pytest.raises(type(raise_with)), eng.save_on_crash(lambda: (9, state)):
-        raise raise_with
-    assert fmt.latest_step(tmp_path) == (9 if saved else None)
-    if saved:
-        with engine(tmp_path) as eng, eng.restore() as r:
-            assert_same(r.module("projector"), modules(9)["projector"])
-
-
-def test_no_save_from_inside_the_optimizer_step_or_with_non_finite_weights(tmp_path: Path) -> None:
-    state = shard_state(9)
-    with engine(tmp_path) as eng:
-        with pytest.raises(Boom), eng.save_on_crash(lambda: (9, state)) as guard, guard.torn():
-            raise Boom("inside optimizer.step")
-        poisoned = ShardState(modules={"m": {"w": torch.tensor([1.0, float("nan")])}})
-        with pytest.raises(Boom), eng.save_on_crash(lambda: (10, poisoned)):
-            raise Boom("loss went nan")
-    assert fmt.latest_step(tmp_path) is None
 
 
 def test_bad_configs_name_the_value(tmp_path: Path) -> None:
