@@ -99,6 +99,9 @@ class AllocationShape:
     constraint: str
     """``[feat*N&feat*M]`` when the stages are told apart by node features; empty otherwise."""
     cpus_per_task: int
+    min_nodes: int = 0
+    """The stages' nodes without spares: a resubmission asks ``--nodes=min_nodes-nodes`` (Slurm
+    gives what it has up to the maximum), since the nodes the job lost are excluded."""
 
 
 def allocation_shape(plans: Sequence[StagePlan]) -> tuple[AllocationShape | None, str]:
@@ -134,7 +137,7 @@ def allocation_shape(plans: Sequence[StagePlan]) -> tuple[AllocationShape | None
         partition=partitions.pop(), nodes=sum(p.nodes + p.spares for p in plans),
         tasks_per_node=max(p.tasks_per_node for p in plans), gres=gres_req,
         switches=sum(p.switches for p in plans), switch_wait=plans[0].switch_wait, constraint=constraint,
-        cpus_per_task=max(p.cpus_per_task for p in plans)), ""
+        cpus_per_task=max(p.cpus_per_task for p in plans), min_nodes=sum(p.nodes for p in plans)), ""
 
 
 def supervisor_stages_arg(plans: Sequence[StagePlan]) -> str:

@@ -106,3 +106,11 @@ def test_own_script_job_matches_golden(site: SiteConfig, job_sha256: str) -> Non
     script = HetJobRequest(job=own, site=site, job_file=JOB_FILE, job_sha256=job_sha256, user="alice").materialize()
     assert "/opt/slurm-omni/bin/python /shared/jobs/omni-tiny/train.py --name omni-own" in script
     _compare("own.sbatch", script)
+
+
+def test_in_allocation_resubmission_asks_a_node_range(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    """After losses the manager excludes the lost nodes: the next allocation takes the stages' nodes
+    at least and spares as far as there are any."""
+    script = HetJobRequest(job=job, site=_in_allocation(site), job_file=JOB_FILE, job_sha256=job_sha256,
+                           incarnation_base=3).materialize()
+    assert "#SBATCH --nodes=2-4\n" in script and "OMNI_INCARNATION_BASE=3" in script
