@@ -141,6 +141,23 @@ class BusyDemo:
         out = self.backend.runner.run(["squeue", "-h", f"--jobs={self.job_id}", "--format=%T %r"], check=False)
         return out.stdout.strip()
 
+    def fillers_running(self) -> str:
+        out = self.backend.runner.run(["squeue", "-h", "--name=omni-busy", "--states=RUNNING", "--format=%N"],
+                                      check=False)
+        return compress(out.stdout.split()) or "none"
+
+    def waited(self, job: int) -> str:
+        """How long ``job`` waited in the queue (Slurm's SubmitTime to StartTime)."""
+        out = self.backend.runner.run(["scontrol", "show", "job", "-o", str(job)], check=False).stdout
+        times = dict(kv.split("=", 1) for kv in out.split() if kv.startswith(("SubmitTime=", "StartTime=")))
+        try:
+            from datetime import datetime
+            start = datetime.fromisoformat(times["StartTime"])
+            submit = datetime.fromisoformat(times["SubmitTime"])
+        except (KeyError, ValueError):
+            return "?"
+        return f"{(start - submit).total_seconds():.0f} s"
+
     def job_state_of(self, job: int) -> str:
         out = self.backend.runner.run(["squeue", "-h", f"--jobs={job}", "--format=%T (%r)"], check=False)
         return out.stdout.strip() or "gone"
@@ -205,13 +222,13 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
                 lambda _: f"{host} DOWN: the supervisor goes with it; the allocation ends")
         new_id = s.phase("resubmitted", lambda: d.wait("the manager's resubmission", d.resubmitted, 300),
                          lambda j: f"the manager resubmitted it as job {j} with --exclude of the lost nodes: "
-                                   f"{d.job_state_of(j)}")
+                                   f"{d.job_state_of(j)}; fillers running on {d.fillers_running()}")
         d.resume()
         d.filler.fill()          # the resubmission must wait for nodes, as at a centre
         s.phase("running again", lambda: d.wait("the resubmitted job's first steps",
                                                 lambda: d.status(str(new_id)) or None, 900),
                 lambda st: f"job {new_id} runs (path resubmitted) on "
-                           f"{compress([n for c in st['components'] for n in c])}, after waiting in the queue")
+                           f"{compress([n for c in st['components'] for n in c])} after {d.waited(new_id)} in the queue")
         s.phase("finish", lambda: d.wait("the last step", lambda: d.step() >= 69, 900),
                 lambda _: "trained to step 70")
         ref = start_reference(job, work / "reference")
