@@ -34,6 +34,7 @@ class BusyCluster:
                       and not (n.flags & {"DRAIN", "NOT_RESPONDING", "MAINT"}))
         for node in idle:
             args = ["sbatch", "--parsable", f"--job-name={FILLER_NAME}", f"--comment={self.tag}", "--nodes=1",
+                    "--exclusive",   # the whole node: another job must not share it (cons_tres shares CPUs)
                     f"--nodelist={node}", "--output=/dev/null", f"--time={max(1, self.seconds // 60 + 1)}",
                     f"--wrap=sleep {int(self.seconds)}"]
             if self.partition:
