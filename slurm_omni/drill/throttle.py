@@ -9,12 +9,12 @@ Two ways, both on this host's pids only, both undone by ``stop`` (the drill call
   it computes: the quota is the CPU it used over a short calibration divided by its busy fraction
   (its own time over its step time, from its heartbeat) and by F, over a 10 ms period (shorter than
   a burst, so the burst itself is slowed). ``stop`` moves it back where it was and removes the cgroup;
-- otherwise a duty cycle of SIGSTOP and SIGCONT: every ``period_s`` (0.5 s) the ranks stop for
-  ``(1 - 1/F)`` of it; ``stop`` always ends with SIGCONT. The stops stay far below a heartbeat's
-  staleness window (1.5 s at least), so the ranks never look dead. Measured here (docs/failslow.md):
-  with 0.1 s periods on cores that other processes keep busy, the scheduler gave a stopped task its
-  share back when it continued (its sleeper credit), and the node did not slow at all; stops of
-  a sixth of a second and more are not given back.
+- otherwise SIGSTOP and SIGCONT in proportion to the CPU each rank uses (``SignalThrottle``): its
+  own work takes F times the wall time, its waits for peers are untouched; ``stop`` always ends
+  with SIGCONT. A stop lasts at most 0.3 s, far below a heartbeat's staleness window (1.5 s at
+  least), so the ranks never look dead. Measured here (docs/failslow.md): fixed duty cycles were
+  no good on shared cores: with 0.1 s periods the scheduler gave a stopped task its share back
+  (sleeper credit), with 0.5 s periods the stops landed in the ranks' waits.
 
 Only processes of the user running the drill are touched: a pid owned by anybody else is refused.
 """
@@ -69,13 +69,36 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
 
 
+MAX_STOP_S = 0.3    # one stop stays far below a heartbeat's staleness window (1.5 s at least)
+MIN_STOP_S = 0.005
+
+
+def cpu_seconds_of(pid: int) -> float | None:
+    """CPU time of all of ``pid``'s threads (``/proc/PID/task/*/schedstat``, nanoseconds); None once gone."""
+    total = 0
+    try:
+        tasks = list(os.scandir(f"/proc/{pid}/task"))
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            total += int(Path(task.path, "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
 @dataclass
 class SignalThrottle:
-    """Duty-cycled SIGSTOP/SIGCONT of ``pids``: they run ``1/factor`` of every ``period_s``."""
+    """SIGSTOP/SIGCONT of ``pids`` in proportion to the CPU they use: every ``tick_s`` each rank owes
+    ``(factor - 1)`` times the CPU time it used since, and is stopped that long. Its own work then
+    takes ``factor`` times the wall time, as on a slower device, while its waits for its peers (no
+    CPU) are left alone: a duty cycle of fixed stops lands mostly in those waits, slows the whole
+    job and leaves the rank's own time as it was (measured, docs/failslow.md)."""
 
     pids: list[int]
     factor: float
-    period_s: float = 0.5
+    tick_s: float = 0.01
     method: str = "signals"
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -84,23 +107,36 @@ class SignalThrottle:
         self._thread = threading.Thread(target=self._run, name="omni-throttle", daemon=True)
         self._thread.start()
 
-    def _signal(self, sig: signal.Signals) -> None:
-        for pid in self.pids:
+    def _signal(self, sig: signal.Signals, pids: list[int] | None = None) -> None:
+        for pid in self.pids if pids is None else pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 continue   # the rank ended (the job finished or was migrated)
 
     def _run(self) -> None:
-        stopped_s = self.period_s * (1.0 - 1.0 / self.factor)
-        running_s = self.period_s - stopped_s
-        while not self._stop.is_set():
-            self._signal(signal.SIGSTOP)
+        last = {pid: cpu_seconds_of(pid) for pid in self.pids}
+        debt = dict.fromkeys(self.pids, 0.0)
+        while not self._stop.wait(self.tick_s):
+            for pid in self.pids:
+                now, before = cpu_seconds_of(pid), last[pid]
+                if now is not None and before is not None:
+                    debt[pid] += max(0.0, now - before) * (self.factor - 1.0)
+                last[pid] = now
+            owed = sorted((min(d, MAX_STOP_S), pid) for pid, d in debt.items() if d >= MIN_STOP_S)
+            if not owed:
+                continue
+            t0 = time.monotonic()
+            self._signal(signal.SIGSTOP, [pid for _, pid in owed])
             try:
-                self._stop.wait(stopped_s)
+                for d, pid in owed:
+                    self._stop.wait(max(0.0, t0 + d - time.monotonic()))
+                    self._signal(signal.SIGCONT, [pid])
+                    debt[pid] -= d
             finally:
-                self._signal(signal.SIGCONT)
-            self._stop.wait(running_s)
+                self._signal(signal.SIGCONT, [pid for _, pid in owed])
+            for pid in self.pids:   # the stop itself used no CPU; start counting afresh
+                last[pid] = cpu_seconds_of(pid)
 
     def stop(self) -> None:
         self._stop.set()

@@ -19,6 +19,7 @@ from slurm_omni.drill.throttle import (
     cgroup_of,
     cgroup_root,
     check_owned,
+    cpu_seconds_of,
     throttle,
 )
 
@@ -35,8 +36,8 @@ def busy() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def test_signal_throttle_stops_the_process_part_of_the_time_and_always_continues_it(busy) -> None:
-    t = SignalThrottle([busy.pid], 2.0, period_s=0.2)
+def test_signal_throttle_stops_a_busy_process_part_of_the_time_and_always_continues_it(busy) -> None:
+    t = SignalThrottle([busy.pid], 2.0)
     t.start()
     seen = set()
     for _ in range(40):
@@ -46,6 +47,11 @@ def test_signal_throttle_stops_the_process_part_of_the_time_and_always_continues
     assert "T" in seen and seen & {"R", "S"}
     time.sleep(0.05)
     assert _state(busy.pid) in ("R", "S")
+    used = cpu_seconds_of(busy.pid)
+    assert used is not None and used > 0          # what the stops are owed from: all its threads' CPU
+    busy.kill()
+    busy.wait()
+    assert cpu_seconds_of(busy.pid) is None
 
 
 @pytest.mark.skipif(cgroup_root() is None, reason="no writable cgroup with a cpu controller here")
