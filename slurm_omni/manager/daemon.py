@@ -34,6 +34,7 @@ from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
 from slurm_omni.manager.actions import Actions
 from slurm_omni.manager.events import FaultRecord, HeartbeatRecord, NodeEvent, consume
+from slurm_omni.manager.failslow import FailSlowWatch
 from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
 from slurm_omni.manager.registry import RegistryRecord, read_registry
 from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
@@ -128,6 +129,7 @@ class Manager:
         self.actions = Actions(backend, config.site, config.state_dir)
         self.confirm_config = config.confirm_config()
         self.watches: dict[str, Watch] = {}
+        self.failslow = FailSlowWatch(self)
         self._refused: set[str] = set()
         self._seen_shared: set[str] = set()   # node events read from <spool>/nodes (not ours to remove)
         self._timeline_dirty = True
@@ -178,6 +180,7 @@ class Manager:
             except Exception as e:  # noqa: BLE001 - one job's trouble never stops the others; it retries next tick
                 self._barrier(w.key, e)
         self._export_timeline()
+        self.failslow.write_prom(now)
 
     def _barrier(self, key: str, error: Exception) -> None:
         """One line for an error that escaped the handling of ``key`` (or of the tick); the
@@ -271,6 +274,7 @@ class Manager:
             w.confirmer.observe(hb.observation(het_job=w.array_task is None))
             if w.awaiting is not None and hb.phase == "training" and hb.step > (w.restore_step or 0):
                 recovery.feed(self, w, FirstStep(at=hb.time, step=hb.step), now)
+        self.failslow.observe(w, beats, now)
         if beats:
             progress = (max(hb.step for hb in beats),
                         max((hb.last_checkpoint_step for hb in beats if hb.last_checkpoint_step is not None),

@@ -278,6 +278,13 @@ class Journal:
                              "VALUES (?, ?, ?, ?, ?, ?)", (job, incarnation, time, verdict, cause, to_json(payload)))
             return int(cur.lastrowid or 0)
 
+    def decisions(self, job: str, verdict: str) -> list[dict[str, Any]]:
+        """Decisions of ``job`` with ``verdict``, oldest first, payloads parsed."""
+        rows = self._db.execute("SELECT incarnation, time, cause, payload FROM decisions WHERE job = ? AND verdict = ? "
+                                "ORDER BY id", (job, verdict)).fetchall()
+        return [{"incarnation": r[0], "time": r[1], "cause": r[2], "payload": json.loads(r[3]) if r[3] else None}
+                for r in rows]
+
     def count(self, table: str, job: str) -> int:
         if table not in ("observations", "decisions", "actions", "incarnations", "recoveries"):
             raise JournalError(f"journal: couldn't count {table!r}: no such table")

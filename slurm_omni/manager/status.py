@@ -34,6 +34,7 @@ def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
         job["data_parallel_size"] = (current["layout"] or {}).get("data_parallel_size") if current else None
         slurm_ids = {i["number"]: i["slurm_job_id"] for i in incs}
         job["recoveries"] = [recovery_view(r, slurm_ids) for r in job["recoveries"]]
+        job["failslow"] = failslow_view(journal.decisions(job["name"], FAILSLOW_VERDICT))
         out.append(job)
     return out
 
@@ -64,6 +65,34 @@ def recovery_view(rec: dict[str, Any], slurm_ids: dict[int, str | None]) -> dict
             "nodes_removed": removed, "nodes_added": added,
             "spares_left": {str(k): int(v) for k, v in spares.items()} if isinstance(spares, dict) else None,
             "action": plan.get("action")}
+FAILSLOW_VERDICT = "failslow"   # manager/failslow.py journals its decisions under this verdict
+_FAILSLOW_ACTIONS = ("replace", "shrink", "keep")
+
+
+def failslow_view(decisions: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the fail-slow watch decided: nodes flagged now, the last migration decision (with its
+    estimate) and its outcome, the whole-job state."""
+    flagged: dict[str, dict[str, Any]] = {}
+    job_slow: dict[str, Any] | None = None
+    migration: dict[str, Any] | None = None
+    outcome: dict[str, Any] | None = None
+    incarnation = max((d["incarnation"] for d in decisions if d["incarnation"] is not None), default=None)
+    for d in decisions:
+        p = d["payload"] or {}
+        now_inc = d["incarnation"] == incarnation
+        if d["cause"] == "flagged" and now_inc:
+            flagged[p.get("node", "")] = {"time": d["time"], **p}
+        elif d["cause"] == "cleared":
+            flagged.pop(p.get("node", ""), None)
+        elif d["cause"] == "job_slow" and now_inc:
+            job_slow = {"time": d["time"], **p}
+        elif d["cause"] == "job_ok":
+            job_slow = None
+        elif d["cause"] in _FAILSLOW_ACTIONS:
+            migration = {"time": d["time"], "action": d["cause"], "incarnation": d["incarnation"], **p}
+        elif d["cause"] == "outcome":
+            outcome = {"time": d["time"], **p}
+    return {"flagged": list(flagged.values()), "job_slow": job_slow, "migration": migration, "outcome": outcome}
 
 
 def timeline_entries(journal: Journal, uid: int) -> list[dict[str, Any]]:
@@ -128,6 +157,7 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
             where = " | ".join(f"{k}: {','.join(v)}" for k, v in sorted(nodes.items())) or "-"
             lines.append(f"  incarnation {inc['number']}: Slurm job {_n(inc['slurm_job_id'])}  nodes {where}  "
                          f"{inc['end_reason'] or ''}".rstrip())
+        lines.extend(_failslow_lines(job.get("failslow") or {}))
         for rec in job["recoveries"]:
             d = rec["durations"]
             steps = "  ".join(f"{p} +{d[p]:.1f}s" for p in PHASES[1:] if d.get(p) is not None)
@@ -143,6 +173,27 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
             lines.append(f"    path {rec['path']}: Slurm job {_n(rec['slurm_job_id_before'])} -> "
                          f"{_n(rec['slurm_job_id_after'])}  nodes {moved or '-'}{spares}")
     return "\n".join(lines) + "\n"
+
+
+def _failslow_lines(fs: dict[str, Any]) -> list[str]:
+    lines = [f"  fail-slow WARNING: {f.get('node')} (stage {f.get('stage')}) runs {f.get('ratio', 0):.2f}x its "
+             f"peers ({f.get('kind')})" for f in fs.get("flagged") or ()]
+    if fs.get("job_slow"):
+        j = fs["job_slow"]
+        lines.append(f"  fail-slow: whole job {j.get('ratio', 0):.2f}x slower than its best window ({j.get('cause')}); "
+                     "no node stands out")
+    mig = fs.get("migration")
+    if mig:
+        est = mig.get("estimate") or {}
+        guess = (f"  estimate {est['step_now_s']:.3f} -> {est['step_replace_s']:.3f}s/step"
+                 if est.get("step_now_s") is not None and est.get("step_replace_s") is not None else "")
+        lines.append(f"  fail-slow decision ({mig['action']} {mig.get('node')}, incarnation {mig.get('incarnation')}): "
+                     f"{'; '.join(mig.get('reasons') or ())}{guess}")
+    out = fs.get("outcome")
+    if out and out.get("step_measured_s") is not None:
+        lines.append(f"  fail-slow outcome: {out['step_measured_s']:.3f}s/step after the migration "
+                     f"(estimated {out.get('step_estimated_s') or 0:.3f}, before {out.get('step_before_s') or 0:.3f})")
+    return lines
 
 
 def _n(value: object) -> str:
