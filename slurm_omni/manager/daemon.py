@@ -457,7 +457,7 @@ class Manager:
             if s.since is not None and snap.taken_at >= s.since:
                 stopped = job is None or not any(st in _BUSY for st in (job.state, *(c.state for c in job.components)))
         return Tick(quiet=w.quiet, running=w.running and not w.slurm_ended, ended=w.slurm_ended, stopped=stopped,
-                    state=state)
+                    state=state, lost=w.lost_kinds())
 
     def _lost_now(self, w: Watch) -> dict[str, str]:
         """Nodes of the life that a poll taken now shows failed, with their kind: tasks that died on

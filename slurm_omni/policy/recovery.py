@@ -278,8 +278,9 @@ def _numbered(s: RecoveryState, o: LifeNumbered, now: float, c: RecoveryConfig) 
 
 def _judging_tick(s: RecoveryState, o: Tick, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
     if s.requeued_at is not None and o.quiet:
-        # requeued by Slurm and every rank checkpointed on its way out: no rank will go stale
-        return _by_slurm(s, s.requeued_at, {}, now, c)
+        # requeued by Slurm and every rank checkpointed on its way out: no rank will go stale; the
+        # nodes it lost may show only now (the poll that saw the requeue came first)
+        return _by_slurm(s, s.requeued_at, o.lost, now, c)
     return s, ()
 
 
@@ -535,7 +536,7 @@ def _next_life_report(s: RecoveryState, o: SupervisorReport, now: float,
 
 def _next_life_tick(s: RecoveryState, o: Tick, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
     if s.requeued_at is not None and o.quiet:
-        return _by_slurm(_watching_next(s), s.requeued_at, {}, now, c)
+        return _by_slurm(_watching_next(s), s.requeued_at, o.lost, now, c)
     return s, ()
 
 

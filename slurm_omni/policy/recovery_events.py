@@ -30,6 +30,7 @@ class Tick:
     ended: bool = False          # Slurm showed it ended
     stopped: bool | None = None  # a poll taken since ``state.since`` shows it no longer RUNNING/COMPLETING
     state: str = ""              # its Slurm state in that poll (for the journal)
+    lost: Mapping[str, str] = field(default_factory=dict)   # its nodes the newest poll shows failed -> kind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
