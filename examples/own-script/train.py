@@ -131,20 +131,23 @@ def main() -> None:
 
     with elastic.init(stages=("vision", "text"), max_steps=args.steps) as run:    # slurm-omni
         layout, steps = run.layout, run.max_steps or args.steps                     # slurm-omni
+        pipe, dp = run.groups.pipeline, run.groups.data_parallel                    # slurm-omni
         accum = layout.accumulation(args.global_batch, args.micro_batch)            # slurm-omni
         stages: dict[str, nn.Module] = {}
         for seed, (name, build) in enumerate((("vision", Vision), ("text", Text))):
             if layout.runs(name):                                                   # slurm-omni
                 torch.manual_seed(seed)                 # the same initial weights in every layout
                 stages[name] = build()
-                run.timer.watch(stages[name])            # compute_s: forward and backward  # slurm-omni
+                run.timer.watch(stages[name])           # compute_s: forward and backward  # slurm-omni
+        # the rank of the other stage of this replica (none when this rank runs both)
+        peer = layout.peer("text" if "vision" in stages else "vision") if len(stages) == 1 else -1  # slurm-omni
         params = [p for m in stages.values() for p in m.parameters()]
         opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5) * 0.5 * (
             1 + math.cos(math.pi * min(1.0, s / steps))))
         data = CaptionedDigits()
-        sampler = GlobalBatches(len(data), args.global_batch, args.micro_batch, layout.data_parallel_rank,
-                                layout.data_parallel_size, seed=1234)
+        sampler = GlobalBatches(len(data), args.global_batch, args.micro_batch, dist.get_rank(dp),
+                                dist.get_world_size(dp), seed=1234)
         loader = StatefulDataLoader(data, batch_sampler=sampler, num_workers=args.workers)
         run.checkpointer(modules=stages, critical=[n for n in ("vision",) if n in stages],  # slurm-omni
                          optimizers={"adamw": opt}, state={"sched": sched, "loader": loader})
@@ -156,48 +159,48 @@ def main() -> None:
                 with run.timer.data():                                              # slurm-omni
                     batch = next(batches)
                 ids += batch["id"].tolist()
-                total += micro_step(layout, run.groups.pipeline, stages, batch, accum) / accum  # slurm-omni
+                total += micro_step(stages, batch, accum, peer, pipe) / accum
             for p in params:
-                dist.all_reduce(p.grad, group=run.groups.data_parallel)             # slurm-omni
-                p.grad.div_(layout.data_parallel_size)
+                dist.all_reduce(p.grad, group=dp)
+                p.grad.div_(dist.get_world_size(dp))
             with run.timer.compute():                                               # slurm-omni
                 opt.step()
             opt.zero_grad(set_to_none=False)
             sched.step()
-            dist.all_reduce(total, group=run.groups.data_parallel)                  # slurm-omni
+            dist.all_reduce(total, group=dp)
+            loss = total.item() / dist.get_world_size(dp) if "text" in stages else None
             run.trace(step + 1, ids)                                                # slurm-omni
-            run.end_step(step + 1, checkpoint_every=10, lr=sched.get_last_lr()[0], samples=args.global_batch,
-                         loss=total.item() / layout.data_parallel_size if "text" in stages else None)  # slurm-omni
+            run.end_step(step + 1, checkpoint_every=10, loss=loss, lr=sched.get_last_lr()[0],  # slurm-omni
+                         samples=args.global_batch)                                 # slurm-omni
 
 
-def micro_step(layout: elastic.Layout, pipe: dist.ProcessGroup, stages: dict[str, nn.Module],
-               batch: dict[str, torch.Tensor], accum: int) -> torch.Tensor:
+def micro_step(stages: dict[str, nn.Module], batch: dict[str, torch.Tensor], accum: int, peer: int,
+               pipe: dist.ProcessGroup) -> torch.Tensor:
     """Forward and backward of one micro-batch through this rank's stages (the backward of the mean
-    over the step's micro-batches); its loss on the text stage, 0 on the vision stage."""
+    over the step's micro-batches); its loss on the text stage, 0 on the vision stage. ``peer``: the
+    rank running this replica's other stage."""
     if len(stages) == 2:                      # both stages on this rank (torchrun on a laptop)
         loss = stages["text"](stages["vision"](batch["image"]), batch["tokens"])
         (loss / accum).backward()
         return loss.detach()
     shape = (batch["id"].shape[0], 16, WIDTH)
     if "vision" in stages:
-        text = layout.peer("text")
         out = stages["vision"](batch["image"])
-        dist.send(batch["id"], text, group=pipe)
-        dist.send(out.detach(), text, group=pipe)
+        dist.send(batch["id"], peer, group=pipe)
+        dist.send(out.detach(), peer, group=pipe)
         grad = torch.empty(shape)
-        dist.recv(grad, text, group=pipe)
+        dist.recv(grad, peer, group=pipe)
         out.backward(grad)
         return torch.zeros(())
-    vision = layout.peer("vision")
     sent_ids, image_tokens = torch.empty_like(batch["id"]), torch.empty(shape)
-    dist.recv(sent_ids, vision, group=pipe)
-    dist.recv(image_tokens, vision, group=pipe)
+    dist.recv(sent_ids, peer, group=pipe)
+    dist.recv(image_tokens, peer, group=pipe)
     if not torch.equal(sent_ids, batch["id"]):
         raise RuntimeError(f"text stage got images {sent_ids.tolist()} for captions {batch['id'].tolist()}")
     image_tokens.requires_grad_(True)
     loss = stages["text"](image_tokens, batch["tokens"])
     (loss / accum).backward()
-    dist.send(image_tokens.grad, vision, group=pipe)
+    dist.send(image_tokens.grad, peer, group=pipe)
     return loss.detach()
 
 
