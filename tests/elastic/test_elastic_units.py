@@ -218,3 +218,16 @@ def test_a_loop_that_ends_before_max_steps_is_bad_input(tmp_path: Path) -> None:
     assert "finished at step 4 before max_steps=10" in proc.stderr
     beat = json.loads((tmp_path / "omni-run" / "heartbeat" / "rank-0.json").read_text())
     assert beat["phase"] == "failed" and "max_steps=10" in beat["error"]
+
+
+def test_a_checkpoint_the_script_cannot_load_is_bad_input(tmp_path: Path) -> None:
+    assert _script(tmp_path, "3", "3").returncode == 0
+    path = tmp_path / "loop.py"
+    path.write_text(path.read_text().replace("nn.Linear(2, 2)", "nn.Linear(3, 2)"))
+    proc = subprocess.run([sys.executable, str(path), "6", "6"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False, env={k: v for k, v in os.environ.items()
+                                                         if not k.startswith(("OMNI_", "SLURM_"))})
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-2000:]
+    beat = json.loads((tmp_path / "omni-run" / "heartbeat" / "rank-0.json").read_text())
+    assert beat["phase"] == "failed" and beat["exit_code"] == EXIT_BAD_INPUT
+    assert "model.load_state_dict refused step-3" in beat["error"] and "own checkpoint folder" in beat["error"]

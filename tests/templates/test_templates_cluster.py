@@ -203,3 +203,22 @@ def test_scancel_term_checkpoints_without_requeue(slurm_cluster, plugin_built, t
         assert "requeueing job" not in log
     finally:
         runner.run(["scancel", str(leader)], check=False)
+
+
+def test_a_command_that_is_not_there_stops_with_one_line_and_exit_78(slurm_cluster, plugin_built,
+                                                                     tmp_path: Path) -> None:
+    """Past omni submit's check (the program went missing after it): the batch script says which
+    program on which node, runs no step and exits 78, so that neither it nor the manager restarts it."""
+    runner = CommandRunner(slurm_cluster.env)
+    job = _job(tmp_path, name="omni-missing")
+    job = replace(job, training=replace(job.training, command=["/no/such/trainer", "--fast"]))
+    request = HetJobRequest(job=job, site=_site(tmp_path, slurm_cluster.spool), job_file=tmp_path / "job.toml",
+                            job_sha256="0" * 64)
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    _wait_gone(runner, job_id)
+    out = (tmp_path / "logs" / f"omni-missing-{job_id}.out").read_text()
+    assert "omni: job omni-missing: couldn't start the step: /no/such/trainer not found on " in out
+    assert "srun" not in out and "requeue" not in out
+    rows = _components(runner, job_id) if runner.run(["scontrol", "show", "job", str(job_id)],
+                                                     check=False).returncode == 0 else []
+    assert not rows or rows[0]["ExitCode"] == "78:0"
