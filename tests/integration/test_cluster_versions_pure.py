@@ -94,3 +94,15 @@ def test_binds_cover_the_jobs_python(tmp_path: Path) -> None:
     assert project in binds and project / ".omni" / "cluster-x" not in binds   # under the project already
     (tmp_path / "state").mkdir()
     assert tmp_path / "state" not in {b.target for b in job_binds(project, tmp_path / "state")}  # under /tmp
+
+
+def test_unknown_version_flag_is_one_line(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "slurm_omni.cli.main", "cluster", "up", "--slurm", "25.11",
+                        "--state-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "25.11" in r.stderr and "24.11" in r.stderr and not (tmp_path / "c").exists()
+
+
+def test_wrapper_enters_as_non_root_through_a_user_namespace() -> None:
+    text = render_client_wrapper(Path("/v"), "sbatch", "26.05.5")
+    assert 'exec /usr/bin/unshare --user --map-current-user --root=/v /bin/sh -c' in text
+    assert text.count('"$@"') == 5   # inside the root; the inner and outer "$@" of chroot and of unshare
