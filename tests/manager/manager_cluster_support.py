@@ -23,6 +23,7 @@ from slurm_omni.manager.journal import Journal, Recovery
 from slurm_omni.ownership import current_user
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.types import Job
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -261,17 +262,17 @@ class ManagerRun:
         # twice: a job may be requeuing (after USR1, or by Slurm for a lost node) while it is cancelled
         for _ in range(2):
             for job in list_jobs(self.env):
-                if job["name"] == self.name or job["job_id"] in self.extra_jobs \
-                        or job.get("array_job_id") in self.extra_jobs:
-                    runner.run(["scancel", str(job["job_id"])], check=False)
+                if job.name == self.name or job.job_id in self.extra_jobs or job.array_job_id in self.extra_jobs:
+                    runner.run(["scancel", str(job.job_id)], check=False)
             time.sleep(2)
         for node in sorted(self.restore_nodes):
             runner.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
 
 
-def list_jobs(env: dict[str, str]) -> list[dict[str, Any]]:
-    out = CommandRunner(env, timeout_s=20).run(["squeue", "--json"]).stdout
-    return list(json.loads(out).get("jobs", []))
+def list_jobs(env: dict[str, str]) -> list[Job]:
+    """Every job, parsed (squeue --json's raw records differ by version: 24.11+ numbers are objects)."""
+    from slurm_omni.slurm.cli_backend import CliBackend
+    return CliBackend(env=env, timeout_s=20).jobs()
 
 
 @contextmanager

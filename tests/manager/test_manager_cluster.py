@@ -132,11 +132,11 @@ def test_killed_rank_recovers_without_slurm_and_a_killed_manager_submits_once(
         assert run.proc is not None
         assert run.proc.wait(timeout=60) == -signal.SIGKILL, run.manager_log()   # died mid-recovery
         tag = incarnation_tag(run.key, 1)
-        assert [j["job_id"] for j in list_jobs(run.env) if j["comment"] == tag], "sbatch ran before the crash"
+        assert [j.job_id for j in list_jobs(run.env) if j.comment == tag], "sbatch ran before the crash"
         run.start_manager()
         (rec,) = run.wait_recovery(1, "first_step")
         assert rec.cause == "task_exit" and rec.times["confirmed"] - rec.times["detected"] <= 5.0
-        leaders = {j["het_job_id"] or j["job_id"] for j in list_jobs(run.env) if j["comment"] == tag}
+        leaders = {j.job_id for j in list_jobs(run.env) if j.comment == tag}   # a het job's leader id
         assert len(leaders) == 1                                    # exactly one resubmission
         new_id = int(run.incarnations()[1]["slurm_job_id"])
         assert leaders == {new_id} and run.components(new_id)[1] == text_nodes   # the healthy node is kept
