@@ -243,8 +243,10 @@ class RootView:
             _write_json(self.record, {"root": str(self.root.path), "mounts": done})
 
         try:
-            _mount(["--bind", str(self.root.path), str(self.path)], self.path)
+            # Recorded before it is made: a crash in between leaves a record naming it, never a
+            # mount nobody knows of (unmount() skips what /proc/self/mountinfo does not list).
             remember(self.path)
+            _mount(["--bind", str(self.root.path), str(self.path)], self.path)
             # Private: what is mounted below the view must not show up in the cached root or elsewhere.
             _mount(["--make-private", str(self.path)], self.path)
             for b in binds:
@@ -254,11 +256,11 @@ class RootView:
                 elif not target.exists() and not target.is_symlink():
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.touch()
+                remember(target)
                 if b.kind == "proc":
                     _mount(["-t", "proc", "proc", str(target)], target)
                 else:
                     _mount(["--bind", str(b.source), str(target)], target)
-                remember(target)
                 if b.read_only:
                     _mount(["-o", "remount,bind,ro", str(target)], target)
             self._link_python()
@@ -290,6 +292,8 @@ class RootView:
         if left:
             raise ClusterError(f"cluster: couldn't unmount {left[0]} (busy? fuser -m {left[0]})")
         self.record.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()   # the empty mount point we made (never anything with files in it)
         return gone
 
 

@@ -187,6 +187,8 @@ class LocalCluster:
         view = self.view
         if alive and all(alive.values()) and self.paths.slurm_conf.exists() and (view is None or view.mounted()):
             log.info("cluster already up in %s", self.paths.root)
+            if view is not None and self._plugin is None:
+                self.build_plugin()   # make is incremental: rebuilt only when spank/ changed
             self._write_plugstack()
             return False
         fresh = not any(alive.values())
@@ -195,6 +197,8 @@ class LocalCluster:
                 raise ClusterError(f"cluster: couldn't restart daemons in {self.paths.root}: their Debian "
                                    "root is not mounted (run 'omni cluster down' first)")
             self._prepare_root(view)
+        elif view is not None and self._plugin is None:
+            self.build_plugin()
         self._write_files()
         restarted = []
         for daemon in self.daemons():
