@@ -17,7 +17,7 @@ def parse_gres(text: str) -> tuple[Gres, ...]:
     out = []
     for item in _split(text):
         item = re.sub(r"\(.*\)$", "", item.strip())  # socket or index annotations
-        item = item.removeprefix("gres:")
+        item = item.removeprefix("gres:").removeprefix("gres/")  # TRES strings: gres: (22.05), gres/ (24.11+)
         m = _GRES.match(item)
         if m is None:
             continue

@@ -182,3 +182,10 @@ def test_unknown_node_shapes_are_one_error(doc: object, match: str | None) -> No
     with pytest.raises(SlurmError, match=match) as e:
         parse_sinfo_json(json.dumps(doc))
     assert str(e.value).startswith("sinfo: couldn't") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["gres:gpu:h100:4", "gres/gpu:h100:4"])
+def test_tres_gres_both_spellings(text: str) -> None:
+    # scontrol show job TresPerNode: gres:gpu:... on 22.05, gres/gpu:... on 24.11 and 26.05
+    from slurm_omni.slurm.gres import parse_gres
+    assert parse_gres(text) == (Gres("gpu", "h100", 4),)

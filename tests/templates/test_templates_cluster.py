@@ -19,7 +19,9 @@ from slurm_omni.cli.submit import parse_sbatch_id, submit
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site
 from slurm_omni.render import DrillRequest, HetJobRequest
+from slurm_omni.slurm.gres import parse_gres
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.types import Gres
 
 pytestmark = pytest.mark.cluster
 
@@ -76,7 +78,8 @@ def test_het_job_runs_both_stages_on_matching_nodes(slurm_cluster, plugin_built,
         assert sorted(r for _, r, _ in by_stage[stage]) == ["0", "1"]
         assert len(set(nodes)) == 2                                 # --nodes=2 --ntasks-per-node=1
         assert len({topology.switch_path(n)[-1] for n in nodes}) == 1   # --switches=1: one leaf switch
-        assert components[offset]["TresPerNode"] == "gres:gpu:h100:4"
+        # scontrol writes TRES as gres:gpu:... on 22.05 and gres/gpu:... on 24.11 and 26.05
+        assert parse_gres(components[offset]["TresPerNode"]) == (Gres("gpu", "h100", 4),)
         assert all(n.gres_count("gpu", "h100") >= 4 for n in nodes_by_name.values() if n.name in nodes)
     assert sorted(int(r) for _, _, r in by_stage["vision"]) == [0, 1]
     assert sorted(int(r) for _, _, r in by_stage["text"]) == [2, 3]
