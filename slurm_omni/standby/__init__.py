@@ -19,10 +19,11 @@ def through_standby(command: Sequence[str]) -> tuple[str, ...]:
         if word != "train" or i == 0:
             continue
         if cmd[i - 1] == "omni" or cmd[i - 1].endswith("/omni"):
-            start, python = i - 1, sys.executable
+            start = i - 1
         elif i >= 3 and cmd[i - 2:i] == ("-m", "slurm_omni.cli.main"):
-            start, python = i - 3, cmd[i - 3]
+            start = i - 3
         else:
             continue
-        return (*cmd[:start], python, "-S", str(CLIENT), "node", "--", *cmd[i:])
+        # the supervisor's own interpreter: the batch script started it with the job's python
+        return (*cmd[:start], sys.executable, "-S", str(CLIENT), "node", "--", *cmd[i:])
     return cmd

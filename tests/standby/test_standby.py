@@ -19,7 +19,7 @@ def test_through_standby_rewrites_only_omni_train() -> None:
     assert out[8:] == ("--", "train", "--config", "/j.toml")
     assert through_standby(("python", "my_train.py")) == ("python", "my_train.py")
     py = ("/usr/bin/python3", "-m", "slurm_omni.cli.main", "train", "--config", "/j.toml")
-    assert through_standby(py) == ("/usr/bin/python3", "-S", str(CLIENT), "node", "--", "train", "--config",
+    assert through_standby(py) == (sys.executable, "-S", str(CLIENT), "node", "--", "train", "--config",
                                    "/j.toml")
 
 
