@@ -118,7 +118,7 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
             for i, (p, j, d) in enumerate(loaded)),
         incarnation_base=request.incarnation_base if isinstance(request, HetJobRequest) else 0,
         environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it
-    record = register(site.manager.registry_dir, registration)
+    record = register(site.manager.registry_for(user), registration)
     click.echo(f"submitted job {job_id} ({first.job.name}); registered in {record}")
 
 

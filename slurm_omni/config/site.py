@@ -185,7 +185,9 @@ class ManagerSite:
     spool_dir: Path
     """Where the SPANK plugin drops fault records (plugstack ``spool=``); the manager reads them."""
     registry_dir: Path
-    """Where ``omni submit`` registers jobs for the manager (one JSON file per job)."""
+    """Where ``omni submit`` registers jobs for the manager (one JSON file per job). It must be the
+    user's own (0700): a site with many users writes ``{user}`` in it, e.g.
+    ``/var/lib/slurm-omni/registry/{user}``, which each user's tools fill in with their name."""
     metrics_dir: Path
     """node_exporter textfile directory for ``*.prom`` files."""
 
@@ -193,6 +195,10 @@ class ManagerSite:
         _check_absolute("manager.spool_dir", self.spool_dir)
         _check_absolute("manager.registry_dir", self.registry_dir)
         _check_absolute("manager.metrics_dir", self.metrics_dir)
+
+    def registry_for(self, user: str) -> Path:
+        """``registry_dir`` of ``user`` (``{user}`` filled in)."""
+        return Path(str(self.registry_dir).replace("{user}", user))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,6 +10,7 @@ from typing import Any
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.drill.inject import DrillError, DrillRefused, TaskPid
+from slurm_omni.ownership import current_user
 from slurm_omni.render.registry import read_registrations
 from slurm_omni.slurm.types import HetComponent, Job, JobState
 
@@ -54,7 +55,7 @@ class JobHandle:
 
 def find_registration(site: SiteConfig, job: str) -> dict[str, Any]:
     """The registration of ``job`` (a Slurm job id or a job name: the newest of that name)."""
-    registry = site.manager.registry_dir
+    registry = site.manager.registry_for(current_user())
     if not registry.is_dir():
         raise DrillError(f"drill: couldn't find job {job!r}: no registry {registry} (omni submit registers jobs)")
     records = read_registrations(registry)

@@ -103,8 +103,11 @@ class ManagerConfig:
                        stuck_floor_s=d.progress_window_s)
 
 
-def default_state_dir(site: SiteConfig) -> Path:
-    """Beside the registry: ``/var/lib/slurm-omni/manager`` for the example site config."""
+def default_state_dir(site: SiteConfig, user: str | None = None) -> Path:
+    """Beside the registry: ``/var/lib/slurm-omni/manager`` for the example site config; inside the
+    user's own registry folder when ``registry_dir`` is per user (``{user}``)."""
+    if "{user}" in str(site.manager.registry_dir):
+        return site.manager.registry_for(user or user_name(os.geteuid())) / "manager"
     return site.manager.registry_dir.parent / "manager"
 
 
@@ -147,7 +150,7 @@ class Manager:
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
-        log.info("manager: watching %s as %s (poll every %.1fs)", self.config.site.manager.registry_dir,
+        log.info("manager: watching %s as %s (poll every %.1fs)", self.config.site.manager.registry_for(self.user),
                  self.user, self.config.poll_interval_s)
         while not stop.is_set():
             started = time.monotonic()
@@ -195,7 +198,7 @@ class Manager:
 
     # -- registry -------------------------------------------------------------------------------
     def _sync_registry(self, now: float, snap: ClusterSnapshot | None) -> None:
-        for reg in read_registry(self.config.site.manager.registry_dir, uid=self.uid):
+        for reg in read_registry(self.config.site.manager.registry_for(self.user), uid=self.uid):
             try:
                 if reg.kind == "het":
                     self._ensure_watch(reg, None, reg.key, now)

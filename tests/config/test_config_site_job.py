@@ -198,3 +198,14 @@ def test_spares_default_from_the_site_and_in_allocation_falls_back_when_partitio
     shape, why = request.in_allocation()
     assert shape is None and "partitions ['text', 'vision']" in why      # vision and text partitions differ
     assert "#SBATCH hetjob" in request.materialize()
+
+
+def test_a_per_user_registry_fills_in_the_user(tmp_path: Path) -> None:
+    from slurm_omni.manager.daemon import default_state_dir
+    path = tmp_path / "site.toml"
+    path.write_text(SITE.replace("registry_dir = \"/var/lib/omni/registry\"", "registry_dir = \"/var/lib/omni/registry/{user}\""))
+    site = load_site(path)
+    assert site.manager.registry_for("alice") == Path("/var/lib/omni/registry/alice")
+    assert default_state_dir(site, "alice") == Path("/var/lib/omni/registry/alice/manager")
+    assert load_site(REPO / "site-config/omni.toml").manager.registry_for("bob") == \
+        Path("/var/lib/slurm-omni/registry/bob")
