@@ -17,9 +17,10 @@ import torch.distributed as dist
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from slurm_omni.config.training import TrainingConfig
+from slurm_omni.elastic.run import init_process_groups
 from slurm_omni.errors import OmniError, RuntimeLayoutError
 from slurm_omni.runtime import exitcodes
-from slurm_omni.runtime.checkpointing import StageCheckpointer
+from slurm_omni.runtime.checkpointing import StageCheckpointer, public_layout
 from slurm_omni.runtime.data import DataPlan, SampleRef, ShardReader, open_sources
 from slurm_omni.runtime.heartbeat import Heartbeat
 from slurm_omni.runtime.layout import Layout
@@ -40,7 +41,6 @@ from slurm_omni.runtime.pipeline import (
     build_schedule,
     clip_global_norm,
     device_for,
-    init_distributed,
     lr_at,
     min_over_ranks,
 )
@@ -99,7 +99,7 @@ class Trainer:
         device = device_for(layout)
         if device.type == "cuda":
             torch.set_float32_matmul_precision(cfg.matmul_precision)
-        groups = init_distributed(layout, backend_for(cfg.parallel, device), device)
+        groups = init_process_groups(public_layout(layout), backend_for(cfg.parallel, device), device)
         stages = {s: build_stage(cfg.model, s, seed=cfg.optim.seed).to(device) for s in layout.stages}
         parts = {name: getattr(stages[s], name) for s in layout.stages for name in MODULES_BY_STAGE[s]}
         params = [p for m in stages.values() for p in m.parameters()]

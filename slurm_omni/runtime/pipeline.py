@@ -1,6 +1,7 @@
-"""Process groups, the pipeline schedule and the gradient collectives of one rank.
+"""The pipeline schedule and the gradient collectives of one rank.
 
-Groups (every rank creates every group, in the same order, as torch.distributed requires):
+Its process groups are the public API's (``slurm_omni.elastic.init_process_groups``; every rank
+creates every group, in the same order, as torch.distributed requires):
 - one pipeline group per replica ``r``: ranks ``(r, dp + r)`` (its vision rank and its text rank);
   the schedule's send/recv run in it, and the global gradient norm is summed over it;
 - one data-parallel group per stage: that stage's ``dp`` ranks; gradients are averaged in it.
@@ -10,12 +11,9 @@ of all ranks; their two stages run under the looped schedules (BFS for GPipe, in
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,12 +37,6 @@ from slurm_omni.runtime.model import lm_loss
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Groups:
-    pipeline: dist.ProcessGroup
-    data_parallel: dist.ProcessGroup
-
-
 def backend_for(parallel: ParallelConfig, device: torch.device) -> str:
     if parallel.backend != "auto":
         return parallel.backend
@@ -59,22 +51,6 @@ def device_for(layout: Layout) -> torch.device:
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
-
-
-def init_distributed(layout: Layout, backend: str, device: torch.device) -> Groups:
-    """Join the job's rendezvous (MASTER_ADDR:MASTER_PORT) and build the groups."""
-    timeout = datetime.timedelta(seconds=float(os.environ.get("OMNI_COLLECTIVE_TIMEOUT", "300")))
-    dist.init_process_group(
-        backend, init_method=f"tcp://{layout.master_addr}:{layout.master_port}", rank=layout.rank,
-        world_size=layout.world_size, timeout=timeout,
-        device_id=device if device.type == "cuda" else None)
-    dp = layout.data_parallel_size
-    stages = range(NUM_STAGES)
-    pipeline_groups = [dist.new_group(sorted({layout.global_rank_of(s, r) for s in stages})) for r in range(dp)]
-    dp_groups = [dist.new_group([layout.global_rank_of(s, r) for r in range(dp)])
-                 for s in (stages if not layout.colocated else [0])]
-    return Groups(pipeline=pipeline_groups[layout.data_parallel_rank],
-                  data_parallel=dp_groups[0 if layout.colocated else layout.stage])
 
 
 class StageClock:
