@@ -15,6 +15,7 @@ from multiuser_support import User
 
 from slurm_omni.manager.journal import incarnation_tag
 from slurm_omni.runtime.synth import SynthSpec, write_shards
+from slurm_omni.slurm.types import JobState
 
 pytestmark = [pytest.mark.multiuser, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -56,10 +57,10 @@ def test_alices_task_exit_reaches_her_manager_and_bobs_planted_tag_is_not_adopte
         assert rec.cause == "task_exit"
         new_id = int(run.incarnations()[1]["slurm_job_id"])
         assert new_id != planted_id
-        mine = [j for j in list_jobs(env) if j["comment"] == tag]
-        assert {j["user_name"] for j in mine if (j["het_job_id"] or j["job_id"]) == new_id} == {"alice"}
-        (bobs,) = [j for j in mine if j["job_id"] == planted_id]
-        assert bobs["user_name"] == "bob" and "PENDING" in str(bobs["job_state"])      # untouched
+        tagged = [j for j in list_jobs(env) if j.comment == tag]
+        assert {j.user for j in tagged if j.job_id == new_id} == {"alice"}
+        (bobs,) = [j for j in tagged if j.job_id == planted_id]
+        assert bobs.user == "bob" and bobs.state is JobState.PENDING               # untouched
         assert f"couldn't adopt Slurm job {planted_id} carrying tag {tag}: user bob" in run.manager_log()
     finally:
         run.cleanup()
