@@ -189,7 +189,10 @@ class ManagerSite:
     user's own (0700): a site with many users writes ``{user}`` in it, e.g.
     ``/var/lib/slurm-omni/registry/{user}``, which each user's tools fill in with their name."""
     metrics_dir: Path
-    """node_exporter textfile directory for ``*.prom`` files."""
+    """node_exporter textfile directory for ``*.prom`` files; each job's folder is
+    ``<metrics_dir>/<job name>``. A site with many users writes ``{user}`` in it, e.g.
+    ``/var/lib/node_exporter/textfile/{user}``, so that two users' jobs of the same name never share
+    a folder (filled in as for ``registry_dir``)."""
 
     def __post_init__(self) -> None:
         _check_absolute("manager.spool_dir", self.spool_dir)
@@ -199,6 +202,10 @@ class ManagerSite:
     def registry_for(self, user: str) -> Path:
         """``registry_dir`` of ``user`` (``{user}`` filled in)."""
         return Path(str(self.registry_dir).replace("{user}", user))
+
+    def metrics_for(self, user: str) -> Path:
+        """``metrics_dir`` of ``user`` (``{user}`` filled in)."""
+        return Path(str(self.metrics_dir).replace("{user}", user))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -40,7 +40,7 @@ class JobHandle:
         job_file = load_job(Path(record["job_file"]))
         return cls(name=name, job_id=int(record["job_id"]),
                    stage_tasks=tuple(int(s["nodes"]) * int(s["tasks_per_node"]) for s in stages),
-                   ckpt_dir=ckpt, metrics_dir=site.manager.metrics_dir / name, heartbeat_dir=ckpt / "heartbeat",
+                   ckpt_dir=ckpt, metrics_dir=site.manager.metrics_for(str(record.get("user") or current_user())) / name, heartbeat_dir=ckpt / "heartbeat",
                    max_steps=job_file.training.max_steps, user=str(record.get("user") or ""))
 
     def rank_offset(self, het_offset: int) -> int:

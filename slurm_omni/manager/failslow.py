@@ -218,7 +218,7 @@ class FailSlowWatch:
         text = "\n".join(lines) + "\n"
         if text == self._prom_text:
             return
-        directory = self.m.config.site.manager.metrics_dir
+        directory = self.m.config.site.manager.metrics_for(self.m.user)
         try:
             directory.mkdir(parents=True, exist_ok=True)
             write_atomic(directory / PROM_NAME, text.encode(), durable=False)

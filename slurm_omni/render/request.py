@@ -224,7 +224,7 @@ def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[Sta
         "OMNI_STAGE_TASKS": ",".join(str(p.ntasks) for p in plans),
         "OMNI_SPOOL_DIR": str(site.manager.spool_dir),
         # one folder per job: the runtime replaces its own omni-<stage>-*.prom files at start
-        "OMNI_METRICS_DIR": str(site.manager.metrics_dir / job.job.name),
+        "OMNI_METRICS_DIR": str(site.manager.metrics_for(owner) / job.job.name),
         "OMNI_HEARTBEAT_INTERVAL": f"{site.detection.heartbeat_interval_s:g}",
         "OMNI_MAX_STEPS": str(job.training.max_steps),
         **user,

@@ -209,3 +209,24 @@ def test_a_per_user_registry_fills_in_the_user(tmp_path: Path) -> None:
     assert default_state_dir(site, "alice") == Path("/var/lib/omni/registry/alice/manager")
     assert load_site(REPO / "site-config/omni.toml").manager.registry_for("bob") == \
         Path("/var/lib/slurm-omni/registry/bob")
+
+
+def test_a_per_user_metrics_dir_fills_in_the_user(tmp_path: Path) -> None:
+    from slurm_omni.drill.job import JobHandle
+    from slurm_omni.render import HetJobRequest
+    site = load_site(_write(tmp_path, "site.toml", SITE.replace(
+        'metrics_dir = "/var/lib/node_exporter/textfile"', 'metrics_dir = "/var/lib/node_exporter/textfile/{user}"')))
+    assert site.manager.metrics_for("alice") == Path("/var/lib/node_exporter/textfile/alice")
+    job_file = _write(tmp_path, "job.toml", JOB)
+    script = {user: HetJobRequest(job=load_job(job_file), site=site, job_file=job_file, job_sha256="0" * 64,
+                                  user=user).materialize() for user in ("alice", "bob")}
+    assert "OMNI_METRICS_DIR=/var/lib/node_exporter/textfile/alice/omni-tiny" in script["alice"]
+    assert "OMNI_METRICS_DIR=/var/lib/node_exporter/textfile/bob/omni-tiny" in script["bob"]
+    record = {"name": "omni-tiny", "job_id": 7, "ckpt_dir": "/shared/ckpt/bob/omni-tiny", "stages": [],
+              "job_file": str(job_file), "user": "bob"}
+    assert JobHandle.from_registration(record, site).metrics_dir == Path("/var/lib/node_exporter/textfile/bob/omni-tiny")
+    assert load_site(REPO / "site-config/omni.toml").manager.metrics_for("bob") == \
+        Path("/var/lib/node_exporter/textfile/bob")
+    # without {user} every user's jobs share the one folder, as before
+    assert load_site(_write(tmp_path, "plain.toml", SITE)).manager.metrics_for("bob") == \
+        Path("/var/lib/node_exporter/textfile")
