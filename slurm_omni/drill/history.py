@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.errors import OmniError
+from slurm_omni.formats import RecordRejected
+from slurm_omni.formats.metrics import LineUnparsable, MetricsLine, parse_line
 from slurm_omni.fsio import FileRejected, read_text
 
 MAX_HISTORY_BYTES = 1 << 30
@@ -78,12 +80,35 @@ class RunHistory:
         return [r for r in self.records if r.incarnation == incarnation]
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
+def _lines(path: Path) -> list[str]:
     try:
-        lines = read_text(path, MAX_HISTORY_BYTES, what=str(path), follow=True).splitlines()
+        return read_text(path, MAX_HISTORY_BYTES, what=str(path), follow=True).splitlines()
     except FileRejected as e:
         raise HistoryError(f"drill: {e}") from None
+
+
+def _metric_lines(path: Path) -> list[MetricsLine]:
+    """Every line of a metrics file as the schema says (slurm_omni.formats.metrics), but a last line
+    that is not JSON at all: a rank killed mid-write leaves it torn."""
+    lines = _lines(path)
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(parse_line(line, f"{path} line {n}"))
+        except LineUnparsable as e:
+            if n == len(lines):
+                continue
+            raise HistoryError(f"drill: {e}") from None
+        except RecordRejected as e:
+            raise HistoryError(f"drill: {e}") from None
+    return out
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    lines = _lines(path)
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -108,11 +133,8 @@ def _int(obj: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
-def _float(obj: dict[str, Any], key: str) -> float | None:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1e308 < value < 1e308:
-        return None
-    return float(value)
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and -1e308 < value < 1e308 else None   # a diverged loss: none
 
 
 def _loss_file(folder: Path) -> Path | None:
@@ -131,14 +153,9 @@ def load_history(folder: Path) -> RunHistory:
     if path is None:
         raise HistoryError(f"drill: couldn't find the loss in {folder}: no metrics-text-0.jsonl "
                            "(did the run start? OMNI_METRICS_DIR)")
-    records = []
-    for i, obj in enumerate(_jsonl(path), start=1):
-        where = f"{path} record {i}"
-        dp = obj.get("data_parallel_size")
-        records.append(StepRecord(step=_int(obj, "step", where), incarnation=_int(obj, "incarnation", where),
-                                  time=_float(obj, "time") or 0.0, loss=_float(obj, "loss"),
-                                  samples_per_s=_float(obj, "global_samples_per_second"),
-                                  data_parallel_size=dp if isinstance(dp, int) else None))
+    records = [StepRecord(step=m.step, incarnation=m.incarnation, time=m.time, loss=_finite(m.loss),
+                          samples_per_s=m.global_samples_per_second, data_parallel_size=m.data_parallel_size)
+               for m in _metric_lines(path)]
     samples: dict[str, dict[int, dict[int, dict[int, list[int]]]]] = {}
     for trace in sorted(folder.glob("samples-*-*.jsonl")):
         stage = trace.stem.removeprefix("samples-").rsplit("-", 1)[0]

@@ -4,7 +4,9 @@ Files are named by stage and replica (``<stage>-<dp_rank>``, e.g. ``text-0``), n
 one replica's history stays in one file when a resized run renumbers the ranks:
 
 ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl``: one object per logged step: ``time``, ``rank``,
-``stage``, ``dp_rank``, ``incarnation`` and the values the script logged (``step``, ``loss``, ...).
+``stage``, ``dp_rank``, ``incarnation`` and the values the script logged (``step``, ``loss``, ...);
+the schema of the keys readers use is :class:`slurm_omni.formats.metrics.MetricsLine`, and every line
+is checked against it before it is written (a wrong value raises one line naming the key).
 ``<OMNI_METRICS_DIR>/omni-<stage>-<dp_rank>.prom``: the latest numeric values as gauges ``omni_<key>``
 labelled with job, rank, stage and dp_rank, written to a temporary name and renamed (node_exporter's
 textfile collector convention). Replica 0 removes the textfiles of replicas that no longer exist.
@@ -23,6 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from slurm_omni.errors import RuntimeLayoutError
+from slurm_omni.formats import RecordRejected
+from slurm_omni.formats.metrics import check_line, dumps
 from slurm_omni.fsio import write_atomic
 
 _GAUGE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -51,7 +56,11 @@ class MetricsLog:
 
     def log_step(self, values: Mapping[str, float | int | None]) -> None:
         record = {"time": time.time(), **self.labels, **values}
-        self._jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+        try:
+            check_line(record, f"step {values.get('step')!r} to {self.jsonl_path}", "log")
+        except RecordRejected as e:
+            raise RuntimeLayoutError(f"elastic: {e}") from None
+        self._jsonl.write(dumps(record))
         self._write_prom(values)
 
     def trace(self, step: int, sample_ids: list[int]) -> None:

@@ -5,8 +5,10 @@ Metrics (``slurm_omni.runtime.metrics``): ``metrics-<stage>-<dp_rank>.jsonl`` (`
 with ``time`` (unix), ``rank``, ``stage`` (0 vision, 1 text, -1 both colocated), ``dp_rank``, ``incarnation``, ``step``, ``loss`` (text
 stage only, else null), ``step_time_seconds``, ``samples_per_second``, ``tokens_per_second``,
 ``global_samples_per_second``, ``ckpt_blocking_seconds``, ``ckpt_persist_seconds``,
-``data_parallel_size``, ... Keys this reader does not use are ignored (the runtime may add some);
-``time``, ``rank`` and ``step`` are required.
+``data_parallel_size``, ... Each line is checked strictly against
+:class:`slurm_omni.formats.metrics.MetricsLine` (``time``, ``rank`` and ``step`` required); keys it
+does not know are ignored (the script's own values). A bad line, the last one too, is one error
+naming the file, the line and the key. A diverged (NaN or infinite) loss is read as no loss.
 
 Heartbeats (``slurm_omni.runtime.heartbeat``): ``rank-<RANK>.json``, the latest beat of a rank
 (``rank``, ``time``, ``step``, ``phase``, ``incarnation``, ...). A ``*.jsonl`` file in the same folder
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_omni.formats import RecordRejected
+from slurm_omni.formats.metrics import MetricsLine, parse_line
 from slurm_omni.report.timeline import ReportInputError, _why, read_text
 
 
@@ -104,24 +108,29 @@ def metric_files(path: Path) -> list[Path]:
     return [path]
 
 
+def _metric_lines(path: Path) -> Iterable[MetricsLine]:
+    for n, line in enumerate(read_text(path).splitlines(), start=1):
+        if line.strip():
+            try:
+                yield parse_line(line, f"{path} line {n}")
+            except RecordRejected as e:
+                raise ReportInputError(f"report: {e}") from None
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and _finite(value) else None
+
+
 def load_metrics(paths: Iterable[Path]) -> list[MetricRecord]:
     records: list[MetricRecord] = []
     for path in paths:
         for file in metric_files(path):
-            for where, obj in _lines(file):
-                step = _int(obj, "step", where)
-                records.append(MetricRecord(
-                    time=_number(obj, "time", where, required=True) or 0.0,
-                    rank=_int(obj, "rank", where), step=step, stage=_int(obj, "stage", where, 0),
-                    incarnation=_int(obj, "incarnation", where, 0),
-                    loss=_number(obj, "loss", where),
-                    step_time_s=_number(obj, "step_time_seconds", where),
-                    tokens_per_s=_number(obj, "tokens_per_second", where),
-                    global_samples_per_s=_number(obj, "global_samples_per_second", where),
-                    ckpt_blocking_s=_number(obj, "ckpt_blocking_seconds", where),
-                    ckpt_persist_s=_number(obj, "ckpt_persist_seconds", where),
-                    data_parallel_size=(_int(obj, "data_parallel_size", where)
-                                        if obj.get("data_parallel_size") is not None else None)))
+            records.extend(MetricRecord(
+                time=m.time, rank=m.rank, step=m.step, stage=m.stage, incarnation=m.incarnation,
+                loss=_finite_or_none(m.loss), step_time_s=m.step_time_seconds, tokens_per_s=m.tokens_per_second,
+                global_samples_per_s=m.global_samples_per_second, ckpt_blocking_s=m.ckpt_blocking_seconds,
+                ckpt_persist_s=m.ckpt_persist_seconds, data_parallel_size=m.data_parallel_size)
+                for m in _metric_lines(file))
     if not records:
         raise ReportInputError("report: couldn't find any metrics record in "
                                + ", ".join(str(p) for p in paths))

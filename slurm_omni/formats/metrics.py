@@ -1,0 +1,111 @@
+"""One line of a metrics file: ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl``, one JSON object
+per logged step::
+
+    {"time": 1764460000.12, "rank": 3, "stage": 1, "dp_rank": 1, "incarnation": 0, "step": 17,
+     "loss": 2.31, "step_time_seconds": 0.031, "data_parallel_size": 2, ...}
+
+The writer is ``slurm_omni.elastic.metrics.MetricsLog`` (every training script's, the built-in
+trainer's too); it checks each line against :class:`MetricsLine` before writing it. The readers are
+``omni report`` (slurm_omni.report.inputs) and ``omni drill`` (slurm_omni.drill.history).
+
+``time``, ``rank`` and ``step`` are required; the other known keys may be absent (older runtimes) or
+null. A diverged loss is written as JSON's ``NaN``/``Infinity`` (Python's ``json`` does), which
+msgspec's own JSON decoder refuses: a line is parsed with ``json.loads`` (bounded in length by the
+reader's file limit, its nesting caught as ``RecursionError``, duplicate keys refused) and then
+converted strictly. Keys this schema does not know are the script's own values and are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+
+from slurm_omni.formats import RecordRejected, _no_duplicates
+from slurm_omni.fsio import one_line
+
+MAX_LINE_CHARS = 1 << 20
+"""A longer line is refused before parsing (the runtime's lines are a few hundred characters)."""
+
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+_Seconds = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)]
+_Rate = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)]
+
+
+class MetricsLine(msgspec.Struct, frozen=True, kw_only=True):
+    time: Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
+    """Unix time the step was logged."""
+    rank: _Count
+    step: _Count
+    """The global step just completed."""
+    stage: Annotated[int, msgspec.Meta(ge=-1)] = 0
+    """Stage index; -1 when all stages are colocated on the rank."""
+    dp_rank: _Count = 0
+    incarnation: _Count = 0
+    loss: float | None = None
+    """The job's loss (loss-reporting stage only, else null); NaN or infinite once diverged."""
+    step_time_seconds: _Seconds | None = None
+    compute_seconds: _Seconds | None = None
+    data_seconds: _Seconds | None = None
+    samples_per_second: _Rate | None = None
+    tokens_per_second: _Rate | None = None
+    global_samples_per_second: _Rate | None = None
+    ckpt_blocking_seconds: _Seconds | None = None
+    ckpt_persist_seconds: _Seconds | None = None
+    data_parallel_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+_AT = re.compile(r"^(?P<what>.*?) - at `\$\.(?P<key>[^`]*)`$")
+
+
+def _rejected(where: str, e: msgspec.ValidationError, action: str) -> RecordRejected:
+    """msgspec's "Expected `int` >= 0, got `str` - at `$.step`" as "step: expected `int` >= 0, got `str`"."""
+    text = one_line(str(e))
+    m = _AT.match(text)
+    if m:
+        what = m["what"]
+        text = f"{m['key']}: {what[:1].lower()}{what[1:]}"
+    elif text.startswith("Object missing required field"):
+        text = text.replace("Object missing required field", "missing required key")
+    return RecordRejected(f"couldn't {action} {where}: {text} (see slurm_omni.formats.metrics)")
+
+
+def check_line(obj: Mapping[str, Any], where: str, action: str = "read") -> MetricsLine:
+    """``obj`` (one parsed line) as a :class:`MetricsLine`; the error says "couldn't <action> <where>"."""
+    try:
+        return msgspec.convert(obj, MetricsLine, strict=True)
+    except msgspec.ValidationError as e:
+        raise _rejected(where, e, action) from None
+
+
+def parse_line(line: str, where: str) -> MetricsLine:
+    """One line of a metrics file. A line that is not JSON raises ``json.JSONDecodeError``'s
+    one-line message as :class:`LineUnparsable` (the drill's reader skips it when it is the torn
+    last line); any other fault raises :class:`RecordRejected`."""
+    if len(line) > MAX_LINE_CHARS:
+        raise RecordRejected(f"couldn't read {where}: {len(line)} characters (at most {MAX_LINE_CHARS})")
+    try:
+        obj = json.loads(line, object_pairs_hook=_no_duplicates)
+    except RecordRejected as e:
+        raise RecordRejected(f"couldn't read {where}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise LineUnparsable(f"couldn't parse {where}: {e.msg} (expected one JSON object per line)") from None
+    except (ValueError, RecursionError) as e:   # nesting too deep; an int of too many digits
+        why = "nested too deep" if isinstance(e, RecursionError) else one_line(str(e), 100)
+        raise RecordRejected(f"couldn't parse {where}: {why}") from None
+    if not isinstance(obj, dict):
+        raise RecordRejected(f"couldn't read {where}: expected a JSON object, not {type(obj).__name__}")
+    return check_line(obj, where)
+
+
+class LineUnparsable(RecordRejected):
+    """The line is not JSON at all (e.g. torn by a rank killed while writing it)."""
+
+
+def dumps(record: Mapping[str, Any]) -> str:
+    """The line the writer appends (``NaN`` for a diverged loss, keys sorted), newline included."""
+    return json.dumps(record, sort_keys=True) + "\n"
