@@ -83,6 +83,8 @@ def _strings(value: Any, field: str) -> tuple[str, ...]:
 def _state(raw: Mapping[str, Any], what: str) -> tuple[str, frozenset[str]]:
     """A node's base state and flags: ``"state": "idle"`` + ``"state_flags"`` (22.05) or
     ``"state": ["IDLE", "DRAIN"]`` (v0.0.40+)."""
+    if not isinstance(raw, Mapping):
+        raise SlurmError(f"slurm: couldn't read {what}: {str(raw)[:80]!r} (expected an object with a \"state\")")
     state = raw.get("state", "unknown")
     if isinstance(state, str):
         return state.upper(), frozenset(f.upper() for f in _strings(raw.get("state_flags"), f"{what} state_flags"))

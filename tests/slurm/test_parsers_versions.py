@@ -189,3 +189,11 @@ def test_tres_gres_both_spellings(text: str) -> None:
     # scontrol show job TresPerNode: gres:gpu:... on 22.05, gres/gpu:... on 24.11 and 26.05
     from slurm_omni.slurm.gres import parse_gres
     assert parse_gres(text) == (Gres("gpu", "h100", 4),)
+
+
+@pytest.mark.parametrize("node", [["IDLE"], "idle", 3])
+def test_a_row_whose_node_is_not_an_object_is_one_error(node: object) -> None:
+    # Found by the property test: a v0.0.40+ row's "node" given as a list was an AttributeError.
+    doc = {"meta": {}, "sinfo": [{"nodes": {"nodes": ["node1"]}, "node": node}]}
+    with pytest.raises(SlurmError, match="expected an object"):
+        parse_sinfo_json(json.dumps(doc))
