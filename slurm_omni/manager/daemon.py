@@ -147,11 +147,23 @@ class Manager:
             log.warning("manager: crash point %s reached: SIGKILL", point)
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def _say_what_carries_on(self) -> None:
+        """A restarted manager names what its journal left open: the state machine resumes each
+        recovery from the journal and re-emits its keyed actions, which perform_once finds done or
+        does once."""
+        open_ = self.journal.open_recoveries()
+        pending = self.journal.pending_actions()
+        if open_ or pending:
+            log.info("manager: carrying on %d open recoveries (%s) and %d actions not known done (%s)",
+                     len(open_), ", ".join(f"{r.job}/{r.incarnation}" for r in open_[:8]) or "-",
+                     len(pending), ", ".join(f"{a.kind} {a.job}/{a.incarnation} {a.state}" for a in pending[:8]) or "-")
+
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
         log.info("manager: watching %s as %s (poll every %.1fs)", self.config.site.manager.registry_for(self.user),
                  self.user, self.config.poll_interval_s)
+        self._say_what_carries_on()
         while not stop.is_set():
             started = time.monotonic()
             try:
