@@ -110,7 +110,7 @@ class JobSection:
         if self.data_parallel_size < 1:
             raise ConfigError(f"job.data_parallel_size = {self.data_parallel_size} is not allowed "
                               f"(expected >= 1)")
-        limit = parse_slurm_time(self.time_limit)
+        limit = self.time_limit_s
         if not 60 <= self.signal_before_s < limit:
             raise ConfigError(f"job.signal_before_s = {self.signal_before_s} is not allowed (expected "
                               f"60 <= it < time_limit = {limit}s: Slurm signals up to 60 s early)")
