@@ -185,7 +185,7 @@ class Layout:
             ckpt_dir=ckpt, heartbeat_dir=Path(env.get("OMNI_HEARTBEAT_DIR") or base / "heartbeat"),
             metrics_dir=Path(env.get("OMNI_METRICS_DIR") or base / "metrics"),
             master_addr=addr, master_port=port,
-            heartbeat_interval_s=_float(env, "OMNI_HEARTBEAT_INTERVAL", 2.0), launcher=launcher)
+            heartbeat_interval_s=env_float(env, "OMNI_HEARTBEAT_INTERVAL", 2.0), launcher=launcher)
 
 
 def accumulation_for(global_batch_size: int, micro_batch_size: int, data_parallel_size: int) -> int:
@@ -225,7 +225,8 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise RuntimeLayoutError(f"layout: couldn't read {name}: {raw!r} is not an integer") from e
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """``env[name]`` as a number, ``default`` when unset or empty; one RuntimeLayoutError otherwise."""
     raw = env.get(name, "")
     try:
         return float(raw) if raw else default

@@ -53,6 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_omni.elastic.layout import env_float
 from slurm_omni.errors import RuntimeLayoutError
 
 NUM_STAGES = 2
@@ -150,11 +151,11 @@ class Layout:
             micro_batches=_int(env, "OMNI_MICRO_BATCHES", 0),
             ckpt_dir=Path(_str(env, "OMNI_CKPT_DIR")), heartbeat_dir=Path(_str(env, "OMNI_HEARTBEAT_DIR")),
             metrics_dir=Path(_str(env, "OMNI_METRICS_DIR")),
-            heartbeat_interval_s=_float(env, "OMNI_HEARTBEAT_INTERVAL", 2.0),
+            heartbeat_interval_s=env_float(env, "OMNI_HEARTBEAT_INTERVAL", 2.0),
             incarnation=_int(env, "OMNI_INCARNATION", _int(env, "SLURM_RESTART_COUNT", 0)),
             job_id=env.get("OMNI_JOB_ID") or env.get("SLURM_JOB_ID") or "local",
             trace_samples=env.get("OMNI_TRACE_SAMPLES", "") == "1",
-            step_delay_s=_float(env, "OMNI_STEP_DELAY_S", 0.0),
+            step_delay_s=env_float(env, "OMNI_STEP_DELAY_S", 0.0),
             device=device, fault_misalign_at_step=_int(env, "OMNI_FAULT_MISALIGN_AT_STEP", 0),
             data_delay_s=_delay(env)[0], data_delay_from_step=_delay(env)[1], node=env.get("SLURMD_NODENAME", ""),
         )
@@ -190,11 +191,3 @@ def _delay(env: Mapping[str, str]) -> tuple[float, int]:
         raise RuntimeLayoutError(f"layout: couldn't read OMNI_DATA_DELAY_S={text!r} (expected SECONDS[@STEP], "
                                  "both >= 0)")
     return out
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "")
-    try:
-        return float(raw) if raw else default
-    except ValueError as e:
-        raise RuntimeLayoutError(f"layout: couldn't read {name}: {raw!r} is not a number") from e
