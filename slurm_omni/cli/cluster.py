@@ -40,6 +40,9 @@ def cluster() -> None:
 @click.option("--cpus-per-node", type=int, help="CPUs each node declares [4].")
 @click.option("--ctld-port", type=int, help="slurmctld's port [16817]; a second cluster needs others.")
 @click.option("--slurmd-base-port", type=int, help="First slurmd port [16900].")
+@click.option("--first-job-id", type=int,
+              help="First job id [1]; clusters running side by side on one machine need ranges that "
+                   "don't overlap (scripts take their rendezvous port from the job id).")
 @click.option("--slurm", "slurm_version", type=click.Choice(list(VERSIONS)),
               help="Slurm version [22.05: the host's packages]; 24.11 and 26.05 run from a Debian root "
                    "built once and cached (OMNI_SLURM_ROOTS, default /var/cache/slurm-omni/roots).")

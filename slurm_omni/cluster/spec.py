@@ -35,6 +35,9 @@ class ClusterSpec:
     ctld_port: int = 16817
     """slurmctld's port; slurmd ports follow from ``slurmd_base_port``."""
     slurmd_base_port: int = 16900
+    first_job_id: int = 1
+    """The first job id slurmctld hands out (``FirstJobId``). Job scripts derive their rendezvous port
+    from the job id, so two clusters on one machine running at once need ranges that don't overlap."""
     slurmd_timeout_s: int = 10
     """How long a silent slurmd stays NOT_RESPONDING before slurmctld sets it DOWN."""
     cluster_name: str = "omni"
@@ -54,6 +57,8 @@ class ClusterSpec:
              f"partitions = {list(self.partitions)} (allowed: identifiers other than 'debug')"),
             (1024 < self.ctld_port < 65000 and 1024 < self.slurmd_base_port < 65000 - self.nodes,
              f"ports = {self.ctld_port}, {self.slurmd_base_port} (allowed: 1025..64999)"),
+            (1 <= self.first_job_id <= 60_000_000,
+             f"first_job_id = {self.first_job_id} (allowed: 1..60000000)"),
             (self.slurm_version in VERSIONS,
              f"slurm_version = {self.slurm_version!r} (allowed: {', '.join(VERSIONS)})"),
             (self.slurmd_timeout_s >= 3, f"slurmd_timeout_s = {self.slurmd_timeout_s} (allowed: >= 3)"),
@@ -154,6 +159,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
         "GresTypes=gpu",
         "TopologyPlugin=topology/tree",
         "JobRequeue=1",
+        *([f"FirstJobId={spec.first_job_id}"] if spec.first_job_id != 1 else []),
         # 1: a node DOWN for not responding returns when its slurmd registers; one set DOWN by an
         # admin (or a drill) stays DOWN until resumed.
         "ReturnToService=1",

@@ -63,6 +63,14 @@ def test_config_differences(tmp_path: Path) -> None:
     assert not ClusterSpec().in_root and ClusterSpec(slurm_version="24.11").in_root
 
 
+def test_first_job_id_gives_side_by_side_clusters_their_own_job_ids(tmp_path: Path) -> None:
+    paths = ClusterPaths(tmp_path)
+    assert "FirstJobId" not in render_slurm_conf(ClusterSpec(), paths)
+    assert "FirstJobId=3001\n" in render_slurm_conf(ClusterSpec(first_job_id=3001), paths)
+    with pytest.raises(ConfigError, match=r"first_job_id = 0 \(allowed: 1\.\.60000000\)"):
+        ClusterSpec(first_job_id=0)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
 def test_wrapper_passes_arguments_untouched(tmp_path: Path) -> None:
     """A wrapper around /usr/bin/printf, chrooting into "/": every argument arrives as one word,
