@@ -4,6 +4,7 @@ address), the switch tree, and the job's state. Each call is one bounded command
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.parse_text import parse_nodes, parse_records, parse_topology
@@ -16,6 +17,7 @@ class AllocationView:
         self.runner = runner
         self.job_id = job_id
         self._topology: Topology | None = None
+        self._addrs: dict[str, str] = {}
 
     def topology(self) -> Topology:
         """``scontrol show topology`` once (it changes only on reconfiguration); empty without one."""
@@ -34,7 +36,23 @@ class AllocationView:
         feats = {r["NodeName"]: frozenset(f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)")
                  for r in records}
         addrs = {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records}
+        self._addrs.update(addrs)
         return parse_nodes(text, self.topology()), feats, addrs
+
+    def address(self, name: str) -> str:
+        """The node's NodeAddr: from an earlier :meth:`node_info` (addresses do not change while the
+        job runs), else asked once."""
+        if name not in self._addrs:
+            self.node_info([name])
+        return self._addrs.get(name, name)
+
+    def job_state_and_nodes(self, names: Sequence[str]) -> tuple[str, list[Node]]:
+        """:meth:`job_state` and :meth:`node_info` of ``names`` at once (two commands side by side:
+        right after a failure slurmctld answers slowly, and the relaunch waits for both)."""
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            state = pool.submit(self.job_state)
+            nodes = pool.submit(self.node_info, names)
+            return state.result(), nodes.result()[0]
 
     def job_state(self) -> str:
         """Slurm's state of the job (``squeue``), empty when it cannot tell."""

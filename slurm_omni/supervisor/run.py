@@ -59,7 +59,7 @@ from slurm_omni.slurm.steps import (
     step_argv,
     step_name,
 )
-from slurm_omni.slurm.types import NodeState
+from slurm_omni.slurm.types import Node, NodeState
 from slurm_omni.standby import through_standby
 from slurm_omni.supervisor.journal import (
     Launch,
@@ -104,10 +104,11 @@ class SupervisorOptions:
     spank_ckpt: str = ""
     log_dir: Path | None = None
     tick_s: float = 0.05
-    kill_grace_s: float = 0.2
+    kill_grace_s: float = 0.0
+    """After killing a confirmed failed step's tasks, wait this long for its srun before relaunching
+    anyway (its exit code adds nothing to a latched confirmation; the srun is reaped later)."""
     max_fruitless: int = 3
     """Launches in a row that end before their first step (a crash at start-up) before handing over."""
-    """After killing a failed step's tasks, wait this long for its srun before relaunching anyway."""
     node_poll_s: float = 3.0
     heartbeat_poll_s: float = 0.5
     crash_at: str = ""
@@ -251,9 +252,8 @@ class Supervisor:
         command = through_standby(self.opts.command) if self.opts.standby else self.opts.command
         argv = step_argv(comps, command, name=name, overlap=True,
                          spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt)
-        _, _, addrs = self.slurm.node_info(cur.layout.components[0][:1])
         env = {
-            "MASTER_ADDR": addrs.get(cur.layout.components[0][0], "127.0.0.1"),
+            "MASTER_ADDR": self.slurm.address(cur.layout.components[0][0]),
             "MASTER_PORT": str(cur.port), "OMNI_DP_SIZE": str(cur.data_parallel_size),
             "OMNI_INCARNATION": str(cur.incarnation), "OMNI_LAUNCH": str(cur.number),
             "OMNI_STAGE_TASKS": ",".join(str(c.ntasks) for c in comps),
@@ -283,7 +283,7 @@ class Supervisor:
             if killed_at is not None:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer:
                 # relaunch without it (the next step overlaps its CPUs) and reap it later
-                if now - killed_at >= self.opts.kill_grace_s:
+                if self.clock() - killed_at >= self.opts.kill_grace_s:
                     if self._proc is not None:
                         self._dying.append(self._proc)
                     return 128 + signal.SIGKILL
@@ -308,6 +308,7 @@ class Supervisor:
                 self._dying.extend(scancels)
                 if not scancels:
                     self._stop_step(signal.SIGINT)
+                continue   # straight to the grace check: with no grace, relaunch on this tick
             time.sleep(self.opts.tick_s)
 
     def _observe_srun(self, event: SrunEvent, confirmer: Confirmer) -> None:
@@ -359,7 +360,7 @@ class Supervisor:
         if self.stop_signal is not None:   # the batch shell asked (time limit, scancel): not a failure
             self.phase = "stopped"
             return EXIT_CHECKPOINTED if rc in (EXIT_CHECKPOINTED, 128 + signal.SIGTERM) else rc
-        state = self.slurm.job_state()
+        state, nodes = self.slurm.job_state_and_nodes((*cur.layout.nodes, *cur.layout.spares))
         if state not in ("RUNNING", ""):   # scancel, the time limit, a requeue: the allocation is ending
             log.warning("supervisor: launch %d ended while Slurm shows the job %s: no relaunch", cur.number, state)
             self.phase = "stopped"
@@ -376,8 +377,8 @@ class Supervisor:
         if planned is not None:
             relaunch, cause = planned, "planned"
         else:
-            decision = self._confirm(cur, rc, now)
-            relaunch_or = self._plan(cur, decision, now)
+            decision = self._confirm(cur, rc, now, nodes)
+            relaunch_or = self._plan(cur, decision, now, nodes)
             if isinstance(relaunch_or, Fallback):
                 return self._fallback(cur, relaunch_or.failed, relaunch_or.reasons)
             relaunch, cause = relaunch_or, decision.cause
@@ -414,9 +415,10 @@ class Supervisor:
         except OSError as e:
             log.warning("supervisor: couldn't write the %s report: %s", kind, e)
 
-    def _confirm(self, cur: Launch, rc: int, now: float) -> Decision:
-        """The one rule over what this launch left: the step's end, the nodes' states now, the last
-        heartbeats. Journaled once per launch (a restarted supervisor reuses it)."""
+    def _confirm(self, cur: Launch, rc: int, now: float, nodes: Sequence[Node]) -> Decision:
+        """The one rule over what this launch left: the step's end, the nodes' states now (``nodes``,
+        read after the step ended), the last heartbeats. Journaled once per launch (a restarted
+        supervisor reuses it)."""
         if cur.confirmed is not None:
             c = cur.confirmed
             return Decision(Verdict.CONFIRMED, now, cause=str(c["cause"]), nodes=tuple(c["nodes"]),
@@ -424,7 +426,7 @@ class Supervisor:
         confirmer = self._watched or self._confirmer(cur)
         self._heartbeats(cur, confirmer)
         confirmer.observe(StepEnded(now, rc if rc else 1))
-        self._observe_nodes(cur, confirmer, force=True)
+        self._node_states(nodes, cur, confirmer, now)
         d = confirmer.evaluate(now)
         self.journal.append("confirmed", launch=cur.number, cause=d.cause, nodes=list(d.nodes), rc=rc,
                             fault_at=d.fault_at, detected_at=d.first_signal_at, confirmed_at=d.confirmed_at,
@@ -432,10 +434,13 @@ class Supervisor:
         log.warning("supervisor: launch %d failed (rc %d): %s", cur.number, rc, "; ".join(d.reasons))
         return d
 
-    def _plan(self, cur: Launch, decision: Decision, now: float) -> Relaunch | Fallback:
+    def _plan(self, cur: Launch, decision: Decision, now: float, nodes: Sequence[Node] | None = None
+              ) -> Relaunch | Fallback:
         """The next launch. The nodes to replace are those Slurm reported failed (srun's node
-        failure, or a node state), not every node where a task died: a peer of a lost rank dies too."""
-        nodes, _, _ = self.slurm.node_info((*cur.layout.nodes, *cur.layout.spares))
+        failure, or a node state), not every node where a task died: a peer of a lost rank dies too.
+        ``nodes``: the allocation's nodes as just read (else read now)."""
+        if nodes is None:
+            nodes, _, _ = self.slurm.node_info((*cur.layout.nodes, *cur.layout.spares))
         failed = self._lost | {n.name for n in nodes if n.state.failed and n.name in cur.layout.nodes}
         decision = Decision(decision.verdict, decision.at, cause=decision.cause,
                             nodes=tuple(sorted(failed | (set(decision.nodes) if decision.cause == "drain" else set()))))
@@ -529,14 +534,18 @@ class Supervisor:
             first = min(ahead, key=lambda hb: hb.time)
             self.journal.append("first_step", launch=cur.number, at=first.time, step=first.step)
 
-    def _observe_nodes(self, cur: Launch, confirmer: Confirmer, *, force: bool = False) -> None:
+    def _observe_nodes(self, cur: Launch, confirmer: Confirmer) -> None:
         try:
             nodes, _, _ = self.slurm.node_info(cur.layout.nodes)
         except SlurmError as e:
             log.warning("supervisor: couldn't read node states: %s", e)
             return
-        now = self.clock()
+        self._node_states(nodes, cur, confirmer, self.clock())
+
+    def _node_states(self, nodes: Sequence[Node], cur: Launch, confirmer: Confirmer, now: float) -> None:
         for n in nodes:
+            if n.name not in cur.layout.nodes:
+                continue
             confirmer.observe(NodeObservation(now, n.name, n.state, n.reason))
             if n.state.failed:
                 self._lost.add(n.name)
