@@ -54,8 +54,11 @@ class MetricsLog:
         self._trace: IO[str] | None = (
             open(self.trace_path, "a", buffering=1) if trace else None)  # noqa: SIM115
 
-    def log_step(self, values: Mapping[str, float | int | None]) -> None:
-        record = {"time": time.time(), **self.labels, **values}
+    def log_step(self, values: Mapping[str, float | int | None], *,
+                 line_only: Mapping[str, float | None] | None = None) -> None:
+        """One line; ``line_only`` values go into the line but not into the textfile's gauges (the
+        startup times of a life, on its first line)."""
+        record = {"time": time.time(), **self.labels, **values, **(line_only or {})}
         try:
             check_line(record, f"step {values.get('step')!r} to {self.jsonl_path}", "log")
         except RecordRejected as e:

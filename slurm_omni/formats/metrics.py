@@ -57,6 +57,14 @@ class MetricsLine(msgspec.Struct, frozen=True, kw_only=True):
     ckpt_blocking_seconds: _Seconds | None = None
     ckpt_persist_seconds: _Seconds | None = None
     data_parallel_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    task_started_at: _Seconds | None = None
+    """First line of a life only (the built-in trainer): Unix time its task started (the standby
+    client's start, ``OMNI_TASK_STARTED_AT``; absent on a cold start)..."""
+    groups_ready_at: _Seconds | None = None
+    """...its process groups were initialised (the rendezvous done)..."""
+    restored_at: _Seconds | None = None
+    """...and its checkpoint restored (all ranks agreed on the step). Recovery benchmarks split a
+    relaunch's time with them."""
 
 
 _AT = re.compile(r"^(?P<what>.*?) - at `\$\.(?P<key>[^`]*)`$")

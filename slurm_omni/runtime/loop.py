@@ -9,6 +9,7 @@ global batch and the loss normalisation are the same for every replica count.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -59,6 +60,15 @@ class Batch:
     has_image: torch.Tensor | None     # text stage
 
 
+def _env_time(name: str) -> float | None:
+    """A Unix time the launcher put in the environment (the standby client's start), None if absent."""
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 class Trainer:
     def __init__(self, cfg: TrainingConfig, layout: Layout, stop: StopRequest | None = None) -> None:
         self.cfg = cfg
@@ -72,6 +82,8 @@ class Trainer:
                             f"{cfg.parallel.global_batch_size} over {layout.data_parallel_size} replicas "
                             f"of {cfg.parallel.micro_batch_size} needs {mb}")
         self.micro_batches = mb
+        self._startup: dict[str, float | None] = {}
+        """The life's startup times, written once into its first metrics line."""
 
     def run(self) -> int:
         """Train to ``max_steps``; returns an exit code from :mod:`exitcodes`."""
@@ -100,6 +112,7 @@ class Trainer:
         if device.type == "cuda":
             torch.set_float32_matmul_precision(cfg.matmul_precision)
         groups = init_process_groups(public_layout(layout), backend_for(cfg.parallel, device), device)
+        groups_ready_at = time.time()
         stages = {s: build_stage(cfg.model, s, seed=cfg.optim.seed).to(device) for s in layout.stages}
         parts = {name: getattr(stages[s], name) for s in layout.stages for name in MODULES_BY_STAGE[s]}
         params = [p for m in stages.values() for p in m.parameters()]
@@ -115,6 +128,8 @@ class Trainer:
         # every rank resumes from the same step: the newest one all ranks' shards verify
         restored = ckpt.restore_latest(lambda step: min_over_ranks(step, device))
         start = restored.global_step if restored else 0
+        self._startup = {"task_started_at": _env_time("OMNI_TASK_STARTED_AT"), "groups_ready_at": groups_ready_at,
+                         "restored_at": time.time()}
         if restored:
             log.info("runtime: rank %d resumed at step %d (saved with %s) in %.2fs", layout.rank, start,
                      restored.state.get("layout"), restored.load_s)
@@ -229,4 +244,5 @@ class Trainer:
             "global_samples_per_second": self.cfg.parallel.global_batch_size / step_s,
             "ckpt_blocking_seconds": ckpt.last_blocking_s, "ckpt_persist_seconds": ckpt.last_persist_s,
             "data_parallel_size": self.layout.data_parallel_size, "micro_batches": self.micro_batches,
-        })
+        }, line_only=self._startup)
+        self._startup = {}

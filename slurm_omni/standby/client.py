@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 
@@ -55,6 +56,8 @@ def main(argv: list[str]) -> int:
         print("omni standby client: usage: client.py SOCKET|node -- OMNI_ARGS...", file=sys.stderr)
         return 2
     path, args = (node_socket() if argv[0] == "node" else argv[0]), argv[2:]
+    # when srun started this task: the trainer writes it into its first metrics line (startup times)
+    os.environ["OMNI_TASK_STARTED_AT"] = repr(time.time())
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
