@@ -8,16 +8,25 @@ job and the same faults, on the embedded cluster (issue 13):
                      --nnodes=1:2, --max-restarts, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
 
 Faults: ``node`` (a node of the text stage set DOWN in Slurm, not the batch host) and ``rank`` (the
-trainer process of a text rank SIGKILLed). ``--busy`` fills every node the job does not hold with
-other jobs of a few minutes (slurm_omni.cluster.busy), so that a path that goes through the queue
-waits. Times: the fault is this script's clock at injection; the first step is the earliest metrics
-record (the runtime's own timestamp) of a later incarnation. A path that does not recover from a
-fault (Slurm does not requeue a job for a crashed rank) says so instead of a number.
+trainer process of a text rank SIGKILLed). On the busy cluster every node the job does not hold
+gets another job (``--exclusive``) and more wait in the queue behind them (slurm_omni.cluster.busy,
+``queued``): a node the job frees goes to them, so a path that goes through the queue waits there
+(its queue wait, Slurm's SubmitTime to StartTime, is printed). Times: the fault is this script's
+clock at injection; the first step is the earliest metrics record (the runtime's own timestamp) of a
+later incarnation. A path that does not recover from a fault (Slurm does not requeue a job for a
+crashed rank) says so instead of a number.
 
-    python bench/recovery_bench.py                       # every path and fault, idle cluster, 1 repeat
-    python bench/recovery_bench.py --paths in_allocation,resubmit --faults node --busy --repeats 3
+An in-allocation trial is split by the product's own timestamps: the supervisor's journal (srun
+reported the fault, the rule confirmed it, the next launch journaled) and the new life's first
+metrics line (its tasks started, process groups ready, restored, first step).
 
-Prints one line per trial, then medians and the ratios in_allocation / each other path.
+    python bench/recovery_bench.py                # every path and fault, idle and busy, 3 repeats
+    python bench/recovery_bench.py --paths in_allocation,resubmit --faults node --busy --repeats 5
+
+The paths run interleaved (repeat 1 of every path, then repeat 2, ...) so that a change of the
+machine's load falls on all of them. Prints one line per trial (with the 1-minute load average),
+then per path the median, the spread (min-max) and the median load, the ratios in_allocation / each
+other path, and the issue's goals with PASS or MISS.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +149,23 @@ class Trial:
     busy: bool
     seconds: float | None
     note: str = ""
+    load: float = 0.0
+    """1-minute load average at the fault."""
+    queue_wait: float | None = None
+    """Resubmission: the new job's SubmitTime to StartTime (s)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """In-allocation: where the time went (see PHASES)."""
+
+
+PHASES = ("detect", "confirm", "decide", "srun", "groups", "restore", "step")
+"""detect: fault -> srun reports it; confirm: -> the rule confirmed; decide: -> the next launch
+journaled (kill, job and node states, placement); srun: -> the first task of it started; groups: ->
+the last rank's process groups ready; restore: -> the last rank restored; step: -> the first step."""
 
 
 class Bench:
-    def __init__(self, root: Path, *, step_delay: float, after_steps: int, timeout_s: float) -> None:
+    def __init__(self, root: Path, *, step_delay: float, after_steps: int, timeout_s: float,
+                 busy_seconds: int = 90) -> None:
         self.root = root
         self.cluster = LocalCluster(Path(os.environ.get("OMNI_CLUSTER_DIR", REPO / ".omni" / "cluster")))
         self.cluster.up(wait_s=120)
@@ -157,6 +179,7 @@ class Bench:
         if not self.shards.exists():
             write_shards(SynthSpec(out_dir=self.shards, pairs=32, text=16, shard_size=16))
         self.count = 0
+        self.busy_seconds = busy_seconds
 
     # -- one trial --------------------------------------------------------------------------------
     def trial(self, path: str, fault: str, busy: bool) -> Trial:
@@ -164,7 +187,7 @@ class Bench:
         work = self.root / f"{self.count:02d}-{path}-{fault}-{'busy' if busy else 'idle'}"
         work.mkdir(parents=True)
         (work / "logs").mkdir()
-        filler = BusyCluster(self.backend, seconds=150, tag=f"bench-{os.getpid()}")
+        filler = BusyCluster(self.backend, seconds=self.busy_seconds, tag=f"bench-{os.getpid()}", queued=8)
         manager: subprocess.Popen[bytes] | None = None
         lost = ""
         job_id = 0
@@ -176,16 +199,24 @@ class Bench:
             inc = self._wait_steps(work, self.after_steps)
             if busy:
                 filler.fill()
+            load = os.getloadavg()[0]
             t_fault, lost, note = self._inject(work, path, fault, job_id)
             if not t_fault:
-                return Trial(path, fault, busy, None, note)
+                return Trial(path, fault, busy, None, note, load)
             if path == "requeue" and fault == "rank":
                 return Trial(path, fault, busy, None, "Slurm requeues a job for a lost node only: the batch "
-                                                      "script ends failed")
+                                                      "script ends failed", load)
             first = self._first_step_after(work, inc, t_fault)
             if first is None:
-                return Trial(path, fault, busy, None, f"no step after the fault within {self.timeout_s:.0f} s")
-            return Trial(path, fault, busy, first - t_fault, note)
+                return Trial(path, fault, busy, None, f"no step after the fault within {self.timeout_s:.0f} s", load)
+            trial = Trial(path, fault, busy, first - t_fault, note, load)
+            if path == "in_allocation":
+                trial.phases = self._phases(work, job_id, inc, t_fault)
+            if path == "resubmit":
+                trial.queue_wait, nodes = self._queue_wait(work, job_id)
+                trial.note += f"; resubmitted job waited {trial.queue_wait:.0f} s in the queue, ran on {nodes}" \
+                    if trial.queue_wait is not None else "; no resubmitted job found"
+            return trial
         finally:
             filler.clear()
             if manager is not None:
@@ -249,6 +280,45 @@ class Bench:
             time.sleep(1)
 
     # -- what the run recorded ----------------------------------------------------------------------
+    def _queue_wait(self, work: Path, job_id: int) -> tuple[float | None, str]:
+        """The resubmitted job's time in the queue, from Slurm's SubmitTime and StartTime (s)."""
+        later = [j for j in self._jobs_named(work) if j > job_id]
+        if not later:
+            return None, ""
+        out = self.runner.run(["scontrol", "show", "job", "-o", str(later[-1])], check=False).stdout
+        fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+        try:
+            submit = time.mktime(time.strptime(fields["SubmitTime"], "%Y-%m-%dT%H:%M:%S"))
+            start = time.mktime(time.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+        except (KeyError, ValueError):
+            return None, ""
+        return start - submit, fields.get("NodeList", "")
+
+    def _phases(self, work: Path, job_id: int, inc: int, t_fault: float) -> dict[str, float]:
+        """Where an in-allocation relaunch's time went, from the supervisor's journal and the new
+        life's first metrics lines (empty when a record is missing)."""
+        journals = list((work / "ckpt").rglob(f"supervisor/{job_id}.jsonl"))
+        if not journals:
+            return {}
+        recs = [json.loads(line) for line in journals[0].read_text().splitlines() if line.strip()]
+        launch = next((r for r in recs if r["kind"] == "launch" and int(r["incarnation"]) > inc), None)
+        confirmed = next((r for r in recs if r["kind"] == "confirmed" and int(r["launch"]) == int(launch["launch"]) - 1),
+                         None) if launch else None
+        first = [r for r in self._records(work) if launch and int(r["incarnation"]) == int(launch["incarnation"])]
+        first_lines: dict[int, dict[str, Any]] = {}
+        for r in sorted(first, key=lambda r: r["time"]):
+            first_lines.setdefault(int(r["rank"]), r)
+        lines = list(first_lines.values())
+        if not (launch and confirmed and lines and all(r.get("restored_at") for r in lines)):
+            return {}
+        started = [r["task_started_at"] for r in lines if r.get("task_started_at")]
+        marks = [t_fault, confirmed["detected_at"], confirmed["confirmed_at"], launch["time"],
+                 min(started) if started else None, max(r["groups_ready_at"] for r in lines),
+                 max(r["restored_at"] for r in lines), min(r["time"] for r in lines)]
+        if started == [] or any(m is None for m in marks):
+            return {}
+        return {name: float(marks[k + 1] - marks[k]) for k, name in enumerate(PHASES)}
+
     def _records(self, work: Path) -> list[dict[str, Any]]:
         out = []
         for f in (work / "metrics").rglob("metrics-*.jsonl"):
@@ -309,13 +379,92 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _cell(trials: list[Trial]) -> dict[str, Any]:
+    secs = [t.seconds for t in trials if t.seconds is not None]
+    waits = [t.queue_wait for t in trials if t.queue_wait is not None]
+    return {"median": _median(secs), "min": min(secs) if secs else None, "max": max(secs) if secs else None,
+            "n": len(secs), "of": len(trials), "load": _median([t.load for t in trials]),
+            "queue_wait": _median(waits),
+            "phases": {ph: _median([t.phases[ph] for t in trials if ph in t.phases]) for ph in PHASES}
+            if any(t.phases for t in trials) else {},
+            "notes": sorted({t.note for t in trials if t.seconds is None})}
+
+
+def summarize(trials: list[Trial], paths: list[str], faults: list[str], states: list[bool]) -> list[str]:
+    """The table, the ratios and the goals, as printed lines."""
+    cells = {(b, f, p): _cell([t for t in trials if (t.busy, t.fault, t.path) == (b, f, p)])
+             for b in states for f in faults for p in paths}
+    out = ["", ("fault -> first step after restore: median, spread (min-max), trials that recovered, "
+                "median 1-min load at the fault"),
+           f"  {'cluster':7} {'fault':5} {'path':13} {'median':>8} {'spread':>15} {'n':>5} {'load':>5}  notes"]
+    for (b, f, p), c in cells.items():
+        med = f"{c['median']:7.2f}s" if c["median"] is not None else "     n/a"
+        spread = f"{c['min']:.2f}-{c['max']:.2f}" if c["median"] is not None else "-"
+        notes = []
+        if c["queue_wait"] is not None:
+            notes.append(f"queue wait {c['queue_wait']:.0f} s")
+        if c["phases"]:
+            notes.append(" ".join(f"{ph} {v:.2f}" for ph, v in c["phases"].items() if v is not None))
+        notes += c["notes"][:1]
+        out.append(f"  {'busy' if b else 'idle':7} {f:5} {p:13} {med} {spread:>15} {c['n']:>2}/{c['of']:<2} "
+                   f"{c['load'] or 0:5.1f}  {'; '.join(notes)}")
+    out.append("\nratios in_allocation / path (medians):")
+    for b in states:
+        for f in faults:
+            base = cells[(b, f, "in_allocation")]["median"] if "in_allocation" in paths else None
+            parts = [f"{p} {base / cells[(b, f, p)]['median']:.3f}x" if base and cells[(b, f, p)]["median"]
+                     else f"{p} n/a" for p in paths if p != "in_allocation"]
+            out.append(f"  {'busy' if b else 'idle'} {f:4}: " + "; ".join(parts))
+    out.append("\ngoals (issue 13):")
+    out.extend(goals(cells, paths, faults, states))
+    return out
+
+
+def _verdict(ok: bool | None) -> str:
+    return "PASS" if ok else "n/a " if ok is None else "MISS"
+
+
+def goals(cells: dict[tuple[bool, str, str], dict[str, Any]], paths: list[str], faults: list[str],
+          states: list[bool]) -> list[str]:
+    out = []
+    def med(b: bool, f: str, p: str) -> float | None:
+        c = cells.get((b, f, p))
+        return c["median"] if c else None
+    a = med(False, "node", "in_allocation")
+    out.append(f"  {_verdict(a <= 3.0 if a is not None else None)}  (a) idle node loss, in_allocation <= 3 s: "
+               + (f"{a:.2f} s (load {cells[(False, 'node', 'in_allocation')]['load']:.1f})" if a is not None
+                  else "not measured"))
+    for f in faults:
+        ours, theirs = med(True, f, "in_allocation"), med(True, f, "resubmit")
+        ok = ours / theirs <= 0.1 if ours is not None and theirs else None
+        wait = cells.get((True, f, "resubmit"), {}).get("queue_wait")
+        out.append(f"  {_verdict(ok)}  (b) busy {f} loss, in_allocation <= 0.1 x resubmit: "
+                   + (f"{ours:.2f} / {theirs:.2f} s = {ours / theirs:.3f}x (resubmission queue wait "
+                      f"{wait if wait is None else round(wait)} s)" if ok is not None and ours and theirs
+                      else "not measured"))
+    for b in states:
+        for f in faults:
+            ours, theirs = med(b, f, "in_allocation"), med(b, f, "torchrun")
+            c = cells.get((b, f, "torchrun"))
+            if ours is None or c is None:
+                ok, text = None, "not measured"
+            elif theirs is None:
+                ok, text = True, f"{ours:.2f} s; torchrun did not recover ({'; '.join(c['notes'][:1])})"
+            else:
+                ok, text = ours < theirs, f"{ours:.2f} s vs torchrun {theirs:.2f} s ({ours / theirs:.3f}x)"
+            out.append(f"  {_verdict(ok)}  (c) {'busy' if b else 'idle'} {f}, ahead of torchrun: {text}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--faults", default=",".join(FAULTS))
-    p.add_argument("--busy", action="store_true", help="the busy cluster only")
-    p.add_argument("--both", action="store_true", help="idle and busy")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--states", default="idle,busy", help="idle, busy or both (comma-separated)")
+    p.add_argument("--busy", action="store_true", help="the busy cluster only (--states busy)")
+    p.add_argument("--idle", action="store_true", help="the idle cluster only (--states idle)")
+    p.add_argument("--repeats", type=int, default=3, help="trials per path, fault and cluster state (medians)")
+    p.add_argument("--busy-seconds", type=int, default=90, help="how long each filler job of the busy cluster runs")
     p.add_argument("--step-delay", type=float, default=0.1)
     p.add_argument("--after-steps", type=int, default=3, help="inject this many steps after the first checkpoint")
     p.add_argument("--timeout", type=float, default=400.0)
@@ -324,38 +473,34 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     paths = [x for x in a.paths.split(",") if x]
     faults = [x for x in a.faults.split(",") if x]
-    bad = sorted(set(paths) - set(PATHS)) + sorted(set(faults) - set(FAULTS))
-    if bad:
-        print(f"recovery_bench: unknown {bad[0]!r} (paths: {', '.join(PATHS)}; faults: {', '.join(FAULTS)})")
+    names = ["busy"] if a.busy else ["idle"] if a.idle else [x for x in a.states.split(",") if x]
+    bad = sorted(set(paths) - set(PATHS)) + sorted(set(faults) - set(FAULTS)) + sorted(set(names) - {"idle", "busy"})
+    if bad or a.repeats < 1:
+        print(f"recovery_bench: unknown {bad[0] if bad else a.repeats!r} (paths: {', '.join(PATHS)}; "
+              f"faults: {', '.join(FAULTS)}; states: idle, busy; repeats >= 1)")
         return 2
-    states = [False, True] if a.both else [a.busy]
-    bench = Bench(a.work, step_delay=a.step_delay, after_steps=a.after_steps, timeout_s=a.timeout)
+    states = [n == "busy" for n in ("idle", "busy") if n in names]
+    bench = Bench(a.work, step_delay=a.step_delay, after_steps=a.after_steps, timeout_s=a.timeout,
+                  busy_seconds=a.busy_seconds)
     trials: list[Trial] = []
     for busy in states:
         for fault in faults:
-            for path in paths:
-                for _ in range(a.repeats):
+            for rep in range(a.repeats):
+                for path in paths:
                     try:
                         t = bench.trial(path, fault, busy)
                     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                        t = Trial(path, fault, busy, None, f"trial failed: {e}")
+                        t = Trial(path, fault, busy, None, f"trial failed: {e}", os.getloadavg()[0])
                     trials.append(t)
                     shown = f"{t.seconds:7.2f} s" if t.seconds is not None else "    n/a  "
-                    print(f"{'busy' if busy else 'idle'} {fault:4} {path:13} {shown}  {t.note}", flush=True)
-    if a.json:
-        a.json.write_text(json.dumps([t.__dict__ for t in trials], indent=1))
-    print("\nmedian fault -> first step after restore (s), and in_allocation / path:")
-    for busy in states:
-        for fault in faults:
-            med = {path: _median([t.seconds for t in trials if t.path == path and t.fault == fault
-                                  and t.busy == busy and t.seconds is not None]) for path in paths}
-            base = med.get("in_allocation")
-            cells = []
-            for path in paths:
-                m = med[path]
-                ratio = f" ({base / m:.2f}x)" if base is not None and m and path != "in_allocation" else ""
-                cells.append(f"{path} {m:.2f}{ratio}" if m is not None else f"{path} n/a")
-            print(f"  {'busy' if busy else 'idle'} {fault:4}: " + "; ".join(cells))
+                    phases = " ".join(f"{k} {v:.2f}" for k, v in t.phases.items())
+                    print(f"{'busy' if busy else 'idle'} {fault:4} {path:13} #{rep + 1} {shown}  load {t.load:5.1f}  "
+                          f"{t.note}{'  [' + phases + ']' if phases else ''}", flush=True)
+                    if a.json:
+                        a.json.write_text(json.dumps([x.__dict__ for x in trials], indent=1))
+    for line in summarize(trials, paths, faults, states):
+        print(line)
+    print(f"\nrerun (best on an idle machine): {shlex.join([sys.executable, *sys.argv])}")
     return 0
 
 
