@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Record what the Slurm boundary reads, from the real daemons of one version, as parser fixtures.
 #   bash scripts/record-slurm-fixtures.sh 24.11 [STATE_DIR]
+#   (OMNI_RECORD_ONLY=cancelled records only the cancelled het job)
 # brings up (or reuses) that version's embedded cluster in STATE_DIR (default .omni/cluster-<version>),
 # drives it through the states the parsers must read (idle; down + drain; a het job and an array;
-# a requeued het job; a node not responding; slurmctld unreachable) and writes
+# a requeued het job; a het job cancelled by its user; a node not responding; slurmctld unreachable) and writes
 # tests/fixtures/slurm-<version>/. Node states are put back afterwards. Takes about 2 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,33 @@ running() { [ "$(squeue -h -j "$1" -o %T | sort -u)" = RUNNING ]; }
 job_gone() { [ -z "$(squeue -h -o %i)" ]; }
 scancel --user="$(id -un)" 2>/dev/null || true
 wait_for 60 job_gone
+
+# A het job cancelled by its user (its batch shell takes 4 s to stop on SIGTERM): CANCELLED+COMPLETING
+# while it stops, then CANCELLED, which plain `squeue --json` no longer lists on 24.11+ (it applies
+# squeue's default state filter there) and `squeue --json --states=all` does, until MinJobAge.
+record_cancelled() {
+  cat > "$work/cancel.sbatch" <<'SCRIPT'
+#!/bin/bash
+#SBATCH --job-name=fixture-cancel --output=/dev/null
+#SBATCH --partition=vision --nodes=1 --nodelist=node1
+#SBATCH hetjob
+#SBATCH --partition=text --nodes=1 --nodelist=node2
+trap 'sleep 4; exit 0' TERM
+sleep 600 & wait
+SCRIPT
+  local job
+  job=$(sbatch --parsable "$work/cancel.sbatch" | cut -d';' -f1)
+  wait_for 60 running "$job"
+  sleep 1
+  scancel "$job"
+  wait_for 10 bash -c "squeue -h -j $job -o %T | grep -q COMPLETING"
+  squeue --json --states=all > "$out/squeue_cancelling.json"
+  wait_for 60 job_gone
+  squeue --json --states=all > "$out/squeue_cancelled.json"
+  squeue --json > "$out/squeue_cancelled_default_filter.json"
+}
+record_cancelled
+if [ "${OMNI_RECORD_ONLY:-}" = cancelled ]; then echo "recorded the cancelled job into $out"; exit 0; fi
 
 scontrol show topology > "$out/topology.txt"
 sinfo --json > "$out/sinfo_idle.json"

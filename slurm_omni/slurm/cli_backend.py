@@ -51,8 +51,11 @@ class CliBackend:
         return parse_sinfo_json(out, self.topology())
 
     def jobs(self, *, user: str | None = None) -> list[Job]:
-        # squeue --json ignores filters in 22.05 (BACKGROUND.md): filter here.
-        out = self.runner.run(["squeue", "--json"], unreachable_if=json_reports_error).stdout
+        # squeue --json ignores filters in 22.05 (BACKGROUND.md): filter here. 24.11+ apply squeue's
+        # default state filter to --json too, so a job that ended (CANCELLED, COMPLETED, FAILED...)
+        # would vanish from the list instead of showing how it ended: --states=all lists them until
+        # MinJobAge, as 22.05 does (tests/fixtures/slurm-*/squeue_cancelled*.json).
+        out = self.runner.run(["squeue", "--json", "--states=all"], unreachable_if=json_reports_error).stdout
         jobs = parse_squeue_json(out)
         return [j for j in jobs if user is None or j.user == user]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from manager_cluster_support import ManagerRun, job_file_text, make_shards, manager_run
+from multiuser.multiuser_support import User, lookup
 from support import wait_until
 
 from slurm_omni.config.job import load_job
@@ -37,6 +38,17 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["make", "-s", "-C", str(Path(__file__).resolve().parents[2] / "spank")], check=True,
                    capture_output=True, timeout=120)
     return make_shards(tmp_path_factory.mktemp("manager-jobs-data"))
+
+
+@pytest.fixture
+def bob() -> User:
+    """The unprivileged user whose job the manager must refuse (scripts/setup.sh creates him)."""
+    if os.geteuid() != 0:
+        pytest.skip("submitting as bob needs root")
+    try:
+        return lookup("bob")
+    except KeyError:
+        pytest.skip("user bob is missing: run scripts/setup.sh as root")
 
 
 def _start_now(runner: CommandRunner, job_ids: list[int]) -> None:
@@ -143,14 +155,20 @@ def test_failed_array_task_is_requeued_alone(slurm_cluster, shards: Path, tmp_pa
         run.wait_steps(ids[1], 2, (rec.plan or {}).get("restore_step") or 1, heartbeat_dir=hb[1])
 
 
-def test_foreign_jobs_and_records_and_an_open_spool_are_refused(slurm_cluster, shards: Path, tmp_path: Path) -> None:
+def test_foreign_jobs_and_records_and_an_open_spool_are_refused(slurm_cluster, shards: Path, tmp_path: Path,
+                                                                 bob: User) -> None:
     spool = tmp_path / "spool"
     spool.mkdir(mode=0o755)
     own = spool / "root"                                            # this manager's folder of the spool
     own.mkdir(mode=0o700)
     with manager_run(tmp_path, slurm_cluster.env, spool, shards, name="mgr-refuse") as run:
-        # Another user's job, registered in our registry: Slurm says whose it is.
-        foreign = run.sbatch("--uid=nobody", "--hold", "--output=/dev/null", "--wrap=sleep 300")
+        # Another user's job, registered in our registry: Slurm says whose it is. Submitted by bob
+        # himself (sbatch --uid is refused on 24.11+: "Invalid --uid specification").
+        submitted = bob.run("sbatch", "--parsable", "--hold", "--job-name=mgr-foreign", "--output=/dev/null",
+                            "--wrap=sleep 300", env={**os.environ, **slurm_cluster.env}, cwd=Path("/"))
+        assert submitted.returncode == 0, submitted.stderr
+        foreign = int(submitted.stdout.strip().split(";")[0])
+        run.extra_jobs.add(foreign)
         _register(run, foreign, "mgr-foreign")
         # Another user's record and a malformed one: set aside unread.
         other_record = _register(run, 999_999, "mgr-other")
@@ -188,7 +206,7 @@ def test_foreign_jobs_and_records_and_an_open_spool_are_refused(slurm_cluster, s
         assert exit_record["exit_code"] == 3 and exit_record["job_id"] == failing
 
         (held,) = [j for j in slurm_cluster.backend().jobs() if j.job_id == foreign]
-        assert held.slurm_state == "PENDING" and held.user == "nobody"          # not cancelled
+        assert held.slurm_state == "PENDING" and held.user == bob.name          # not cancelled
         assert not run.rows("SELECT key FROM actions")
         assert [n for (n,) in run.rows("SELECT name FROM jobs ORDER BY name")] == [foreign_key, failing_key]
 
@@ -205,11 +223,18 @@ def test_a_job_cancelled_by_its_user_stays_cancelled(slurm_cluster, shards: Path
         def cancelled() -> bool:
             return bool(run.rows("SELECT 1 FROM jobs WHERE name = ? AND state = 'cancelled'", run.key))
         wait_until(cancelled, 60, f"{run.key} to be cancelled\n{run.manager_log()}", interval_s=0.5)
+        # The job is CANCELLED as soon as one component is (24.11+ list the leader as
+        # ["CANCELLED", "COMPLETING"] while its batch shell stops): wait for all of it to end.
+        backend = slurm_cluster.backend()
+
+        def ended() -> object:
+            job = next((j for j in backend.jobs() if j.job_id == job_id), None)
+            return job if job is not None and all(c.state.finished for c in job.components) else None
+        job = wait_until(ended, 60, f"job {job_id} to end in Slurm", interval_s=0.5)
         time.sleep(3)                                               # a dozen ticks and a few polls later
         log = (tmp_path / "logs" / f"mgr-cancel-{job_id}.out").read_text()
-        assert "got SIGTERM; forwarding it to the step" in log and "not requeueing" in log
+        assert "got SIGTERM; forwarding it to the step" in log and "not requeueing" in log, log[-2000:]
         assert "requeueing job" not in log
-        (job,) = [j for j in slurm_cluster.backend().jobs() if j.job_id == job_id]
         assert job.slurm_state == "CANCELLED" and job.restart_count == 0
         assert run.recoveries() == [] and not run.rows("SELECT key FROM actions")
         (incarnation,) = run.incarnations()

@@ -8,21 +8,15 @@ files, logs, registry, metrics and the manager's state; the checkpoint root is s
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from multiuser_support import User
+from multiuser_support import User, lookup
 
 USERS = ("alice", "bob")
-
-
-def _user(name: str) -> User:
-    pw = pwd.getpwnam(name)
-    return User(name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir))
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +24,7 @@ def users() -> dict[str, User]:
     if os.geteuid() != 0:
         pytest.skip("multiuser tests switch users: run them as root")
     try:
-        found = {name: _user(name) for name in USERS}
+        found = {name: lookup(name) for name in USERS}
     except KeyError:
         pytest.skip("users alice and bob are missing: run scripts/setup.sh as root")
     if shutil.which("setpriv") is None:

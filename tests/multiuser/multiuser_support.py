@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,3 +31,9 @@ class User:
                 os.lchown(os.path.join(root, name), self.uid, self.gid)
         os.lchown(path, self.uid, self.gid)
         return path
+
+
+def lookup(name: str) -> User:
+    """The site user ``name`` (KeyError when there is none)."""
+    pw = pwd.getpwnam(name)
+    return User(name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir))

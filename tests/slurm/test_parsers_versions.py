@@ -13,7 +13,7 @@ from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.parse_json import number, parse_sinfo_json, parse_squeue_json
 from slurm_omni.slurm.parse_text import parse_nodes, parse_topology
 from slurm_omni.slurm.states import job_state_of, node_state, split_state_list
-from slurm_omni.slurm.types import Gres, JobState, NodeState
+from slurm_omni.slurm.types import Gres, Job, JobState, NodeState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NEWER = ["24.11", "26.05"]
@@ -112,6 +112,33 @@ def test_squeue_requeued(version: str) -> None:
 @pytest.mark.parametrize("version", NEWER)
 def test_squeue_empty(version: str) -> None:
     assert parse_squeue_json(read(version, "squeue_empty.json")) == []
+
+
+def _cancel_fixture(version: str, name: str) -> Job | None:
+    return next((j for j in parse_squeue_json(read(version, name)) if j.name == "fixture-cancel"), None)
+
+
+@pytest.mark.parametrize("version", ["22.05", *NEWER])
+def test_a_het_job_its_user_cancelled(version: str) -> None:
+    # scancel of a het job whose batch shell takes a while to stop: the leader COMPLETING (24.11+:
+    # ["CANCELLED", "COMPLETING"]) while the other component is CANCELLED already; the job as a
+    # unit is CANCELLED (its worst component), which is what the manager reads as "cancelled in Slurm".
+    stopping = _cancel_fixture(version, "squeue_cancelling.json")
+    assert stopping is not None and stopping.is_het
+    assert [c.state for c in stopping.components] == [JobState.COMPLETING, JobState.CANCELLED]
+    assert stopping.slurm_state == ("COMPLETING" if version == "22.05" else "CANCELLED+COMPLETING")
+    assert stopping.state is JobState.CANCELLED and stopping.state.finished
+    ended = _cancel_fixture(version, "squeue_cancelled.json")   # squeue --json --states=all
+    assert ended is not None and ended.state is JobState.CANCELLED
+    assert {c.state for c in ended.components} == {JobState.CANCELLED} and ended.restart_count == 0
+
+
+@pytest.mark.parametrize("version", ["22.05", *NEWER])
+def test_plain_squeue_json_drops_ended_jobs_after_22_05(version: str) -> None:
+    # Why CliBackend.jobs() asks for --states=all: without it 24.11+ list no ended job at all, and a
+    # cancelled job looked as if it had left the queue without a word.
+    default = _cancel_fixture(version, "squeue_cancelled_default_filter.json")
+    assert (default is not None) is (version == "22.05")
 
 
 @pytest.mark.parametrize("version", NEWER)
