@@ -286,7 +286,7 @@ def record(run: Run, out: Path | None, label: str) -> None:
     if out is None:
         return
     out.mkdir(parents=True, exist_ok=True)
-    keys = ("time", "rank", "stage", "node", "step", "compute_s", "data_s", "step_time_s", "job_id")
+    keys = ("time", "rank", "stage", "node", "step", "compute_s", "data_s", "cpu_wait_s", "step_time_s", "job_id")
     with open(out / f"{label}.jsonl", "w") as f:
         f.writelines(json.dumps({k: hb.get(k) for k in keys}) + "\n" for hb in sorted(run.series, key=lambda h: h["time"]))
 

@@ -73,6 +73,15 @@ MAX_STOP_S = 0.3    # one stop stays far below a heartbeat's staleness window (1
 MIN_STOP_S = 0.005
 
 
+def is_running(pid: int) -> bool:
+    """True when the process's main thread is running or runnable (state R): it is doing its own
+    work, not waiting for a peer (a receive or a collective sleeps, state S)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, IndexError):
+        return False
+
+
 def cpu_seconds_of(pid: int) -> float | None:
     """CPU time of all of ``pid``'s threads (``/proc/PID/task/*/schedstat``, nanoseconds); None once gone."""
     total = 0
@@ -91,10 +100,12 @@ def cpu_seconds_of(pid: int) -> float | None:
 @dataclass
 class SignalThrottle:
     """SIGSTOP/SIGCONT of ``pids`` in proportion to the CPU they use: every ``tick_s`` each rank owes
-    ``(factor - 1)`` times the CPU time it used since, and is stopped that long. Its own work then
-    takes ``factor`` times the wall time, as on a slower device, while its waits for its peers (no
-    CPU) are left alone: a duty cycle of fixed stops lands mostly in those waits, slows the whole
-    job and leaves the rank's own time as it was (measured, docs/failslow.md)."""
+    ``(factor - 1)`` times the CPU time it used since, and is stopped that long, but only while its
+    main thread is running (state R: inside its own work). Its own work then takes ``factor`` times
+    the wall time, as on a slower device, while its waits for its peers (no CPU, state S) are left
+    alone: the debt waits for the next burst of work. Stops that land in the waits (a fixed duty
+    cycle, or stopping whenever a debt is due) slow the whole job and leave the rank's own time
+    nearly as it was (measured, docs/failslow.md)."""
 
     pids: list[int]
     factor: float
@@ -123,7 +134,8 @@ class SignalThrottle:
                 if now is not None and before is not None:
                     debt[pid] += max(0.0, now - before) * (self.factor - 1.0)
                 last[pid] = now
-            owed = sorted((min(d, MAX_STOP_S), pid) for pid, d in debt.items() if d >= MIN_STOP_S)
+            owed = sorted((min(d, MAX_STOP_S), pid) for pid, d in debt.items()
+                          if d >= MIN_STOP_S and is_running(pid))
             if not owed:
                 continue
             t0 = time.monotonic()

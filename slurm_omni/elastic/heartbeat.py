@@ -12,6 +12,8 @@
 step (its modules' forward and backward and the optimizer step, without the time spent waiting for a
 peer in a receive or an all-reduce) and ``data_s`` its data loading per step, both means over the
 same last steps as ``step_time_s`` (null until a step reports them; the fail-slow detector compares ``compute_s`` across the ranks of a stage);
+``cpu_wait_s`` (same window) the part of ``compute_s + data_s`` the rank's thread was runnable but
+waited for a CPU (run-queue delay: another process held the cores; elastic/timing.py);
 ``node`` the node the rank runs on (``SLURMD_NODENAME``; absent outside Slurm);
 ``last_checkpoint_step`` the newest step whose shard this rank made durable (or restored from);
 ``phase`` one of :data:`PHASES`; ``metrics`` (optional) at most :data:`MAX_METRICS` numbers the script
@@ -53,11 +55,12 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._step_times: collections.deque[float] = collections.deque(maxlen=window)
         self._own_times: dict[str, collections.deque[float]] = {
-            k: collections.deque(maxlen=window) for k in ("compute_s", "data_s")}
+            k: collections.deque(maxlen=window) for k in ("compute_s", "data_s", "cpu_wait_s")}
         self._state: dict[str, Any] = {
             "rank": rank, "stage": max(0, stage), "dp_rank": dp_rank, "pid": os.getpid(),
             "incarnation": incarnation, "job_id": job_id, "step": -1, "phase": "starting",
-            "step_time_s": None, "compute_s": None, "data_s": None, "last_checkpoint_step": None, "beats": 0,
+            "step_time_s": None, "compute_s": None, "data_s": None, "cpu_wait_s": None, "last_checkpoint_step": None,
+            "beats": 0,
         }
         node = os.environ.get("SLURMD_NODENAME", "") if node is None else node
         if node:
@@ -76,7 +79,8 @@ class Heartbeat:
         return str(self._state["phase"])
 
     def update(self, *, step: int | None = None, step_time_s: float | None = None,
-               compute_s: float | None = None, data_s: float | None = None, phase: str | None = None,
+               compute_s: float | None = None, data_s: float | None = None, cpu_wait_s: float | None = None,
+               phase: str | None = None,
                last_checkpoint_step: int | None = None, metrics: dict[str, float | int] | None = None,
                error: str | None = None) -> None:
         if phase is not None and phase not in PHASES:
@@ -88,7 +92,7 @@ class Heartbeat:
             if step_time_s is not None:
                 self._step_times.append(step_time_s)
                 s["step_time_s"] = sum(self._step_times) / len(self._step_times)
-            for key, value in (("compute_s", compute_s), ("data_s", data_s)):
+            for key, value in (("compute_s", compute_s), ("data_s", data_s), ("cpu_wait_s", cpu_wait_s)):
                 if value is not None:
                     # the mean over the same last steps as step_time_s: with a beat per interval,
                     # the last step alone is one sample in several and too noisy to compare nodes

@@ -158,13 +158,13 @@ class Run:
         metrics) and one metrics line. ``metrics``: numbers such as ``loss``, ``samples``, ``tokens``."""
         now = time.monotonic()
         step_s, self._step_started = now - self._step_started, now
-        compute_s, data_s = self.timer.take()
+        compute_s, data_s, cpu_wait = self.timer.take_times()
         values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
         if self.checkpoints is not None:
             self.checkpoints.poll()
         self.step = step
         self.heartbeat.update(step=step, step_time_s=step_s, compute_s=compute_s, data_s=data_s,
-                              phase="training", metrics=values,
+                              cpu_wait_s=cpu_wait, phase="training", metrics=values,
                               last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
         if log_metrics:
             ckpt = self.checkpoints

@@ -6,23 +6,61 @@ this rank's own work (its modules' forward and backward, the optimizer step), me
 the modules (:meth:`StepTimer.watch`) or by explicit regions (:meth:`StepTimer.compute`). Regions
 nest without counting twice. On CUDA the regions measure host time (kernels run asynchronously):
 pass ``synchronize=True`` to :meth:`StepTimer.watch` to wait for the device at each region's end.
+
+Inside those regions the timer also counts the time this thread was runnable but waited for a CPU
+(the kernel's run-queue delay, ``/proc/thread-self/schedstat``): ``cpu_wait_s``. Where several
+"nodes" share a host's cores (the embedded cluster, an oversubscribed node), a rank that waits for
+the CPU another job holds is not slow itself, and a stalled rank's pipeline partner gets the cores
+and looks fast; the fail-slow detector leaves that wait out (site ``[failslow] count_cpu_wait``).
+A stopped process (SIGSTOP) or a slow device is not waiting for a CPU: that time stays the rank's own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from torch import nn
-from torch.utils.hooks import RemovableHandle
+if TYPE_CHECKING:   # torch only for the hooks' types: the drill and the manager import cpu_wait_s cheaply
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
 
 # torch warns once per module when no input of a module requires grad (the first pipeline stage):
 # the hook then fires for the gradients of its outputs, which is what we time.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+
+
+SCHEDSTAT = "/proc/thread-self/schedstat"
+_schedstat_ok = os.path.exists(SCHEDSTAT)
+
+
+def cpu_wait_s() -> float:
+    """This thread's run-queue delay so far (seconds runnable without a CPU); 0.0 where the kernel
+    does not say (no schedstat)."""
+    global _schedstat_ok
+    if not _schedstat_ok:
+        return 0.0
+    try:
+        fd = os.open(SCHEDSTAT, os.O_RDONLY)
+        try:
+            fields = os.read(fd, 128).split()
+        finally:
+            os.close(fd)
+        return int(fields[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        _schedstat_ok = False
+        return 0.0
+
+
+class StepTimes(NamedTuple):
+    compute_s: float
+    data_s: float
+    cpu_wait_s: float
+    """Of ``compute_s + data_s``: the time the timed thread waited for a CPU (run-queue delay)."""
 
 
 class StepTimer:
@@ -32,13 +70,16 @@ class StepTimer:
         self._lock = threading.Lock()
         self._compute = 0.0
         self._data = 0.0
+        self._wait = 0.0
         self._depth = 0
         self._since = 0.0
+        self._wait_since = 0.0
 
     def _enter(self) -> None:
         with self._lock:
             if self._depth == 0:
                 self._since = time.monotonic()
+                self._wait_since = cpu_wait_s()
             self._depth += 1
 
     def _leave(self, sync: bool = False) -> None:
@@ -53,6 +94,7 @@ class StepTimer:
             self._depth -= 1
             if self._depth == 0:
                 self._compute += time.monotonic() - self._since
+                self._wait += max(0.0, cpu_wait_s() - self._wait_since)
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -66,12 +108,13 @@ class StepTimer:
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:
         """``with timer.data(): batch = next(it)``: reading and preparing the step's samples."""
-        started = time.monotonic()
+        started, waited = time.monotonic(), cpu_wait_s()
         try:
             yield
         finally:
             with self._lock:
                 self._data += time.monotonic() - started
+                self._wait += max(0.0, cpu_wait_s() - waited)
 
     def watch(self, module: nn.Module, *, synchronize: bool = False) -> list[RemovableHandle]:
         """Count ``module``'s forward and backward as compute (hooks; remove them with the handles)."""
@@ -85,9 +128,14 @@ class StepTimer:
                 module.register_full_backward_pre_hook(enter), module.register_full_backward_hook(leave)]
 
     def take(self) -> tuple[float, float]:
-        """``(compute_s, data_s)`` since the last call; resets both (an unfinished region is dropped)."""
+        """``(compute_s, data_s)`` since the last call; resets them (an unfinished region is dropped)."""
+        t = self.take_times()
+        return t.compute_s, t.data_s
+
+    def take_times(self) -> StepTimes:
+        """Compute, data and CPU-wait time since the last call; resets them."""
         with self._lock:
-            out = (self._compute, self._data)
-            self._compute = self._data = 0.0
+            out = StepTimes(self._compute, self._data, min(self._wait, self._compute + self._data))
+            self._compute = self._data = self._wait = 0.0
             self._depth = 0
         return out

@@ -48,6 +48,9 @@ class HeartbeatRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Of ``step_time_s``: the time in the model's forward and backward (absent from older runtimes)."""
     data_s: _Seconds | None = None
     """Of ``step_time_s``: the time waiting for the next batch (absent from older runtimes)."""
+    cpu_wait_s: _Seconds | None = None
+    """Of ``compute_s + data_s``: the time the rank was runnable but waited for a CPU (absent from
+    older runtimes)."""
     metrics: Annotated[dict[_MetricName, int | float], msgspec.Meta(max_length=MAX_METRICS)] = msgspec.field(
         default_factory=dict)
     """Numbers the training script passed with its last step (loss, samples, tokens, ...)."""

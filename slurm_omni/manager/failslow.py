@@ -107,7 +107,7 @@ class FailSlowWatch:
         for hb in beats:
             if hb.phase == "training" and hb.compute_s is not None and hb.data_s is not None and hb.node:
                 fs.detector.observe(StepSample(hb.time, hb.rank, hb.stage, hb.node, hb.step, hb.compute_s,
-                                               hb.data_s, hb.step_time_s))
+                                               hb.data_s, hb.step_time_s, hb.cpu_wait_s or 0.0))
         report = fs.detector.evaluate(now)
         fs.report = report
         self._journal_changes(w, fs, report, now)

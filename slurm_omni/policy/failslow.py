@@ -81,6 +81,11 @@ class FailSlowConfig:
     """What a planned migration costs (save, stop, resubmit, restore), measured."""
     min_gain: float = 2.0
     """Migrate only when the time won over the rest of the run is this many restart costs."""
+    count_cpu_wait: bool = False
+    """Count a rank's wait for a CPU (``cpu_wait_s``: runnable while another process held the cores)
+    as its own time. Off: nodes that share a host's cores (the embedded cluster, oversubscribed
+    nodes) are judged by their own work; a SIGSTOPped rank or a slow device still counts. On: a noisy
+    neighbour on a node of its own counts too."""
 
     def __post_init__(self) -> None:
         for name in ("window_s", "sustain_s", "clear_s", "restart_cost_s"):
@@ -115,10 +120,20 @@ class StepSample:
     compute_s: float
     data_s: float
     step_time_s: float | None = None
+    cpu_wait_s: float = 0.0
+    """Of ``compute_s + data_s``: waiting for a CPU (run-queue delay)."""
 
     @property
     def own_s(self) -> float:
         return self.compute_s + self.data_s
+
+    def without_cpu_wait(self) -> StepSample:
+        """The rank's own work: its wait for a CPU taken out (from compute first, then data)."""
+        wait = min(max(0.0, self.cpu_wait_s), self.own_s)
+        compute = max(0.0, self.compute_s - wait)
+        data = max(0.0, self.data_s - (wait - (self.compute_s - compute)))
+        return StepSample(self.time, self.rank, self.stage, self.node, self.step, compute, data,
+                          self.step_time_s, 0.0)
 
 
 class NodeState(enum.Enum):
@@ -212,6 +227,8 @@ class FailSlowDetector:
         if sample.step <= self._last_step.get(sample.rank, -1):
             return False
         self._last_step[sample.rank] = sample.step
+        if not self.config.count_cpu_wait and sample.cpu_wait_s > 0:
+            sample = sample.without_cpu_wait()
         self._samples.setdefault(sample.rank, deque()).append(sample)
         return True
 
@@ -432,10 +449,11 @@ def samples_from(records: Iterable[Mapping[str, Any]]) -> list[StepSample]:
         compute, data = r.get("compute_s"), r.get("data_s")
         if not isinstance(compute, (int, float)) or not isinstance(data, (int, float)):
             continue
-        step_time = r.get("step_time_s")
+        step_time, wait = r.get("step_time_s"), r.get("cpu_wait_s")
         out.append(StepSample(float(r["time"]), int(r["rank"]), int(r["stage"]), str(r.get("node", "")),
                               int(r["step"]), float(compute), float(data),
-                              float(step_time) if isinstance(step_time, (int, float)) else None))
+                              float(step_time) if isinstance(step_time, (int, float)) else None,
+                              float(wait) if isinstance(wait, (int, float)) else 0.0))
     return out
 
 

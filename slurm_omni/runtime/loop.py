@@ -19,6 +19,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from slurm_omni.config.training import TrainingConfig
 from slurm_omni.elastic.run import init_process_groups
+from slurm_omni.elastic.timing import cpu_wait_s
 from slurm_omni.errors import OmniError, RuntimeLayoutError
 from slurm_omni.runtime import exitcodes
 from slurm_omni.runtime.checkpointing import StageCheckpointer, public_layout
@@ -144,33 +145,36 @@ class Trainer:
         code = exitcodes.EXIT_DONE
         try:
             for step in range(start, cfg.max_steps):
-                t0 = time.monotonic()
+                t0, w0 = time.monotonic(), cpu_wait_s()
                 refs = plan.next_global_batch(step, cfg.parallel.global_batch_size)[first:first + per_replica]
                 lr = lr_at(cfg.optim, step, cfg.max_steps)
                 batch = self._read(reader, refs, device, misalign=step + 1 == layout.fault_misalign_at_step)
                 if layout.data_delay_s and step >= layout.data_delay_from_step:
                     time.sleep(layout.data_delay_s)
                 data_s = time.monotonic() - t0
-                clock.busy_s = 0.0
+                data_wait_s = cpu_wait_s() - w0
+                clock.busy_s = clock.cpu_wait_s = 0.0
                 t_pipe, cpu_pipe = time.monotonic(), time.thread_time()
                 loss = self._forward_backward(schedule, text_stage, batch)
                 pipeline_s, pipeline_cpu_s = time.monotonic() - t_pipe, time.thread_time() - cpu_pipe
                 average_gradients(params, groups.data_parallel, layout.data_parallel_size)
                 grad_norm = clip_global_norm(params, groups.pipeline, cfg.optim.grad_clip)
-                t_opt = time.monotonic()
+                t_opt, w_opt = time.monotonic(), cpu_wait_s()
                 for optimizer in optimizers.values():
                     for group in optimizer.param_groups:
                         group["lr"] = lr
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 compute_s = clock.busy_s + time.monotonic() - t_opt
+                # of compute_s + data_s: waiting for a CPU another process held (shared cores)
+                wait_s = data_wait_s + clock.cpu_wait_s + cpu_wait_s() - w_opt
                 if loss is not None and layout.data_parallel_size > 1:
                     dist.all_reduce(loss, group=groups.data_parallel)
                     loss.div_(layout.data_parallel_size)
                 global_step = step + 1
                 step_s = time.monotonic() - t0
                 self.heartbeat.update(step=global_step, step_time_s=step_s, compute_s=compute_s, data_s=data_s,
-                                      metrics={"samples": len(refs), **({"loss": float(loss.item())}
+                                      cpu_wait_s=max(0.0, wait_s), metrics={"samples": len(refs), **({"loss": float(loss.item())}
                                                                         if loss is not None else {})})
                 self.metrics.trace(global_step, batch.ids.tolist())
                 if layout.step_delay_s:

@@ -30,6 +30,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from slurm_omni.config.training import ModelConfig, OptimConfig, ParallelConfig
+from slurm_omni.elastic.timing import cpu_wait_s
 from slurm_omni.errors import RuntimeLayoutError
 from slurm_omni.runtime.layout import NUM_STAGES, Layout
 from slurm_omni.runtime.model import lm_loss
@@ -54,10 +55,12 @@ def device_for(layout: Layout) -> torch.device:
 
 
 class StageClock:
-    """Wall time this rank's stages spent in their own forward and backward chunks."""
+    """Wall time this rank's stages spent in their own forward and backward chunks, and of it the
+    time the thread waited for a CPU (run-queue delay, elastic.timing.cpu_wait_s)."""
 
     def __init__(self) -> None:
         self.busy_s = 0.0
+        self.cpu_wait_s = 0.0
 
 
 class TimedStage(PipelineStage):
@@ -71,13 +74,14 @@ class TimedStage(PipelineStage):
         self.clock = clock
 
     def _timed(self, run: Any, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.monotonic()
+        t0, w0 = time.monotonic(), cpu_wait_s()
         try:
             return run(*args, **kwargs)
         finally:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             self.clock.busy_s += time.monotonic() - t0
+            self.clock.cpu_wait_s += max(0.0, cpu_wait_s() - w0)
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         return self._timed(super().forward_one_chunk, *args, **kwargs)

@@ -21,7 +21,7 @@ from slurm_omni.elastic.checkpointer import Checkpointer, CheckpointMismatch
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED
 from slurm_omni.elastic.heartbeat import Heartbeat
 from slurm_omni.elastic.layout import Layout
-from slurm_omni.elastic.timing import StepTimer
+from slurm_omni.elastic.timing import SCHEDSTAT, StepTimer
 from slurm_omni.errors import RuntimeLayoutError
 from slurm_omni.manager import events
 
@@ -106,6 +106,33 @@ def test_timer_counts_module_work_not_the_wait_between() -> None:
     compute_s, data_s = timer.take()
     assert 0 < compute_s < 0.2 and data_s >= 0.01
     assert timer.take() == (0.0, 0.0)
+
+
+@pytest.mark.skipif(not Path(SCHEDSTAT).exists() or not hasattr(os, "sched_setaffinity"),
+                    reason="needs /proc/thread-self/schedstat and CPU affinity")
+def test_timer_tells_the_wait_for_a_cpu_from_the_work() -> None:
+    """A busy loop on the same core: the region's wall time is its CPU time plus its wait for the
+    CPU, and cpu_wait_s is that wait (the kernel's run-queue delay)."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    rival = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.3)
+        timer = StepTimer()
+        c0 = time.thread_time()
+        with timer.compute():
+            while time.thread_time() - c0 < 0.2:
+                pass
+        used = time.thread_time() - c0
+        t = timer.take_times()
+    finally:
+        os.sched_setaffinity(0, before)
+        rival.kill()
+        rival.wait()
+    assert t.cpu_wait_s > 0.05                        # the rival held the core about half the time
+    assert 0.8 * used <= t.compute_s - t.cpu_wait_s <= 1.25 * used
+    assert timer.take_times() == (0.0, 0.0, 0.0)
 
 
 def test_small_state_round_trips_through_json() -> None:

@@ -2,7 +2,8 @@
 (tests/fixtures/heartbeats/, made by ``bench/failslow_bench.py --only SCENARIO --record DIR``): a
 steady run, a noisy one (two busy loops competing for the cores), one vision node made 1.5x slower
 by ``omni drill slow-node`` (duty cycles, and a CPU quota), every node 1.5x slower in step (the
-whole job), and a slow data source."""
+whole job), and a slow data source. The ``*-cpu-wait`` series carry each rank's wait for a CPU
+(``cpu_wait_s``) and were drilled with stops only while the rank works (drill/throttle.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def change_at(samples: list[StepSample], meta: dict[str, Any]) -> float:
     return float(meta["change_at"])
 
 
-@pytest.mark.parametrize("name", ["steady", "noisy"])
+@pytest.mark.parametrize("name", ["steady", "noisy", "steady-cpu-wait", "noisy-cpu-wait"])
 def test_no_node_is_flagged_without_a_slowdown(name: str) -> None:
     samples, _ = series(name)
     result = replay(samples, CONFIG)
@@ -56,7 +57,7 @@ def test_no_node_is_flagged_without_a_slowdown(name: str) -> None:
     assert {v.node for r in result.reports for v in r.nodes} == {s.node for s in samples}
 
 
-@pytest.mark.parametrize("name", ["slow-node", "slow-node-cgroup"])
+@pytest.mark.parametrize("name", ["slow-node", "slow-node-cgroup", "slow-node-cpu-wait"])
 def test_the_slow_node_is_flagged_within_a_minute(name: str) -> None:
     samples, meta = series(name)
     start = change_at(samples, meta)
@@ -68,6 +69,27 @@ def test_the_slow_node_is_flagged_within_a_minute(name: str) -> None:
     assert all(v.kind == "compute" and v.ratio >= 1 + CONFIG.margin for v in flagged)
     # a slow node is not a slow job: the job verdict stays quiet while the node explains it
     assert not any(r.job.slow for r in result.reports if r.flagged)
+
+
+def test_on_shared_cores_wall_time_blames_the_peer_and_the_wait_for_a_cpu_explains_why() -> None:
+    """Recorded on the live cluster (4 "nodes" on 2 cores): while node1 is drilled, its stage peer
+    node2 waits longer for a CPU (node1's stops hand node2's share to the others), so in wall time
+    node2 looks slower than node1 and is flagged; net of the wait for a CPU, node1 is, and only node1."""
+    samples, meta = series("slow-node-cpu-wait")
+    start = change_at(samples, meta)
+    by_wall = replay(samples, replace(CONFIG, count_cpu_wait=True))
+    by_own = replay(samples, CONFIG)
+    assert set(by_wall.first_flag) == {"node2"} and set(by_own.first_flag) == {"node1"}
+    during = [s for s in samples if start + 5 <= s.time and s.stage == 0]
+
+    def median(node: str, value: Any) -> float:
+        xs = sorted(value(s) for s in during if s.node == node)
+        return xs[len(xs) // 2]
+
+    assert median("node1", lambda s: s.own_s) < median("node2", lambda s: s.own_s)
+    assert median("node2", lambda s: s.cpu_wait_s) > 1.5 * median("node1", lambda s: s.cpu_wait_s)
+    net = {n: median(n, lambda s: s.own_s - s.cpu_wait_s) for n in ("node1", "node2")}
+    assert net["node1"] >= (1 + CONFIG.margin) * net["node2"]
 
 
 def test_a_slow_node_is_worth_a_replacement_and_its_estimate_is_the_peers_speed() -> None:
