@@ -44,6 +44,7 @@ from slurm_omni.errors import OmniError
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 8
+DETECT_TIMEOUT_S = 150.0   # a slowed node not flagged by then counts as not found
 BIN = Path(sys.executable).parent
 
 SITE = """
@@ -302,6 +303,8 @@ def main() -> int:
     ap.add_argument("--record", type=Path, help="write each run's heartbeat series here")
     ap.add_argument("--only", default="", help="record: one scenario (steady, noisy, slow-node, job-slow, slow-data)")
     ap.add_argument("--summarize", type=Path, help="print what the detector sees in the recorded series of DIR")
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="normal runs at once (2 fill the embedded cluster's 8 nodes; more load on the cores)")
     args = ap.parse_args()
     if args.summarize:
         return summarize(args.summarize)
@@ -313,7 +316,9 @@ def main() -> int:
     failslow = args.failslow.replace("\\n", "\n")
     if args.only:
         return record_only(args.only, env, spool, root, failslow, args.record, args.method)
-    print(f"fail-slow bench in {root} (method {args.method})", flush=True)
+    print(f"fail-slow bench in {root} (method {args.method}); command: {' '.join([sys.executable, *sys.argv])}",
+          flush=True)
+    loads: list[float] = []
 
     healthy = Run(root / "healthy", env, "fs-healthy")
     healthy.tmp.mkdir()
@@ -324,22 +329,36 @@ def main() -> int:
     ref = healthy.throughput(t0, time.time())
     healthy.close()
     record(healthy, args.record, "healthy")
-    print(f"healthy: {ref:.2f} samples/s" if ref else "healthy: no throughput measured", flush=True)
+    loads.append(os.getloadavg()[0])
+    print(f"healthy: {ref:.2f} samples/s (load {loads[-1]:.1f})" if ref else "healthy: no throughput measured",
+          flush=True)
 
-    results = [slow_run(root, env, spool, failslow, factor, args.method, normal_s, args.record)
-               for factor in factors]
-    false_migrations = sum(normal_run(root, env, spool, failslow, i, normal_s, args.record)
-                           for i in range(normal_runs))
+    results = []
+    for factor in factors:
+        results.append(slow_run(root, env, spool, failslow, factor, args.method, normal_s, args.record))
+        loads.append(results[-1]["load"])
+    from concurrent.futures import ThreadPoolExecutor
 
-    print("\nsummary (medians)")
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        normal = list(pool.map(lambda i: normal_run(root, env, spool, failslow, i, normal_s, args.record),
+                               range(normal_runs)))
+    false_migrations = sum(migrated for migrated, _ in normal)
+    loads.extend(load for _, load in normal)
+
+    print(f"\nsummary (medians; 1-min load average during the runs: median {statistics.median(loads):.1f}, "
+          f"{min(loads):.1f}-{max(loads):.1f})")
     for key in ("detect_s", "migrate_s", "back_s", "before", "during", "after", "lost_steps"):
         vals = [r[key] for r in results if r[key] is not None]
         print(f"  {key}: {statistics.median(vals):.2f}" if vals else f"  {key}: -")
-    print(f"  false migrations: {false_migrations} of {normal_runs} runs without an injected slowdown")
+    print(f"  false migrations: {false_migrations} of {normal_runs} runs without an injected slowdown (goal: 0)")
     for r in results:
-        print(f"  factor {r['factor']}: detection {r['detect_s']:.1f}s (goal for 1.5: <= 60 s)")
+        found = (f"{r['node']} flagged after {r['detect_s']:.1f}s" if r["detect_s"] is not None
+                 else f"not flagged within {DETECT_TIMEOUT_S:.0f}s")
+        goal = " (goal: <= 60 s)" if r["factor"] == 1.5 else ""
+        print(f"  factor {r['factor']}: {found}{goal}, load {r['load']:.1f}")
     afters = [r["after"] for r in results if r["after"]]
     if ref and afters:
+        print(f"  healthy {ref:.2f} samples/s, after migration {statistics.median(afters):.2f} samples/s")
         print(f"throughput after migration / healthy run: {statistics.median(afters) / ref:.2f} (goal >= 0.9)")
     else:
         print("throughput after migration / healthy run: not measured")
@@ -361,8 +380,17 @@ def slow_run(root: Path, env: dict[str, str], spool: Path, failslow: str, factor
         drill = start_drill(run, node, factor, method)
         t_fault = time.time()
         try:
-            warned = wait(lambda: next((t for t, c, _ in run.failslow_decisions() if c == "flagged"), None), 180,
-                          "a fail-slow warning")
+            try:
+                warned = wait(lambda: next((t for t, c, p in run.failslow_decisions()
+                                            if c == "flagged" and p.get("node") == node), None),
+                              DETECT_TIMEOUT_S, "a fail-slow warning")
+            except RuntimeError:
+                others = [(p.get("node"), c) for _, c, p in run.failslow_decisions()]
+                print(f"factor {factor}: {node} not flagged within {DETECT_TIMEOUT_S:.0f}s (decisions: "
+                      f"{others or 'none'})", flush=True)
+                return {"factor": factor, "detect_s": None, "migrate_s": None, "back_s": None,
+                        "before": run.throughput(t_before, t_fault), "during": run.throughput(t_fault, time.time()),
+                        "after": None, "node": node, "lost_steps": None, "load": os.getloadavg()[0]}
             migrated = wait(lambda: next((t for t, _ in run.migrations()), None), 120, "a planned migration")
             new_job = wait(lambda: next((j for j in [run.live_job()] if j and j != str(run.job_id)), None), 180,
                            "the migrated incarnation")
@@ -378,17 +406,21 @@ def slow_run(root: Path, env: dict[str, str], spool: Path, failslow: str, factor
         print(f"factor {factor}: {node} flagged after {warned - t_fault:.1f}s, migration planned after "
               f"{migrated - t_fault:.1f}s, training again {t_back - migrated:.1f}s later; throughput before {_f(before)} during {_f(during)} after "
               f"{_f(after)} samples/s; steps lost {lost}", flush=True)
+        wrong = sorted({p.get("node") for _, c, p in run.failslow_decisions() if c == "flagged"} - {node})
+        if wrong:
+            print(f"factor {factor}: also flagged (not drilled): {', '.join(map(str, wrong))}", flush=True)
         return {"factor": factor, "detect_s": warned - t_fault, "migrate_s": migrated - t_fault,
-                "back_s": t_back - migrated,
-                "before": before, "during": during, "after": after, "node": node, "lost_steps": lost}
+                "back_s": t_back - migrated, "before": before, "during": during, "after": after, "node": node,
+                "lost_steps": lost, "load": os.getloadavg()[0]}
     finally:
         run.close()
         record(run, out, f"slow-node-{factor}")
 
 
 def normal_run(root: Path, env: dict[str, str], spool: Path, failslow: str, i: int, normal_s: float,
-               out: Path | None) -> bool:
-    """A run without a fault (odd ones under competing CPU load); True when it migrated (a false one)."""
+               out: Path | None) -> tuple[bool, float]:
+    """A run without a fault (odd ones under competing CPU load): (whether it migrated, a false one;
+    the load average at its end)."""
     noisy = i % 2 == 1
     run = Run(root / f"normal-{i}", env, f"fs-normal-{i}")
     run.tmp.mkdir()
@@ -400,9 +432,10 @@ def normal_run(root: Path, env: dict[str, str], spool: Path, failslow: str, i: i
         time.sleep(normal_s)
         migrations = run.migrations()
         decisions = [c for _, c, _ in run.failslow_decisions()]
+        load_now = os.getloadavg()[0]
         print(f"normal run {i} ({'noisy' if noisy else 'quiet'}): {run.step()} steps, fail-slow decisions "
-              f"{decisions or 'none'}, migrations {len(migrations)}", flush=True)
-        return bool(migrations)
+              f"{decisions or 'none'}, migrations {len(migrations)}, load {load_now:.1f}", flush=True)
+        return bool(migrations), load_now
     finally:
         for p in load:
             p.kill()
