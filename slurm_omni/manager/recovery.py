@@ -200,6 +200,8 @@ def next_incarnation(m: Manager, w: Watch) -> int:
     if recorded:
         return int(recorded[0])
     lives = [w.life, w.incarnation + w.running_restart_count]
+    if w.recovery_config.supervised:
+        lives.append(w.allocation_life(w.running_restart_count))
     if w.slurm_id is not None:
         lives += [hb.incarnation for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id)]
     try:   # a life that restored (it raised the checkpoint fence) but never beat

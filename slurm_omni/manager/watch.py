@@ -14,6 +14,7 @@ from slurm_omni.manager.journal import Recovery
 from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegistryRecord
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.confirm import NODE_STATE_KIND, QUIET_PHASES, Confirmer, TaskExit, Verdict
+from slurm_omni.policy.in_allocation import REQUEUE_LIFE_STRIDE
 from slurm_omni.policy.placement import Action, ComponentPlan, JobLayout, PlacementConfig, Plan, Quarantine
 from slurm_omni.policy.recovery import RecoveryConfig, RecoveryState, Replayed, initial, resume
 from slurm_omni.policy.recovery_events import RecoveryPath
@@ -58,6 +59,8 @@ class Watch:
     ended_ids: set[int] = field(default_factory=set)   # Slurm ids of earlier incarnations: must stay gone
     last_plan_poll: int = -1                 # the poll a waiting plan was last made from
     requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
+    allocation_base: int | None = None       # in-allocation: the submission's incarnation (None: incarnation)
+    relaunch_life: int | None = None         # in-allocation: the life the supervisor last relaunched, this requeue
 
     @property
     def node_set(self) -> frozenset[str]:
@@ -86,7 +89,18 @@ class Watch:
         if self.array_task is not None:
             base = next((t.incarnation_base for t in self.reg.tasks if t.task_id == self.array_task), 0)
             return base + self.restart_count
+        if self.recovery_config.supervised:
+            return self.allocation_life(self.restart_count)
         return self.incarnation + self.restart_count
+
+    def allocation_life(self, restart_count: int) -> int:
+        """An in-allocation job's life: the one the supervisor last reported relaunching in this
+        allocation, else launch 0 after ``restart_count`` requeues (``inalloc.sbatch.j2``: base +
+        REQUEUE_LIFE_STRIDE x SLURM_RESTART_COUNT)."""
+        if self.relaunch_life is not None and restart_count == self.restart_count:
+            return self.relaunch_life
+        base = self.incarnation if self.allocation_base is None else self.allocation_base
+        return base + REQUEUE_LIFE_STRIDE * restart_count
 
     def lost_nodes(self) -> tuple[str, ...]:
         """Nodes of the incarnation that the newest poll showed failed (DOWN, FAIL, DRAIN...)."""
@@ -113,6 +127,7 @@ class Watch:
         """A requeue after a checkpointed exit: the same incarnation starts again."""
         self.running = False
         self.requeue_settling = True
+        self.relaunch_life = None      # the requeued allocation's supervisor starts again at launch 0
         self.phases.clear()
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.verdict = Verdict.NONE
@@ -128,6 +143,7 @@ class Watch:
     def relaunched(self, life: int) -> None:
         """The step supervisor relaunched inside the allocation: the same Slurm job, life ``life``."""
         self.incarnation = life - self.restart_count
+        self.relaunch_life = life
         self.phases.clear()
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.verdict = Verdict.NONE
@@ -138,6 +154,7 @@ class Watch:
         if self.slurm_id is not None:
             self.ended_ids.add(self.slurm_id)
         self.incarnation, self.slurm_id, self.units = incarnation, slurm_id, units
+        self.allocation_base, self.relaunch_life = incarnation, None
         self.restore_step, self.quarantine = restore_step, quarantine
         self.nodes = {}
         self.restart_count = self.slurm_restart_count = self.running_restart_count = 0
@@ -178,6 +195,7 @@ def new_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None) -
     return Watch(key=key, reg=reg, shape=shape, placement=_placement(m, reg, shape),
                  confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir, incarnation=incarnation,
                  slurm_id=slurm_id, units=shape.units, array_task=task, recovery=initial(incarnation, slurm_id),
+                 allocation_base=incarnation,
                  recovery_config=config)
 
 
@@ -191,6 +209,9 @@ def restore_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | Non
         w.ended_ids = {int(i["slurm_job_id"]) for i in incarnations[:-1]}
         layout = cur["layout"] or {}
         w.incarnation, w.slurm_id = cur["number"], int(cur["slurm_job_id"])
+        w.allocation_base = min(int(i["number"]) for i in incarnations if i["slurm_job_id"] == cur["slurm_job_id"])
+        if layout.get("in_allocation"):
+            w.relaunch_life = int(cur["number"])
         w.units = int(layout.get("units") or w.units)
         w.restore_step = layout.get("restore_step")
     recoveries = m.journal.recoveries(key)

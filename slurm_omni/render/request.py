@@ -22,6 +22,7 @@ from slurm_omni.config.site import SiteConfig, parse_gres
 from slurm_omni.config.training import substitute
 from slurm_omni.errors import ConfigError
 from slurm_omni.ownership import current_user
+from slurm_omni.policy.in_allocation import REQUEUE_LIFE_STRIDE
 from slurm_omni.render import engine
 from slurm_omni.runtime import exitcodes
 
@@ -309,6 +310,7 @@ class HetJobRequest:
             "exit": exit_code_table(),
             "command": command,
             "incarnation_base": self.incarnation_base,
+            "life_stride": REQUEUE_LIFE_STRIDE,
             "omni": omni_argv(self.site),
             **self.extra,
         }

@@ -36,6 +36,7 @@ from slurm_omni.policy.confirm import (
     Verdict,
 )
 from slurm_omni.policy.in_allocation import (
+    REQUEUE_LIFE_STRIDE,
     Fallback,
     Relaunch,
     StageSpec,
@@ -207,7 +208,7 @@ class Supervisor:
         it is unknown (a restarted supervisor adopted it by pid)."""
         if cur.ended is not None:
             return cur.ended
-        name = step_name(self.opts.job_id, cur.number + 100 * self.opts.restart_count)
+        name = step_name(self.opts.job_id, cur.number + REQUEUE_LIFE_STRIDE * self.opts.restart_count)
         pid = find_step_process(name)
         self._lost = set()
         if pid is None and cur.pid is None:
@@ -304,7 +305,7 @@ class Supervisor:
                             cur.number, "; ".join(confirmer.evaluate(now).reasons))
                 killed_at = now
                 scancels = kill_step(self.runner, self.opts.job_id,
-                                     step_name(self.opts.job_id, cur.number + 100 * self.opts.restart_count), step_id)
+                                     step_name(self.opts.job_id, cur.number + REQUEUE_LIFE_STRIDE * self.opts.restart_count), step_id)
                 self._dying.extend(scancels)
                 if not scancels:
                     self._stop_step(signal.SIGINT)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +26,7 @@ from slurm_omni.manager.recovery import next_incarnation
 from slurm_omni.manager.registry import parse_record
 from slurm_omni.manager.shape import Shape
 from slurm_omni.manager.watch import Watch
+from slurm_omni.policy.confirm import ConfirmConfig, Confirmer
 from slurm_omni.policy.placement import Action, Plan
 from slurm_omni.render import ArrayJobRequest
 
@@ -134,3 +136,30 @@ def test_each_array_task_numbers_its_lives_from_its_own_base(
                                RegisteredTask(0, "sweep-a", tmp_path / "a"),
                                RegisteredTask(1, "sweep-b", tmp_path / "b", incarnation_base=5)))
     assert str(w.life) == expected    # the manager judges the heartbeats of that number
+
+
+@pytest.mark.parametrize(("restart_count", "expected"), [(None, "3"), ("1", "103"), ("2", "203")])
+def test_an_in_allocation_job_numbers_requeued_lives_by_the_stride_and_the_manager_judges_them(
+        tmp_path: Path, restart_count: str | None, expected: str) -> None:
+    # the script: base + REQUEUE_LIFE_STRIDE x SLURM_RESTART_COUNT (the supervisor adds its launch number)
+    (tmp_path / "site.toml").write_text(site_text(tmp_path, tmp_path / "spool", quarantine_s=60).replace(
+        "[elasticity]\n", '[elasticity]\nrecovery = "in_allocation"\ndefault_spares = 1\n').replace(
+        'partition = "vision"', 'partition = "debug"').replace('partition = "text"', 'partition = "debug"'))
+    reg = _registered(tmp_path)
+    actions = Actions(backend=None, site=load_site(tmp_path / "site.toml"), state_dir=tmp_path / "state")  # type: ignore[arg-type]
+    script = actions.render(reg, Shape(reg.stages, 1), Plan(Action.RESUBMIT, 1), 1, "omni.inc-7.3", 3).read_text()
+    assert "OMNI_RECOVERY=in_allocation" in script
+    assert _exported_incarnation(script, restart_count) == expected
+    # the manager, once the job is supervised, judges that life: after a quiet requeue (no report
+    # names launch 0 of the requeued allocation) and after the supervisor's relaunch reports
+    w = _watch(3, 0)
+    w.allocation_base, w.confirmer = 3, Confirmer(ConfirmConfig(), {})
+    w.recovery_config = replace(w.recovery_config, supervised=True)
+    assert w.life == 3
+    w.relaunched(4)                     # relaunched-4.json: launch 1 of the first allocation
+    assert w.life == 4
+    w.restart_count = int(restart_count or 0)
+    w.new_life()                        # Slurm requeued it after the ranks checkpointed
+    assert str(w.life) == expected
+    w.relaunched(int(expected) + 1)     # the requeued allocation's supervisor relaunched once
+    assert w.life == int(expected) + 1
