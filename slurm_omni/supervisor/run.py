@@ -8,7 +8,9 @@ one placement policy (``policy.in_allocation.plan_relaunch``) and start it insid
 job. Every decision is journaled before it is carried out (``supervisor/journal.py``), so a
 supervisor SIGKILLed anywhere and started again by the batch script makes each launch exactly once.
 
-This module decides nothing itself: the rule and the plan are pure code; it observes and acts.
+This module decides nothing itself: what a launch's end means, when to kill a step, a request's
+outcome (``policy.supervision``), the rule and the plan are pure code; what a launch shows is
+gathered by ``supervisor/observe.py``; this module carries the decisions out.
 """
 
 from __future__ import annotations
@@ -25,14 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.errors import OmniError, SlurmError
-from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.policy.confirm import (
-    ConfirmConfig,
-    Confirmer,
     Decision,
-    NodeObservation,
     StepEnded,
-    TaskExit,
     Verdict,
 )
 from slurm_omni.policy.in_allocation import (
@@ -46,12 +43,24 @@ from slurm_omni.policy.in_allocation import (
     units_of,
 )
 from slurm_omni.policy.placement import SpareScope
-from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.policy.supervision import (
+    PLANNED,
+    Finish,
+    HandOver,
+    LaunchEnd,
+    SupervisionLimits,
+    adopted_rc,
+    after_launch,
+    fruitless_launches,
+    kill_on,
+    next_launch,
+    request_outcome,
+)
+from slurm_omni.runtime.exitcodes import EXIT_DONE, EXIT_FAILED
 from slurm_omni.slurm.allocation import AllocationView
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.steps import (
-    SrunEvent,
     StepComponent,
     StepLog,
     find_step_process,
@@ -60,7 +69,7 @@ from slurm_omni.slurm.steps import (
     step_argv,
     step_name,
 )
-from slurm_omni.slurm.types import Node, NodeState
+from slurm_omni.slurm.types import Node
 from slurm_omni.standby import through_standby
 from slurm_omni.supervisor.journal import (
     Launch,
@@ -76,6 +85,7 @@ from slurm_omni.supervisor.journal import (
     write_report,
     write_status,
 )
+from slurm_omni.supervisor.observe import LaunchObserver
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +156,13 @@ class Supervisor:
         self.slurm = AllocationView(runner, opts.job_id)
         self._proc: subprocess.Popen[bytes] | None = None
         self._step_log: StepLog | None = None
-        self._lost: set[str] = set()
-        """Nodes of the current launch that Slurm reported failed (srun, or their node state)."""
-        self._start_step: dict[int, int] = {}
         self._dying: list[subprocess.Popen[bytes]] = []
         self._standbys: list[subprocess.Popen[bytes]] = []
-        self._watched: Confirmer | None = None
+        self._observer: LaunchObserver | None = None
+        """What the current launch shows (fresh for every launch)."""
         self._stopping = False
         """We asked the step to checkpoint and stop (a planned replacement): its end is no failure."""
+        self.limits = SupervisionLimits(max_fruitless=opts.max_fruitless, max_relaunches=opts.max_relaunches)
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -206,11 +215,11 @@ class Supervisor:
     def _run_launch(self, cur: Launch) -> int | None:
         """Start the launch (or find it running), watch it to its end; its srun's exit code, None when
         it is unknown (a restarted supervisor adopted it by pid)."""
+        self._observer = self._observe(cur)
         if cur.ended is not None:
             return cur.ended
-        name = step_name(self.opts.job_id, cur.number + REQUEUE_LIFE_STRIDE * self.opts.restart_count)
+        name = self._step_name(cur)
         pid = find_step_process(name)
-        self._lost = set()
         if pid is None and cur.pid is None:
             self._crash("relaunch:after_intent", cur)
             self._proc, self._step_log = self._start(cur, name)
@@ -268,9 +277,9 @@ class Supervisor:
         """Until the step ends: its exit code (None when adopted). What srun reports on stderr (a
         node failure, a task's bad exit, the step terminating) goes to the confirmation rule at once;
         once it confirms, the step is killed outright (nothing of it can still save: a peer is gone)."""
-        confirmer = self._watched = self._confirmer(cur)
+        observer = self._observer or self._observe(cur)
+        confirmer = observer.confirmer
         next_hb = next_nodes = 0.0
-        step_id = ""
         killed_at: float | None = None
         self._stopping = False
         while True:
@@ -279,8 +288,7 @@ class Supervisor:
             if rc is not False:
                 return rc if isinstance(rc, int) else None
             for event in self._step_log.drain() if self._step_log is not None else ():
-                step_id = event.step_id or step_id
-                self._observe_srun(event, confirmer)
+                observer.srun(event, ending_on_request=self._stopping or self.stop_signal is not None)
             if killed_at is not None:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer:
                 # relaunch without it (the next step overlaps its CPUs) and reap it later
@@ -292,37 +300,24 @@ class Supervisor:
                 continue
             if now >= next_hb:
                 next_hb = now + self.opts.heartbeat_poll_s
-                self._heartbeats(cur, confirmer)
+                self._heartbeats(cur, observer)
             if now >= next_nodes:
                 next_nodes = now + self.opts.node_poll_s
-                self._observe_nodes(cur, confirmer)
+                self._observe_nodes(cur, observer)
                 self._write_status()
                 if self._take_request(cur):
                     self._stopping = True
                     self._stop_step(signal.SIGUSR1)
-            if self.stop_signal is None and not self._stopping and confirmer.evaluate(now).verdict is Verdict.CONFIRMED:
+            if kill_on(confirmer.evaluate(now), asked_to_stop=self.stop_signal is not None, stopping=self._stopping):
                 log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
                             cur.number, "; ".join(confirmer.evaluate(now).reasons))
                 killed_at = now
-                scancels = kill_step(self.runner, self.opts.job_id,
-                                     step_name(self.opts.job_id, cur.number + REQUEUE_LIFE_STRIDE * self.opts.restart_count), step_id)
+                scancels = kill_step(self.runner, self.opts.job_id, self._step_name(cur), observer.step_id)
                 self._dying.extend(scancels)
                 if not scancels:
                     self._stop_step(signal.SIGINT)
                 continue   # straight to the grace check: with no grace, relaunch on this tick
             time.sleep(self.opts.tick_s)
-
-    def _observe_srun(self, event: SrunEvent, confirmer: Confirmer) -> None:
-        if event.kind == "node_failure":
-            self._lost.add(event.node)
-            confirmer.observe(NodeObservation(event.time, event.node, NodeState.DOWN, "srun: node failure"))
-        elif event.kind == "task_exit":
-            code = event.detail.rsplit(" ", 1)[-1]
-            killed = event.detail.startswith("Killed")
-            confirmer.observe(TaskExit(event.time, event.node, None, event.task, signal=9 if killed else None,
-                                       exit_code=None if killed else int(code) if code.isdigit() else 1))
-        elif not self._stopping and self.stop_signal is None:   # terminating: the step is over
-            confirmer.observe(StepEnded(event.time, 128 + signal.SIGTERM))
 
     def _poll(self, adopted_pid: int | None) -> int | None | bool:
         """False while running; the exit code, or None for an adopted step that is gone."""
@@ -342,49 +337,44 @@ class Supervisor:
 
     # -- after a launch ended ---------------------------------------------------------------------
     def _after(self, cur: Launch, rc: int | None) -> int | None:
-        """What the end of ``cur`` means: an exit code for the batch script, or None after the next
-        launch was journaled."""
+        """Carry out what the end of ``cur`` means (``policy.supervision.after_launch``): an exit code
+        for the batch script, or None after the next launch was journaled."""
         now = self.clock()
         if cur.ended is None:
             self.journal.append("ended", launch=cur.number, rc=-1 if rc is None else rc)
         self._proc = None
         if rc is None:
-            rc = self._adopted_outcome(cur)
-        if rc == EXIT_DONE:
-            self.journal.append("done", launch=cur.number)
-            self.phase = "done"
-            return EXIT_DONE
+            rc = adopted_rc([hb.phase for hb in (self._observer or self._observe(cur)).heartbeats()])
         if self._step_log is not None:
             self._step_log.close()
             self._step_log = None
         self._reap()
-        if self.stop_signal is not None:   # the batch shell asked (time limit, scancel): not a failure
-            self.phase = "stopped"
-            return EXIT_CHECKPOINTED if rc in (EXIT_CHECKPOINTED, 128 + signal.SIGTERM) else rc
-        state, nodes = self.slurm.job_state_and_nodes((*cur.layout.nodes, *cur.layout.spares))
-        if state not in ("RUNNING", ""):   # scancel, the time limit, a requeue: the allocation is ending
-            log.warning("supervisor: launch %d ended while Slurm shows the job %s: no relaunch", cur.number, state)
-            self.phase = "stopped"
-            return EXIT_CHECKPOINTED if rc == EXIT_CHECKPOINTED else EXIT_FAILED
-        fruitless = 0
-        for la in reversed(self.journal.state.launches):
-            if la.first_step_at is not None or la.cause == "planned":
-                break
-            fruitless += 1
-        if fruitless > self.opts.max_fruitless:
-            why = f"{fruitless} launches in a row ended before their first step"
-            return self._fallback(cur, cur.layout.failed, (why,))
+        ending = rc == EXIT_DONE or self.stop_signal is not None   # no relaunch follows: nothing to read
+        state, nodes = ("", []) if ending else self.slurm.job_state_and_nodes(
+            (*cur.layout.nodes, *cur.layout.spares))
+        end = LaunchEnd(number=cur.number, rc=rc, asked_to_stop=self.stop_signal is not None, job_state=state,
+                        fruitless=fruitless_launches([(la.first_step_at, la.cause)
+                                                      for la in self.journal.state.launches]))
+        what = after_launch(end, self.limits)
+        if isinstance(what, Finish):
+            if what.phase == "done":
+                self.journal.append("done", launch=cur.number)
+            elif what.reason:
+                log.warning("supervisor: launch %d ended (%s): no relaunch", cur.number, what.reason)
+            self.phase = what.phase
+            return what.code
+        if isinstance(what, HandOver):
+            return self._fallback(cur, cur.layout.failed, what.reasons)
         planned = self._planned(cur)
         if planned is not None:
-            relaunch, cause = planned, "planned"
+            plan: Relaunch | Fallback = planned
+            cause = PLANNED
         else:
             decision = self._confirm(cur, rc, now, nodes)
-            relaunch_or = self._plan(cur, decision, now, nodes)
-            if isinstance(relaunch_or, Fallback):
-                return self._fallback(cur, relaunch_or.failed, relaunch_or.reasons)
-            relaunch, cause = relaunch_or, decision.cause
-        if cur.number + 1 > self.opts.max_relaunches:
-            return self._fallback(cur, relaunch.layout.failed, (f"{self.opts.max_relaunches} relaunches reached",))
+            plan, cause = self._plan(cur, decision, now, nodes), decision.cause
+        relaunch = next_launch(cur.number, plan, self.limits)
+        if isinstance(relaunch, Fallback):
+            return self._fallback(cur, relaunch.failed, relaunch.reasons)
         self.phase = "relaunching"
         log.warning("supervisor: launch %d -> %d: %s removed, %s added, units %d -> %d, %d spare(s) left (%s)",
                     cur.number, cur.number + 1, ",".join(relaunch.removed) or "nothing",
@@ -424,10 +414,11 @@ class Supervisor:
             c = cur.confirmed
             return Decision(Verdict.CONFIRMED, now, cause=str(c["cause"]), nodes=tuple(c["nodes"]),
                             fault_at=c.get("fault_at"), confirmed_at=c.get("confirmed_at"))
-        confirmer = self._watched or self._confirmer(cur)
-        self._heartbeats(cur, confirmer)
+        observer = self._observer or self._observe(cur)
+        self._heartbeats(cur, observer)
+        confirmer = observer.confirmer
         confirmer.observe(StepEnded(now, rc if rc else 1))
-        self._node_states(nodes, cur, confirmer, now)
+        observer.nodes(nodes, now)
         d = confirmer.evaluate(now)
         self.journal.append("confirmed", launch=cur.number, cause=d.cause, nodes=list(d.nodes), rc=rc,
                             fault_at=d.fault_at, detected_at=d.first_signal_at, confirmed_at=d.confirmed_at,
@@ -442,7 +433,8 @@ class Supervisor:
         ``nodes``: the allocation's nodes as just read (else read now)."""
         if nodes is None:
             nodes, _, _ = self.slurm.node_info((*cur.layout.nodes, *cur.layout.spares))
-        failed = self._lost | {n.name for n in nodes if n.state.failed and n.name in cur.layout.nodes}
+        lost = self._observer.lost if self._observer is not None else set()
+        failed = lost | {n.name for n in nodes if n.state.failed and n.name in cur.layout.nodes}
         decision = Decision(decision.verdict, decision.at, cause=decision.cause,
                             nodes=tuple(sorted(failed | (set(decision.nodes) if decision.cause == "drain" else set()))))
         return plan_relaunch(self.opts.stages, cur.layout, decision, nodes={n.name: n for n in nodes},
@@ -460,16 +452,6 @@ class Supervisor:
                   "(exclude %s)", "; ".join(reasons), ",".join(sorted(failed)) or "-")
         return EXIT_FAILED
 
-    def _adopted_outcome(self, cur: Launch) -> int:
-        """An adopted step's exit code is lost with the supervisor that started it: its ranks' last
-        heartbeats tell done (every one done) from stopped for requeue from failed."""
-        phases = {hb.phase for hb in self._launch_heartbeats(cur)}
-        if phases == {"done"}:
-            return EXIT_DONE
-        if phases == {"stopping"}:
-            return EXIT_CHECKPOINTED
-        return EXIT_FAILED
-
     # -- planned replacements (fail-slow migrations) -------------------------------------------------
     def _take_request(self, cur: Launch) -> bool:
         """A request file names nodes to replace at the next checkpoint: accept it once (journaled)
@@ -478,11 +460,8 @@ class Supervisor:
         if req is None or req["id"] in self.journal.state.requests:
             return False
         leaving = [n for n in req["replace"] if n in cur.layout.nodes]
-        if len(leaving) != len(req["replace"]):
-            outcome = "unknown_node"
-        else:
-            plan = self._replacement(cur, leaving)
-            outcome = "accepted" if plan is not None else "no_spare"
+        plan = self._replacement(cur, leaving) if len(leaving) == len(req["replace"]) else None
+        outcome = request_outcome(req["replace"], cur.layout.nodes, plan)
         self.journal.append("request", id=req["id"], replace=list(req["replace"]), outcome=outcome, launch=cur.number)
         log.warning("supervisor: request %s to replace %s: %s", req["id"], ",".join(req["replace"]), outcome)
         return outcome == "accepted"
@@ -510,46 +489,25 @@ class Supervisor:
         return self.journal.state.requests.get(rid) == "carried_out"
 
     # -- observations -------------------------------------------------------------------------------
-    def _confirmer(self, cur: Launch) -> Confirmer:
-        config = ConfirmConfig(initial_heartbeat_s=self.opts.heartbeat_interval_s)
-        return Confirmer(config, {k: nodes for k, nodes in enumerate(cur.layout.components)})
+    def _observe(self, cur: Launch) -> LaunchObserver:
+        return LaunchObserver(cur, job_id=self.opts.job_id, heartbeat_dir=self.opts.heartbeat_dir,
+                              heartbeat_interval_s=self.opts.heartbeat_interval_s)
 
-    def _launch_heartbeats(self, cur: Launch) -> list[Any]:
-        try:
-            return [hb for hb in read_heartbeats(self.opts.heartbeat_dir)
-                    if hb.job_id == self.opts.job_id and hb.incarnation == cur.incarnation]
-        except OSError:
-            return []
+    def _step_name(self, cur: Launch) -> str:
+        return step_name(self.opts.job_id, cur.number + REQUEUE_LIFE_STRIDE * self.opts.restart_count)
 
-    def _heartbeats(self, cur: Launch, confirmer: Confirmer) -> None:
-        beats = self._launch_heartbeats(cur)
-        for hb in beats:
-            confirmer.observe(hb.observation())
-        training = [hb for hb in beats if hb.phase in ("training", "checkpointing")]
-        if cur.first_step_at is not None or not training:
-            return
-        # the first beat in training reports the restored step; a higher one is the first new step
-        start = self._start_step.setdefault(cur.number, min(hb.step for hb in training))
-        ahead = [hb for hb in training if hb.step > start]
-        if ahead:
-            first = min(ahead, key=lambda hb: hb.time)
-            self.journal.append("first_step", launch=cur.number, at=first.time, step=first.step)
+    def _heartbeats(self, cur: Launch, observer: LaunchObserver) -> None:
+        first = observer.beats()
+        if first is not None:
+            self.journal.append("first_step", launch=cur.number, at=first[0], step=first[1])
 
-    def _observe_nodes(self, cur: Launch, confirmer: Confirmer) -> None:
+    def _observe_nodes(self, cur: Launch, observer: LaunchObserver) -> None:
         try:
             nodes, _, _ = self.slurm.node_info(cur.layout.nodes)
         except SlurmError as e:
             log.warning("supervisor: couldn't read node states: %s", e)
             return
-        self._node_states(nodes, cur, confirmer, self.clock())
-
-    def _node_states(self, nodes: Sequence[Node], cur: Launch, confirmer: Confirmer, now: float) -> None:
-        for n in nodes:
-            if n.name not in cur.layout.nodes:
-                continue
-            confirmer.observe(NodeObservation(now, n.name, n.state, n.reason))
-            if n.state.failed:
-                self._lost.add(n.name)
+        observer.nodes(nodes, self.clock())
 
     def _reap(self) -> None:
         """Old sruns that were left to finish on their own (their tasks already killed)."""

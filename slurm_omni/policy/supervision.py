@@ -1,0 +1,141 @@
+"""What the step supervisor decides, as pure functions (no command, no clock, no file): the
+carrying-out is ``slurm_omni/supervisor/run.py``.
+
+One launch of the step at a time. While it runs, the supervisor feeds what it sees to the one
+confirmation rule (``policy.confirm``) and, once that confirms, kills the step at once
+(:func:`kill_on`). When the launch's srun returned, :func:`after_launch` says what that end means,
+in this order:
+
+1. the ranks said done -> :class:`Finish` (the job is done);
+2. the batch shell forwarded a signal (time limit, scancel, a requeue) -> :class:`Finish` with the
+   step's checkpointed code: nothing failed;
+3. Slurm shows the job other than RUNNING (its allocation is ending) -> :class:`Finish`, no relaunch;
+4. too many launches in a row ended before their first step (a crash at start-up that a relaunch
+   repeats) -> :class:`HandOver` to the manager's resubmission;
+5. otherwise :class:`Recover`: a replacement that was asked for (a planned migration), else a
+   failure that the rule confirms and the one placement policy
+   (``policy.in_allocation.plan_relaunch``) plans; :func:`next_launch` then holds the relaunch
+   count to its limit.
+
+A replacement request (``<job>.request.json``, fail-slow's planned migration) is taken at most
+once: :func:`request_outcome`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.policy.confirm import Decision, Verdict
+from slurm_omni.policy.in_allocation import Fallback, Relaunch
+
+SIGTERM_CODE = 143
+"""128 + SIGTERM: a step Slurm terminated when its job was told to stop."""
+
+PLANNED = "planned"
+"""The cause of a launch that replaced nodes on request, not after a failure."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchEnd:
+    """What the supervisor knows when a launch's srun returned."""
+
+    number: int
+    rc: int
+    """The srun's exit code (an adopted step's from its ranks' last heartbeats: :func:`adopted_rc`)."""
+    asked_to_stop: bool
+    """The batch shell forwarded a signal to the supervisor (time limit, scancel, requeue)."""
+    job_state: str
+    """Slurm's state of the job just now; empty when it could not tell."""
+    fruitless: int
+    """Launches in a row, this one included, that ended before their first step (planned ones
+    do not count): :func:`fruitless_launches`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The supervisor ends with ``code`` for the batch script; no relaunch."""
+
+    code: int
+    phase: str
+    """``done`` or ``stopped`` (the status file's phase)."""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HandOver:
+    """Give the job to the manager's resubmission (``gave_up`` report, exit failed)."""
+
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """A launch to follow: plan it (a requested replacement, else a confirmed failure)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SupervisionLimits:
+    max_fruitless: int = 3
+    max_relaunches: int = 20
+
+
+def after_launch(end: LaunchEnd, limits: SupervisionLimits) -> Finish | HandOver | Recover:
+    """What the end of a launch means (the order in the module's docstring)."""
+    if end.rc == EXIT_DONE:
+        return Finish(EXIT_DONE, "done")
+    if end.asked_to_stop:
+        code = EXIT_CHECKPOINTED if end.rc in (EXIT_CHECKPOINTED, SIGTERM_CODE) else end.rc
+        return Finish(code, "stopped", "the batch script was signalled")
+    if end.job_state not in ("RUNNING", ""):
+        return Finish(EXIT_CHECKPOINTED if end.rc == EXIT_CHECKPOINTED else EXIT_FAILED, "stopped",
+                      f"Slurm shows the job {end.job_state}")
+    if end.fruitless > limits.max_fruitless:
+        return HandOver((f"{end.fruitless} launches in a row ended before their first step",))
+    return Recover()
+
+
+def next_launch(number: int, plan: Relaunch | Fallback, limits: SupervisionLimits) -> Relaunch | Fallback:
+    """The plan for launch ``number + 1``, or a fallback once the relaunches reached their limit."""
+    if isinstance(plan, Relaunch) and number + 1 > limits.max_relaunches:
+        return Fallback(plan.layout.failed, (f"{limits.max_relaunches} relaunches reached",))
+    return plan
+
+
+def fruitless_launches(launches: Sequence[tuple[float | None, str]]) -> int:
+    """Of ``(first_step_at, cause)`` per launch, oldest first: how many at the end ended before their
+    first step, back to one that stepped or was a planned replacement."""
+    count = 0
+    for first_step_at, cause in reversed(launches):
+        if first_step_at is not None or cause == PLANNED:
+            break
+        count += 1
+    return count
+
+
+def kill_on(decision: Decision, *, asked_to_stop: bool, stopping: bool) -> bool:
+    """Kill the running step now: the rule confirmed a failure, and the step is not ending because
+    it was asked to (a forwarded signal, or a planned replacement's checkpoint)."""
+    return decision.verdict is Verdict.CONFIRMED and not asked_to_stop and not stopping
+
+
+def adopted_rc(phases: Collection[str]) -> int:
+    """An adopted step's exit code (lost with the supervisor that started it), from its ranks' last
+    heartbeat phases: every one done, every one stopping for requeue, else failed."""
+    if phases and set(phases) == {"done"}:
+        return EXIT_DONE
+    if phases and set(phases) == {"stopping"}:
+        return EXIT_CHECKPOINTED
+    return EXIT_FAILED
+
+
+def request_outcome(replace: Sequence[str], running: Collection[str], plan: Relaunch | Fallback | None) -> str:
+    """A replacement request's outcome: ``unknown_node`` (a named node does not run this launch),
+    ``no_spare`` (no plan replaces them without shrinking), else ``accepted``. ``plan``: the plan
+    that replaces the named nodes (None when none was made)."""
+    if any(n not in running for n in replace):
+        return "unknown_node"
+    if not isinstance(plan, Relaunch) or plan.shrunk:
+        return "no_spare"
+    return "accepted"

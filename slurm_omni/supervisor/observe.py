@@ -1,0 +1,83 @@
+"""What one launch of the step shows the supervisor, fed to the one confirmation rule
+(``policy.confirm``): srun's own reports on its stderr (a node failure, a task's exit, the step
+terminating), the ranks' heartbeats, the nodes' states in Slurm. It also finds the launch's first
+step after its restore. It reads files and takes what it is given; it runs no command."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_omni.formats.heartbeat import HeartbeatRecord
+from slurm_omni.manager.events import read_heartbeats
+from slurm_omni.policy.confirm import ConfirmConfig, Confirmer, NodeObservation, StepEnded, TaskExit
+from slurm_omni.slurm.steps import SrunEvent
+from slurm_omni.slurm.types import Node, NodeState
+from slurm_omni.supervisor.journal import Launch
+
+TRAINING_PHASES = ("training", "checkpointing")
+
+
+class LaunchObserver:
+    def __init__(self, launch: Launch, *, job_id: str, heartbeat_dir: Path, heartbeat_interval_s: float) -> None:
+        self.launch = launch
+        self.job_id = job_id
+        self.heartbeat_dir = heartbeat_dir
+        self.confirmer = Confirmer(ConfirmConfig(initial_heartbeat_s=heartbeat_interval_s),
+                                   {k: list(nodes) for k, nodes in enumerate(launch.layout.components)})
+        self.lost: set[str] = set()
+        """Nodes of the launch that Slurm reported failed (srun, or their node state)."""
+        self.step_id = ""
+        """The step's id as srun named it (``JOB.STEP``), once it said."""
+        self._start_step: int | None = None
+
+    def srun(self, event: SrunEvent, *, ending_on_request: bool) -> None:
+        """One srun report. ``ending_on_request``: the step was asked to stop (a forwarded signal, a
+        planned replacement), so its terminating is no failure."""
+        self.step_id = event.step_id or self.step_id
+        if event.kind == "node_failure":
+            self.lost.add(event.node)
+            self.confirmer.observe(NodeObservation(event.time, event.node, NodeState.DOWN, "srun: node failure"))
+        elif event.kind == "task_exit":
+            code = event.detail.rsplit(" ", 1)[-1]
+            killed = event.detail.startswith("Killed")
+            self.confirmer.observe(TaskExit(event.time, event.node, None, event.task, signal=9 if killed else None,
+                                            exit_code=None if killed else int(code) if code.isdigit() else 1))
+        elif not ending_on_request:   # terminating: the step is over
+            self.confirmer.observe(StepEnded(event.time, 128 + signal.SIGTERM))
+
+    def heartbeats(self) -> list[HeartbeatRecord]:
+        """This launch's ranks' newest heartbeats (its incarnation, this job), unreadable: none."""
+        try:
+            return [hb for hb in read_heartbeats(self.heartbeat_dir)
+                    if hb.job_id == self.job_id and hb.incarnation == self.launch.incarnation]
+        except OSError:
+            return []
+
+    def beats(self) -> tuple[float, int] | None:
+        """Read and observe the heartbeats; the launch's first step after its restore (time, step),
+        once a rank reports a step past the one it restored (None before, or when known already)."""
+        beats = self.heartbeats()
+        for hb in beats:
+            self.confirmer.observe(hb.observation())
+        training = [hb for hb in beats if hb.phase in TRAINING_PHASES]
+        if self.launch.first_step_at is not None or not training:
+            return None
+        # the first beat in training reports the restored step; a higher one is the first new step
+        if self._start_step is None:
+            self._start_step = min(hb.step for hb in training)
+        ahead = [hb for hb in training if hb.step > self._start_step]
+        if not ahead:
+            return None
+        first = min(ahead, key=lambda hb: hb.time)
+        return first.time, first.step
+
+    def nodes(self, nodes: Sequence[Node], now: float) -> None:
+        """The nodes' states as Slurm shows them (those of this launch count)."""
+        for n in nodes:
+            if n.name not in self.launch.layout.nodes:
+                continue
+            self.confirmer.observe(NodeObservation(now, n.name, n.state, n.reason))
+            if n.state.failed:
+                self.lost.add(n.name)

@@ -1,0 +1,89 @@
+"""The step supervisor's decisions (policy/supervision.py), alone: what a launch's end means, when a
+running step is killed, a replacement request's outcome."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.policy.confirm import Decision, Verdict
+from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
+from slurm_omni.policy.supervision import (
+    PLANNED,
+    Finish,
+    HandOver,
+    LaunchEnd,
+    Recover,
+    SupervisionLimits,
+    adopted_rc,
+    after_launch,
+    fruitless_launches,
+    kill_on,
+    next_launch,
+    request_outcome,
+)
+
+LIMITS = SupervisionLimits(max_fruitless=3, max_relaunches=2)
+
+
+def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int = 0) -> LaunchEnd:
+    return LaunchEnd(number=0, rc=rc, asked_to_stop=stop, job_state=state, fruitless=fruitless)
+
+
+@pytest.mark.parametrize(("end", "expected"), [
+    (_end(EXIT_DONE, stop=True, state="COMPLETING"), Finish(EXIT_DONE, "done")),   # done wins over all
+    (_end(143, stop=True), Finish(EXIT_CHECKPOINTED, "stopped", "the batch script was signalled")),
+    (_end(EXIT_CHECKPOINTED, stop=True), Finish(EXIT_CHECKPOINTED, "stopped", "the batch script was signalled")),
+    (_end(137, stop=True), Finish(137, "stopped", "the batch script was signalled")),
+    (_end(137, state="COMPLETING"), Finish(EXIT_FAILED, "stopped", "Slurm shows the job COMPLETING")),
+    (_end(EXIT_CHECKPOINTED, state="PENDING"), Finish(EXIT_CHECKPOINTED, "stopped", "Slurm shows the job PENDING")),
+    (_end(1, fruitless=4), HandOver(("4 launches in a row ended before their first step",))),
+    (_end(1, fruitless=3), Recover()),
+    (_end(137, state=""), Recover()),   # Slurm could not tell: a failure still recovers
+])
+def test_what_the_end_of_a_launch_means(end: LaunchEnd, expected: object) -> None:
+    assert after_launch(end, LIMITS) == expected
+
+
+def _relaunch(units: int = 1, before: int = 1) -> Relaunch:
+    layout = StepLayout((("node1",), ("node2",)), (), ("node3",), units, {})
+    return Relaunch(layout, ("node3",), ("node2",), before, ())
+
+
+def test_the_relaunch_count_is_held_to_its_limit() -> None:
+    assert next_launch(1, _relaunch(), LIMITS) == _relaunch()
+    assert next_launch(2, _relaunch(), LIMITS) == Fallback(("node3",), ("2 relaunches reached",))
+    fallback = Fallback(("node3",), ("below the minimum",))
+    assert next_launch(0, fallback, LIMITS) is fallback
+
+
+def test_fruitless_launches_count_back_to_one_that_stepped_or_was_planned() -> None:
+    assert fruitless_launches([]) == 0
+    assert fruitless_launches([(1.0, ""), (None, "down"), (None, "task_exit")]) == 2
+    assert fruitless_launches([(None, ""), (None, PLANNED), (None, "down")]) == 1
+    assert fruitless_launches([(None, ""), (None, "down")]) == 2
+
+
+def test_a_confirmed_failure_kills_the_step_unless_it_was_asked_to_end() -> None:
+    confirmed = Decision(Verdict.CONFIRMED, 1.0, cause="down", nodes=("node3",))
+    suspect = Decision(Verdict.SUSPECT, 1.0)
+    assert kill_on(confirmed, asked_to_stop=False, stopping=False)
+    assert not kill_on(confirmed, asked_to_stop=True, stopping=False)
+    assert not kill_on(confirmed, asked_to_stop=False, stopping=True)
+    assert not kill_on(suspect, asked_to_stop=False, stopping=False)   # a slow step is no failure
+
+
+@pytest.mark.parametrize(("phases", "rc"), [
+    (["done", "done"], EXIT_DONE), (["stopping"], EXIT_CHECKPOINTED), (["done", "stopping"], EXIT_FAILED),
+    (["training"], EXIT_FAILED), ([], EXIT_FAILED)])
+def test_an_adopted_steps_exit_code_from_its_ranks_last_phases(phases: list[str], rc: int) -> None:
+    assert adopted_rc(phases) == rc
+
+
+def test_a_replacement_request_outcome() -> None:
+    running = ("node1", "node2", "node3")
+    assert request_outcome(["node9"], running, _relaunch()) == "unknown_node"
+    assert request_outcome(["node3"], running, None) == "no_spare"
+    assert request_outcome(["node3"], running, Fallback((), ())) == "no_spare"
+    assert request_outcome(["node3"], running, _relaunch(units=1, before=2)) == "no_spare"   # shrinking
+    assert request_outcome(["node3"], running, _relaunch()) == "accepted"
