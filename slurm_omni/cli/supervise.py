@@ -54,5 +54,5 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
         max_relaunches=max_relaunches, heartbeat_interval_s=heartbeat_interval, spank_ckpt=spank_ckpt,
         log_dir=Path(log_dir) if log_dir else None, crash_at=env.get(CRASH_ENV, ""),
         restart_count=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-        standby=standby and env.get("OMNI_STANDBY", "1") != "0")
+        standby=standby and env.get("OMNI_STANDBY", "1") != "0", batch_host=env.get("SLURMD_NODENAME", ""))
     sys.exit(Supervisor(opts, CommandRunner()).run())

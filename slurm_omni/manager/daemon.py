@@ -471,8 +471,9 @@ class Manager:
             state = job.slurm_state if job is not None else ""
             if s.since is not None and snap.taken_at >= s.since:
                 stopped = job is None or not any(st in _BUSY for st in (job.state, *(c.state for c in job.components)))
+        lost = w.lost_kinds()
         return Tick(quiet=w.quiet, running=w.running and not w.slurm_ended, ended=w.slurm_ended, stopped=stopped,
-                    state=state, lost=w.lost_kinds())
+                    state=state, lost=lost, batch_host_lost=w.batch_host if w.batch_host in lost else "")
 
     def _lost_now(self, w: Watch) -> dict[str, str]:
         """Nodes of the life that a poll taken now shows failed, with their kind: tasks that died on

@@ -61,6 +61,7 @@ class Watch:
     requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
     allocation_base: int | None = None       # in-allocation: the submission's incarnation (None: incarnation)
     relaunch_life: int | None = None         # in-allocation: the life the supervisor last relaunched, this requeue
+    batch_host: str = ""                     # the incarnation's batch host, once running
 
     @property
     def node_set(self) -> frozenset[str]:
@@ -116,6 +117,7 @@ class Watch:
     def started(self, job: Job, at: float) -> None:
         """The incarnation is RUNNING: its nodes are known; confirmation starts over on them."""
         self.running = True
+        self.batch_host = job.batch_host
         if self.array_task is None:
             self.nodes = {c.het_offset: c.nodes for c in job.components}
         else:
@@ -157,6 +159,7 @@ class Watch:
         self.allocation_base, self.relaunch_life = incarnation, None
         self.restore_step, self.quarantine = restore_step, quarantine
         self.nodes = {}
+        self.batch_host = ""
         self.restart_count = self.slurm_restart_count = self.running_restart_count = 0
         self.running = self.seen_in_slurm = self.slurm_ended = False
         self.slurm_state = ""

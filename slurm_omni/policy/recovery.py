@@ -345,6 +345,11 @@ def _take_over(s: RecoveryState, now: float, why: str) -> tuple[RecoveryState, E
 def _delegated_tick(s: RecoveryState, o: Tick, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
     if o.ended:
         return _take_over(s, now, "the allocation ended")
+    if o.batch_host_lost:
+        # The supervisor runs in the batch script: it went with its node. 22.05 and 24.11 end the
+        # job for a lost batch host; 26.05 keeps a --no-kill job RUNNING without it, until its
+        # time limit: no report will come, and the plan cancels the allocation.
+        return _take_over(s, now, f"the batch host {o.batch_host_lost} is lost: the step supervisor ran there")
     if s.since is not None and now - s.since >= c.takeover_s:
         return _take_over(s, now, f"no report from the step supervisor in {c.takeover_s:g} s")
     return s, ()

@@ -31,6 +31,7 @@ class Tick:
     stopped: bool | None = None  # a poll taken since ``state.since`` shows it no longer RUNNING/COMPLETING
     state: str = ""              # its Slurm state in that poll (for the journal)
     lost: Mapping[str, str] = field(default_factory=dict)   # its nodes the newest poll shows failed -> kind
+    batch_host_lost: str = ""    # its batch host, when among ``lost``: a step supervisor ran there
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,9 +10,11 @@ in this order:
 2. the batch shell forwarded a signal (time limit, scancel, a requeue) -> :class:`Finish` with the
    step's checkpointed code: nothing failed;
 3. Slurm shows the job other than RUNNING (its allocation is ending) -> :class:`Finish`, no relaunch;
-4. too many launches in a row ended before their first step (a crash at start-up that a relaunch
+4. the node the supervisor runs on (the batch host) failed: no step can start from it (26.05
+   keeps such a --no-kill job RUNNING without it) -> :class:`HandOver`;
+5. too many launches in a row ended before their first step (a crash at start-up that a relaunch
    repeats) -> :class:`HandOver` to the manager's resubmission;
-5. otherwise :class:`Recover`: a replacement that was asked for (a planned migration), else a
+6. otherwise :class:`Recover`: a replacement that was asked for (a planned migration), else a
    failure that the rule confirms and the one placement policy
    (``policy.in_allocation.plan_relaunch``) plans; :func:`next_launch` then holds the relaunch
    count to its limit.
@@ -51,6 +53,8 @@ class LaunchEnd:
     fruitless: int
     """Launches in a row, this one included, that ended before their first step (planned ones
     do not count): :func:`fruitless_launches`."""
+    batch_host_lost: str = ""
+    """The node the supervisor runs on (the batch host), when Slurm shows it failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,10 @@ def after_launch(end: LaunchEnd, limits: SupervisionLimits) -> Finish | HandOver
     if end.job_state not in ("RUNNING", ""):
         return Finish(EXIT_CHECKPOINTED if end.rc == EXIT_CHECKPOINTED else EXIT_FAILED, "stopped",
                       f"Slurm shows the job {end.job_state}")
+    if end.batch_host_lost:
+        # 22.05 and 24.11 end the job for a lost batch host; 26.05 takes it out of a --no-kill job
+        # and keeps the job RUNNING without it, where no srun of ours can start.
+        return HandOver((f"the batch host {end.batch_host_lost} is lost (this supervisor runs there)",))
     if end.fruitless > limits.max_fruitless:
         return HandOver((f"{end.fruitless} launches in a row ended before their first step",))
     return Recover()

@@ -240,6 +240,7 @@ def parse_squeue_json(text: str) -> list[Job]:
                 reason=_text(raw.get("state_reason"), f"{what} state_reason"),
                 comment=_text(raw.get("comment"), f"{what} comment"),
                 submit_time=_epoch(number(raw.get("submit_time"), f"{what} submit_time")),
+                batch_host=_text(raw.get("batch_host"), f"{what} batch_host"),
             ))
         except SlurmError as e:
             raise SlurmError(f"squeue: couldn't parse job record: {str(e).removeprefix('slurm: ')}") from e

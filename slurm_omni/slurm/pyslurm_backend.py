@@ -75,7 +75,8 @@ class PyslurmBackend(CliBackend):  # pragma: no cover - needs a Slurm matching p
                 restart_count=int(first.requeue_count or 0),
                 array_job_id=int(first.array_id) if first.array_id else None,
                 array_task_id=int(first.array_task_id) if first.array_task_id is not None else None,
-                reason=first.state_reason or "", comment=first.comment or ""))
+                reason=first.state_reason or "", comment=first.comment or "",
+                batch_host=str(getattr(first, "batch_host", "") or "")))
         return jobs
 
     def snapshot(self, *, user: str | None = None) -> ClusterSnapshot:

@@ -151,6 +151,7 @@ class Job:
     reason: str = ""
     comment: str = ""
     submit_time: float | None = None          # epoch seconds as slurmctld recorded the submission
+    batch_host: str = ""                      # where the batch script runs (squeue --json batch_host)
 
     @property
     def array_ref(self) -> str | None:

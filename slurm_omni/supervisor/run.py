@@ -127,6 +127,8 @@ class SupervisorOptions:
     """SLURM_RESTART_COUNT: a requeued allocation (same job id) starts a journal of its own."""
     standby: bool = True
     """Keep a warm standby server on every node of the allocation and run the ranks through it."""
+    batch_host: str = ""
+    """SLURMD_NODENAME: the node this supervisor runs on, with the batch script."""
 
     @property
     def replicas_per_unit(self) -> int:
@@ -352,9 +354,12 @@ class Supervisor:
         ending = rc == EXIT_DONE or self.stop_signal is not None   # no relaunch follows: nothing to read
         state, nodes = ("", []) if ending else self.slurm.job_state_and_nodes(
             (*cur.layout.nodes, *cur.layout.spares))
+        lost_here = (self._observer.lost if self._observer is not None else set()) | \
+            {n.name for n in nodes if n.state.failed}
         end = LaunchEnd(number=cur.number, rc=rc, asked_to_stop=self.stop_signal is not None, job_state=state,
                         fruitless=fruitless_launches([(la.first_step_at, la.cause)
-                                                      for la in self.journal.state.launches]))
+                                                      for la in self.journal.state.launches]),
+                        batch_host_lost=self.opts.batch_host if self.opts.batch_host in lost_here else "")
         what = after_launch(end, self.limits)
         if isinstance(what, Finish):
             if what.phase == "done":
@@ -364,7 +369,11 @@ class Supervisor:
             self.phase = what.phase
             return what.code
         if isinstance(what, HandOver):
-            return self._fallback(cur, cur.layout.failed, what.reasons)
+            failed = set(cur.layout.failed)
+            if end.batch_host_lost:   # journal what the launch left, and exclude its lost nodes
+                self._confirm(cur, rc, now, nodes)
+                failed |= lost_here & set(cur.layout.nodes)
+            return self._fallback(cur, sorted(failed), what.reasons)
         planned = self._planned(cur)
         if planned is not None:
             plan: Relaunch | Fallback = planned

@@ -118,6 +118,14 @@ def _path(path: RecoveryPath) -> Any:
     return check
 
 
+def _taken_over(reason: str) -> Any:
+    def check(s: RecoveryState, effects: tuple[Any, ...]) -> None:
+        assert s.path is RecoveryPath.RESUBMITTED
+        (decision,) = [e for e in effects if isinstance(e, RecordDecision)]
+        assert decision.verdict == "takeover" and reason in decision.payload["reason"]
+    return check
+
+
 def _incarnation(inc: int, slurm_job_id: int | None = 41) -> Any:
     def check(s: RecoveryState, effects: tuple[Any, ...]) -> None:
         assert (s.incarnation, s.slurm_job_id) == (inc, slurm_job_id)
@@ -201,6 +209,11 @@ CASES = [
     Case("delegated: still waiting", DELEGATED, Tick(), Phase.DELEGATED, (), config=SUPERVISED),
     Case("delegated: silent past takeover_s", replace(DELEGATED, since=T - 20), Tick(), Phase.PLANNING,
          (RecordDecision, MarkPhase, RequestPlan), config=SUPERVISED),
+    Case("delegated: its batch host lost (26.05 keeps such a job RUNNING): take over at once", DELEGATED,
+         Tick(lost={"n1": "down"}, batch_host_lost="n1"), Phase.PLANNING, (RecordDecision, MarkPhase, RequestPlan),
+         config=SUPERVISED, check=_taken_over("the batch host n1 is lost")),
+    Case("delegated: another node lost, the supervisor's to handle", DELEGATED, Tick(lost={"n3": "down"}),
+         Phase.DELEGATED, (), config=SUPERVISED),
     Case("delegated: the allocation is gone (tick)", DELEGATED, Tick(ended=True, running=False), Phase.PLANNING,
          (RecordDecision, MarkPhase, RequestPlan), config=SUPERVISED),
     Case("delegated: the allocation ended", DELEGATED, LifeEnded(at=T, slurm_state="NODE_FAIL"), Phase.PLANNING,

@@ -26,8 +26,8 @@ from slurm_omni.policy.supervision import (
 LIMITS = SupervisionLimits(max_fruitless=3, max_relaunches=2)
 
 
-def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int = 0) -> LaunchEnd:
-    return LaunchEnd(number=0, rc=rc, asked_to_stop=stop, job_state=state, fruitless=fruitless)
+def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int = 0, host: str = "") -> LaunchEnd:
+    return LaunchEnd(number=0, rc=rc, asked_to_stop=stop, job_state=state, fruitless=fruitless, batch_host_lost=host)
 
 
 @pytest.mark.parametrize(("end", "expected"), [
@@ -39,6 +39,8 @@ def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int 
     (_end(EXIT_CHECKPOINTED, state="PENDING"), Finish(EXIT_CHECKPOINTED, "stopped", "Slurm shows the job PENDING")),
     (_end(1, fruitless=4), HandOver(("4 launches in a row ended before their first step",))),
     (_end(1, fruitless=3), Recover()),
+    (_end(137, host="node1", fruitless=4), HandOver(("the batch host node1 is lost (this supervisor runs there)",))),
+    (_end(137, host="node1", state="FAILED"), Finish(EXIT_FAILED, "stopped", "Slurm shows the job FAILED")),
     (_end(137, state=""), Recover()),   # Slurm could not tell: a failure still recovers
 ])
 def test_what_the_end_of_a_launch_means(end: LaunchEnd, expected: object) -> None:

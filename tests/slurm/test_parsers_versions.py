@@ -103,6 +103,15 @@ def test_squeue_het_and_array(version: str) -> None:
     assert len({j.array_job_id for j in jobs if j.array_job_id}) == 1
 
 
+@pytest.mark.parametrize("version", ["22.05", *NEWER])
+def test_squeue_batch_host(version: str) -> None:
+    # where the batch script (and an in-allocation job's step supervisor) runs
+    jobs = parse_squeue_json(read(version, "squeue_het_array.json"))
+    (het,) = [j for j in jobs if j.is_het]
+    assert het.batch_host == "node1" == het.components[0].nodes[0]
+    assert {j.batch_host for j in jobs if j.array_job_id} == {"node4"}
+
+
 @pytest.mark.parametrize("version", NEWER)
 def test_squeue_requeued(version: str) -> None:
     (het,) = [j for j in parse_squeue_json(read(version, "squeue_requeued.json")) if j.is_het]

@@ -110,7 +110,9 @@ def test_node_loss_and_rank_crash_relaunch_inside_the_same_job(slurm_cluster, tm
 def test_no_spare_shrinks_inside_the_job_and_a_lost_batch_host_ends_the_allocation(slurm_cluster, tmp_path: Path) -> None:
     """No spare: the relaunch runs one replica instead of two, same job. The batch host lost: the
     supervisor goes with it and Slurm ends the job (22.05: FAILED, JobLaunchFailure; no requeue),
-    which is the manager's to resubmit (its takeover is tested in tests/manager)."""
+    which is the manager's to resubmit (its takeover is tested in tests/manager). 26.05 keeps the
+    --no-kill job RUNNING without its batch host (docs/slurm-versions.md); the supervisor, alive
+    there on this one-machine cluster, sees its own node lost and hands over: the job ends as well."""
     runner = CommandRunner(slurm_cluster.env)
     request, work = _request(tmp_path, slurm_cluster.spool)
     site = replace(request.site, elasticity=replace(request.site.elasticity, default_spares=0))
@@ -149,7 +151,8 @@ def test_no_spare_shrinks_inside_the_job_and_a_lost_batch_host_ends_the_allocati
             runner.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], check=False)
         runner.run(["scancel", str(job_id)], check=False)
     state = SupervisorJournal(journal_path(ckpt, str(job_id))).state
-    assert [la.number for la in state.launches] == [0, 1] and state.outcome == ""   # no relaunch after it
+    # no relaunch after it: the supervisor died with the job, or it handed over
+    assert [la.number for la in state.launches] == [0, 1] and state.outcome in ("", "fallback"), state.outcome
 
 
 def test_a_planned_replacement_request_moves_a_node_to_a_spare_at_a_checkpoint(slurm_cluster, tmp_path: Path) -> None:
