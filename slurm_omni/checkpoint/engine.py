@@ -45,6 +45,10 @@ class CheckpointConfig:
     """Modules whose weights must be in memory before training resumes; None means all weights."""
     restore_threads: int = 4
     """I/O threads reading tensors during a restore."""
+    direct_io: bool = True
+    """Read the chunks the page cache does not hold with O_DIRECT (less CPU than a buffered read from a
+    cold cache); False reads everything through the page cache. File systems that refuse O_DIRECT are
+    read through the page cache either way."""
     commit_timeout_s: float = 600.0
     """How long rank 0 waits for the other ranks' shards before giving a checkpoint up."""
     incarnation: str | None = None
@@ -218,7 +222,8 @@ class CheckpointEngine:
         session = open_restore(self.config.root, self.layout, step=step, max_step=max_step,
                                critical=critical if critical is not None else self.config.critical,
                                modules=modules, into=into, device=device,
-                               threads=self.config.restore_threads, apply_rng=apply_rng)
+                               threads=self.config.restore_threads, direct_io=self.config.direct_io,
+                               apply_rng=apply_rng)
         if session is not None:
             self._last_step = session.step
         return session

@@ -1,9 +1,14 @@
 """Reading one checkpoint onto this rank: the units in order, several I/O threads, every tensor checked.
 
-Each unit's pieces are cut into a few runs of ascending offsets; an I/O thread reads a run's adjoining
-pieces with one ``preadv`` straight into their destinations (the kernel gets large requests, as a raw
-read of the file would), then checks each piece's xxh3 against the manifest. A unit is ready once all
-its pieces are; ``Restore.unit`` waits for that unit alone.
+Each unit's pieces are cut into a few runs of ascending offsets; an I/O thread reads a run in chunks of
+a few MiB. A chunk the page cache holds is read with one buffered ``preadv`` straight into its tensors;
+one it does not is read with ``O_DIRECT`` into an aligned buffer and copied into them (``fileio.py``:
+from a cold cache that costs less CPU than the page cache does). Each chunk is checksummed into its
+pieces' running xxh3 right after it lands, while it is still in the CPU cache, so the bytes are read
+from memory once; a piece is handed on only once its whole xxh3 matches the manifest. A unit is ready
+once all its pieces are; ``Restore.unit`` waits for that unit alone. A rank reads only the pieces it
+needs: its own piece of a split tensor, or, when the data-parallel size changed, the old pieces that
+overlap its new one (each read whole, so that its checksum can be checked).
 """
 
 from __future__ import annotations
@@ -14,14 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 import torch
 
+from slurm_omni.checkpoint import fileio, rng
 from slurm_omni.checkpoint import format as fmt
-from slurm_omni.checkpoint import rng
 from slurm_omni.checkpoint.dtypes import from_name
 from slurm_omni.checkpoint.format import CheckpointCorrupt
 from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
@@ -30,36 +34,12 @@ from slurm_omni.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-_MAX_GAP = 64 << 10      # HDF5 metadata between two datasets is a few KiB; read through it
-_MAX_RUN = 256 << 20     # bytes per preadv
-_MAX_IOV = 512           # iovecs per preadv (Linux allows 1024)
-
-
-@dataclass(slots=True)
-class _Job:
-    where: str
-    path: str
-    piece: fmt.Piece
-    out: torch.Tensor
-    buf: memoryview
-    dest: torch.Tensor | None   # the device tensor a staged piece is copied to
-    count: int = 1
-    nbytes: int = 0
-
-    def adjoins(self, nxt: _Job) -> bool:
-        """Can ``nxt`` be read in the same ``preadv`` as this job's run?"""
-        gap = nxt.piece.offset - (self.piece.offset + self.piece.nbytes)
-        return (self.dest is None and nxt.dest is None and nxt.piece.shard == self.piece.shard
-                and 0 <= gap <= _MAX_GAP and self.count < _MAX_IOV // 2 and self.nbytes < _MAX_RUN
-                and self.piece.nbytes > 0 and nxt.piece.nbytes > 0)
-
-
 class Restore:
     """One checkpoint being loaded onto this rank."""
 
     def __init__(self, path: Path, manifest: fmt.Manifest, layout: ShardLayout, *,
                  units: list[fmt.Unit], into: Mapping[str, Mapping[str, Any]], device: torch.device,
-                 threads: int) -> None:
+                 threads: int, direct_io: bool = True) -> None:
         self.path = path
         self.manifest = manifest
         self.step = manifest.step
@@ -78,7 +58,7 @@ class Restore:
         self._values: dict[str, Any] = {}
         self._error: CheckpointError | None = None
         self._lock = threading.Lock()
-        self._fds: dict[tuple[str, int], int] = {}
+        self._files = fileio.ShardFiles(path, manifest, direct_io=direct_io)
         self._local = threading.local()
         self._closed = False
         self._handed_out = False   # set by open_restore once it hands the session out
@@ -148,9 +128,7 @@ class Restore:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._prefetcher.join()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._files.close()
         for event in self._ready.values():
             event.set()   # whoever still waits gets an error, not a hang
 
@@ -164,19 +142,12 @@ class Restore:
     def units(self) -> list[str]:
         return list(self._units)
 
-    # -- loading -------------------------------------------------------------------------------------
+    @property
+    def read_bytes(self) -> dict[str, int]:
+        """Bytes read so far through the page cache ("buffered") and with O_DIRECT ("direct")."""
+        return self._files.read_bytes
 
-    def _fd(self, shard: str) -> int:
-        """One descriptor per shard and thread: the kernel keeps read-ahead state per open file, and
-        each thread reads its own ascending run of offsets."""
-        key = (shard, threading.get_ident())
-        with self._lock:
-            if key not in self._fds:
-                fd = os.open(self.path / str(self.manifest.shards[shard].file),
-                             os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                self._fds[key] = fd
-            return self._fds[key]
+    # -- loading -------------------------------------------------------------------------------------
 
     def _schedule(self, unit: fmt.Unit, targets: Mapping[str, Any], device: torch.device) -> None:
         _, leaves = flatten(targets, where=unit.name)
@@ -203,7 +174,7 @@ class Restore:
                 finish()
 
         def read_batch(batch: list[tuple[str, fmt.TensorEntry, fmt.Piece]]) -> None:
-            run: list[_Job] = []
+            run: list[fileio.Job] = []
             try:
                 for path, entry, piece in batch:
                     if self._error is not None or self._closed:
@@ -252,20 +223,37 @@ class Restore:
                         lo, hi = spans.get(p.shard, (p.offset, p.offset + p.nbytes))
                         spans[p.shard] = (min(lo, p.offset), max(hi, p.offset + p.nbytes))
             for shard, (lo, hi) in spans.items():
+                if self._files.direct(shard):
+                    continue   # WILLNEED would fill the page cache behind the direct reads' back
                 if self._closed or self._error is not None:
                     return
                 try:
-                    os.posix_fadvise(self._fd(shard), lo, hi - lo, os.POSIX_FADV_WILLNEED)
+                    os.posix_fadvise(self._files.fd(shard), lo, hi - lo, os.POSIX_FADV_WILLNEED)
                 except OSError:
                     pass  # advice only; the reads still happen
 
     def _pieces_for(self, entry: fmt.TensorEntry) -> list[fmt.Piece]:
-        if entry.split_dim is None or self.layout_changed:
+        """The pieces this rank reads: all of a whole tensor, its own of a split one, or, when the
+        data-parallel size changed, those that overlap its new piece."""
+        if entry.split_dim is None:
             return list(entry.pieces)
-        return [entry.pieces[self.layout.data_parallel_rank]]
+        if not self.layout_changed:
+            return [entry.pieces[self.layout.data_parallel_rank]]
+        lo, hi = self._new_rows(entry)
+        return [p for p, at in _piece_rows(entry) if at < hi and at + p.shape[entry.split_dim] > lo]
+
+    def _new_rows(self, entry: fmt.TensorEntry) -> tuple[int, int]:
+        """This rank's rows along the split dimension under the new layout (torch.tensor_split's cut)."""
+        if entry.split_dim is None:
+            raise CheckpointError(f"checkpoint: step-{self.step}: not a split tensor")
+        length = entry.shape[entry.split_dim]
+        size, rank = self.layout.data_parallel_size, self.layout.data_parallel_rank
+        small, extra = divmod(length, size)
+        lo = rank * small + min(rank, extra)
+        return lo, lo + small + (1 if rank < extra else 0)
 
     def _job(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, piece: fmt.Piece,
-             target: torch.Tensor | None, device: torch.device) -> _Job:
+             target: torch.Tensor | None, device: torch.device) -> fileio.Job:
         """Where one piece's bytes go: the target itself when it is plain host memory, else this
         thread's page-locked staging buffer (then onto the device), else a new host tensor."""
         dtype = from_name(entry.dtype)
@@ -285,49 +273,16 @@ class Restore:
         dest = None
         if staged:
             dest = target if fits and target is not None else torch.empty(piece.shape, dtype=dtype, device=device)
-        return _Job(f"{unit.name}/{path}", path, piece, out, buf, dest, nbytes=piece.nbytes)
+        return fileio.Job(f"{unit.name}/{path}", path, piece, out, buf, dest, nbytes=piece.nbytes)
 
-    def _read_run(self, run: list[_Job], done: Callable[[str, fmt.Piece, torch.Tensor], None]) -> None:
-        """Read adjoining pieces with one ``preadv`` (large requests: what the disk and read-ahead like
-        best), then check each piece's checksum and hand it on."""
-        if not run:
+    def _read_run(self, run: list[fileio.Job], done: Callable[[str, fmt.Piece, torch.Tensor], None]) -> None:
+        """Read and check adjoining pieces, then hand each on (onto the device when staged)."""
+        if not self._files.read_run(run, stop=lambda: self._closed or self._error is not None):
             return
-        first = run[0].piece
-        fd, start = self._fd(first.shard), first.offset
-        iov: list[memoryview] = []
-        at = start
         for job in run:
-            if job.piece.offset > at:
-                iov.append(self._gap(job.piece.offset - at))
-            iov.append(job.buf)
-            at = job.piece.offset + job.piece.nbytes
-        total = at - start
-        if len(run) == 1 or os.preadv(fd, iov, start) != total:
-            for job in run:   # one at a time: a short read names the tensor the file ends in
-                self._read_one(fd, job)
-        for job in run:
-            if fmt.checksum(job.buf) != job.piece.xxh3:
-                raise CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {job.where} "
-                                        f"({job.piece.shard}.h5)")
             if job.dest is not None:
                 job.dest.copy_(job.out)   # synchronous: the staging buffer is reused by the next read
             done(job.path, job.piece, job.dest if job.dest is not None else job.out)
-
-    def _read_one(self, fd: int, job: _Job) -> None:
-        got = 0
-        while got < job.piece.nbytes:
-            n = os.preadv(fd, [job.buf[got:]], job.piece.offset + got)
-            if n <= 0:
-                raise CheckpointCorrupt(f"checkpoint: step-{self.step}: {job.piece.shard}.h5 is truncated "
-                                        f"inside {job.where}")
-            got += n
-
-    def _gap(self, nbytes: int) -> memoryview:
-        gap: bytearray | None = getattr(self._local, "gap", None)
-        if gap is None or len(gap) < nbytes:
-            gap = bytearray(max(nbytes, _MAX_GAP))
-            self._local.gap = gap
-        return memoryview(gap)[:nbytes]
 
     def _staging(self, nbytes: int) -> torch.Tensor:
         buf: torch.Tensor | None = getattr(self._local, "staging", None)
@@ -340,9 +295,18 @@ class Restore:
     def _assemble(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, pieces: dict[int, torch.Tensor],
                   target: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         if entry.split_dim is not None and self.layout_changed:
-            full = torch.cat([pieces[i] for i in sorted(pieces)], dim=entry.split_dim)
-            mine = torch.tensor_split(full, self.layout.data_parallel_size, dim=entry.split_dim)
-            value = mine[self.layout.data_parallel_rank].contiguous()
+            dim = entry.split_dim
+            lo, hi = self._new_rows(entry)
+            starts = {p.index: at for p, at in _piece_rows(entry)}
+            if pieces:
+                first = min(pieces)
+                read = torch.cat([pieces[i] for i in sorted(pieces)], dim=dim)
+                value = read.narrow(dim, lo - starts[first], hi - lo).contiguous()
+            else:   # an empty piece: more ranks than rows
+                shape = list(entry.shape)
+                shape[dim] = 0
+                value = torch.empty(shape, dtype=from_name(entry.dtype),
+                                    device=device if target is None else target.device)
         else:
             (value,) = pieces.values()
         if target is not None:
@@ -366,3 +330,14 @@ class Restore:
             log.error("%s; marked it CORRUPT (restart to restore the previous checkpoint)", error)
         for event in self._ready.values():
             event.set()
+
+
+def _piece_rows(entry: fmt.TensorEntry) -> list[tuple[fmt.Piece, int]]:
+    """Each piece of a split tensor with the first row it holds along the split dimension."""
+    if entry.split_dim is None:
+        raise CheckpointError("checkpoint: not a split tensor")
+    rows, at = [], 0
+    for piece in sorted(entry.pieces, key=lambda p: p.index):
+        rows.append((piece, at))
+        at += piece.shape[entry.split_dim]
+    return rows

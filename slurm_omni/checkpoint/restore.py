@@ -32,7 +32,7 @@ __all__ = ["Restore", "open_restore"]
 def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, max_step: int | None = None,
                  critical: Iterable[str] | None = None, modules: Iterable[str] | None = None,
                  into: Mapping[str, Mapping[str, Any]] | None = None, device: torch.device | str = "cpu",
-                 threads: int = 4, apply_rng: bool = True) -> Restore | None:
+                 threads: int = 4, direct_io: bool = True, apply_rng: bool = True) -> Restore | None:
     """Load the newest complete checkpoint that verifies; None when there is none at all.
 
     A truncated file or a checksum mismatch in the manifest or a critical unit marks that checkpoint
@@ -58,7 +58,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
             _check_files(entry.path, manifest)
             units, wanted = _select(manifest, layout, critical, modules)
             session = Restore(entry.path, manifest, layout, units=units, into=into or {},
-                              device=torch.device(device), threads=threads)
+                              device=torch.device(device), threads=threads, direct_io=direct_io)
             session.wait(wanted)
             early = session.hand_out()
             if isinstance(early, CheckpointCorrupt):

@@ -88,7 +88,7 @@ def test_same_layout_restores_each_rank_its_own_piece_and_state(tmp_path: Path) 
             assert got["lr"] == 0.1
 
 
-@pytest.mark.parametrize("new_dp", [1, 3])
+@pytest.mark.parametrize("new_dp", [1, 3, 4, 11])
 def test_another_data_parallel_size_recuts_split_tensors(tmp_path: Path, new_dp: int) -> None:
     assert save_all(tmp_path, 5, [0, 1, 2, 3]) == {}
     for dp_rank in range(new_dp):
@@ -143,3 +143,27 @@ def test_several_ranks_need_one_incarnation(tmp_path: Path, monkeypatch: pytest.
         engine(tmp_path, layout=layout(0))
     monkeypatch.setenv("OMNI_INCARNATION", "7")
     assert engine(tmp_path, layout=layout(0)).incarnation == "7"
+
+
+def test_a_new_layout_reads_only_the_old_pieces_it_overlaps(tmp_path: Path) -> None:
+    """10 rows saved as [0, 5) and [5, 10); 4 new ranks take [0, 3), [3, 6), [6, 8), [8, 10). A flipped
+    byte in the second old piece stops the ranks that need it, and only them."""
+    assert save_all(tmp_path, 5, [0, 1, 2, 3]) == {}
+    step = fmt.step_dir(tmp_path, 5)
+    second = fmt.read_manifest(step).units["vision_encoder/optim"].tensors["exp_avg"].pieces[1]
+    with open(step / f"{second.shard}.h5", "r+b") as f:
+        f.seek(second.offset + second.nbytes - 1)   # the last row: only new ranks 1, 2 and 3 need it
+        last = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([last[0] ^ 0x40]))
+    lay = ShardLayout(rank=0, world_size=8, stage="vision", data_parallel_rank=0, data_parallel_size=4)
+    with engine(tmp_path, layout=lay, incarnation="run-2") as eng, eng.restore() as r:
+        assert r.step == 5 and r.layout_changed
+        assert_same(r.optimizer("vision_encoder")["exp_avg"], torch.tensor_split(FULL * 5, 4)[0].contiguous())
+    lay = ShardLayout(rank=1, world_size=8, stage="vision", data_parallel_rank=1, data_parallel_size=4)
+    # found while opening (then nothing older to fall back to) or on first use
+    with engine(tmp_path, layout=lay, incarnation="run-2") as eng, pytest.raises(CheckpointError), \
+            eng.restore() as r:
+        r.optimizer("vision_encoder")
+    (entry,) = fmt.scan(tmp_path)
+    assert entry.status is fmt.Status.CORRUPT and "checksum mismatch in vision_encoder/optim/exp_avg" in entry.reason
