@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from slurm_omni.config.training import ModelConfig
+from slurm_omni.elastic.metrics import read_jsonl
 from slurm_omni.runtime.launch import launch_local
-from slurm_omni.runtime.metrics import read_jsonl
 from slurm_omni.runtime.model import TextMicroBatch, TextStage, VisionStage, lm_loss, next_token_labels
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 

@@ -62,7 +62,7 @@ from pathlib import Path
 import torch
 
 from slurm_omni.runtime.launch import launch_local
-from slurm_omni.runtime.metrics import read_jsonl
+from slurm_omni.elastic.metrics import read_jsonl
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 from slurm_omni.config.training import ModelConfig
 

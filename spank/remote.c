@@ -99,7 +99,7 @@ int omni_remote_task_init(spank_t sp)
 		slurm_error("omni: task_init: --omni-stage: %s", err);
 		return -1;
 	}
-	/* OMNI_STAGE is the stage's index (what slurm_omni.runtime.layout reads), the name beside it */
+	/* OMNI_STAGE is the stage's index (what slurm_omni.elastic.layout reads), the name beside it */
 	if (set_env_long(sp, "OMNI_STAGE", place.stage, 1) < 0 ||
 	    set_env(sp, "OMNI_STAGE_NAME", omni_opts.stages.stages[place.stage].name, 1) < 0 ||
 	    set_env_long(sp, "OMNI_STAGE_RANK", place.stage_rank, 1) < 0 ||

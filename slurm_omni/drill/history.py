@@ -1,6 +1,6 @@
 """A run's history as its ranks wrote it: losses, throughput and consumed sample ids per step.
 
-Reads the runtime's files in one metrics folder (``slurm_omni.runtime.metrics``):
+Reads the runtime's files in one metrics folder (``slurm_omni.elastic.metrics``):
 ``metrics-<stage>-<dp_rank>.jsonl`` (one object per logged step) and, when the run traced them
 (OMNI_TRACE_SAMPLES=1), ``samples-<stage>-<dp_rank>.jsonl`` (``{"step", "ids", "dp_rank",
 "incarnation"}``). A killed and resumed run logs the steps after its last checkpoint twice; the

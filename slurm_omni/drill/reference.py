@@ -14,8 +14,8 @@ from pathlib import Path
 
 from slurm_omni.config.job import load_job
 from slurm_omni.drill.inject import DrillError
+from slurm_omni.elastic.codes import EXIT_DONE
 from slurm_omni.render.request import command_env, training_command
-from slurm_omni.runtime import exitcodes
 from slurm_omni.runtime.launch import LocalJob, launch_local
 
 JOB_ENV = {"OMNI_TRACE_SAMPLES": "1", "OMP_NUM_THREADS": "1"}
@@ -46,7 +46,7 @@ def launch_job(job_file: Path, *, data_parallel_size: int, run_dir: Path, incarn
 def finish_reference(local: LocalJob, run_dir: Path, timeout_s: float) -> Path:
     """Wait for the reference ranks; their metrics folder."""
     codes = local.wait(timeout_s)
-    if any(c != exitcodes.EXIT_DONE for c in codes):
+    if any(c != EXIT_DONE for c in codes):
         tail = local.logs().strip().splitlines()[-1:] or ["no output"]
         raise DrillError(f"drill: couldn't finish the reference run in {run_dir}: exit codes {codes} "
                          f"({tail[0][:200]})")

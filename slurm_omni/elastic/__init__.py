@@ -33,6 +33,7 @@ _LAZY = {
     "Checkpointer": "checkpointer", "CheckpointMismatch": "checkpointer", "Resume": "checkpointer",
     "Stateful": "checkpointer",
     "Heartbeat": "heartbeat", "MetricsLog": "metrics", "StepTimer": "timing", "StopSignals": "stop",
+    "TimedStage": "pipelining",
     "Run": "run", "Groups": "run", "init": "run", "init_process_groups": "run", "device_for": "run",
     "EXIT_DONE": "codes", "EXIT_CHECKPOINTED": "codes", "EXIT_FAILED": "codes", "EXIT_BAD_INPUT": "codes",
 }
@@ -43,9 +44,17 @@ if TYPE_CHECKING:
     from slurm_omni.elastic.heartbeat import Heartbeat
     from slurm_omni.elastic.layout import Layout, accumulation_for
     from slurm_omni.elastic.metrics import MetricsLog
+    from slurm_omni.elastic.pipelining import TimedStage
     from slurm_omni.elastic.run import Groups, Run, device_for, init, init_process_groups
     from slurm_omni.elastic.stop import StopSignals
     from slurm_omni.elastic.timing import StepTimer
+
+
+def preload() -> None:
+    """Import every module of the API now (torch, the checkpoint engine, pipelining): what a warm
+    standby (``omni standby serve``) does once before it forks trainers that then start at once."""
+    for module in sorted(set(_LAZY.values())):
+        importlib.import_module(f"{__name__}.{module}")
 
 
 def __getattr__(name: str) -> Any:
@@ -58,5 +67,5 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "EXIT_BAD_INPUT", "EXIT_CHECKPOINTED", "EXIT_DONE", "EXIT_FAILED", "CheckpointMismatch", "Checkpointer",
     "Groups", "Heartbeat", "Layout", "MetricsLog", "Resume", "Run", "Stateful", "StepTimer", "StopSignals",
-    "accumulation_for", "device_for", "init", "init_process_groups",
+    "TimedStage", "accumulation_for", "device_for", "init", "init_process_groups", "preload",
 ]

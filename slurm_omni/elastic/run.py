@@ -80,7 +80,7 @@ class Run:
 
     def __init__(self, layout: Layout, *, device: torch.device, groups: Groups | None,
                  stop: StopSignals, max_steps: int | None = None, trace: bool = False,
-                 metric_help: Mapping[str, str] | None = None) -> None:
+                 metric_help: Mapping[str, str] | None = None, groups_ready_at: float | None = None) -> None:
         self.layout = layout
         self.device = device
         self._groups = groups
@@ -90,7 +90,9 @@ class Run:
         self.heartbeat = Heartbeat(layout.heartbeat_dir, rank=layout.rank, stage=layout.stage,
                                    dp_rank=layout.data_parallel_rank, incarnation=layout.incarnation,
                                    job_id=layout.job_id, interval_s=layout.heartbeat_interval_s)
-        self.metrics = MetricsLog(layout.metrics_dir, stage_name=layout.stage_name, stage=layout.stage,
+        # a rank that runs every stage of a pipeline is stage -1 in its metrics lines (formats/metrics.py)
+        metrics_stage = -1 if layout.colocated and layout.num_stages > 1 else layout.stage
+        self.metrics = MetricsLog(layout.metrics_dir, stage_name=layout.stage_name, stage=metrics_stage,
                                   rank=layout.rank, dp_rank=layout.data_parallel_rank,
                                   dp_size=layout.data_parallel_size, incarnation=layout.incarnation,
                                   job_id=layout.job_id, trace=trace, help_text=metric_help)
@@ -99,6 +101,13 @@ class Run:
         """What :meth:`restore` resumed from (None: a fresh start)."""
         self.step = 0
         """The last completed global step (set by a restore and by every :meth:`step_done`)."""
+        self.last_step_time_s: float | None = None
+        """Wall time of the last step :meth:`step_done` reported (from the end of the step before, or
+        from the restore): what the heartbeat's ``step_time_s`` averages."""
+        self._last_times: tuple[float, float] = (0.0, 0.0)
+        self._startup: dict[str, float | None] = {
+            "task_started_at": _env_time("OMNI_TASK_STARTED_AT"), "groups_ready_at": groups_ready_at}
+        """The life's startup times, written once into its first metrics line (:meth:`log_metrics`)."""
         self.step_delay_s = float(os.environ.get("OMNI_STEP_DELAY_S") or 0.0)
         """Pacing for drills and demos (OMNI_STEP_DELAY_S): a sleep after every step, so that a fault
         lands mid-run; not part of the step's time."""
@@ -128,8 +137,12 @@ class Run:
         resume = self._ckpt().restore(self._min_over_ranks if self._groups is not None else None)
         self.step = resume.step if resume else 0
         self.resume = resume
-        self.heartbeat.update(step=self.step, last_checkpoint_step=self._ckpt().last_persisted_step)
+        # ready to train: the first beat in "training" says the step it resumes from (the step
+        # supervisor times the first new step of a relaunch from it)
+        self.heartbeat.update(step=self.step, phase="training",
+                              last_checkpoint_step=self._ckpt().last_persisted_step)
         self._step_started = time.monotonic()
+        self._startup["restored_at"] = time.time()
         return self.step
 
     def _min_over_ranks(self, value: int) -> int:
@@ -142,7 +155,10 @@ class Run:
         ckpt = self._ckpt()
         previous = self.heartbeat.phase
         self.heartbeat.update(phase="checkpointing")
+        started = time.monotonic()
         ckpt.save(step, sync=sync)
+        # the save's blocking time is the checkpoint's (ckpt_blocking_seconds), not the next step's
+        self._step_started += time.monotonic() - started
         self.heartbeat.update(phase=previous if previous != "starting" else "training",
                               last_checkpoint_step=ckpt.last_persisted_step)
 
@@ -155,11 +171,13 @@ class Run:
 
     def step_done(self, step: int, *, log_metrics: bool = True, **metrics: Any) -> None:
         """Global step ``step`` is complete: heartbeat (step, step time, compute and data time, the
-        metrics) and one metrics line. ``metrics``: numbers such as ``loss``, ``samples``, ``tokens``."""
+        metrics) and, unless ``log_metrics=False``, one metrics line (:meth:`log_metrics`).
+        ``metrics``: numbers such as ``loss``, ``samples``, ``tokens``."""
         now = time.monotonic()
         step_s, self._step_started = now - self._step_started, now
         compute_s, data_s, cpu_wait = self.timer.take_times()
-        values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+        self.last_step_time_s, self._last_times = step_s, (compute_s, data_s)
+        values = _numbers(metrics)
         if self.checkpoints is not None:
             self.checkpoints.poll()
         self.step = step
@@ -167,15 +185,31 @@ class Run:
                               cpu_wait_s=cpu_wait, phase="training", metrics=values,
                               last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
         if log_metrics:
-            ckpt = self.checkpoints
-            self.metrics.log_step({
-                "step": step, **values, "step_time_seconds": step_s, "compute_seconds": compute_s,
-                "data_seconds": data_s, "data_parallel_size": self.layout.data_parallel_size,
-                "ckpt_blocking_seconds": ckpt.last_blocking_s if ckpt else None,
-                "ckpt_persist_seconds": ckpt.last_persist_s if ckpt else None})
+            self.log_metrics(step, **values)
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
             self._step_started = time.monotonic()
+
+    def log_metrics(self, step: int, **values: Any) -> None:
+        """One metrics line for ``step``: ``values`` (numbers or None; the keys of
+        :class:`slurm_omni.formats.metrics.MetricsLine` must have its types) and, unless ``values``
+        gives them, the last :meth:`step_done`'s ``step_time_seconds``, ``compute_seconds`` and
+        ``data_seconds``, the ``data_parallel_size`` and the checkpointer's ``ckpt_blocking_seconds`` and
+        ``ckpt_persist_seconds``. :meth:`step_done` calls it for every step; a loop that logs every
+        N steps passes ``log_metrics=False`` there and calls this itself.
+
+        The life's first line also carries its startup times (``task_started_at``: the standby
+        client's start, ``OMNI_TASK_STARTED_AT``; ``groups_ready_at``: the rendezvous done;
+        ``restored_at``: the checkpoint restored), as Unix times, not as gauges."""
+        ckpt = self.checkpoints
+        compute_s, data_s = self._last_times
+        self.metrics.log_step({
+            "step": step, "step_time_seconds": self.last_step_time_s, "compute_seconds": compute_s,
+            "data_seconds": data_s, "data_parallel_size": self.layout.data_parallel_size,
+            "ckpt_blocking_seconds": ckpt.last_blocking_s if ckpt else None,
+            "ckpt_persist_seconds": ckpt.last_persist_s if ckpt else None, **_numbers(values)},
+            line_only=self._startup)
+        self._startup = {}
 
     def trace(self, step: int, sample_ids: Iterable[int]) -> None:
         """Record which sample ids this rank trained on at ``step`` (with OMNI_TRACE_SAMPLES=1)."""
@@ -203,9 +237,20 @@ class Run:
 
     # -- the end ----------------------------------------------------------------------------------
 
-    def exit(self, code: int) -> NoReturn:
-        """Close the run (final heartbeat) and exit the process with ``code``."""
+    def exit(self, code: int, *, fast: bool = False) -> NoReturn:
+        """Close the run (final heartbeat) and exit the process with ``code``.
+
+        ``fast``: once closed, leave with ``os._exit`` (logs and stdio flushed) instead of
+        ``SystemExit``, skipping the interpreter's teardown of torch and gloo, which takes seconds on
+        a loaded machine: longer than Slurm's KillWait, after which a cancelled rank that has saved
+        is SIGKILLed, and its batch shell with it. Only where nothing after the loop must run (no
+        ``finally`` or ``with`` of the script's own is left to end)."""
         self.close(code)
+        if fast:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         raise SystemExit(code)
 
     def close(self, code: int = EXIT_DONE, error: str | None = None) -> None:
@@ -261,6 +306,20 @@ class Run:
         raise SystemExit(code)
 
 
+def _env_time(name: str) -> float | None:
+    """A Unix time a launcher put in the environment, None if absent or not a positive number."""
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _numbers(values: Mapping[str, Any]) -> dict[str, Any]:
+    """One-element tensors and numpy numbers as Python numbers."""
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in values.items()}
+
+
 def init(stages: Sequence[str] | None = None, *, max_steps: int | None = None, backend: str = "auto",
          distributed: bool = True, device: str | None = None, run_dir: Path | str | None = None,
          stop: StopSignals | None = None, metric_help: Mapping[str, str] | None = None) -> Run:
@@ -281,7 +340,9 @@ def init(stages: Sequence[str] | None = None, *, max_steps: int | None = None, b
     if distributed:
         chosen = backend if backend != "auto" else ("nccl" if dev.type == "cuda" else "gloo")
         groups = init_process_groups(layout, chosen, dev)
+    groups_ready_at = time.time() if distributed else None
     log.info("elastic: rank %d stage %s replica %d/%d incarnation %d (%s)", layout.rank, layout.stage_name,
              layout.data_parallel_rank, layout.data_parallel_size, layout.incarnation, layout.launcher)
     return Run(layout, device=dev, groups=groups, stop=stop, max_steps=max_steps,
-               trace=os.environ.get("OMNI_TRACE_SAMPLES", "") == "1", metric_help=metric_help)
+               trace=os.environ.get("OMNI_TRACE_SAMPLES", "") == "1", metric_help=metric_help,
+               groups_ready_at=groups_ready_at)

@@ -3,9 +3,11 @@
 A slow peer makes every rank's step slow (they wait for it in a receive or an all-reduce), so the
 step's wall time cannot say which rank is slow. Compute time can: it is the wall time spent inside
 this rank's own work (its modules' forward and backward, the optimizer step), measured by hooks on
-the modules (:meth:`StepTimer.watch`) or by explicit regions (:meth:`StepTimer.compute`). Regions
-nest without counting twice. On CUDA the regions measure host time (kernels run asynchronously):
-pass ``synchronize=True`` to :meth:`StepTimer.watch` to wait for the device at each region's end.
+the modules (:meth:`StepTimer.watch`), by explicit regions (:meth:`StepTimer.compute`), or, for a
+``torch.distributed.pipelining`` schedule, by the stages' own chunks
+(:class:`slurm_omni.elastic.pipelining.TimedStage`). Regions nest without counting twice. On CUDA
+the regions measure host time (kernels run asynchronously): pass ``synchronize=True`` to
+:meth:`StepTimer.watch` or :meth:`StepTimer.compute` to wait for the device at each region's end.
 
 Inside those regions the timer also counts the time this thread was runnable but waited for a CPU
 (the kernel's run-queue delay, ``/proc/thread-self/schedstat``): ``cpu_wait_s``. Where several
@@ -97,13 +99,14 @@ class StepTimer:
                 self._wait += max(0.0, cpu_wait_s() - self._wait_since)
 
     @contextlib.contextmanager
-    def compute(self) -> Iterator[None]:
-        """``with timer.compute(): optimizer.step()``: this rank's own work."""
+    def compute(self, *, synchronize: bool = False) -> Iterator[None]:
+        """``with timer.compute(): optimizer.step()``: this rank's own work. ``synchronize``: wait for
+        the CUDA device at the region's end, so that its kernels count here and not in the next wait."""
         self._enter()
         try:
             yield
         finally:
-            self._leave()
+            self._leave(synchronize)
 
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:

@@ -64,5 +64,5 @@ class HeartbeatRecord(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"node = {self.node[:80]!r} is not printable")
 
     def observation(self, *, het_job: bool = True) -> Heartbeat:
-        """Stage n runs in het component n (runtime/layout.py); an ordinary job has only offset 0."""
+        """Stage n runs in het component n (elastic/layout.py); an ordinary job has only offset 0."""
         return Heartbeat(self.time, self.rank, self.step, self.node, self.stage if het_job else None, self.phase)

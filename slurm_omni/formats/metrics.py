@@ -58,7 +58,7 @@ class MetricsLine(msgspec.Struct, frozen=True, kw_only=True):
     ckpt_persist_seconds: _Seconds | None = None
     data_parallel_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
     task_started_at: _Seconds | None = None
-    """First line of a life only (the built-in trainer): Unix time its task started (the standby
+    """First line of a life only (written by ``slurm_omni.elastic.Run``): Unix time its task started (the standby
     client's start, ``OMNI_TASK_STARTED_AT``; absent on a cold start)..."""
     groups_ready_at: _Seconds | None = None
     """...its process groups were initialised (the rendezvous done)..."""

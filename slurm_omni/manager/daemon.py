@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.config.site import SiteConfig
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
 from slurm_omni.manager.actions import Actions
@@ -55,7 +56,6 @@ from slurm_omni.policy.recovery_events import (
     LifeRunning,
     Tick,
 )
-from slurm_omni.runtime.exitcodes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 from slurm_omni.slurm.types import Job, JobState, Node
 

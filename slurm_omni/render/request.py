@@ -20,11 +20,11 @@ from slurm_omni.config import quoting
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig, parse_gres
 from slurm_omni.config.training import substitute
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import ConfigError
 from slurm_omni.ownership import current_user
 from slurm_omni.policy.in_allocation import REQUEUE_LIFE_STRIDE
 from slurm_omni.render import engine
-from slurm_omni.runtime import exitcodes
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,8 @@ def supervisor_stages_arg(plans: Sequence[StagePlan]) -> str:
 
 def exit_code_table() -> dict[str, int]:
     """The runtime's exit codes; the batch script exits with the same numbers."""
-    return {"done": exitcodes.EXIT_DONE, "requeue": exitcodes.EXIT_CHECKPOINTED,
-            "failed": exitcodes.EXIT_FAILED, "bad_input": exitcodes.EXIT_BAD_INPUT}
+    return {"done": EXIT_DONE, "requeue": EXIT_CHECKPOINTED,
+            "failed": EXIT_FAILED, "bad_input": EXIT_BAD_INPUT}
 
 
 def spank_stage_arg(plans: Sequence[StagePlan]) -> str:

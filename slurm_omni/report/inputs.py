@@ -1,6 +1,6 @@
 """Readers of the files a run leaves behind: metrics JSON lines and heartbeat files.
 
-Metrics (``slurm_omni.runtime.metrics``): ``metrics-<stage>-<dp_rank>.jsonl`` (``metrics-text-0.jsonl``,
+Metrics (``slurm_omni.elastic.metrics``): ``metrics-<stage>-<dp_rank>.jsonl`` (``metrics-text-0.jsonl``,
 ``metrics-vision+text-0.jsonl`` when colocated; older runs: ``metrics-rank-<RANK>.jsonl``), one object per logged step
 with ``time`` (unix), ``rank``, ``stage`` (0 vision, 1 text, -1 both colocated), ``dp_rank``, ``incarnation``, ``step``, ``loss`` (text
 stage only, else null), ``step_time_seconds``, ``samples_per_second``, ``tokens_per_second``,
@@ -10,7 +10,7 @@ stage only, else null), ``step_time_seconds``, ``samples_per_second``, ``tokens_
 does not know are ignored (the script's own values). A bad line, the last one too, is one error
 naming the file, the line and the key. A diverged (NaN or infinite) loss is read as no loss.
 
-Heartbeats (``slurm_omni.runtime.heartbeat``): ``rank-<RANK>.json``, the latest beat of a rank
+Heartbeats (``slurm_omni.elastic.heartbeat``): ``rank-<RANK>.json``, the latest beat of a rank
 (``rank``, ``time``, ``step``, ``phase``, ``incarnation``, ...). A ``*.jsonl`` file in the same folder
 is read as a history of such beats, one per line (the manager may keep one).
 

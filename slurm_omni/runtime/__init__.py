@@ -1,8 +1,7 @@
-"""The migratable training runtime (torch).
+"""The built-in multimodal trainer (torch), a user of the public API :mod:`slurm_omni.elastic`.
 
-``omni train --config job.toml`` runs one rank: :mod:`layout` reads its place from the environment
-(RANK, WORLD_SIZE, OMNI_*), :mod:`loop` trains it (pipeline stages from :mod:`model` and
-:mod:`pipeline`, data from :mod:`data`, checkpoints through :mod:`checkpointing`), :mod:`heartbeat`
-and :mod:`metrics` report it, and :mod:`exitcodes` says how it ended. :mod:`launch` starts the ranks
-of a job on one machine (tests, benchmarks, the demo).
+``omni train --config job.toml`` runs one rank: ``elastic.init`` gives its layout, process groups,
+heartbeat, stop protocol and checkpointer, :mod:`loop` trains it with the model of :mod:`model`, the
+schedule of :mod:`pipeline` and the data of :mod:`data`. :mod:`launch` starts the ranks of a job on
+one machine (tests, benchmarks, the demo); :mod:`synth` writes synthetic shards.
 """

@@ -125,6 +125,13 @@ class DataPlan:
         return {s.name: {"epoch": e, "offset": o, "size": s.size}
                 for s, (e, o) in zip(self.sources, self.positions, strict=True)}
 
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`state` under the name a checkpointer's ``state={...}`` objects answer to."""
+        return self.state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_state(state)
+
     def load_state(self, state: dict[str, Any]) -> None:
         for i, s in enumerate(self.sources):
             saved = state.get(s.name)

@@ -2,7 +2,7 @@
 
 Tests, benchmarks and the demo use it; on a cluster the sbatch template starts ``omni train`` with
 srun instead. Ranks are plain subprocesses (argv lists, no shell); stage-major rank order as in
-``layout``.
+``slurm_omni.elastic.layout``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from slurm_omni.runtime.layout import NUM_STAGES
 
 
 def free_port() -> int:
@@ -70,7 +68,7 @@ def launch_local(config: Path, *, data_parallel_size: int, run_dir: Path, incarn
 
     ``run_dir`` gets ckpt/, heartbeat/, metrics/ and logs/ (shared by incarnations, as on a cluster
     where the job's folders outlive its processes)."""
-    world = data_parallel_size if colocated else NUM_STAGES * data_parallel_size
+    world = data_parallel_size if colocated else len(stages) * data_parallel_size
     port = free_port()
     log_dir = run_dir / "logs" / f"incarnation-{incarnation}"
     log_dir.mkdir(parents=True, exist_ok=True)

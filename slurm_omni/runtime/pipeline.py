@@ -1,6 +1,6 @@
 """The pipeline schedule and the gradient collectives of one rank.
 
-Its process groups are the public API's (``slurm_omni.elastic.init_process_groups``; every rank
+Its process groups are the public API's (``run.groups`` of ``slurm_omni.elastic.init``; every rank
 creates every group, in the same order, as torch.distributed requires):
 - one pipeline group per replica ``r``: ranks ``(r, dp + r)`` (its vision rank and its text rank);
   the schedule's send/recv run in it, and the global gradient norm is summed over it;
@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
-    PipelineStage,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
@@ -29,76 +26,19 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from slurm_omni import elastic
 from slurm_omni.config.training import ModelConfig, OptimConfig, ParallelConfig
-from slurm_omni.elastic.timing import cpu_wait_s
-from slurm_omni.errors import RuntimeLayoutError
-from slurm_omni.runtime.layout import NUM_STAGES, Layout
-from slurm_omni.runtime.model import lm_loss
+from slurm_omni.runtime.model import STAGE_NAMES, lm_loss
 
 log = logging.getLogger(__name__)
 
 
-def backend_for(parallel: ParallelConfig, device: torch.device) -> str:
-    if parallel.backend != "auto":
-        return parallel.backend
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
-def device_for(layout: Layout) -> torch.device:
-    if layout.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeLayoutError("layout: couldn't use OMNI_DEVICE=cuda: torch sees no CUDA device")
-        index = layout.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
-
-
-class StageClock:
-    """Wall time this rank's stages spent in their own forward and backward chunks, and of it the
-    time the thread waited for a CPU (run-queue delay, elastic.timing.cpu_wait_s)."""
-
-    def __init__(self) -> None:
-        self.busy_s = 0.0
-        self.cpu_wait_s = 0.0
-
-
-class TimedStage(PipelineStage):
-    """A ``PipelineStage`` that adds the time of its own chunks to a ``StageClock``. The schedules
-    (torch 2.13) wait for the peers' activations and gradients before they call these, so a stage
-    that waits for a slow peer does not look slow itself. On CUDA the chunk ends with a device
-    synchronize, else the kernels' time would land in the next wait."""
-
-    def __init__(self, *args: Any, clock: StageClock, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.clock = clock
-
-    def _timed(self, run: Any, *args: Any, **kwargs: Any) -> Any:
-        t0, w0 = time.monotonic(), cpu_wait_s()
-        try:
-            return run(*args, **kwargs)
-        finally:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.clock.busy_s += time.monotonic() - t0
-            self.clock.cpu_wait_s += max(0.0, cpu_wait_s() - w0)
-
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().forward_one_chunk, *args, **kwargs)
-
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().backward_one_chunk, *args, **kwargs)
-
-    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
-
-
 def build_schedule(model: ModelConfig, parallel: ParallelConfig, modules: dict[int, nn.Module],
                    micro_batches: int, device: torch.device, group: dist.ProcessGroup,
-                   clock: StageClock | None = None) -> _PipelineSchedule:
+                   timer: elastic.StepTimer) -> _PipelineSchedule:
     """The schedule of this rank's stage(s). Shapes are given up front (static metadata), so a stage
-    never runs an extra forward to infer them. ``clock`` collects the stages' own compute time."""
-    clock = clock or StageClock()
+    never runs an extra forward to infer them. ``timer`` (the run's) gets the stages' own compute
+    time (:class:`slurm_omni.elastic.TimedStage`), without their waits for the peer stage."""
     b = parallel.micro_batch_size
     ids = torch.zeros(b, dtype=torch.int64, device=device)
     ids_act = torch.zeros(b, dtype=torch.float64, device=device, requires_grad=True)  # model.ids_as_activation
@@ -108,8 +48,8 @@ def build_schedule(model: ModelConfig, parallel: ParallelConfig, modules: dict[i
     shapes: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = {
         0: ((images, ids), (image_tokens, ids_act)), 1: ((image_tokens, ids_act), (logits,))}
     stages: list[_PipelineStageBase] = [
-        TimedStage(module, index, NUM_STAGES, device, input_args=shapes[index][0],
-                   output_args=shapes[index][1], group=group, clock=clock)
+        elastic.TimedStage(module, index, len(STAGE_NAMES), device, input_args=shapes[index][0],
+                           output_args=shapes[index][1], group=group, timer=timer)
         for index, module in sorted(modules.items())]
     if len(stages) == 1:
         single = ScheduleGPipe if parallel.schedule == "gpipe" else Schedule1F1B
@@ -158,17 +98,3 @@ def lr_at(optim: OptimConfig, global_step: int, max_steps: int) -> float:
     if optim.schedule == "linear":
         return optim.lr + (optim.min_lr - optim.lr) * progress
     return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * progress))
-
-
-def min_over_ranks(value: int, device: torch.device) -> int:
-    """The smallest ``value`` of every rank (the restore agreement's collective)."""
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
-
-
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank when ``flag`` is true on any rank (signals reach ranks at different times)."""
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())

@@ -1,7 +1,7 @@
 """Job steps inside an allocation: the heterogeneous (MPMD) ``srun`` of an in-allocation job.
 
 ``srun A : B`` in a homogeneous allocation runs the stages as one step: tasks are numbered across
-the components (SLURM_PROCID 0..N-1, stage-major, as ``runtime/layout.py`` wants), and
+the components (SLURM_PROCID 0..N-1, stage-major, as ``elastic/layout.py`` wants), and
 ``--kill-on-bad-exit`` on every component ends the whole step when one task fails or a node is
 lost; the allocation (``--no-kill``) lives on and the next step runs at once (Slurm 22.05, probes
 in ``shared/probes/no-kill/``). Building the argv is pure; ``start_step`` runs it through the one

@@ -47,12 +47,16 @@ def private_dir(path: Path) -> Path:
 
 
 def warm_up() -> None:
-    """Everything a trainer imports, once."""
+    """Everything a trainer imports, once: the public API (``elastic.preload``) and the built-in
+    trainer that is written on it."""
     import torch  # noqa: F401
 
     import slurm_omni.cli.main
     import slurm_omni.cli.train
     import slurm_omni.runtime.loop  # noqa: F401
+    from slurm_omni import elastic
+
+    elastic.preload()
 
 
 def serve(path: Path, *, ready: Path | None = None) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_omni.elastic.codes import EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
 from slurm_omni.policy.confirm import (
     Decision,
@@ -56,7 +57,6 @@ from slurm_omni.policy.supervision import (
     next_launch,
     request_outcome,
 )
-from slurm_omni.runtime.exitcodes import EXIT_DONE, EXIT_FAILED
 from slurm_omni.slurm.allocation import AllocationView
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner

@@ -112,18 +112,20 @@ def test_heartbeat_keys_of_a_newer_runtime_are_ignored() -> None:
 
 
 def test_runtime_heartbeat_file_parses(tmp_path: Path) -> None:
-    from slurm_omni.runtime.heartbeat import Heartbeat as RuntimeHeartbeat
-    from slurm_omni.runtime.layout import Layout
+    from slurm_omni.elastic.heartbeat import Heartbeat
+    from slurm_omni.elastic.layout import Layout
     env = {"RANK": "1", "WORLD_SIZE": "2", "OMNI_HEARTBEAT_DIR": str(tmp_path), "SLURM_JOB_ID": "42",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "OMNI_CKPT_DIR": str(tmp_path / "ckpt"),
            "OMNI_METRICS_DIR": str(tmp_path / "metrics"), "OMNI_HEARTBEAT_INTERVAL": "0.05",
-           "SLURMD_NODENAME": "node3"}
-    layout = Layout.from_env(env)
-    hb = RuntimeHeartbeat(layout)
+           "OMNI_DP_SIZE": "1", "OMNI_STAGES": "vision,text"}
+    layout = Layout.from_env(env=env)
+    hb = Heartbeat(layout.heartbeat_dir, rank=layout.rank, stage=layout.stage, dp_rank=layout.data_parallel_rank,
+                   incarnation=layout.incarnation, job_id=layout.job_id, interval_s=layout.heartbeat_interval_s,
+                   node="node3")
     hb.update(step=3, step_time_s=0.2, phase="training", compute_s=0.15, data_s=0.01)
     hb.stop("done")
     recs = events.read_heartbeats(tmp_path)
-    assert len(recs) == 1 and recs[0].step == 3 and recs[0].phase == "done"
+    assert len(recs) == 1 and recs[0].step == 3 and recs[0].phase == "done" and recs[0].stage == 1
     assert (recs[0].node, recs[0].compute_s, recs[0].data_s) == ("node3", 0.15, 0.01)
 
 

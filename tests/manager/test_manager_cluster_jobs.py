@@ -21,10 +21,10 @@ from support import wait_until
 
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
+from slurm_omni.elastic.codes import EXIT_CHECKPOINTED
 from slurm_omni.ownership import current_user
 from slurm_omni.render.registry import RegistryRecord, register, registered_stages
 from slurm_omni.render.request import plan_stages
-from slurm_omni.runtime.exitcodes import EXIT_CHECKPOINTED
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.types import JobState
 

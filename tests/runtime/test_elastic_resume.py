@@ -21,10 +21,10 @@ from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine
 from slurm_omni.checkpoint.format import latest_step
 from slurm_omni.checkpoint.snapshot import ShardLayout
 from slurm_omni.config.training import DataConfig, SourceConfig
-from slurm_omni.runtime import exitcodes
+from slurm_omni.elastic import codes as exitcodes
+from slurm_omni.elastic.metrics import read_jsonl
 from slurm_omni.runtime.data import DataPlan, open_sources
 from slurm_omni.runtime.launch import LocalJob, launch_local
-from slurm_omni.runtime.metrics import read_jsonl
 from slurm_omni.runtime.model import MODULES_BY_STAGE
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurm_omni.checkpoint import format as fmt
-from slurm_omni.runtime import exitcodes
+from slurm_omni.elastic import codes as exitcodes
 from slurm_omni.runtime.launch import launch_local
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 

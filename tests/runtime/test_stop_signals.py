@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from slurm_omni.checkpoint.format import latest_step
-from slurm_omni.runtime import exitcodes
+from slurm_omni.elastic import codes as exitcodes
+from slurm_omni.elastic.metrics import read_jsonl
 from slurm_omni.runtime.launch import launch_local
-from slurm_omni.runtime.metrics import read_jsonl
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

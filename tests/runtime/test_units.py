@@ -14,11 +14,13 @@ from slurm_omni.config.training import (
     SourceConfig,
     load_training_file,
 )
+from slurm_omni.elastic import codes as exitcodes
+from slurm_omni.elastic.layout import Layout
 from slurm_omni.errors import ConfigError, RuntimeLayoutError
-from slurm_omni.runtime import exitcodes
 from slurm_omni.runtime.data import DataError, DataPlan, ShardReader, open_sources
-from slurm_omni.runtime.layout import Layout
+from slurm_omni.runtime.loop import DrillKnobs
 from slurm_omni.runtime.model import (
+    STAGE_NAMES,
     SampleMisalignedError,
     TextMicroBatch,
     build_stage,
@@ -85,15 +87,24 @@ def test_tiny_model_is_under_5m_parameters() -> None:
     assert parameter_count(ModelConfig(preset="tiny")) < 5_000_000
 
 
-def test_layout_from_env_is_stage_major() -> None:
-    env = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1", "OMNI_CKPT_DIR": "/c",
-           "OMNI_HEARTBEAT_DIR": "/h", "OMNI_METRICS_DIR": "/m", "OMNI_DEVICE": "cpu"}
-    lay = Layout.from_env(env)
-    assert (lay.stage, lay.data_parallel_rank, lay.data_parallel_size) == (1, 1, 2)
+def test_builtin_layout_from_env_is_stage_major() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1", "OMNI_DP_SIZE": "2",
+           "OMNI_CKPT_DIR": "/c", "OMNI_HEARTBEAT_DIR": "/h", "OMNI_METRICS_DIR": "/m", "OMNI_STAGES": "vision,text"}
+    lay = Layout.from_env(STAGE_NAMES, env)
+    assert (lay.stage, lay.stage_name, lay.data_parallel_rank, lay.data_parallel_size) == (1, "text", 1, 2)
     with pytest.raises(RuntimeLayoutError, match="must be rank"):
-        Layout.from_env({**env, "OMNI_STAGE": "0"})
-    with pytest.raises(RuntimeLayoutError, match="OMNI_CKPT_DIR"):
-        Layout.from_env({k: v for k, v in env.items() if k != "OMNI_CKPT_DIR"})
+        Layout.from_env(STAGE_NAMES, {**env, "OMNI_STAGE": "0"})
+    with pytest.raises(RuntimeLayoutError, match="couldn't match stages: the job file names enc,dec"):
+        Layout.from_env(STAGE_NAMES, {**env, "OMNI_STAGES": "enc,dec"})
+
+
+def test_drill_knobs_from_env() -> None:
+    assert DrillKnobs.from_env({}) == DrillKnobs()
+    knobs = DrillKnobs.from_env({"OMNI_DATA_DELAY_S": "0.1@100", "OMNI_FAULT_MISALIGN_AT_STEP": "3"})
+    assert knobs == DrillKnobs(misalign_at_step=3, data_delay_s=0.1, data_delay_from_step=100)
+    for bad in ({"OMNI_DATA_DELAY_S": "-1"}, {"OMNI_DATA_DELAY_S": "x@2"}, {"OMNI_FAULT_MISALIGN_AT_STEP": "3.5"}):
+        with pytest.raises(RuntimeLayoutError, match="couldn't read OMNI_"):
+            DrillKnobs.from_env(bad)
 
 
 def _plan(shards: Path) -> DataPlan:

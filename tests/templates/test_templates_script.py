@@ -22,10 +22,10 @@ from support import wait_until
 from slurm_omni.cli.submit import parse_sbatch_id
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig
+from slurm_omni.elastic import codes as exitcodes
 from slurm_omni.errors import ConfigError
 from slurm_omni.ownership import current_user
 from slurm_omni.render import ArrayJobRequest, DrillRequest, HetJobRequest
-from slurm_omni.runtime import exitcodes
 from slurm_omni.slurm.runner import CommandRunner
 
 HOSTILE = "dir with space/quote'\"/$(touch PWNED)/`touch PWNED2`/semi;colon|pipe/new\nline/*?[a]/%x/tab\t/"
