@@ -67,6 +67,21 @@ def align_up(n: int) -> int:
     return align_down(n + ALIGN - 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Pages:
+    """mincore's answer for a range of a file: one byte per page from ``start``, 1 when resident."""
+
+    start: int
+    resident: bytes | None   # None: unknown
+
+    def cached(self, lo: int, hi: int) -> bool:
+        """Is every page of ``[lo, hi)`` resident? True when unknown: the buffered read is always right."""
+        if self.resident is None:
+            return True
+        page = mmap.PAGESIZE
+        return b"\x00" not in self.resident[(lo - self.start) // page:(hi - 1 - self.start) // page + 1]
+
+
 class Residency:
     """Which pages of one file the page cache holds, without reading any (``mincore``)."""
 
@@ -81,18 +96,18 @@ class Residency:
             return
         self._addr = addr
 
-    def cached(self, lo: int, hi: int) -> bool:
-        """Is every page of ``[lo, hi)`` resident? True when unknown: the buffered read is always right."""
+    def pages(self, lo: int, hi: int) -> Pages:
+        """Which pages of ``[lo, hi)`` are resident, asked once (one call for a whole run: each call
+        releases the GIL, and on a busy machine getting it back costs more than the kernel's walk)."""
         if self._addr is None or _LIBC is None or hi <= lo:
-            return True
+            return Pages(lo, None)
         page = mmap.PAGESIZE
         start = lo - lo % page
         end = min(hi, self._size)
-        pages = (end - start + page - 1) // page
-        vec = (ctypes.c_ubyte * pages)()
+        vec = (ctypes.c_ubyte * ((end - start + page - 1) // page))()
         if _LIBC.mincore(ctypes.c_void_p(self._addr + start), end - start, vec) != 0:
-            return True
-        return b"\x00" not in bytes(vec).translate(_LOW_BIT)
+            return Pages(lo, None)
+        return Pages(start, bytes(vec).translate(_LOW_BIT))
 
     def close(self) -> None:
         if self._addr is not None and _LIBC is not None:
@@ -218,7 +233,7 @@ class ShardFiles:
                 self._direct_fds[key] = open_direct(self._file(shard))
             return self._direct_fds[key]
 
-    def _cached(self, shard: str, lo: int, hi: int) -> bool:
+    def _pages(self, shard: str, lo: int, hi: int) -> Pages:
         with self._lock:
             residency = self._residency.get(shard)
             if residency is None:
@@ -228,7 +243,7 @@ class ShardFiles:
                 finally:
                     os.close(fd)
                 self._residency[shard] = residency
-        return residency.cached(lo, hi)
+        return residency.pages(lo, hi)
 
     def read_run(self, run: list[Job], *, stop: Callable[[], bool]) -> bool:
         """Read adjoining pieces chunk by chunk (large requests, ascending: what the disk and read-ahead
@@ -240,12 +255,13 @@ class ShardFiles:
         sums = [xxhash.xxh3_64() for _ in run]
         at, end = run[0].piece.offset, run[-1].piece.offset + run[-1].piece.nbytes
         first = 0   # the first job not read to its end yet
+        pages = self._pages(shard, at, end)
         while at < end and run[0].piece.nbytes:
             hi = min(end, at + _CHUNK)
             if stop():
                 return False
             how = "direct"
-            if self._cached(shard, at, hi) or not self._read_direct(shard, run, first, at, hi, sums):
+            if pages.cached(at, hi) or not self._read_direct(shard, run, first, at, hi, sums):
                 how = "buffered"
                 for lo in range(at, hi, _STEP):
                     slices = list(_overlaps(run, first, lo, min(hi, lo + _STEP)))

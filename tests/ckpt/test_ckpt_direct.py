@@ -29,7 +29,7 @@ def drop_cache(root: Path) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             size = os.fstat(fd).st_size
             residency = fileio.Residency(fd, size)
-            still = residency.cached(0, size)
+            still = residency.pages(0, size).cached(0, size)
             residency.close()
         finally:
             os.close(fd)
