@@ -258,3 +258,44 @@ def test_a_checkpoint_the_script_cannot_load_is_bad_input(tmp_path: Path) -> Non
     beat = json.loads((tmp_path / "omni-run" / "heartbeat" / "rank-0.json").read_text())
     assert beat["phase"] == "failed" and beat["exit_code"] == EXIT_BAD_INPUT
     assert "model.load_state_dict refused step-3" in beat["error"] and "own checkpoint folder" in beat["error"]
+
+
+PIPELINE_SCRIPT = """
+import sys, torch
+from torch import nn
+from torch.distributed.pipelining import ScheduleGPipe
+from slurm_omni import elastic
+with elastic.init(stages=("vision", "text"), max_steps=2) as run:   # one process: both stages here
+    module = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    x = torch.zeros(2, 8)
+    stage = elastic.TimedStage(module, 0, 1, run.device, input_args=(x,), output_args=(x,),
+                               group=run.groups.pipeline, timer=run.timer)
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, target: out.pow(2).mean())
+    schedule.step(torch.randn(4, 8), target=torch.zeros(4, 8), losses=[])
+    run.step_done(1, log_metrics=False, samples=4)        # heartbeat only
+    run.log_metrics(1, lr=0.1, data_parallel_size=1)
+    run.step_done(2, loss=0.5)
+    print("saved: leaving", flush=False)                   # fast exit flushes it
+    run.exit(elastic.EXIT_CHECKPOINTED, fast=True)
+"""
+
+
+def test_timed_stage_log_metrics_and_fast_exit(tmp_path: Path) -> None:
+    """TimedStage's chunks are compute; log_metrics writes a line when asked, the life's startup times
+    on its first line only, stage -1 on a rank running both stages; exit(fast=True) ends the process
+    with the code after the last heartbeat, stdout flushed."""
+    path = tmp_path / "pipe.py"
+    path.write_text(textwrap.dedent(PIPELINE_SCRIPT))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMNI_", "SLURM_", "RANK", "WORLD_SIZE"))}
+    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False, env={**clean, "OMNI_TASK_STARTED_AT": "1764460000.5"})
+    assert proc.returncode == EXIT_CHECKPOINTED and "saved: leaving" in proc.stdout, proc.stderr[-2000:]
+    beat = json.loads((tmp_path / "omni-run" / "heartbeat" / "rank-0.json").read_text())
+    assert (beat["phase"], beat["step"], beat["exit_code"]) == ("stopping", 2, EXIT_CHECKPOINTED)
+    first, second = [json.loads(line) for line in (tmp_path / "omni-run" / "metrics" /
+                                                   "metrics-vision+text-0.jsonl").open()]
+    assert (first["step"], first["lr"], first["stage"], second["step"], second["stage"]) == (1, 0.1, -1, 2, -1)
+    assert first["compute_seconds"] > 0 and first["step_time_seconds"] >= first["compute_seconds"]
+    assert first["task_started_at"] == 1764460000.5 and first["groups_ready_at"] > first["task_started_at"]
+    assert not {"task_started_at", "groups_ready_at", "restored_at"} & set(second)
+    assert second["loss"] == 0.5 and second["compute_seconds"] == 0.0
