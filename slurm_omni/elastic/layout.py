@@ -26,6 +26,18 @@ OMNI_METRICS_DIR            metrics JSON lines (default RUN_DIR/metrics)
 OMNI_HEARTBEAT_INTERVAL     seconds between heartbeat rewrites (default 2)
 ==========================  ======================================================================
 
+Read by :func:`slurm_omni.elastic.init` and :class:`~slurm_omni.elastic.Run` beside the layout:
+
+==========================  ======================================================================
+OMNI_MAX_STEPS              the job file's ``[training] max_steps``; wins over ``init(max_steps=)``
+OMNI_DEVICE                 ``cpu`` or ``cuda`` (default cuda when torch sees a device)
+OMNI_COLLECTIVE_TIMEOUT     seconds before a collective gives up (default 300)
+OMNI_TRACE_SAMPLES          ``1``: ``run.trace`` appends each step's sample ids to the metrics folder
+OMNI_STEP_DELAY_S           seconds to sleep after each step (drills and demos pace a run with it)
+OMNI_TASK_STARTED_AT        Unix time the task started (the standby client): first metrics line
+SLURMD_NODENAME             the node (srun sets it); heartbeats carry it for the manager
+==========================  ======================================================================
+
 Ranks are stage-major: stage ``s`` replica ``r`` is rank ``s * dp + r`` (srun numbers the tasks of a
 heterogeneous job component by component).
 """
