@@ -7,9 +7,12 @@ the manager with the site's ``[failslow]`` table. Runs:
 1. healthy: no fault; its median global throughput (global batch / step time, from the ranks'
    metrics) is the reference;
 2. per factor F (1.3, 1.5, 2): ``omni drill slow-node`` makes one vision node F times slower; the
-   detection time is from the drill's start to the manager's journaled ``failslow`` warning; the
-   throughput is measured before the drill, during it (until the migration) and after the migrated
-   incarnation trains again;
+   detection time is from the drill's start to the manager's journaled ``failslow`` warning of that
+   node; the throughput is measured before the drill, during it (until the migration) and after the
+   migrated incarnation trains again, and so is, in the same seconds, the throughput of the same job
+   file running healthy beside it on this machine (the local launcher, never drilled): on a machine
+   shared with other jobs the load moves both alike, so "after / healthy beside it" is the figure of
+   the goal (>= 0.9), "after / healthy run alone" is printed too;
 3. ``--normal-runs`` runs without a fault, half of them under competing CPU load (two busy loops):
    any planned migration in them is a false one.
 
@@ -18,7 +21,8 @@ healthy run last. ``--record DIR`` also writes every run's heartbeat series (JSO
 how ``tests/fixtures/heartbeats/`` was made.
 
 Usage:  .venv/bin/python bench/failslow_bench.py --quick      (one factor, 1.5, and 2 normal runs)
-        .venv/bin/python bench/failslow_bench.py              (1.3, 1.5, 2 and 10 normal runs; long)
+        .venv/bin/python bench/failslow_bench.py --parallel 2 (1.3, 1.5, 2 and 10 normal runs, two at
+                                                               once; about 30 minutes)
 """
 
 from __future__ import annotations
@@ -357,21 +361,49 @@ def main() -> int:
         goal = " (goal: <= 60 s)" if r["factor"] == 1.5 else ""
         print(f"  factor {r['factor']}: {found}{goal}, load {r['load']:.1f}")
     afters = [r["after"] for r in results if r["after"]]
+    beside = [r["after"] / r["peer_after"] for r in results if r["after"] and r["peer_after"]]
     if ref and afters:
-        print(f"  healthy {ref:.2f} samples/s, after migration {statistics.median(afters):.2f} samples/s")
-        print(f"throughput after migration / healthy run: {statistics.median(afters) / ref:.2f} (goal >= 0.9)")
+        print(f"  healthy run (alone, first) {ref:.2f} samples/s, after migration {statistics.median(afters):.2f} "
+              f"samples/s: {statistics.median(afters) / ref:.2f} (the load moves between the two)")
+    if beside:
+        print(f"throughput after migration / healthy run beside it: {statistics.median(beside):.2f} (goal >= 0.9)")
     else:
         print("throughput after migration / healthy run: not measured")
     shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
+def peer_throughput(metrics: Path, t0: float, t1: float) -> float | None:
+    """Global samples per second of the side-by-side healthy peer between t0 and t1 (its rank 0's
+    metrics lines: one per step, with its time)."""
+    pts = []
+    for path in metrics.glob("metrics-*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("rank") == 0 and t0 <= r.get("time", 0) <= t1:
+                pts.append((r["time"], r["step"]))
+    pts.sort()
+    if len(pts) < 3 or pts[-1][0] <= pts[0][0]:
+        return None
+    return GLOBAL_BATCH * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+
 def slow_run(root: Path, env: dict[str, str], spool: Path, failslow: str, factor: float, method: str,
              normal_s: float, out: Path | None) -> dict[str, Any]:
-    """One run with a vision node made ``factor`` times slower until the manager migrated off it."""
+    """One run with a vision node made ``factor`` times slower until the manager migrated off it. Beside
+    it, on this machine and never drilled, the same job file runs healthy (the local launcher): its
+    throughput in the same seconds is the peer the phases are compared with (the other engineers'
+    load moves both alike)."""
+    from slurm_omni.drill.reference import JOB_ENV, launch_job
+
     run = Run(root / f"slow-{factor}", env, f"fs-slow-{str(factor).replace('.', '-')}")
     run.tmp.mkdir()
     run.start(100_000, failslow, spool)
+    peer = launch_job(run.tmp / "job.toml", data_parallel_size=2, run_dir=run.tmp / "peer", extra_env=JOB_ENV)
+    peer_metrics = run.tmp / "peer" / "metrics"
     try:
         wait(lambda: run.step() >= 5, 240, "first steps")
         t_before = time.time()
@@ -390,7 +422,8 @@ def slow_run(root: Path, env: dict[str, str], spool: Path, failslow: str, factor
                       f"{others or 'none'})", flush=True)
                 return {"factor": factor, "detect_s": None, "migrate_s": None, "back_s": None,
                         "before": run.throughput(t_before, t_fault), "during": run.throughput(t_fault, time.time()),
-                        "after": None, "node": node, "lost_steps": None, "load": os.getloadavg()[0]}
+                        "after": None, "peer_after": None, "node": node, "lost_steps": None,
+                        "load": os.getloadavg()[0]}
             migrated = wait(lambda: next((t for t, _ in run.migrations()), None), 120, "a planned migration")
             new_job = wait(lambda: next((j for j in [run.live_job()] if j and j != str(run.job_id)), None), 180,
                            "the migrated incarnation")
@@ -399,20 +432,25 @@ def slow_run(root: Path, env: dict[str, str], spool: Path, failslow: str, factor
         t_back = wait(lambda: next((hb["time"] for hb in run.series if hb["job_id"] == new_job), None), 180,
                       "the migrated incarnation's first step")
         time.sleep(normal_s / 2)
+        t_end = time.time()
         before = run.throughput(t_before, t_fault)
         during = run.throughput(t_fault, migrated)
-        after = run.throughput(t_back + 5, time.time())
+        after = run.throughput(t_back + 5, t_end)
+        peers = [peer_throughput(peer_metrics, a, b) for a, b in ((t_before, t_fault), (t_fault, migrated),
+                                                                 (t_back + 5, t_end))]
         lost = lost_steps(run)
         print(f"factor {factor}: {node} flagged after {warned - t_fault:.1f}s, migration planned after "
-              f"{migrated - t_fault:.1f}s, training again {t_back - migrated:.1f}s later; throughput before {_f(before)} during {_f(during)} after "
-              f"{_f(after)} samples/s; steps lost {lost}", flush=True)
+              f"{migrated - t_fault:.1f}s, training again {t_back - migrated:.1f}s later; throughput before "
+              f"{_f(before)} during {_f(during)} after {_f(after)} samples/s, the healthy peer beside it "
+              f"{' / '.join(_f(p) for p in peers)}; steps lost {lost}; load {os.getloadavg()[0]:.1f}", flush=True)
         wrong = sorted({p.get("node") for _, c, p in run.failslow_decisions() if c == "flagged"} - {node})
         if wrong:
             print(f"factor {factor}: also flagged (not drilled): {', '.join(map(str, wrong))}", flush=True)
         return {"factor": factor, "detect_s": warned - t_fault, "migrate_s": migrated - t_fault,
-                "back_s": t_back - migrated, "before": before, "during": during, "after": after, "node": node,
-                "lost_steps": lost, "load": os.getloadavg()[0]}
+                "back_s": t_back - migrated, "before": before, "during": during, "after": after,
+                "peer_after": peers[2], "node": node, "lost_steps": lost, "load": os.getloadavg()[0]}
     finally:
+        peer.kill()
         run.close()
         record(run, out, f"slow-node-{factor}")
 

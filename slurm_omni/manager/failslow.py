@@ -24,6 +24,7 @@ from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
 from slurm_omni.manager.events import HeartbeatRecord
 from slurm_omni.manager.status import FAILSLOW_VERDICT as VERDICT
+from slurm_omni.manager.supervisor_reports import read_status_view, request_outcome, write_request
 from slurm_omni.manager.watch import Watch
 from slurm_omni.policy.cluster_index import ClusterIndex
 from slurm_omni.policy.failslow import (
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROM_NAME = "omni-failslow.prom"
+SUPERVISOR_FRESH_S = 30.0   # a supervisor status older than this does not answer requests
+REQUEST_ANSWER_S = 60.0     # the supervisor reads the request every node poll (seconds): then fall back
 
 
 @dataclass
@@ -63,6 +66,9 @@ class FailSlowJob:
     kept: dict[str, float] = field(default_factory=dict)   # node -> when a migration was judged not to pay
     max_steps: int | None = None
     report: Report | None = None
+    request: tuple[str, float, str, MigrationBudget] | None = None
+    """An in-allocation replacement asked of the step supervisor: (id, when, node, the budget before)."""
+    refused: set[str] = field(default_factory=set)   # nodes the supervisor would not replace: resubmit
 
 
 class FailSlowWatch:
@@ -85,7 +91,7 @@ class FailSlowWatch:
         if fs.incarnation != w.incarnation:   # a new incarnation: other nodes, a new baseline
             fs.detector.reset()
             fs.states.clear()
-            fs.incarnation, fs.job_slow, fs.migrating, fs.report = w.incarnation, False, False, None
+            fs.incarnation, fs.job_slow, fs.migrating, fs.report, fs.request = w.incarnation, False, False, None, None
         return fs
 
     def observe(self, w: Watch, beats: list[HeartbeatRecord], now: float) -> None:
@@ -112,6 +118,8 @@ class FailSlowWatch:
         fs.report = report
         self._journal_changes(w, fs, report, now)
         self._outcome(w, fs, report, now)
+        if fs.request is not None:
+            self._follow_request(w, fs, now)
         if report.flagged and not fs.migrating and w.recovery.phase is Phase.WATCHING:
             self._consider_migration(w, fs, report, now)
 
@@ -154,8 +162,9 @@ class FailSlowWatch:
         step = int(w.progress[0]) if w.progress else 0
         remaining = max(0, (fs.max_steps or step) - step)
         replicas = w.shape.data_parallel_size_for(w.units)
+        in_allocation = self._supervisor_spare(w, node, now)
         decision = judge_migration(report, config=self.config, replicas=replicas, remaining_steps=remaining,
-                                   spare_available=plan.action is Action.RESUBMIT,
+                                   spare_available=plan.action is Action.RESUBMIT or in_allocation,
                                    can_shrink=plan.action is Action.SHRINK, budget=fs.budget, now=now)
         payload: dict[str, Any] = {"node": node, "reasons": list(decision.reasons), "estimate": decision.estimate,
                                    "plan": plan if decision.action in (Mitigation.REPLACE, Mitigation.SHRINK) else None}
@@ -164,6 +173,20 @@ class FailSlowWatch:
                 m.journal.record_decision(w.key, w.incarnation, now, VERDICT, "keep", payload)
                 log.warning("manager: %s: fail-slow: keeping %s: %s", w.key, node, "; ".join(decision.reasons))
             fs.kept[node] = now
+            return
+        if in_allocation and decision.action is Mitigation.REPLACE and w.slurm_id is not None:
+            # a spare in the allocation: the step supervisor replaces the node at a checkpoint, same Slurm job
+            rid = f"failslow-{w.key}-{w.incarnation}-{node}-{int(now)}"
+            payload.update(path="in_allocation", request=rid, plan=None)
+            m.journal.record_decision(w.key, w.incarnation, now, VERDICT, decision.action.value, payload)
+            write_request(w.reg.ckpt_dir, w.slurm_id, rid, [node])
+            fs.request = (rid, now, node, fs.budget)
+            fs.migrating = True
+            fs.budget = fs.budget.add(now)
+            if decision.estimate is not None:
+                fs.outcome_due = (w.incarnation, decision.estimate)
+            log.warning("manager: %s: fail-slow: asked the step supervisor to replace %s (request %s): %s", w.key,
+                        node, rid, "; ".join(decision.reasons))
             return
         m.journal.record_decision(w.key, w.incarnation, now, VERDICT, decision.action.value, payload)
         fs.migrating = True
@@ -174,6 +197,36 @@ class FailSlowWatch:
                     "; ".join(decision.reasons))
         # the recovery state machine's planned stop: checkpoint on USR1 (exit 75), cancel, relaunch by the plan
         recovery.feed(m, w, MigrationRequested(at=now, plan=plan, nodes=(node,)), now)
+
+    def _supervisor_spare(self, w: Watch, node: str, now: float) -> bool:
+        """A step supervisor runs this job, answers (its status is fresh), runs ``node`` and has a spare
+        left: ask it (it refuses a spare of the wrong kind; then the resubmission is the fallback)."""
+        fs = self.jobs.get(w.key)
+        if not w.recovery_config.supervised or w.slurm_id is None or (fs is not None and node in fs.refused):
+            return False
+        view = read_status_view(w.reg.ckpt_dir, w.slurm_id)
+        return (view is not None and view.phase == "running" and view.spares_left > 0 and node in view.nodes
+                and now - view.updated_at <= SUPERVISOR_FRESH_S)
+
+    def _follow_request(self, w: Watch, fs: FailSlowJob, now: float) -> None:
+        """The supervisor's answer to the replacement asked of it. Accepted: it relaunches (its report
+        makes the next incarnation); refused, or no answer in time: the planned migration by resubmission."""
+        assert fs.request is not None
+        rid, at, node, budget = fs.request
+        outcome = request_outcome(w.reg.ckpt_dir, w.slurm_id, rid) if w.slurm_id is not None else None
+        if outcome in ("accepted", "carried_out"):
+            return
+        if outcome is None and now - at < REQUEST_ANSWER_S:
+            return
+        # refused (no spare of the node's kind, the node not in the step) or no answer: judged again
+        # at once, by resubmission (the migration asked of the supervisor does not count)
+        fs.request, fs.migrating, fs.budget = None, False, budget
+        fs.refused.add(node)
+        fs.kept.pop(node, None)
+        why = f"the step supervisor answered {outcome}" if outcome else f"no answer in {REQUEST_ANSWER_S:.0f}s"
+        self.m.journal.record_decision(w.key, w.incarnation, now, VERDICT, "request_refused",
+                                       {"node": node, "request": rid, "outcome": outcome, "summary": why})
+        log.warning("manager: %s: fail-slow: %s to replacing %s: judged again for a resubmission", w.key, why, node)
 
     def _outcome(self, w: Watch, fs: FailSlowJob, report: Report, now: float) -> None:
         if fs.outcome_due is None or fs.outcome_due[0] == w.incarnation or report.job.step_time_s is None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.fsio import FileRejected, one_line, read_bounded
+from slurm_omni.fsio import FileRejected, one_line, read_bounded, write_atomic
 from slurm_omni.manager.events import EventRejected
 from slurm_omni.policy.recovery_events import SupervisorReport
 
@@ -165,3 +165,71 @@ def _log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.error("%s", message)
+
+
+# -- planned replacements (fail-slow): the request file and its outcome ---------------------------
+MAX_JOURNAL_BYTES = 4 << 20
+REQUEST_OUTCOMES = ("accepted", "no_spare", "unknown_node", "carried_out")
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorView:
+    """What the manager needs of a supervisor's status file to ask it for a replacement."""
+
+    updated_at: float
+    phase: str
+    spares_left: int
+    nodes: frozenset[str]
+
+
+def read_status_view(ckpt_dir: Path, slurm_job_id: int) -> SupervisorView | None:
+    """The supervisor's status file of this Slurm job, or None (missing, malformed: logged once)."""
+    path = ckpt_dir / SUBDIR / f"{slurm_job_id}.status.json"
+    try:
+        obj = json.loads(read_bounded(path, MAX_REPORT_BYTES * 16).decode("utf-8"))
+    except FileRejected:
+        return None
+    except (ValueError, RecursionError):
+        _log_once(f"manager: couldn't parse supervisor status {path.name}")
+        return None
+    try:
+        comps = obj["components"]
+        nodes = frozenset(str(n) for c in comps for n in c)
+        view = SupervisorView(float(obj["updated_at"]), str(obj["phase"]), int(obj["spares_left"]), nodes)
+    except (KeyError, TypeError, ValueError):
+        _log_once(f"manager: supervisor status {path.name} lacks updated_at, phase, spares_left or components")
+        return None
+    return view
+
+
+def write_request(ckpt_dir: Path, slurm_job_id: int, request_id: str, nodes: list[str]) -> Path:
+    """Ask the job's supervisor to replace ``nodes`` at the next checkpoint (atomic rename; the
+    supervisor journals its answer once per id)."""
+    path = ckpt_dir / SUBDIR / f"{slurm_job_id}.request.json"
+    write_atomic(path, (json.dumps({"id": request_id, "replace": nodes, "at": "checkpoint"}) + "\n").encode(),
+                 durable=True)
+    return path
+
+
+def request_outcome(ckpt_dir: Path, slurm_job_id: int, request_id: str) -> str | None:
+    """The supervisor's last journaled answer to request ``request_id`` (accepted, no_spare,
+    unknown_node, carried_out), or None while it has not answered."""
+    folder = ckpt_dir / SUBDIR
+    outcome = None
+    for path in sorted(folder.glob(f"{slurm_job_id}*.jsonl")) if folder.is_dir() else ():
+        if not path.name.startswith(f"{slurm_job_id}."):   # <job>.jsonl, <job>.<restart>.jsonl
+            continue
+        try:
+            data = read_bounded(path, MAX_JOURNAL_BYTES)
+        except FileRejected as e:
+            _log_once(str(e))
+            continue
+        for line in data.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:   # a torn last line
+                continue
+            if (isinstance(rec, dict) and rec.get("kind") == "request" and rec.get("id") == request_id
+                    and rec.get("outcome") in REQUEST_OUTCOMES):
+                outcome = str(rec["outcome"])
+    return outcome

@@ -83,3 +83,45 @@ def test_reports_of_the_job_oldest_first_and_a_bad_one_skipped(tmp_path: Path) -
     assert [r.observation.life_after for r in reports] == [1, 2]
     assert supervised(tmp_path, 42) and not supervised(tmp_path, 43)
     assert big.exists()                       # skipped, not removed: the supervisor's file
+
+
+def test_a_replacement_request_is_what_the_supervisor_reads_and_its_answer_comes_from_its_journal(
+        tmp_path: Path) -> None:
+    """The manager's side of a fail-slow replacement inside the allocation, against the supervisor's
+    own reader and journal writer (slurm_omni/supervisor/journal.py)."""
+    from slurm_omni.manager.supervisor_reports import read_status_view, request_outcome, write_request
+    from slurm_omni.policy.in_allocation import StepLayout
+    from slurm_omni.supervisor.journal import (
+        SupervisorJournal,
+        journal_path,
+        layout_to_json,
+        read_request,
+        request_path,
+        status_document,
+        status_path,
+        write_status,
+    )
+
+    journal = SupervisorJournal(journal_path(tmp_path, "42"))
+    layout = StepLayout((("node1", "node2"), ("node3", "node4")), ("node5", "node6"))
+    journal.append("launch", launch=0, layout=layout_to_json(layout), data_parallel_size=2, port=1, incarnation=0)
+    write_status(status_path(tmp_path, "42"), status_document(journal.state, job_id="42", phase="running", now=500.0))
+    view = read_status_view(tmp_path, 42)
+    assert view is not None and view.phase == "running" and view.spares_left == 2 and view.updated_at == 500.0
+    assert view.nodes == {"node1", "node2", "node3", "node4"}
+    assert read_status_view(tmp_path, 43) is None
+
+    path = write_request(tmp_path, 42, "failslow-a", ["node1"])
+    assert path == request_path(tmp_path, "42")
+    assert read_request(path) == {"id": "failslow-a", "replace": ["node1"], "at": "checkpoint"}
+    assert request_outcome(tmp_path, 42, "failslow-a") is None          # not answered yet
+    journal.append("request", id="failslow-a", replace=["node1"], outcome="accepted", launch=0)
+    journal.append("request", id="other", replace=["node2"], outcome="no_spare", launch=0)
+    assert request_outcome(tmp_path, 42, "failslow-a") == "accepted"
+    journal.append("request", id="failslow-a", replace=["node1"], outcome="carried_out", launch=1)
+    with open(journal.path, "ab") as f:
+        f.write(b'{"kind": "request", "id": "failslow-a", "outc')     # a torn last line
+    assert request_outcome(tmp_path, 42, "failslow-a") == "carried_out"
+    assert request_outcome(tmp_path, 42, "other") == "no_spare" and request_outcome(tmp_path, 4, "other") is None
+    (tmp_path / "supervisor" / "42.status.json").write_text('{"path": "in_allocation"}')
+    assert read_status_view(tmp_path, 42) is None                      # malformed: none, logged once
