@@ -38,7 +38,7 @@ from slurm_omni.policy.failslow import (
     first_flagged,
     judge_migration,
 )
-from slurm_omni.policy.placement import Action, plan_recovery
+from slurm_omni.policy.placement import Action, Plan, plan_recovery
 from slurm_omni.policy.recovery import Phase
 from slurm_omni.policy.recovery_events import MigrationRequested
 
@@ -154,18 +154,27 @@ class FailSlowWatch:
         node = first_flagged(report).node
         if now - fs.kept.get(node, float("-inf")) < self.config.window_s or node not in w.node_set:
             return   # judged again once per window: a spare may free up, the estimate may change
-        index = ClusterIndex.build(snap.topology, snap.nodes)
-        plan = plan_recovery(index, w.layout(), [node], now=now, fault_at=now - m.config.site.elasticity.spare_wait_s,
-                             quarantine=w.quarantine, config=w.placement)
-        why = f"fail-slow: {node} is slow, not failed: quarantined, not drained"
-        plan = replace(plan, drain=(), reasons=(*plan.reasons, why))
+        # a spare inside the allocation first (the step supervisor's), else the cluster's by resubmission
+        in_allocation = self._supervisor_spare(w, node, now)
+        plan: Plan | None = None
+        if not in_allocation:
+            try:
+                index = ClusterIndex.build(snap.topology, snap.nodes)
+                plan = plan_recovery(index, w.layout(), [node], now=now,
+                                     fault_at=now - m.config.site.elasticity.spare_wait_s,
+                                     quarantine=w.quarantine, config=w.placement)
+            except OmniError as e:   # e.g. an in-allocation job's one allocation is no per-stage layout
+                log.info("manager: %s: fail-slow: no resubmission plan off %s: %s", w.key, node, e)
+            else:
+                why = f"fail-slow: {node} is slow, not failed: quarantined, not drained"
+                plan = replace(plan, drain=(), reasons=(*plan.reasons, why))
         step = int(w.progress[0]) if w.progress else 0
         remaining = max(0, (fs.max_steps or step) - step)
         replicas = w.shape.data_parallel_size_for(w.units)
-        in_allocation = self._supervisor_spare(w, node, now)
         decision = judge_migration(report, config=self.config, replicas=replicas, remaining_steps=remaining,
-                                   spare_available=plan.action is Action.RESUBMIT or in_allocation,
-                                   can_shrink=plan.action is Action.SHRINK, budget=fs.budget, now=now)
+                                   spare_available=in_allocation or (plan is not None and plan.action is Action.RESUBMIT),
+                                   can_shrink=plan is not None and plan.action is Action.SHRINK, budget=fs.budget,
+                                   now=now)
         payload: dict[str, Any] = {"node": node, "reasons": list(decision.reasons), "estimate": decision.estimate,
                                    "plan": plan if decision.action in (Mitigation.REPLACE, Mitigation.SHRINK) else None}
         if decision.action not in (Mitigation.REPLACE, Mitigation.SHRINK):
@@ -187,6 +196,8 @@ class FailSlowWatch:
                 fs.outcome_due = (w.incarnation, decision.estimate)
             log.warning("manager: %s: fail-slow: asked the step supervisor to replace %s (request %s): %s", w.key,
                         node, rid, "; ".join(decision.reasons))
+            return
+        if plan is None:
             return
         m.journal.record_decision(w.key, w.incarnation, now, VERDICT, decision.action.value, payload)
         fs.migrating = True
