@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600),
                                  reason="in-allocation fail-slow lane (2-3 min): OMNI_FAILSLOW_CLUSTER=1")]
 
 TABLES = ('[elasticity]\nrecovery = "in_allocation"\ndefault_spares = 1\n'
-          "[failslow]\nwindow_s = 10\nsustain_s = 5\nclear_s = 10\nrestart_cost_s = 1\nmin_gain = 1.0\n"
+          "[failslow]\nmargin = 0.5\nclear_margin = 0.3\nwindow_s = 10\nsustain_s = 5\nclear_s = 10\nrestart_cost_s = 1\nmin_gain = 1.0\n"
           '[drills]\nallowed_nodes = "node[1-8]"\n[detection]\nheartbeat_interval_s = 0.5\n')
 MAX_STEPS = 260
 
