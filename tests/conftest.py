@@ -16,6 +16,9 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 LANE_PORTS = {"24.11": (17017, 17100), "26.05": (17217, 17300)}
 """Default ports of the version lanes' clusters (22.05 keeps ClusterSpec's 16817/16900)."""
+LANE_FIRST_JOB_ID = {"24.11": 5001, "26.05": 10001}
+"""And their first job ids (22.05 starts at 1): job scripts take MASTER_PORT = 20000 + job id, so
+a lane's cluster beside the default one must not hand out the same ids."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ def slurm_cluster() -> Iterator[ClusterHandle]:
                     "(OMNI_SLURM_VERSION / OMNI_CLUSTER_DIR)", returncode=2)
     if recorded is None and version != HOST_VERSION:
         ctld, slurmd = LANE_PORTS[version]
-        lc = LocalCluster(state_dir, ClusterSpec(slurm_version=version, ctld_port=ctld, slurmd_base_port=slurmd))
+        lc = LocalCluster(state_dir, ClusterSpec(slurm_version=version, ctld_port=ctld, slurmd_base_port=slurmd,
+                                                 first_job_id=LANE_FIRST_JOB_ID[version]))
     lc.up(wait_s=120)
     os.environ.update(lc.env)
     yield ClusterHandle(lc, lc.env, lc.paths.root, lc.paths.spool, lc.spec.node_names)

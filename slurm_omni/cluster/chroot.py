@@ -3,7 +3,7 @@
 The cached root (``versions.roots_dir()/<suite>``) is made by ``debootstrap --variant=minbase`` from
 the mirror this machine's apt sources name, with Slurm, munge and the headers installed by apt inside
 it. Each state directory mounts its own view, ``<state>/root``: a private bind of the cached root
-with /proc, /dev, /sys, /tmp, the project, its venv, its Python and the state directory bound in at
+with /proc, /dev, /sys, /tmp, /home, the project, its venv, its Python and the state directory bound in at
 their own paths, so that daemons and jobs inside see the same paths as the host. The view lives under
 /run/slurm-omni/views/ (``OMNI_SLURM_VIEWS``), not in the state directory: an ``rm -rf`` of a state
 directory must never walk through the binds into the project. Every mount made is recorded in
@@ -180,6 +180,9 @@ def job_binds(project: Path, state_dir: Path, extra: tuple[Path, ...] = ()) -> l
         Bind(Path("/dev/shm"), Path("/dev/shm")),
         Bind(Path("/sys"), Path("/sys"), read_only=True),
         Bind(Path("/tmp"), Path("/tmp")),
+        # The job owners' homes: their log folders and files live there (slurmstepd opens --output
+        # inside the view: "Could not open stdout file /home/alice/...: No such file or directory").
+        Bind(Path("/home"), Path("/home")),
         # Job owners resolve to the same uids as on the host (users made with useradd).
         Bind(Path("/etc/passwd"), Path("/etc/passwd"), read_only=True),
         Bind(Path("/etc/group"), Path("/etc/group"), read_only=True),

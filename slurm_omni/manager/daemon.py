@@ -412,6 +412,9 @@ class Manager:
 
     def _restarted(self, w: Watch, job: Job, at: float) -> None:
         """Slurm requeued the job (same id, restart count + 1); the state machine says what it means."""
+        self._last_words(w)
+        if w.state in ENDED_STATES:   # its last words refused its input
+            return
         quiet = w.quiet
         lost = w.lost_kinds()
         self.journal.record_observation(w.key, w.incarnation, "requeued", at,
@@ -420,7 +423,19 @@ class Manager:
         recovery.feed(self, w, LifeRequeued(at=at, restart_count=job.restart_count, quiet=quiet, lost=lost,
                                             reason=job.reason or job.slurm_state), self.clock())
 
+    def _last_words(self, w: Watch) -> None:
+        """Read the ending life's heartbeats again before judging its end: a tick reads them after
+        the poll, and a rank that wrote "stopping" or "done" and exited at once (omni train leaves
+        without the interpreter's teardown) can be requeued or gone by the next poll."""
+        try:
+            self._heartbeats(w, self.clock())
+        except OmniError as e:
+            log.warning("manager: %s: couldn't read the last heartbeats: %s", w.key, e)
+
     def _ended(self, w: Watch, job: Job | None, at: float) -> None:
+        self._last_words(w)
+        if w.state in ENDED_STATES:
+            return
         phases = set(w.phases.values())
         recovery.feed(self, w, LifeEnded(
             at=at, slurm_state=job.slurm_state if job is not None else "",

@@ -99,6 +99,8 @@ def test_binds_cover_the_jobs_python(tmp_path: Path) -> None:
     assert Path(os.path.realpath(sys.executable)) in binds        # the interpreter the venv links to
     assert any((t / "os.py").exists() for t in binds)             # its standard library
     assert binds[Path("/proc")].kind == "proc" and binds[Path("/etc/passwd")].read_only
+    # the job owners' homes, where their --output files go (the multiuser tests' logs)
+    assert (Path("/home") in binds) is Path("/home").is_dir()
     assert project in binds and project / ".omni" / "cluster-x" not in binds   # under the project already
     (tmp_path / "state").mkdir()
     assert tmp_path / "state" not in {b.target for b in job_binds(project, tmp_path / "state")}  # under /tmp
