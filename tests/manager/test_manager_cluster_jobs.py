@@ -138,6 +138,11 @@ def test_failed_array_task_is_requeued_alone(slurm_cluster, shards: Path, tmp_pa
         def requeue_done() -> bool:
             return bool(run.rows("SELECT 1 FROM actions WHERE key = ? AND state = 'done'", f"requeue:{key}:0"))
         wait_until(requeue_done, 90, f"the manager to requeue {array_id}_1\n{run.manager_log()}", interval_s=0.5)
+
+        def pending_again() -> bool:   # 26.05 carried the requeue out a second after scontrol returned
+            job = next((j for j in backend.jobs() if j.job_id == ids[1]), None)
+            return job is not None and job.restart_count == 1 and job.state is JobState.PENDING
+        wait_until(pending_again, 60, f"Slurm to show {array_id}_1 requeued", interval_s=0.5)
         _start_now(run.runner(), [ids[1]])
         (rec,) = run.wait_recovery(1, "first_step", timeout_s=150, key=key)
         assert rec.cause == "task_exit" and rec.new_incarnation == 1 and rec.path == "requeued"
