@@ -104,6 +104,9 @@ class DetectionSite:
     confirmer's ``hang_floor_s``); with a level-1 signal the two levels confirm together at once."""
     progress_window_s: float = 300.0
     """No step completed for this long means stuck, not slow (the confirmer's ``stuck_floor_s``)."""
+    first_heartbeat_s: float = 600.0
+    """A job none of whose lives ever wrote a heartbeat this long after Slurm showed it running is
+    bad input (its command never calls ``slurm_omni.elastic.init``): cancelled, never restarted."""
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     """``[detection.confirm]``: every other window of the confirmation rule
     (slurm_omni.policy.confirm.ConfirmConfig); the defaults confirm a node loss within 5 s."""
@@ -115,6 +118,9 @@ class DetectionSite:
         if self.confirmation_window_s < self.heartbeat_interval_s:
             raise ConfigError(f"detection.confirmation_window_s = {self.confirmation_window_s} is not "
                               f"allowed (expected >= heartbeat_interval_s = {self.heartbeat_interval_s})")
+        if self.first_heartbeat_s < 2 * self.heartbeat_interval_s:
+            raise ConfigError(f"detection.first_heartbeat_s = {self.first_heartbeat_s} is not allowed "
+                              f"(expected >= 2 x heartbeat_interval_s = {2 * self.heartbeat_interval_s})")
         if self.progress_window_s < 2 * self.heartbeat_interval_s:
             raise ConfigError(f"detection.progress_window_s = {self.progress_window_s} is not allowed "
                               f"(expected >= 2 x heartbeat_interval_s = {2 * self.heartbeat_interval_s})")

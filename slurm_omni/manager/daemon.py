@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.config.site import SiteConfig
-from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
+from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
 from slurm_omni.manager.actions import Actions
@@ -38,10 +38,18 @@ from slurm_omni.manager.events import FaultRecord, HeartbeatRecord, NodeEvent, c
 from slurm_omni.manager.failslow import FailSlowWatch
 from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
 from slurm_omni.manager.registry import RegistryRecord, read_registry
-from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_spool
+from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_refusal, read_spool
 from slurm_omni.manager.status import write_timeline
 from slurm_omni.manager.supervisor_reports import read_reports, supervised
 from slurm_omni.manager.watch import Watch, new_watch, restore_watch
+from slurm_omni.policy.bad_input import (
+    BadInput,
+    RankEnd,
+    classify_end,
+    job_label,
+    never_beat,
+    refused_by_rank,
+)
 from slurm_omni.policy.cluster_index import ClusterIndex
 from slurm_omni.policy.confirm import NODE_STATE_KIND, ConfirmConfig, NodeObservation, TaskExit, Verdict
 from slurm_omni.policy.placement import plan_grow
@@ -50,6 +58,7 @@ from slurm_omni.policy.recovery_events import (
     FailureConfirmed,
     FirstStep,
     GrowPossible,
+    InputRefused,
     LifeEnded,
     LifeNumbered,
     LifeRequeued,
@@ -276,11 +285,14 @@ class Manager:
     def _heartbeats(self, w: Watch, now: float) -> None:
         if w.slurm_id is None or w.expect_restart:   # a requeued array task: its next life's beats come
             return                                     # with the restart count Slurm has not shown yet
-        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.life]
-        refused = next((hb for hb in beats if hb.exit_code == EXIT_BAD_INPUT), None)
+        beats = self._life_beats(w)
+        refused = refused_by_rank(self._label(w), [_rank_end(hb) for hb in beats]) if w.recovery.judging else None
         if refused is not None:
-            self._refuse_bad_input(w, refused)
+            at = max(hb.time for hb in beats if hb.exit_code is not None)
+            recovery.feed(self, w, InputRefused(at=at, cause=refused.cause, line=refused.line), now)
             return
+        if not beats:
+            self._first_heartbeat_due(w, now)
         for hb in beats:
             if w.phases.get(hb.rank) != hb.phase:
                 w.phases[hb.rank] = hb.phase
@@ -303,14 +315,49 @@ class Manager:
                                              heartbeat_at=progress[2],
                                              progress_at=w.confirmer.evaluate(now).last_progress_at)
 
-    def _refuse_bad_input(self, w: Watch, hb: HeartbeatRecord) -> None:
-        """A rank said its input cannot work (exit 78: another script's checkpoint, a state_dict that
-        does not load, a loop that ends early): every restart would fail the same way."""
-        why = hb.error or f"rank {hb.rank} exited {hb.exit_code} (bad input)"
-        self.journal.record_decision(w.key, w.incarnation, hb.time, "refused", "bad_input",
-                                     {"rank": hb.rank, "error": why})
-        log.error("manager: job %s: %s; not restarting it (fix that and submit again)", w.key, why)
-        self.close_job(w, "failed", hb.time, f"bad input: {why}")
+    # -- bad input (policy/bad_input.py): no restart can fix it -----------------------------------
+    def _label(self, w: Watch) -> str:
+        return job_label(w.slurm_id, w.reg.name if w.array_task is None else f"{w.reg.name}, task {w.array_task}")
+
+    def _life_beats(self, w: Watch) -> list[HeartbeatRecord]:
+        """The judged life's heartbeats as the folder holds them now."""
+        if w.slurm_id is None:
+            return []
+        return [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.life]
+
+    def _ever_beat(self, w: Watch) -> bool:
+        """Some life of the job wrote a heartbeat (the journal keeps every phase change)."""
+        return bool(w.phases) or self.journal.has_observation(w.key, "heartbeat_phase")
+
+    def _first_heartbeat_due(self, w: Watch, now: float) -> None:
+        """A running life without a heartbeat: past ``detection.first_heartbeat_s``, and no life of
+        the job ever beat, its command never calls elastic.init: cancel it, do not restart it."""
+        if not w.running or w.running_since is None or w.slurm_ended or w.slurm_id is None or not w.recovery.judging:
+            return
+        limit = self.config.site.detection.first_heartbeat_s
+        running_for = now - w.running_since
+        if running_for < limit:
+            return
+        bad = never_beat(label=self._label(w), running_for_s=running_for, limit_s=limit, beats=0,
+                         ever_beat=self._ever_beat(w))
+        if bad is not None:
+            recovery.feed(self, w, InputRefused(at=now, cause=bad.cause, line=bad.line, cancel=w.slurm_id), now)
+
+    def _bad_end(self, w: Watch, job: Job | None) -> BadInput | None:
+        """How the judged life ended, read again now (the last heartbeats of the Slurm job's newest
+        life: a step supervisor may have relaunched it since the manager last looked; the batch
+        script's refusal), when that is bad input."""
+        if w.slurm_id is None:
+            return None
+        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation >= w.life]
+        newest = max((hb.incarnation for hb in beats), default=w.life)
+        return classify_end(label=self._label(w),
+                            completed=job is not None and job.state is JobState.COMPLETED,
+                            cancelled=job is not None and job.state is JobState.CANCELLED,
+                            lost=bool(w.lost_kinds()),
+                            ranks=[_rank_end(hb) for hb in beats if hb.incarnation == newest],
+                            max_steps=w.max_steps, refusal=read_refusal(w.heartbeat_dir, w.slurm_id, w.life),
+                            ever_beat=self._ever_beat(w))
 
     def _supervisor(self, w: Watch, now: float) -> None:
         """A step supervisor in the job's allocation (its status file is there): its failures are
@@ -436,6 +483,10 @@ class Manager:
         self._last_words(w)
         if w.state in ENDED_STATES:
             return
+        bad = self._bad_end(w, job) if w.recovery.judging and not w.recovery.life_ended else None
+        if bad is not None:
+            recovery.feed(self, w, InputRefused(at=at, cause=bad.cause, line=bad.line), self.clock())
+            return
         phases = set(w.phases.values())
         recovery.feed(self, w, LifeEnded(
             at=at, slurm_state=job.slurm_state if job is not None else "",
@@ -508,6 +559,10 @@ class Manager:
         if self._timeline_dirty:
             write_timeline(self.journal, self.uid, self.config.timeline_path)
             self._timeline_dirty = False
+
+
+def _rank_end(hb: HeartbeatRecord) -> RankEnd:
+    return RankEnd(rank=hb.rank, phase=hb.phase, step=hb.step, exit_code=hb.exit_code, error=hb.error)
 
 
 def _kind(item: SpoolItem) -> str:

@@ -271,6 +271,11 @@ class Journal:
                              "VALUES (?, ?, ?, ?, ?, ?)", (job, incarnation, time, kind, key, to_json(payload)))
             return cur.rowcount == 1
 
+    def has_observation(self, job: str, kind: str) -> bool:
+        """Whether ``job`` has an observation of ``kind`` (any incarnation)."""
+        return self._db.execute("SELECT 1 FROM observations WHERE job = ? AND kind = ? LIMIT 1",
+                                (job, kind)).fetchone() is not None
+
     def record_decision(self, job: str, incarnation: int | None, time: float, verdict: str, cause: str,
                         payload: Any) -> int:
         with self._tx() as db:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_omni.errors import SlurmError
+from slurm_omni.formats.refusal import MAX_REFUSAL_BYTES, decode_refusal, refusal_name
+from slurm_omni.fsio import FileRejected, read_bounded
 from slurm_omni.manager.events import (
     NODES_SUBDIR,
     EventRejected,
@@ -141,3 +143,16 @@ def read_job_heartbeats(heartbeat_dir: Path, slurm_job_id: int) -> list[Heartbea
         return []
     wanted = str(slurm_job_id)
     return [hb for hb in read_heartbeats(heartbeat_dir) if hb.job_id == wanted]
+
+
+def read_refusal(heartbeat_dir: Path, slurm_job_id: int, incarnation: int) -> str | None:
+    """The batch script's one line when it could not start the step (formats/refusal.py), or None.
+    Read like a heartbeat: in our own 0700 folder, bounded, no symlink."""
+    path = heartbeat_dir / refusal_name(slurm_job_id, incarnation)
+    try:
+        check_private_dir(heartbeat_dir)
+        return decode_refusal(read_bounded(path, MAX_REFUSAL_BYTES), path.name)
+    except FileRejected as e:
+        if path.exists():
+            _log_once(f"manager: couldn't read {path}: {e}")
+        return None

@@ -35,8 +35,20 @@ def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
         slurm_ids = {i["number"]: i["slurm_job_id"] for i in incs}
         job["recoveries"] = [recovery_view(r, slurm_ids) for r in job["recoveries"]]
         job["failslow"] = failslow_view(journal.decisions(job["name"], FAILSLOW_VERDICT))
+        job["stopped"] = stopped_view(journal.decisions(job["name"], "refused"))
         out.append(job)
     return out
+
+
+def stopped_view(refusals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Why the manager stopped the job for good without restarting it (bad input,
+    policy/bad_input.py): the newest refusal that carries its one line."""
+    lines = [d for d in refusals if isinstance(d["payload"], dict) and d["payload"].get("line")]
+    if not lines:
+        return None
+    last = lines[-1]
+    return {"cause": last["cause"], "incarnation": last["incarnation"], "time": last["time"],
+            "reason": str(last["payload"]["line"])}
 
 
 def recovery_path(cause: str, path: str | None, new_incarnation: int | None, plan: Any) -> str:
@@ -152,6 +164,9 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
                      f"(Slurm job {job['slurm_job_id']}, dp {job['data_parallel_size']})  "
                      f"step {_n(job['global_step'])}  checkpoint {_n(job['last_checkpoint_step'])}  "
                      f"heartbeat lag {'-' if lag is None else f'{lag:.1f}s'}")
+        stopped = job.get("stopped")
+        if stopped:
+            lines.append(f"  stopped ({stopped['cause']}): {stopped['reason']}")
         for inc in job["incarnations"]:
             nodes = (inc["layout"] or {}).get("nodes") or {}
             where = " | ".join(f"{k}: {','.join(v)}" for k, v in sorted(nodes.items())) or "-"

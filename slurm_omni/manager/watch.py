@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_omni.config.job import load_job
+from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.errors import OmniError
 from slurm_omni.manager.journal import Recovery
 from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegistryRecord
@@ -62,6 +62,8 @@ class Watch:
     allocation_base: int | None = None       # in-allocation: the submission's incarnation (None: incarnation)
     relaunch_life: int | None = None         # in-allocation: the life the supervisor last relaunched, this requeue
     batch_host: str = ""                     # the incarnation's batch host, once running
+    running_since: float | None = None       # when a poll first showed the judged life RUNNING
+    max_steps: int | None = None             # the job file's [training] max_steps (None: unreadable)
 
     @property
     def node_set(self) -> frozenset[str]:
@@ -118,6 +120,7 @@ class Watch:
         """The incarnation is RUNNING: its nodes are known; confirmation starts over on them."""
         self.running = True
         self.batch_host = job.batch_host
+        self.running_since = at
         if self.array_task is None:
             self.nodes = {c.het_offset: c.nodes for c in job.components}
         else:
@@ -128,6 +131,7 @@ class Watch:
     def new_life(self) -> None:
         """A requeue after a checkpointed exit: the same incarnation starts again."""
         self.running = False
+        self.running_since = None
         self.requeue_settling = True
         self.relaunch_life = None      # the requeued allocation's supervisor starts again at launch 0
         self.phases.clear()
@@ -162,6 +166,7 @@ class Watch:
         self.batch_host = ""
         self.restart_count = self.slurm_restart_count = self.running_restart_count = 0
         self.running = self.seen_in_slurm = self.slurm_ended = False
+        self.running_since = None
         self.slurm_state = ""
         self.phases.clear()
         self.node_states.clear()
@@ -171,13 +176,12 @@ class Watch:
         self.state = "active"
 
 
-def _placement(m: Manager, reg: RegistryRecord, shape: Shape) -> PlacementConfig:
+def _job_file(reg: RegistryRecord, path: Path) -> JobFile | None:
     try:
-        job = load_job(reg.job_file)
+        return load_job(path)
     except OmniError as e:
         log.warning("manager: %s: %s (planning without the global batch constraint)", reg.key, e)
-        job = None
-    return shape.placement_config(m.config.site, job)
+        return None
 
 
 def new_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None) -> Watch:
@@ -195,7 +199,9 @@ def new_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None) -
     incarnation = reg.incarnation_base if task is None else 0
     config = RecoveryConfig(same_job=task is not None, end_wait_s=m.config.end_wait_s,
                             stop_timeout_s=m.config.stop_timeout_s, max_requeues=reg.max_requeues)
-    return Watch(key=key, reg=reg, shape=shape, placement=_placement(m, reg, shape),
+    job = _job_file(reg, next((t.job_file for t in reg.tasks if t.task_id == task), None) or reg.job_file)
+    return Watch(key=key, reg=reg, shape=shape, placement=shape.placement_config(m.config.site, job),
+                 max_steps=job.training.max_steps if job is not None else None,
                  confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir, incarnation=incarnation,
                  slurm_id=slurm_id, units=shape.units, array_task=task, recovery=initial(incarnation, slurm_id),
                  allocation_base=incarnation,

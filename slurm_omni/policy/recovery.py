@@ -40,6 +40,7 @@ from slurm_omni.policy.recovery_events import (
     FirstStep,
     GrowPossible,
     HandOver,
+    InputRefused,
     Launch,
     Launched,
     LaunchRefused,
@@ -270,6 +271,17 @@ def _ended(s: RecoveryState, o: LifeEnded, now: float, c: RecoveryConfig) -> tup
     if not o.trained:   # it never trained: resubmitting a job that cannot start helps nobody
         return closed, (Close(state="failed", at=o.at, reason=f"ended {o.slurm_state or 'unseen'} before training"),)
     return s, (FailAll(at=o.at, why=f"job {o.slurm_state or 'left the queue'}"),)
+
+
+def _input_refused(s: RecoveryState, o: InputRefused, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
+    """Bad input in the judged life (a command not found, a rank's exit 78, an exit 0 before the last
+    step, no heartbeat ever): every life would end the same way, so the job ends here, with the line
+    saying what to fix; a life still running is cancelled first."""
+    judged = s.next_incarnation if s.phase is not Phase.WATCHING and s.next_incarnation is not None else s.incarnation
+    cancel: Effects = () if o.cancel is None else (Cancel(incarnation=judged, slurm_job_id=o.cancel),)
+    return (replace(s, phase=Phase.CLOSED, life_ended=True),
+            (RecordDecision(incarnation=judged, at=o.at, verdict="refused", cause=o.cause, payload={"line": o.line}),
+             *cancel, Close(state="failed", at=o.at, reason=o.line)))
 
 
 def _numbered(s: RecoveryState, o: LifeNumbered, now: float, c: RecoveryConfig) -> tuple[RecoveryState, Effects]:
@@ -559,6 +571,9 @@ _TABLE: dict[tuple[Phase, type], _Handler] = {
     (Phase.WATCHING, LifeEnded): _ended,
     (Phase.WATCHING, Tick): _judging_tick,
     (Phase.WATCHING, LifeNumbered): _numbered,
+    (Phase.WATCHING, InputRefused): _input_refused,
+    (Phase.STARTING, InputRefused): _input_refused,
+    (Phase.RESTORING, InputRefused): _input_refused,
     (Phase.WATCHING, GrowPossible): _planned_stop,
     (Phase.WATCHING, MigrationRequested): _planned_stop,
     (Phase.WATCHING, SupervisorReport): _relaunched,

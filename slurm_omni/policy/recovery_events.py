@@ -151,7 +151,18 @@ class SupervisorReport:
     reason: str = ""
 
 
-Observation = (Tick | FailureConfirmed | LifeRequeued | LifeEnded | LifeNumbered | Planned | Launched | LaunchRefused
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputRefused:
+    """The judged life showed bad input (``policy/bad_input.py``): no restart can fix it.
+    ``cancel``: its Slurm job, when it still runs (a command that never beats)."""
+
+    at: float
+    cause: str
+    line: str
+    cancel: int | None = None
+
+
+Observation = (Tick | FailureConfirmed | InputRefused | LifeRequeued | LifeEnded | LifeNumbered | Planned | Launched | LaunchRefused
                | LifeRunning | FirstStep | GrowPossible | MigrationRequested | SupervisorReport)
 
 

@@ -33,6 +33,7 @@ from slurm_omni.policy.recovery_events import (
     FirstStep,
     GrowPossible,
     HandOver,
+    InputRefused,
     Launch,
     Launched,
     LaunchRefused,
@@ -148,8 +149,29 @@ def _close(state_: str) -> Any:
     return check
 
 
+def _refused(judged: int, cancel: int | None) -> Any:
+    def check(s: RecoveryState, effects: tuple[Any, ...]) -> None:
+        decision, *rest = effects
+        assert isinstance(decision, RecordDecision) and decision.incarnation == judged
+        assert decision.verdict == "refused" and decision.payload == {"line": "job 41 (j): bad"}
+        cancels = [e for e in rest if isinstance(e, Cancel)]
+        assert [(c.incarnation, c.slurm_job_id) for c in cancels] == ([(judged, cancel)] if cancel else [])
+        (close,) = [e for e in effects if isinstance(e, Close)]
+        assert close.state == "failed" and close.reason == "job 41 (j): bad" and s.life_ended
+    return check
+
+
+REFUSED = InputRefused(at=T, cause="exited_early", line="job 41 (j): bad")
 OPENED = (OpenRecovery, MarkPhase)
 CASES = [
+    # bad input: the job ends with its line, never restarted
+    Case("bad input: closed", WATCHING, REFUSED, Phase.CLOSED, (RecordDecision, Close), check=_refused(0, None)),
+    Case("bad input still running: cancelled, closed", WATCHING, replace(REFUSED, cancel=41), Phase.CLOSED,
+         (RecordDecision, Cancel, Close), check=_refused(0, 41)),
+    Case("bad input in the next life: closed", STARTING, replace(REFUSED, cancel=50), Phase.CLOSED,
+         (RecordDecision, Cancel, Close), check=_refused(1, 50)),
+    Case("bad input after the restore: closed", RESTORING, REFUSED, Phase.CLOSED, (RecordDecision, Close),
+         check=_refused(1, None)),
     # watching: the judged life fails, or Slurm says so
     Case("confirmed: plan a resubmission", WATCHING, confirmed(), Phase.PLANNING, (*OPENED, RequestPlan),
          check=_path(RecoveryPath.RESUBMITTED)),
@@ -344,7 +366,7 @@ SAMPLES: list[Observation] = [Tick(), confirmed(), LifeRequeued(at=T, restart_co
                               LifeEnded(at=T, completed=True), LifeNumbered(incarnation=3), Planned(plan=RESUBMIT),
                               Launched(at=T, incarnation=1, slurm_job_id=50), LaunchRefused(at=T, cause="c", error="e"),
                               LifeRunning(at=T), FirstStep(at=T, step=1), GrowPossible(at=T, plan=GROW),
-                              MigrationRequested(at=T, plan=RESUBMIT, nodes=("n3",)), relaunched()]
+                              MigrationRequested(at=T, plan=RESUBMIT, nodes=("n3",)), relaunched(), REFUSED]
 STARTS = [WATCHING, DELEGATED, PLANNING, WAITING, STOPPING, LAUNCHING, STARTING, RESTORING,
           state(Phase.CLOSED)]
 OUTSIDE = [(s, o) for s, o in itertools.product(STARTS, SAMPLES) if (s.phase, type(o)) not in set(TRANSITIONS)]
