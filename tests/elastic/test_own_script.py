@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from own_script_support import EXAMPLE
 
 from slurm_omni.checkpoint.format import latest_step
 from slurm_omni.drill.equivalence import check_equivalence
@@ -23,9 +24,12 @@ from slurm_omni.drill.reference import JOB_ENV, launch_job
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED
 from slurm_omni.runtime.launch import LocalJob
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "own-script"
-STEPS = 14
+LOCAL_LANE = pytest.mark.skipif(
+    os.environ.get("OMNI_OWN_SCRIPT_LOCAL") != "1",
+    reason="the local-launcher versions of tests/elastic/test_own_script_cluster.py (about 4 min): "
+           "OMNI_OWN_SCRIPT_LOCAL=1")
+"""The cluster tests run the same faults through omni submit, the batch script and the manager; these
+run the ranks with the local launcher (no Slurm), for debugging the script's side alone."""
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -56,14 +60,9 @@ def test_trains_under_torchrun_without_slurm(tmp_path: Path) -> None:
 
 # -- as the batch script starts it --------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def job_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("own")
-    (folder / "train.py").write_text((EXAMPLE / "train.py").read_text())
-    text = (EXAMPLE / "job.toml").read_text().replace("max_steps = 80", f"max_steps = {STEPS}")
-    assert f"max_steps = {STEPS}" in text
-    (folder / "job.toml").write_text(text)
-    return folder / "job.toml"
+@pytest.fixture
+def job_file(own_job_file: Path) -> Path:
+    return own_job_file
 
 
 def _launch(job_file: Path, run_dir: Path, dp: int, incarnation: int, delay: str = "0") -> LocalJob:
@@ -86,15 +85,12 @@ def _wait_step(run_dir: Path, job: LocalJob, step: int) -> None:
     raise AssertionError(f"no step {step} within 240 s")
 
 
-@pytest.fixture(scope="module")
-def reference(job_file: Path) -> Path:
-    run_dir = job_file.parent / "reference"
-    job = _launch(job_file, run_dir, 2, 0)
-    codes = job.wait(600)
-    assert codes == [0, 0, 0, 0], job.logs()[-3000:]
-    return run_dir / "metrics"
+@pytest.fixture
+def reference(own_reference: Path) -> Path:
+    return own_reference
 
 
+@LOCAL_LANE
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_usr1_saves_exits_75_and_a_shrink_to_one_replica_keeps_every_sample(job_file: Path,
@@ -119,6 +115,7 @@ def test_usr1_saves_exits_75_and_a_shrink_to_one_replica_keeps_every_sample(job_
     assert layouts == {1} and min(r.step for r in history.incarnation_records(1)) == saved + 1
 
 
+@LOCAL_LANE
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_sigkilled_rank_resumes_bitwise(job_file: Path, reference: Path) -> None:
