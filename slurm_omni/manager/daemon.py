@@ -357,7 +357,7 @@ class Manager:
                             lost=bool(w.lost_kinds()),
                             ranks=[_rank_end(hb) for hb in beats if hb.incarnation == newest],
                             max_steps=w.max_steps, refusal=read_refusal(w.heartbeat_dir, w.slurm_id, w.life),
-                            ever_beat=self._ever_beat(w))
+                            ever_beat=self._ever_beat(w), slurm_state=job.slurm_state if job is not None else "")
 
     def _supervisor(self, w: Watch, now: float) -> None:
         """A step supervisor in the job's allocation (its status file is there): its failures are

@@ -73,13 +73,14 @@ def refused_by_rank(label: str, ranks: Sequence[RankEnd]) -> BadInput | None:
 
 
 def classify_end(*, label: str, completed: bool, cancelled: bool, lost: bool, ranks: Sequence[RankEnd],
-                 max_steps: int | None, refusal: str | None, ever_beat: bool) -> BadInput | None:
+                 max_steps: int | None, refusal: str | None, ever_beat: bool, slurm_state: str = "") -> BadInput | None:
     """The life ended (Slurm shows it ended): bad input, or None for an end the recovery judges
     (done, cancelled, a node lost, a failure worth a restart).
 
     ``completed``: Slurm's COMPLETED (every task exited 0); ``lost``: a node of the life failed;
     ``ranks``: the last heartbeat of each rank of this life; ``refusal``: the batch script's line when
-    it could not start the step; ``ever_beat``: some life of the job wrote a heartbeat before."""
+    it could not start the step; ``ever_beat``: some life of the job wrote a heartbeat before;
+    ``slurm_state``: how Slurm ended it, for the line."""
     if cancelled or lost:
         return None
     if refusal is not None:
@@ -103,8 +104,9 @@ def classify_end(*, label: str, completed: bool, cancelled: bool, lost: bool, ra
                              f"after a checkpoint ({DOC})")
     if not ranks and not ever_beat:
         return BadInput(cause="no_heartbeat",
-                        line=f"{label}: the training command ended before any rank wrote a heartbeat: it must call "
-                             f"slurm_omni.elastic.init() on every rank ({DOC}; the job's log says how it ended)")
+                        line=f"{label}: the training command ended ({slurm_state or 'left the queue'}) before any rank "
+                             f"wrote a heartbeat: its log says why; a script must call slurm_omni.elastic.init() on "
+                             f"every rank ({DOC})")
     return None
 
 

@@ -20,7 +20,8 @@ from support import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
-FIRST_HEARTBEAT_S = 15
+FIRST_HEARTBEAT_S = 60
+"""Long enough for a torch script to import and beat on a loaded 2-core machine (the silent job waits it out)."""
 JOB = """
 [job]
 name = "{name}"

@@ -85,8 +85,12 @@ def test_done_at_the_last_step_is_done(max_steps: int | None) -> None:
 
 
 def test_a_failure_before_any_heartbeat_ever_names_the_missing_init() -> None:
-    bad = end()
-    assert bad is not None and bad.cause == "no_heartbeat" and "slurm_omni.elastic.init()" in bad.line
+    bad = end(slurm_state="FAILED")
+    assert bad is not None and bad.cause == "no_heartbeat"
+    assert bad.line == ("job 2001 (own): the training command ended (FAILED) before any rank wrote a heartbeat: "
+                        "its log says why; a script must call slurm_omni.elastic.init() on every rank "
+                        "(docs/own-script.md)")
+    assert "ended (left the queue)" in end().line
     assert end(ever_beat=True) is None                       # an earlier life beat: the recovery judges it
 
 
