@@ -53,9 +53,9 @@ def test_ranks_that_failed_otherwise_are_the_recoverys() -> None:
 
 
 def test_the_batch_scripts_refusal_is_a_command_not_found() -> None:
-    bad = end(refusal="couldn't start the training command: nosuchprog not found on node1")
+    bad = end(refusal="couldn't start the step: nosuchprog not found on node1")
     assert bad is not None and bad.cause == "command_not_found"
-    assert bad.line == ("job 2001 (own): couldn't start the training command: nosuchprog not found on node1 (fix "
+    assert bad.line == ("job 2001 (own): couldn't start the step: nosuchprog not found on node1 (fix "
                         "[training] command in the job file: an absolute path, or the {python}/{job_dir} fields; "
                         "docs/own-script.md)")
 
