@@ -119,7 +119,7 @@ class FailSlowWatch:
         self._journal_changes(w, fs, report, now)
         self._outcome(w, fs, report, now)
         if fs.request is not None:
-            self._follow_request(w, fs, now)
+            self._follow_request(w, fs, fs.request, now)
         if report.flagged and not fs.migrating and w.recovery.phase is Phase.WATCHING:
             self._consider_migration(w, fs, report, now)
 
@@ -219,11 +219,11 @@ class FailSlowWatch:
         return (view is not None and view.phase == "running" and view.spares_left > 0 and node in view.nodes
                 and now - view.updated_at <= SUPERVISOR_FRESH_S)
 
-    def _follow_request(self, w: Watch, fs: FailSlowJob, now: float) -> None:
+    def _follow_request(self, w: Watch, fs: FailSlowJob, request: tuple[str, float, str, MigrationBudget],
+                        now: float) -> None:
         """The supervisor's answer to the replacement asked of it. Accepted: it relaunches (its report
         makes the next incarnation); refused, or no answer in time: the planned migration by resubmission."""
-        assert fs.request is not None
-        rid, at, node, budget = fs.request
+        rid, at, node, budget = request
         outcome = request_outcome(w.reg.ckpt_dir, w.slurm_id, rid) if w.slurm_id is not None else None
         if outcome in ("accepted", "carried_out"):
             return
