@@ -56,7 +56,6 @@ from slurm_omni.policy.placement import plan_grow
 from slurm_omni.policy.recovery import Phase
 from slurm_omni.policy.recovery_events import (
     FailureConfirmed,
-    FirstStep,
     GrowPossible,
     InputRefused,
     LifeEnded,
@@ -64,6 +63,7 @@ from slurm_omni.policy.recovery_events import (
     LifeRequeued,
     LifeRunning,
     Tick,
+    first_step_seen,
 )
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 from slurm_omni.slurm.types import Job, JobState, Node
@@ -299,8 +299,9 @@ class Manager:
                 self.journal.record_observation(w.key, w.incarnation, "heartbeat_phase", hb.time, hb,
                                                 key=f"hb:{w.key}:{w.slurm_id}:{hb.incarnation}:{hb.rank}:{hb.phase}")
             w.confirmer.observe(hb.observation(het_job=w.array_task is None))
-            if w.awaiting is not None and hb.phase == "training" and hb.step > (w.restore_step or 0):
-                recovery.feed(self, w, FirstStep(at=hb.time, step=hb.step), now)
+        first = first_step_seen(beats, w.restore_step) if w.awaiting is not None else None
+        if first is not None:
+            recovery.feed(self, w, first, now)
         self.failslow.observe(w, beats, now)
         if beats:
             progress = (max(hb.step for hb in beats),

@@ -5,9 +5,9 @@ in order). Pure types; nothing here acts."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from slurm_omni.policy.confirm import Decision
 from slurm_omni.policy.placement import Plan, Quarantine
@@ -111,6 +111,28 @@ class FirstStep:
 
     at: float
     step: int
+
+
+class _Beat(Protocol):
+    @property
+    def phase(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def time(self) -> float: ...
+
+
+def first_step_seen(beats: Sequence[_Beat], restore_step: int | None) -> FirstStep | None:
+    """The next life's first step past its restore, as its ranks' newest beats show it: the earliest
+    beat of a rank that completed a step after ``restore_step`` (none: a fresh start, past step 0), in
+    any phase after ``starting``. A short life can train, finish and write ``done`` (or ``stopping``,
+    ``failed``) between two polls of the manager: its last beat still shows that it trained again.
+    ``at`` is then the time of that beat, later than the step itself."""
+    ahead = [hb for hb in beats if hb.phase != "starting" and hb.step > (restore_step or 0)]
+    if not ahead:
+        return None
+    first = min(ahead, key=lambda hb: hb.time)
+    return FirstStep(at=first.time, step=first.step)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -56,6 +56,7 @@ from slurm_omni.policy.recovery_events import (
     SupervisorReport,
     Tick,
     WatchNext,
+    first_step_seen,
 )
 
 T = 1000.0   # the fake clock's "now"
@@ -562,3 +563,27 @@ def test_effects_carry_what_the_journal_needs() -> None:
     _, effects = step(DELEGATED, relaunched(), T, SUPERVISED)
     (note,) = [e for e in effects if isinstance(e, Note)]
     assert note.payload["spares_left"] == {"0": 1, "1": 0} and note.payload["removed"] == {"1": ("n3",)}
+
+
+# -- the next life's first step, from its ranks' newest beats ----------------------------------------
+@dataclass(frozen=True)
+class _Beat:
+    phase: str
+    step: int
+    time: float
+
+
+@pytest.mark.parametrize(("beats", "restore", "seen"), [
+    ([], 10, None),
+    ([_Beat("starting", -1, 1.0), _Beat("training", 10, 2.0)], 10, None),     # restored, no new step yet
+    ([_Beat("training", 11, 3.0), _Beat("training", 12, 2.5)], 10, FirstStep(at=2.5, step=12)),
+    # a life of four steps that trained and finished between two polls: its "done" beats still count
+    ([_Beat("done", 14, 5.0), _Beat("done", 14, 4.8)], 10, FirstStep(at=4.8, step=14)),
+    ([_Beat("stopping", 11, 6.0)], 10, FirstStep(at=6.0, step=11)),
+    ([_Beat("failed", 10, 6.0)], 10, None),                                    # failed before a new step
+    ([_Beat("starting", 3, 1.0)], None, None),
+    ([_Beat("training", 1, 1.5)], None, FirstStep(at=1.5, step=1)),          # a fresh start: past step 0
+])
+def test_first_step_seen_in_any_phase_after_starting_past_the_restore(
+        beats: list[_Beat], restore: int | None, seen: FirstStep | None) -> None:
+    assert first_step_seen(beats, restore) == seen
