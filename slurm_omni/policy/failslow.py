@@ -23,8 +23,10 @@ the same work) over a sliding window, with robust statistics:
   slowdown). A whole-job slowdown is reported, never migrated: moving nodes cannot fix it.
 
 ``judge_migration`` decides whether a flagged node is worth a planned migration: a replacement
-(the step goes back to the job's best window, at most down to the step over the node's ratio), or a shrink of the data parallelism when that beats keeping k
-replicas with a slow one (k-1 healthy replicas take k/(k-1) of the healthy step time), or nothing;
+(the step loses at least the node's excess over its peers, and goes back to the job's best window
+when that is lower, at most down to the step over the node's ratio), or a shrink of the data
+parallelism when that beats keeping k replicas with a slow one (k-1 healthy replicas take k/(k-1)
+of the healthy step time), or nothing;
 never more than ``max_migrations_per_hour``, and only when the time won over the rest of the run
 is ``min_gain`` times the measured cost of a restart. Nothing here is a failure: the confirmation
 rule (policy/confirm.py) never sees these verdicts, and a migration is a planned stop that saves
@@ -389,15 +391,21 @@ class MigrationBudget:
 
 def estimate(verdict: NodeVerdict, step_now_s: float, replicas: int, remaining_steps: int,
              restart_cost_s: float, best_step_s: float | None = None) -> Estimate:
-    """The step after a replacement. A slow rank holds its peers up by more than its own excess (they
-    wait for its sends too), so when the job's best window is known the healthy step is that, but
-    never less than the step scaled down by the node's ratio (the slow node cannot have cost more
-    than that); without it, the step loses the node's excess. After a shrink each of k-1 healthy
-    replicas carries k/(k-1) of the work."""
+    """The step after a replacement. The step loses at least the node's own excess over its peers:
+    measured in the same window, so a change of the machine's other load moves both alike (every
+    step ends in collectives over all ranks: the slow rank's own time is on the step's path). A slow
+    rank holds its peers up by more than that (they wait for its sends too), so when the job's best
+    window is known the step goes back to it, but never below the step scaled down by the node's
+    ratio (the slow node cannot have cost more than that). The best window alone is no floor: it
+    compares windows, and where the other load dropped as the node slowed (shared cores) the job's
+    step stood at its best while one node ran twice its peers' time (the 26.05 lane, 2026-12-01:
+    "a replacement would win -1s"). After a shrink each of k-1 healthy replicas carries k/(k-1) of
+    the work."""
+    step_excess = step_now_s - max(0.0, verdict.level_s - verdict.peer_level_s)
     if best_step_s is not None and best_step_s > 0:
-        step_replace = max(best_step_s, step_now_s / max(verdict.ratio, 1.0))
+        step_replace = min(max(best_step_s, step_now_s / max(verdict.ratio, 1.0)), step_excess)
     else:
-        step_replace = step_now_s - max(0.0, verdict.level_s - verdict.peer_level_s)
+        step_replace = step_excess
     step_replace = min(max(step_replace, 1e-9), step_now_s)
     step_shrink = step_replace * replicas / (replicas - 1) if replicas > 1 else None
     gain_shrink = None if step_shrink is None else remaining_steps * (step_now_s - step_shrink) - restart_cost_s

@@ -18,9 +18,12 @@ from slurm_omni.errors import ConfigError
 from slurm_omni.policy.failslow import (
     FailSlowConfig,
     FailSlowDetector,
+    JobVerdict,
     MigrationBudget,
     Mitigation,
     NodeState,
+    NodeVerdict,
+    Report,
     StepSample,
     estimate,
     judge_migration,
@@ -104,7 +107,8 @@ def test_a_slow_node_is_worth_a_replacement_and_its_estimate_is_the_peers_speed(
     v = report.flagged[0]
     best = report.job.best_step_time_s
     assert best is not None
-    assert est.step_replace_s == pytest.approx(min(est.step_now_s, max(best, est.step_now_s / v.ratio)))
+    excess = v.level_s - v.peer_level_s
+    assert est.step_replace_s == pytest.approx(min(est.step_now_s - excess, max(best, est.step_now_s / v.ratio)))
     # a short rest of the run does not pay for a restart; a cap or migrate = false only warns
     short = judge_migration(report, config=CONFIG, replicas=2, remaining_steps=10, spare_available=True,
                             can_shrink=False, budget=MigrationBudget(), now=report.time)
@@ -116,6 +120,42 @@ def test_a_slow_node_is_worth_a_replacement_and_its_estimate_is_the_peers_speed(
     off = judge_migration(report, config=replace(CONFIG, migrate=False), replicas=2, remaining_steps=10_000,
                           spare_available=True, can_shrink=False, budget=MigrationBudget(), now=report.time)
     assert off.action is Mitigation.WARN
+
+
+def _flagged_report(*, level_s: float, peer_level_s: float, step_now_s: float, best_step_s: float) -> Report:
+    v = NodeVerdict("node1", 0, NodeState.FLAGGED, level_s / peer_level_s, 30.0, level_s, peer_level_s, "compute",
+                    95.0, 20)
+    return Report(100.0, (v,), JobVerdict(False, step_now_s / best_step_s, "", step_now_s, best_step_s))
+
+
+def test_a_replacement_wins_at_least_the_nodes_excess_when_the_job_stands_at_its_best_window() -> None:
+    """The fail-slow cluster test on the 26.05 lane (2026-12-01) flagged node1 at 2.13x its peers'
+    own time while the job's median step stood at its best window (the machine's other load had
+    dropped as the node slowed): comparing windows said a replacement wins nothing ("would win
+    -1s") and the node was kept to the end of the run. The levels below are those journaled by a
+    26.05 run of the same test (2.16x), the job's step put at its best window as in the failing
+    one; there the migration made the step 1.37x faster. The node's excess over its peers,
+    measured in the same window, is what the step loses at least."""
+    config = FailSlowConfig(restart_cost_s=1.0, min_gain=1.0)
+    report = _flagged_report(level_s=0.019976, peer_level_s=0.0092645, step_now_s=0.1132, best_step_s=0.1132)
+    excess = 0.019976 - 0.0092645
+    est = estimate(report.flagged[0], 0.1132, 2, 151, 1.0, 0.1132)
+    assert est.step_replace_s == pytest.approx(0.1132 - excess)
+    assert est.gain_replace_s == pytest.approx(151 * excess - 1.0)
+    decision = judge_migration(report, config=config, replicas=2, remaining_steps=151, spare_available=True,
+                               can_shrink=False, budget=MigrationBudget(), now=report.time)
+    assert decision.action is Mitigation.REPLACE
+    # the rule still holds: the excess over the rest of the run must pay for the restart. A run
+    # recorded so (2.15x, 7.6 ms over its peers, 113 steps left) is kept, with 200 steps left replaced
+    kept = _flagged_report(level_s=0.0143, peer_level_s=0.0067, step_now_s=0.073, best_step_s=0.0715)
+    for remaining, action in ((113, Mitigation.WARN), (200, Mitigation.REPLACE)):
+        d = judge_migration(kept, config=config, replicas=2, remaining_steps=remaining, spare_available=True,
+                            can_shrink=False, budget=MigrationBudget(), now=kept.time)
+        assert d.action is action and d.estimate is not None
+        assert d.estimate.gain_replace_s == pytest.approx(remaining * (0.0143 - 0.0067) - 1.0)
+    # where the job's step did rise with the slow node, the best window still sets the estimate
+    rose = estimate(kept.flagged[0], 0.1122, 2, 82, 1.0, 0.0715)
+    assert rose.step_replace_s == pytest.approx(0.0715)
 
 
 def test_without_a_spare_a_shrink_only_when_k_minus_one_healthy_replicas_are_faster() -> None:
