@@ -62,7 +62,7 @@ class FailSlowJob:
     states: dict[str, NodeState] = field(default_factory=dict)    # node -> last journaled state
     job_slow: bool = False
     migrating: bool = False
-    outcome_due: tuple[int, Estimate] | None = None   # (incarnation migrated from, the estimate)
+    outcome_due: tuple[int, Estimate, Mitigation] | None = None   # (incarnation migrated from, the estimate, action)
     kept: dict[str, float] = field(default_factory=dict)   # node -> when a migration was judged not to pay
     max_steps: int | None = None
     report: Report | None = None
@@ -154,10 +154,13 @@ class FailSlowWatch:
         node = first_flagged(report).node
         if now - fs.kept.get(node, float("-inf")) < self.config.window_s or node not in w.node_set:
             return   # judged again once per window: a spare may free up, the estimate may change
-        # a spare inside the allocation first (the step supervisor's), else the cluster's by resubmission
-        in_allocation = self._supervisor_spare(w, node, now)
+        # a spare inside the allocation first (the step supervisor's), else the cluster's by resubmission;
+        # a supervisor with no spare left can still drop the node's replica (a shrink by request)
+        spares_left = self._supervisor_spares(w, node, now)
+        in_allocation = spares_left is not None and spares_left > 0
+        shrink_in_allocation = spares_left == 0 and w.shape.data_parallel_size_for(w.units) > 1
         plan: Plan | None = None
-        if not in_allocation:
+        if not (in_allocation or shrink_in_allocation):
             try:
                 index = ClusterIndex.build(snap.topology, snap.nodes)
                 plan = plan_recovery(index, w.layout(), [node], now=now,
@@ -173,8 +176,8 @@ class FailSlowWatch:
         replicas = w.shape.data_parallel_size_for(w.units)
         decision = judge_migration(report, config=self.config, replicas=replicas, remaining_steps=remaining,
                                    spare_available=in_allocation or (plan is not None and plan.action is Action.RESUBMIT),
-                                   can_shrink=plan is not None and plan.action is Action.SHRINK, budget=fs.budget,
-                                   now=now)
+                                   can_shrink=shrink_in_allocation or (plan is not None and plan.action is Action.SHRINK),
+                                   budget=fs.budget, now=now)
         payload: dict[str, Any] = {"node": node, "reasons": list(decision.reasons), "estimate": decision.estimate,
                                    "plan": plan if decision.action in (Mitigation.REPLACE, Mitigation.SHRINK) else None}
         if decision.action not in (Mitigation.REPLACE, Mitigation.SHRINK):
@@ -183,19 +186,22 @@ class FailSlowWatch:
                 log.warning("manager: %s: fail-slow: keeping %s: %s", w.key, node, "; ".join(decision.reasons))
             fs.kept[node] = now
             return
-        if in_allocation and decision.action is Mitigation.REPLACE and w.slurm_id is not None:
-            # a spare in the allocation: the step supervisor replaces the node at a checkpoint, same Slurm job
+        if w.slurm_id is not None and ((in_allocation and decision.action is Mitigation.REPLACE)
+                                       or (shrink_in_allocation and decision.action is Mitigation.SHRINK)):
+            # the step supervisor replaces the node by its spare (or drops its replica) at a checkpoint,
+            # in the same Slurm job
             rid = f"failslow-{w.key}-{w.incarnation}-{node}-{int(now)}"
             payload.update(path="in_allocation", request=rid, plan=None)
             m.journal.record_decision(w.key, w.incarnation, now, VERDICT, decision.action.value, payload)
-            write_request(w.reg.ckpt_dir, w.slurm_id, rid, [node])
+            write_request(w.reg.ckpt_dir, w.slurm_id, rid, [node], shrink=decision.action is Mitigation.SHRINK)
             fs.request = (rid, now, node, fs.budget)
             fs.migrating = True
             fs.budget = fs.budget.add(now)
             if decision.estimate is not None:
-                fs.outcome_due = (w.incarnation, decision.estimate)
-            log.warning("manager: %s: fail-slow: asked the step supervisor to replace %s (request %s): %s", w.key,
-                        node, rid, "; ".join(decision.reasons))
+                fs.outcome_due = (w.incarnation, decision.estimate, decision.action)
+            log.warning("manager: %s: fail-slow: asked the step supervisor to %s %s (request %s): %s", w.key,
+                        "replace" if decision.action is Mitigation.REPLACE else "drop the replica of", node, rid,
+                        "; ".join(decision.reasons))
             return
         if plan is None:
             return
@@ -203,21 +209,24 @@ class FailSlowWatch:
         fs.migrating = True
         fs.budget = fs.budget.add(now)
         if decision.estimate is not None:
-            fs.outcome_due = (w.incarnation, decision.estimate)
+            fs.outcome_due = (w.incarnation, decision.estimate, decision.action)
         log.warning("manager: %s: fail-slow: planned migration off %s (%s): %s", w.key, node, decision.action.value,
                     "; ".join(decision.reasons))
         # the recovery state machine's planned stop: checkpoint on USR1 (exit 75), cancel, relaunch by the plan
         recovery.feed(m, w, MigrationRequested(at=now, plan=plan, nodes=(node,)), now)
 
-    def _supervisor_spare(self, w: Watch, node: str, now: float) -> bool:
-        """A step supervisor runs this job, answers (its status is fresh), runs ``node`` and has a spare
-        left: ask it (it refuses a spare of the wrong kind; then the resubmission is the fallback)."""
+    def _supervisor_spares(self, w: Watch, node: str, now: float) -> int | None:
+        """The spares a step supervisor has left, when one runs this job, answers (its status is
+        fresh), runs ``node`` and has not refused it: ask it (it refuses a spare of the wrong kind, or
+        a shrink below the job's minimum; then the resubmission is the fallback). None: ask no one."""
         fs = self.jobs.get(w.key)
         if not w.recovery_config.supervised or w.slurm_id is None or (fs is not None and node in fs.refused):
-            return False
+            return None
         view = read_status_view(w.reg.ckpt_dir, w.slurm_id)
-        return (view is not None and view.phase == "running" and view.spares_left > 0 and node in view.nodes
-                and now - view.updated_at <= SUPERVISOR_FRESH_S)
+        if (view is None or view.phase != "running" or node not in view.nodes
+                or now - view.updated_at > SUPERVISOR_FRESH_S):
+            return None
+        return view.spares_left
 
     def _follow_request(self, w: Watch, fs: FailSlowJob, request: tuple[str, float, str, MigrationBudget],
                         now: float) -> None:
@@ -244,14 +253,17 @@ class FailSlowWatch:
             return
         if not report.nodes:   # a full window of the new incarnation first
             return
-        origin, est = fs.outcome_due
+        origin, est, action = fs.outcome_due
         fs.outcome_due = None
         measured = report.job.step_time_s
+        estimated = est.step_shrink_s if action is Mitigation.SHRINK and est.step_shrink_s is not None \
+            else est.step_replace_s
         self.m.journal.record_decision(w.key, w.incarnation, now, VERDICT, "outcome", {
-            "migrated_from_incarnation": origin, "step_before_s": est.step_now_s, "step_estimated_s":
-            est.step_replace_s, "step_measured_s": measured, "speedup": est.step_now_s / measured if measured else None})
-        log.info("manager: %s: fail-slow migration outcome: %.3fs/step (estimated %.3f, before %.3f)", w.key,
-                 measured, est.step_replace_s, est.step_now_s)
+            "migrated_from_incarnation": origin, "action": action.value, "step_before_s": est.step_now_s,
+            "step_estimated_s": estimated, "step_measured_s": measured,
+            "speedup": est.step_now_s / measured if measured else None})
+        log.info("manager: %s: fail-slow migration outcome (%s): %.3fs/step (estimated %.3f, before %.3f)", w.key,
+                 action.value, measured, estimated, est.step_now_s)
 
     # -- export --------------------------------------------------------------------------------
     def write_prom(self, now: float) -> None:

@@ -169,7 +169,7 @@ def _log_once(message: str) -> None:
 
 # -- planned replacements (fail-slow): the request file and its outcome ---------------------------
 MAX_JOURNAL_BYTES = 4 << 20
-REQUEST_OUTCOMES = ("accepted", "no_spare", "unknown_node", "carried_out")
+REQUEST_OUTCOMES = ("accepted", "no_spare", "below_minimum", "unknown_node", "carried_out")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +202,14 @@ def read_status_view(ckpt_dir: Path, slurm_job_id: int) -> SupervisorView | None
     return view
 
 
-def write_request(ckpt_dir: Path, slurm_job_id: int, request_id: str, nodes: list[str]) -> Path:
-    """Ask the job's supervisor to replace ``nodes`` at the next checkpoint (atomic rename; the
+def write_request(ckpt_dir: Path, slurm_job_id: int, request_id: str, nodes: list[str], *,
+                  shrink: bool = False) -> Path:
+    """Ask the job's supervisor to replace ``nodes`` at the next checkpoint (``shrink``: or to
+    launch with fewer data-parallel replicas without them when no spare is left; atomic rename; the
     supervisor journals its answer once per id)."""
     path = ckpt_dir / SUBDIR / f"{slurm_job_id}.request.json"
-    write_atomic(path, (json.dumps({"id": request_id, "replace": nodes, "at": "checkpoint"}) + "\n").encode(),
-                 durable=True)
+    doc = {"id": request_id, "replace": nodes, "at": "checkpoint", "shrink": shrink}
+    write_atomic(path, (json.dumps(doc) + "\n").encode(), durable=True)
     return path
 
 

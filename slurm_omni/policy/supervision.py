@@ -138,12 +138,18 @@ def adopted_rc(phases: Collection[str]) -> int:
     return EXIT_FAILED
 
 
-def request_outcome(replace: Sequence[str], running: Collection[str], plan: Relaunch | Fallback | None) -> str:
-    """A replacement request's outcome: ``unknown_node`` (a named node does not run this launch),
-    ``no_spare`` (no plan replaces them without shrinking), else ``accepted``. ``plan``: the plan
-    that replaces the named nodes (None when none was made)."""
+def request_outcome(replace: Sequence[str], running: Collection[str], plan: Relaunch | Fallback | None, *,
+                    shrink: bool = False) -> str:
+    """A planned request's outcome: ``unknown_node`` (a named node does not run this launch),
+    ``no_spare`` (no plan replaces them without shrinking, and the request does not allow a shrink),
+    ``below_minimum`` (a request that allows a shrink, and no launch without the nodes fits the
+    allocation: the job's minimum data parallelism), else ``accepted``. ``plan``: the plan that
+    launches without the named nodes (None when none was made); ``shrink``: the request allows
+    fewer data-parallel replicas (the manager's estimate says k-1 healthy ones beat k with a slow one)."""
     if any(n not in running for n in replace):
         return "unknown_node"
-    if not isinstance(plan, Relaunch) or plan.shrunk:
+    if not isinstance(plan, Relaunch):
+        return "below_minimum" if shrink else "no_spare"
+    if plan.shrunk and not shrink:
         return "no_spare"
     return "accepted"

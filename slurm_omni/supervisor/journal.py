@@ -200,16 +200,19 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 
 def read_request(path: Path) -> dict[str, Any] | None:
-    """A planned-replacement request ``{"id": str, "replace": [node, ...]}``, or None (missing or
-    malformed: logged once by the caller's journal, never fatal)."""
+    """A planned request ``{"id": str, "replace": [node, ...], "shrink": bool}`` (``shrink``
+    optional, false: a launch with fewer data-parallel replicas is allowed when no spare is left), or
+    None (missing or malformed: logged, never fatal)."""
     try:
         with open(path, "rb") as f:
             obj = json.loads(f.read(1 << 16))
     except (OSError, ValueError):
         return None
     if (not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not obj["id"]
-            or not isinstance(obj.get("replace"), list) or not all(isinstance(n, str) for n in obj["replace"])):
-        log.warning("supervisor: request %s is not {\"id\": str, \"replace\": [node, ...]}: ignored", path)
+            or not isinstance(obj.get("replace"), list) or not all(isinstance(n, str) for n in obj["replace"])
+            or not isinstance(obj.get("shrink", False), bool)):
+        log.warning("supervisor: request %s is not {\"id\": str, \"replace\": [node, ...], \"shrink\": bool "
+                    "(optional)}: ignored", path)
         return None
     return obj
 

@@ -463,22 +463,26 @@ class Supervisor:
 
     # -- planned replacements (fail-slow migrations) -------------------------------------------------
     def _take_request(self, cur: Launch) -> bool:
-        """A request file names nodes to replace at the next checkpoint: accept it once (journaled)
-        when every named node runs this launch and has a spare of its kind."""
+        """A request file names nodes to leave at the next checkpoint: accept it once (journaled)
+        when every named node runs this launch and has a spare of its kind, or, when the request
+        allows a shrink, when a launch with fewer replicas without them fits."""
         req = read_request(self.request_file)
         if req is None or req["id"] in self.journal.state.requests:
             return False
+        shrink = bool(req.get("shrink", False))
         leaving = [n for n in req["replace"] if n in cur.layout.nodes]
-        plan = self._replacement(cur, leaving) if len(leaving) == len(req["replace"]) else None
-        outcome = request_outcome(req["replace"], cur.layout.nodes, plan)
-        self.journal.append("request", id=req["id"], replace=list(req["replace"]), outcome=outcome, launch=cur.number)
-        log.warning("supervisor: request %s to replace %s: %s", req["id"], ",".join(req["replace"]), outcome)
+        plan = self._replacement(cur, leaving, shrink=shrink) if len(leaving) == len(req["replace"]) else None
+        outcome = request_outcome(req["replace"], cur.layout.nodes, plan, shrink=shrink)
+        self.journal.append("request", id=req["id"], replace=list(req["replace"]), shrink=shrink, outcome=outcome,
+                            launch=cur.number)
+        log.warning("supervisor: request %s to %s %s: %s", req["id"], "leave (a shrink allowed)" if shrink else "replace",
+                    ",".join(req["replace"]), outcome)
         return outcome == "accepted"
 
-    def _replacement(self, cur: Launch, leaving: Sequence[str]) -> Relaunch | None:
+    def _replacement(self, cur: Launch, leaving: Sequence[str], *, shrink: bool) -> Relaunch | None:
         decision = Decision(Verdict.CONFIRMED, self.clock(), cause="drain", nodes=tuple(leaving))
         plan = self._plan(cur, decision, self.clock())
-        if isinstance(plan, Fallback) or plan.shrunk:
+        if isinstance(plan, Fallback) or (plan.shrunk and not shrink):
             return None
         return plan
 
@@ -488,7 +492,7 @@ class Supervisor:
         if req is None or req["id"] not in accepted or self._request_done(req["id"]):
             return None
         leaving = [n for n in req["replace"] if n in cur.layout.nodes]
-        plan = self._replacement(cur, leaving) if leaving else None
+        plan = self._replacement(cur, leaving, shrink=bool(req.get("shrink", False))) if leaving else None
         if plan is not None:
             self.journal.append("request", id=req["id"], replace=list(req["replace"]), outcome="carried_out",
                                 launch=cur.number + 1)

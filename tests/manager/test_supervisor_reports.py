@@ -113,12 +113,18 @@ def test_a_replacement_request_is_what_the_supervisor_reads_and_its_answer_comes
 
     path = write_request(tmp_path, 42, "failslow-a", ["node1"])
     assert path == request_path(tmp_path, "42")
-    assert read_request(path) == {"id": "failslow-a", "replace": ["node1"], "at": "checkpoint"}
+    assert read_request(path) == {"id": "failslow-a", "replace": ["node1"], "at": "checkpoint", "shrink": False}
+    # a shrink by request (no spare left, and k-1 healthy replicas beat k with the slow one)
+    assert read_request(write_request(tmp_path, 43, "failslow-b", ["node3"], shrink=True))["shrink"] is True
+    (tmp_path / "supervisor" / "44.request.json").write_text('{"id": "x", "replace": ["node1"], "shrink": "yes"}')
+    assert read_request(request_path(tmp_path, "44")) is None          # shrink must be a bool: ignored, logged
     assert request_outcome(tmp_path, 42, "failslow-a") is None          # not answered yet
     journal.append("request", id="failslow-a", replace=["node1"], outcome="accepted", launch=0)
     journal.append("request", id="other", replace=["node2"], outcome="no_spare", launch=0)
     assert request_outcome(tmp_path, 42, "failslow-a") == "accepted"
     journal.append("request", id="failslow-a", replace=["node1"], outcome="carried_out", launch=1)
+    journal.append("request", id="shrink-a", replace=["node3"], shrink=True, outcome="below_minimum", launch=1)
+    assert request_outcome(tmp_path, 42, "shrink-a") == "below_minimum"
     with open(journal.path, "ab") as f:
         f.write(b'{"kind": "request", "id": "failslow-a", "outc')     # a torn last line
     assert request_outcome(tmp_path, 42, "failslow-a") == "carried_out"

@@ -89,3 +89,9 @@ def test_a_replacement_request_outcome() -> None:
     assert request_outcome(["node3"], running, Fallback((), ())) == "no_spare"
     assert request_outcome(["node3"], running, _relaunch(units=1, before=2)) == "no_spare"   # shrinking
     assert request_outcome(["node3"], running, _relaunch()) == "accepted"
+    # a request that allows a shrink (the manager's estimate: k-1 healthy replicas beat k with a slow one)
+    assert request_outcome(["node3"], running, _relaunch(units=1, before=2), shrink=True) == "accepted"
+    assert request_outcome(["node3"], running, _relaunch(), shrink=True) == "accepted"     # a spare after all
+    assert request_outcome(["node3"], running, Fallback((), ()), shrink=True) == "below_minimum"
+    assert request_outcome(["node3"], running, None, shrink=True) == "below_minimum"
+    assert request_outcome(["node9"], running, _relaunch(units=1, before=2), shrink=True) == "unknown_node"

@@ -155,23 +155,42 @@ def test_no_spare_shrinks_inside_the_job_and_a_lost_batch_host_ends_the_allocati
     assert [la.number for la in state.launches] == [0, 1] and state.outcome in ("", "fallback"), state.outcome
 
 
-def test_a_planned_replacement_request_moves_a_node_to_a_spare_at_a_checkpoint(slurm_cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("spares", [1, 0], ids=["a-spare", "no-spare-shrink"])
+def test_a_planned_request_moves_a_node_to_a_spare_or_drops_its_replica_at_a_checkpoint(
+        slurm_cluster, tmp_path: Path, spares: int) -> None:
     """The fail-slow hook: a request file names a node; the ranks are told to checkpoint and stop
-    (SIGUSR1, exit 75 here), and the next launch runs on a spare instead, in the same job."""
+    (SIGUSR1, exit 75 here), and the next launch runs on a spare instead, in the same job. With no
+    spare left, a request that allows a shrink (the manager's estimate: one healthy replica beats
+    two with a slow one) launches one replica without the node; one that does not is refused."""
     runner = CommandRunner(slurm_cluster.env)
     request, work = _request(tmp_path, slurm_cluster.spool)
-    rank = ('trap "exit 75" USR1; ' + RANK.replace("do sleep 0.2; done", "do sleep 0.2 & wait $!; done"))
-    request = replace(request, command=("bash", "-c", rank, str(work)))
+    rank = ('trap "exit 75" USR1; ' + RANK.replace("do sleep 0.2; done", "do sleep 0.2 & wait $!; done")
+            .replace('"$OMNI_LAUNCH $RANK', '"$OMNI_LAUNCH $OMNI_DP_SIZE $RANK'))
+    site = replace(request.site, elasticity=replace(request.site.elasticity, default_spares=spares))
+    request = replace(request, site=site, command=("bash", "-c", rank, str(work)))
     env = {**os.environ, **slurm_cluster.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize(), env=env).stdout)
     ckpt = request.site.checkpoint.job_dir(current_user(), request.job.job.name)
+    folder = ckpt / "supervisor"
+
+    def launch(n: int) -> list[tuple[str, str, str, str]] | None:
+        path = work / "ranks"
+        rows = [tuple(line.split()[1:]) for line in (path.read_text().splitlines() if path.exists() else ())
+                if line.split()[0] == str(n)]
+        return rows if len(rows) == (4 if n == 0 or spares else 2) else None   # (dp size, rank, stage, node)
+
     try:
-        first = wait_until(lambda: len(_launches(work).get(0, [])) == 4 and _launches(work)[0], 120, "launch 0")
-        slow = next(node for _, stage, node in first if stage == 1)
-        (ckpt / "supervisor" / f"{job_id}.request.json").write_text(json.dumps({"id": "slow-1", "replace": [slow]}))
-        second = wait_until(lambda: len(_launches(work).get(1, [])) == 4 and _launches(work)[1], 120,
-                            "launch 1 without the slow node")
-        assert slow not in {node for _, _, node in second}
+        first = wait_until(lambda: launch(0), 120, "launch 0")
+        slow = next(node for _, _, stage, node in first if stage == "1")
+        if not spares:   # no spare, no shrink allowed: refused, the launch goes on
+            (folder / f"{job_id}.request.json").write_text(json.dumps({"id": "slow-0", "replace": [slow]}))
+            wait_until(lambda: "slow-0" in SupervisorJournal(journal_path(ckpt, str(job_id))).state.requests, 60,
+                       "the answer to the request without a shrink")
+        doc = {"id": "slow-1", "replace": [slow], **({} if spares else {"shrink": True})}
+        (folder / f"{job_id}.request.json").write_text(json.dumps(doc))
+        second = wait_until(lambda: launch(1), 120, "launch 1 without the slow node")
+        assert slow not in {node for *_, node in second}
+        assert {dp for dp, *_ in second} == {"2" if spares else "1"}
         (work / "done").touch()
         wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(), 90,
                    "the job to finish")
@@ -179,5 +198,8 @@ def test_a_planned_replacement_request_moves_a_node_to_a_spare_at_a_checkpoint(s
         (work / "done").touch()
         runner.run(["scancel", str(job_id)], check=False)
     state = SupervisorJournal(journal_path(ckpt, str(job_id))).state
-    assert state.requests == {"slow-1": "carried_out"} and state.outcome == "done"
-    assert state.launches[1].cause == "planned" and state.launches[1].removed == (slow,)
+    assert state.requests == {"slow-1": "carried_out", **({} if spares else {"slow-0": "no_spare"})}
+    assert state.outcome == "done"
+    # a shrink drops the slow node's whole replica (its vision peer goes back to the spares)
+    assert state.launches[1].cause == "planned" and slow in state.launches[1].removed
+    assert len(state.launches[1].removed) == (1 if spares else 2)

@@ -1,0 +1,67 @@
+"""What the fail-slow cluster tests share: the heartbeat recorder (the highest step each life of a
+Slurm job reached: the next life rewrites the same files) and the slow-node drill as a context."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+from manager_cluster_support import BIN
+
+
+class BeatRecorder:
+    """Reads ``rank-*.json`` every 0.2 s while it runs: (Slurm job id, incarnation) -> highest step."""
+
+    def __init__(self, heartbeat_dir: Path) -> None:
+        self.heartbeat_dir = heartbeat_dir
+        self.reached: dict[tuple[str, int], int] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.2):
+            for path in self.heartbeat_dir.glob("rank-*.json"):
+                try:
+                    b = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                key = (str(b["job_id"]), int(b["incarnation"]))
+                self.reached[key] = max(self.reached.get(key, -1), int(b["step"]))
+
+    def highest(self, job_id: str | int, incarnation: int | None = None) -> int:
+        steps = [s for (j, i), s in self.reached.items() if j == str(job_id) and incarnation in (None, i)]
+        return max(steps)
+
+
+@contextmanager
+def slow_node(run: Any, job: str, node: str, factor: float) -> Iterator[list[str]]:
+    """``omni drill slow-node`` on ``node`` while the block runs, undone (SIGTERM) at its end; the
+    list holds the drill's output afterwards, and the drill must have exited 0."""
+    out: list[str] = []
+    drill = subprocess.Popen([str(BIN / "omni"), "drill", "slow-node", "--job", job, "--node", node,
+                              "--factor", str(factor), "--site", str(run.site)], env=run.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        yield out
+    finally:
+        drill.send_signal(signal.SIGTERM)
+        out.append(drill.communicate(timeout=30)[0].decode())
+    assert drill.returncode == 0, out[0]
