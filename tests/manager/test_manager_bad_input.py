@@ -1,8 +1,9 @@
 """Bad input on the embedded cluster: a job that no restart can fix ends with one line naming the
 job and what to fix (manager log, journal, ``omni status``), and is never resubmitted. One manager
-watches four jobs at once: a program not found on the node, a script that exits 0 before its last
-step, one that never writes a heartbeat (``detection.first_heartbeat_s`` is short here), and one
-whose state_dict refuses the checkpoint after a real recovery (the exit-78 close path)."""
+watches five jobs at once: a program not found on the node, a script that exits 0 before its last
+step, one that never writes a heartbeat (``detection.first_heartbeat_s`` is short here), one whose
+state_dict refuses the checkpoint after a real recovery (the exit-78 close path), and one whose next
+life is another script (other modules) that finds the first one's checkpoint in its folder."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ command = {command}
 
 SCRIPT = '''
 """Test script: "early" beats three steps and exits 0 (no elastic context to catch it); "refuse"
-checkpoints step 2 and dies at step 3 in its first life, and its state refuses to load in the next."""
+checkpoints step 2 and dies at step 3 in its first life, and its state refuses to load in the next;
+"other" does the same, and its next life is another script: its module has another name."""
 import os
 import sys
 import time
@@ -72,11 +74,13 @@ if mode == "early":
     time.sleep(3 * run.layout.heartbeat_interval_s)   # the heartbeat thread writes step 3
     os._exit(0)
 with elastic.init(max_steps=10) as run:
-    counter = Counter()
-    run.checkpointer(modules={run.layout.stage_name: torch.nn.Linear(1, 1)}, state={"counter": counter})
+    counter = Counter() if mode == "refuse" else None
+    name = run.layout.stage_name if mode == "refuse" or run.layout.incarnation == 0 else "head"
+    run.checkpointer(modules={name: torch.nn.Linear(1, 1)}, state={"counter": counter} if counter else {})
     start = run.restore()
     for step in range(start, 10):
-        counter.n += 1
+        if counter is not None:
+            counter.n += 1
         if step == 2 and run.layout.incarnation == 0:
             raise RuntimeError("the first life dies after its checkpoint")
         run.end_step(step + 1, checkpoint_every=2, loss=1.0)
@@ -115,7 +119,8 @@ def bad_jobs(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     trainer.write_text("#!/bin/sh\nexit 0\n")
     trainer.chmod(0o755)
     commands = {"notfound": ["trainer"], "early": ["{python}", str(tmp / "script.py"), "early"],
-                "silent": ["/bin/sleep", "600"], "refuse": ["{python}", str(tmp / "script.py"), "refuse"]}
+                "silent": ["/bin/sleep", "600"], "refuse": ["{python}", str(tmp / "script.py"), "refuse"],
+                "other": ["{python}", str(tmp / "script.py"), "other"]}
     env = {**os.environ, **slurm_cluster.env, **JOB_ENV, "PATH": f"{trainer.parent}:{BIN}:{os.environ['PATH']}"}
     run = ManagerRun(tmp, env, "bad-input")
     try:
@@ -190,3 +195,19 @@ def test_a_state_dict_that_refuses_closes_the_job_after_one_recovery(
     assert cause == "state_dict" and line.startswith(f"job {incarnations[1]['slurm_job_id']} (bad-refuse): rank ")
     assert "counter.load_state_dict refused step-2: ValueError: counter state {'n': 2} does not fit" in line
     assert line in run.manager_log()
+
+
+def test_a_checkpoint_of_another_script_closes_the_job_after_one_recovery(
+        bad_jobs: tuple[ManagerRun, dict[str, int]]) -> None:
+    run, ids = bad_jobs
+    key = f"bad-other-{ids['other']}"
+    (rec,) = run.recoveries(key)
+    assert rec.incarnation == 0 and rec.new_incarnation == 1
+    incarnations = _incarnations(run, key)
+    assert [i["number"] for i in incarnations] == [0, 1]
+    ((cause, payload),) = run.rows("SELECT cause, payload FROM decisions WHERE job = ? AND verdict = 'refused'", key)
+    line = json.loads(payload)["line"]
+    assert cause == "foreign_checkpoint"
+    assert line.startswith(f"job {incarnations[1]['slurm_job_id']} (bad-other): rank ") and line in run.manager_log()
+    assert "step-2 holds " in line and "this script has " in line and "head" in line
+    assert "give this job its own checkpoint folder, or move the old one away" in line
