@@ -70,6 +70,8 @@ def main(argv: list[str]) -> int:
     buf = bytearray()
     first = _read_line(sock, buf)
     if first is None or "pid" not in first:
+        print(f"omni standby client: the standby server at {path} closed the connection before starting the "
+              "trainer (its log is the job's standby step output)", file=sys.stderr)
         return 1
     pid = int(first["pid"])
 
@@ -83,6 +85,8 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, forward)
     done = _read_line(sock, buf)
     if done is None or "status" not in done:
+        print(f"omni standby client: the standby server at {path} went away while trainer {pid} ran",
+              file=sys.stderr)
         return 1
     status = int(done["status"])
     if os.WIFSIGNALED(status):

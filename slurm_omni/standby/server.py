@@ -21,6 +21,7 @@ import socket
 import struct
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,13 @@ def _become_trainer(hello: dict[str, object], fds: list[int], srv: socket.socket
             code = int(result) if isinstance(result, int) else 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
+    except BaseException:   # noqa: BLE001 - the trainer's own error, said on its stderr: os._exit says nothing
+        code = 1
+        traceback.print_exc()
     finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
         os._exit(code)

@@ -50,3 +50,35 @@ def test_a_client_runs_its_command_in_a_forked_warm_trainer(tmp_path: Path) -> N
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_server_that_closes_before_the_trainer_starts_is_one_line_on_the_tasks_stderr(tmp_path: Path) -> None:
+    """The client's side alone: a server that takes the hello and goes (it was killed, or refused the
+    peer) leaves the task exiting 1 with a line naming the socket, not silently."""
+    import socket
+    import threading
+
+    sock_path = tmp_path / "s.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(sock_path))
+    srv.listen(1)
+
+    def take_and_close() -> None:
+        conn, _ = srv.accept()
+        _, anc, _, _ = conn.recvmsg(1 << 20, socket.CMSG_LEN(3 * 4))
+        for _, _, data in anc:   # the task's stdin/stdout/stderr: held here, its pipes would never close
+            for i in range(0, len(data) - len(data) % 4, 4):
+                os.close(int.from_bytes(data[i:i + 4], sys.byteorder))
+        conn.close()
+
+    thread = threading.Thread(target=take_and_close, daemon=True)
+    thread.start()
+    try:
+        done = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock_path), "--", "--version"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        thread.join(timeout=10)
+        srv.close()
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"omni standby client: the standby server at {sock_path} closed the connection "
+                                   "before starting the trainer (its log is the job's standby step output)")
