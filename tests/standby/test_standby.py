@@ -3,11 +3,17 @@ a task's environment and file descriptors; the forked trainer's output and exit 
 
 from __future__ import annotations
 
+import array
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from slurm_omni.standby import CLIENT, through_standby
 
@@ -23,7 +29,10 @@ def test_through_standby_rewrites_only_omni_train() -> None:
                                    "/j.toml")
 
 
-def test_a_client_runs_its_command_in_a_forked_warm_trainer(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def server_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real standby server (torch imported once), shared by this module's tests."""
+    tmp_path = tmp_path_factory.mktemp("standby")
     folder = tmp_path / "standby"
     folder.mkdir(mode=0o700)
     sock = folder / "s.sock"
@@ -35,21 +44,49 @@ def test_a_client_runs_its_command_in_a_forked_warm_trainer(tmp_path: Path) -> N
         while not (tmp_path / "ready").exists() and time.monotonic() < deadline and server.poll() is None:
             time.sleep(0.1)
         assert (tmp_path / "ready").exists(), "the standby server never became ready"
-        env = {**os.environ, "OMNI_STANDBY_TEST": "passed through"}
-        done = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "--version"], env=env,
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
-        assert done.returncode == 0, done.stderr
-        assert "slurm-omni" in done.stdout          # printed by the forked trainer onto the client's stdout
-        bad = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "no-such-command"],
-                             capture_output=True, text=True, timeout=120, check=False)
-        assert bad.returncode != 0 and "no-such-command" in (bad.stderr + bad.stdout)
-        # no server: a cold start of the same command
-        cold = subprocess.run([sys.executable, "-S", str(CLIENT), str(tmp_path / "none.sock"), "--", "--version"],
-                              capture_output=True, text=True, timeout=120, check=False)
-        assert cold.returncode == 0 and "slurm-omni" in cold.stdout
+        yield sock
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_client_runs_its_command_in_a_forked_warm_trainer(server_socket: Path, tmp_path: Path) -> None:
+    sock = server_socket
+    env = {**os.environ, "OMNI_STANDBY_TEST": "passed through"}
+    done = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "--version"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "slurm-omni" in done.stdout          # printed by the forked trainer onto the client's stdout
+    bad = subprocess.run([sys.executable, "-S", str(CLIENT), str(sock), "--", "no-such-command"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode != 0 and "no-such-command" in (bad.stderr + bad.stdout)
+    # no server: a cold start of the same command
+    cold = subprocess.run([sys.executable, "-S", str(CLIENT), str(tmp_path / "none.sock"), "--", "--version"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert cold.returncode == 0 and "slurm-omni" in cold.stdout
+
+
+def test_a_trainer_that_raises_prints_its_traceback_on_the_tasks_stderr(server_socket: Path, tmp_path: Path) -> None:
+    """An exception that is not the CLI's own (here: the task's working folder is gone) ends the forked
+    trainer with 1 and its traceback on the task's stderr, as a cold ``python -m`` would: a relaunched
+    rank that exited 1 with no output at all was undiagnosable."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(os.devnull, "rb") as stdin, open(out, "wb") as o, open(err, "wb") as e, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(server_socket))
+        hello = json.dumps({"env": dict(os.environ), "cwd": str(tmp_path / "gone"), "argv": ["--version"]})
+        fds = array.array("i", [stdin.fileno(), o.fileno(), e.fileno()])
+        conn.sendmsg([hello.encode() + b"\n"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+        answers = b""
+        while answers.count(b"\n") < 2:
+            chunk = conn.recv(4096)
+            assert chunk, f"the server closed after {answers!r}"
+            answers += chunk
+    first, done = (json.loads(line) for line in answers.splitlines()[:2])
+    assert first["pid"] > 0 and os.WIFEXITED(done["status"]) and os.WEXITSTATUS(done["status"]) == 1
+    text = err.read_text()
+    assert "Traceback" in text and "FileNotFoundError" in text and str(tmp_path / "gone") in text, text
+    assert out.read_text() == ""     # --version never ran
 
 
 def test_a_server_that_closes_before_the_trainer_starts_is_one_line_on_the_tasks_stderr(tmp_path: Path) -> None:
