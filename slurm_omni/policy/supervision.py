@@ -20,7 +20,8 @@ in this order:
    count to its limit.
 
 A replacement request (``<job>.request.json``, fail-slow's planned migration) is taken at most
-once: :func:`request_outcome`.
+once: :func:`request_outcome`. Each launch's rendezvous port (MASTER_PORT) is the first of
+:func:`rendezvous_ports` that nothing on the master's host listens on.
 """
 
 from __future__ import annotations
@@ -153,3 +154,32 @@ def request_outcome(replace: Sequence[str], running: Collection[str], plan: Rela
     if plan.shrunk and not shrink:
         return "no_spare"
     return "accepted"
+
+
+PORT_BASE = 20000
+PORT_SPAN = 15000
+PORT_STRIDE = 1009
+"""Candidates after the first are this far apart (prime to the span: every port of the window comes up)."""
+
+
+def rendezvous_ports(job_id: str, launch: int, *, avoid: tuple[int, int] | None = None,
+                     count: int = 8) -> tuple[int, ...]:
+    """MASTER_PORT candidates for launch ``launch`` of the job, best first, in
+    ``[PORT_BASE, PORT_BASE + PORT_SPAN)``. The first is the launch's own port,
+    ``20000 + (job id x 37 + launch) mod 15000`` (a job id that is no number starts at 29500), so
+    consecutive launches differ and a dying step's store never holds the next one's; then ports
+    :data:`PORT_STRIDE` apart. ``avoid`` (the host's ephemeral range, ``ip_local_port_range``, where
+    any outgoing connection takes a port at random) is skipped. Rank 0 listens on the port it is
+    given and fails at once when something else listens there (another job's store on a shared node,
+    or on the embedded cluster, where every node is this machine), so the supervisor takes the first
+    candidate that is free (``supervisor/ports.py``)."""
+    start = (int(job_id) * 37) % PORT_SPAN if job_id.isdigit() else 9500
+    out: list[int] = []
+    for k in range(PORT_SPAN):
+        port = PORT_BASE + (start + launch + k * PORT_STRIDE) % PORT_SPAN
+        if avoid is not None and avoid[0] <= port <= avoid[1]:
+            continue
+        out.append(port)
+        if len(out) == count:
+            break
+    return tuple(out)

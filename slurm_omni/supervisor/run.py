@@ -55,6 +55,7 @@ from slurm_omni.policy.supervision import (
     fruitless_launches,
     kill_on,
     next_launch,
+    rendezvous_ports,
     request_outcome,
 )
 from slurm_omni.slurm.allocation import AllocationView
@@ -71,6 +72,7 @@ from slurm_omni.slurm.steps import (
 )
 from slurm_omni.slurm.types import Node
 from slurm_omni.standby import through_standby
+from slurm_omni.supervisor import ports
 from slurm_omni.supervisor.journal import (
     Launch,
     SupervisorJournal,
@@ -165,6 +167,7 @@ class Supervisor:
         self._stopping = False
         """We asked the step to checkpoint and stop (a planned replacement): its end is no failure."""
         self.limits = SupervisionLimits(max_fruitless=opts.max_fruitless, max_relaunches=opts.max_relaunches)
+        self._ephemeral = ports.ephemeral_range()
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -203,9 +206,16 @@ class Supervisor:
     def _intend(self, number: int, layout: StepLayout, *, cause: str, removed: Sequence[str],
                 added: Sequence[str]) -> Launch:
         dp = layout.units * self.opts.replicas_per_unit
-        port = 20000 + (int(self.opts.job_id) * 37) % 15000 + number if self.opts.job_id.isdigit() else 29500 + number
+        # the rendezvous port: one that nothing on the master's host listens on (rank 0 fails at once
+        # on a taken one); journaled with the intent, so a restarted supervisor uses the same
+        master = layout.components[0][0]
+        port, taken = ports.pick(rendezvous_ports(self.opts.job_id, number, avoid=self._ephemeral),
+                                 master=self.slurm.address(master))
+        if taken:
+            log.warning("supervisor: launch %d: port(s) %s in use on %s; MASTER_PORT %d", number,
+                        ",".join(map(str, taken)), master, port)
         self.journal.append("launch", launch=number, layout=layout_to_json(layout), data_parallel_size=dp,
-                            port=port, incarnation=self.opts.incarnation + number, cause=cause,
+                            port=port, ports_taken=taken, incarnation=self.opts.incarnation + number, cause=cause,
                             removed=list(removed), added=list(added))
         cur = self.journal.state.current
         if cur is None:

@@ -10,6 +10,8 @@ from slurm_omni.policy.confirm import Decision, Verdict
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
 from slurm_omni.policy.supervision import (
     PLANNED,
+    PORT_BASE,
+    PORT_SPAN,
     Finish,
     HandOver,
     LaunchEnd,
@@ -20,6 +22,7 @@ from slurm_omni.policy.supervision import (
     fruitless_launches,
     kill_on,
     next_launch,
+    rendezvous_ports,
     request_outcome,
 )
 
@@ -95,3 +98,20 @@ def test_a_replacement_request_outcome() -> None:
     assert request_outcome(["node3"], running, Fallback((), ()), shrink=True) == "below_minimum"
     assert request_outcome(["node3"], running, None, shrink=True) == "below_minimum"
     assert request_outcome(["node9"], running, _relaunch(units=1, before=2), shrink=True) == "unknown_node"
+
+
+def test_rendezvous_ports_start_at_the_launchs_own_port_then_spread_and_skip_the_ephemeral_range() -> None:
+    first = rendezvous_ports("15001", 0)
+    assert first[0] == 20000 + (15001 * 37) % 15000 == 20037
+    assert rendezvous_ports("15001", 1)[0] == 20038          # the next launch never shares the old store's
+    assert len(set(first)) == len(first) == 8
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in first)
+    assert rendezvous_ports("not-a-number", 2)[0] == 29502
+    # a job whose own port lies in the ephemeral range starts at the next candidate outside it
+    job = next(str(j) for j in range(1, 2000) if 32768 <= 20000 + (j * 37) % 15000 <= 34000)
+    ports = rendezvous_ports(job, 0, avoid=(32768, 60999), count=20)
+    plain = rendezvous_ports(job, 0, count=40)
+    assert ports == tuple(p for p in plain if not 32768 <= p <= 60999)[:20] and ports[0] != plain[0]
+    # every port of the window comes up once
+    every = rendezvous_ports("7", 3, count=PORT_SPAN)
+    assert sorted(every) == list(range(PORT_BASE, PORT_BASE + PORT_SPAN))
