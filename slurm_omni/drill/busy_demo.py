@@ -128,10 +128,22 @@ class BusyDemo:
             self.backend.runner.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], check=False)
         self.down = []
 
-    def recovery(self, n: int) -> dict[str, Any]:
+    def recovery_of(self, node: str) -> dict[str, Any]:
+        """The recovery that took ``node`` out, once the step trains again (empty before). When that
+        launch ended before its first step and the supervisor relaunched it again in place, the
+        record of the loss with the first step of the launch that trained; ``relaunches`` counts the
+        launches it took (1 when the first one trained)."""
         recs = self.status().get("recoveries") or []
-        rec = recs[n - 1] if len(recs) >= n and recs[n - 1].get("first_step_at") else None
-        return rec or {}
+        for i, rec in enumerate(recs):
+            if node not in (rec.get("removed") or []):
+                continue
+            for n, later in enumerate(recs[i:], start=1):
+                if later.get("first_step_at"):
+                    return {**rec, "first_step_at": later["first_step_at"], "relaunches": n,
+                            "data_parallel_size_after": later["data_parallel_size_after"],
+                            "spares_left": later["spares_left"],
+                            "causes_after": [r.get("cause", "?") for r in recs[i + 1:i + n]]}
+        return {}
 
     def batch_host(self) -> str:
         out = self.backend.runner.run(["scontrol", "show", "job", "-o", str(self.job_id)]).stdout
@@ -209,8 +221,9 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
             d.steps_more(4)
             victim = nodes[-1]
             s.phase(f"{name} node lost", lambda v=victim: d.lose(v), lambda _, v=victim: f"{v} DOWN")
-            rec: dict[str, Any] = s.phase("in-allocation relaunch", lambda k=n: d.wait(f"recovery {k}",
-                                                                                        lambda: d.recovery(k)),
+            rec: dict[str, Any] = s.phase("in-allocation relaunch",
+                                          lambda k=n, v=victim: d.wait(f"recovery {k} ({v} out, training again)",
+                                                                       lambda: d.recovery_of(v)),
                                           lambda r: _recovery_line(r, d.job_id, d.job_state()))
             if rec["slurm_job_id_after"] != str(job_id):
                 raise OmniError("demo: the recovery left the Slurm job")
@@ -254,11 +267,19 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
 
 
 def _recovery_line(rec: dict[str, Any], job_id: int, state: str) -> str:
-    took = rec["first_step_at"] - rec["fault_at"] if rec.get("fault_at") else None
-    return (f"path in_allocation, Slurm job {job_id} before and after ({state.split()[0] if state else '?'}): "
+    """One recovery as the supervisor's status file records it; the times as the full demo words them:
+    fault to confirmed ("confirmed in"), confirmed to the first step after the restore ("training again")."""
+    def span(a: str, b: str) -> str:
+        return f"{rec[b] - rec[a]:.1f} s" if rec.get(a) and rec.get(b) else "?"
+
+    return (f"path {rec.get('path', '?')}, Slurm job {job_id} before and {rec.get('slurm_job_id_after', '?')} after "
+            f"({state.split()[0] if state else '?'}): "
             f"{','.join(rec['removed']) or '-'} out, {','.join(rec['added']) or 'no spare'} in, dp "
             f"{rec['data_parallel_size_before']} -> {rec['data_parallel_size_after']}, {rec['spares_left']} spare(s) "
-            f"left" + (f", first step {took:.1f} s after the fault" if took is not None else ""))
+            f"left; confirmed in {span('fault_at', 'confirmed_at')}, training again "
+            f"{span('confirmed_at', 'first_step_at')} later (first step {span('fault_at', 'first_step_at')} after "
+            "the fault)" + (f"; {rec['relaunches'] - 1} more relaunch(es) in place before it trained "
+                            f"({', '.join(rec.get('causes_after') or [])})" if rec.get("relaunches", 1) > 1 else ""))
 
 
 def _shrink_step(d: BusyDemo) -> int:
