@@ -102,3 +102,55 @@ def test_direct_io_off_reads_a_cold_cache_through_the_page_cache(two: Path) -> N
         r.wait()
         assert r.read_bytes["direct"] == 0 and r.read_bytes["buffered"] > 0
         assert_same(r.module("text_decoder"), modules(200, scale=8)["text_decoder"])
+
+
+def warm_every_other(root: Path, stretch: int) -> None:
+    """Bring every other ``stretch`` bytes of each shard file into the page cache (no read-ahead)."""
+    for file in shard_files(root):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for at in range(0, os.fstat(fd).st_size, 2 * stretch):
+                os.pread(fd, stretch, at)
+        finally:
+            os.close(fd)
+
+
+# chunk, step: a chunk that starts cached and runs into pages that are not, inside a step and on its edge
+@pytest.mark.parametrize(("chunk", "step"), [(64 << 10, 8 << 10), (64 << 10, 6000), (1 << 20, 256 << 10)])
+def test_a_partly_cached_file_is_read_from_the_cache_where_it_can_and_with_o_direct_where_not(
+        two: Path, chunk: int, step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fileio, "_CHUNK", chunk)
+    monkeypatch.setattr(fileio, "_STEP", step)
+    drop_cache(two)
+    warm_every_other(two, 16 << 10)
+    with engine(two) as eng, eng.restore() as r:
+        r.wait()
+        assert r.step == 200
+        assert r.read_bytes["direct"] > 0 and r.read_bytes["buffered"] > 0
+        for name, sd in modules(200, scale=8).items():
+            assert_same(r.module(name), sd, name)
+        assert_same(r.optimizer("text_decoder"), optimizer_state(200))
+
+
+def test_a_flipped_byte_in_a_cached_page_read_without_waiting_falls_back_too(
+        two: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buffered path reads with RWF_NOWAIT where the file system allows direct reads: a mismatch
+    found in what it copied is still one clear error and the previous step is used."""
+    monkeypatch.setattr(fileio, "_CHUNK", 64 << 10)
+    step = fmt.step_dir(two, 200)
+    piece = fmt.read_manifest(step).units["vision_encoder/model"].tensors["blocks.1.weight"].pieces[0]
+    fd = os.open(step / "rank-00000.h5", os.O_RDWR)
+    try:
+        at = piece.offset + piece.nbytes // 2
+        os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x10]), at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    drop_cache(two)
+    warm_every_other(two, 8 << 10)
+    with engine(two) as eng, eng.restore(critical=("vision_encoder",)) as r:
+        assert r.step == 100
+        assert_same(r.module("vision_encoder"), modules(100, scale=8)["vision_encoder"])
+    (message,) = [m.getMessage() for m in caplog.records if m.levelno >= logging.WARNING]
+    assert "step-200" in message and "checksum mismatch in vision_encoder/model/blocks.1.weight" in message
