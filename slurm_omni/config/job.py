@@ -29,7 +29,7 @@ from typing import Literal
 
 from slurm_omni.config.schema import load_dataclass, read_toml
 from slurm_omni.config.site import check_slurm_name, parse_gres
-from slurm_omni.config.training import TrainingConfig, load_training_table
+from slurm_omni.config.training import BUILTIN_STAGES, TrainingConfig, load_training_table
 from slurm_omni.errors import ConfigError
 
 # Slurm's time formats (src/common/parse_time.c, time_str2secs): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
@@ -180,6 +180,10 @@ class JobFile:
             raise ConfigError("stages is empty (expected one [[stages]] per heterogeneous component)")
         if len(set(names)) != len(names):
             raise ConfigError(f"stages names {names} are not allowed (expected distinct names)")
+        if not self.training.command and tuple(names) != BUILTIN_STAGES:
+            raise ConfigError(f"stages {', '.join(names)} are not allowed for the built-in trainer (it runs "
+                              f"[[stages]] {' then '.join(BUILTIN_STAGES)}: name them so, or give [training] "
+                              "command = [...] to run your own script)")
         for stage in self.stages:
             self.tasks_per_node(stage)
 

@@ -207,6 +207,9 @@ class CheckpointCadence:
                               f"keep_last = {self.keep_last} (>= 1)")
 
 
+BUILTIN_STAGES = ("vision", "text")
+"""The built-in trainer's pipeline stages, in order: a job file without ``[training] command`` names
+its ``[[stages]]`` so."""
 COMMAND_FIELDS = ("python", "omni", "job_dir", "job_file", "job_name")
 """What ``{...}`` may name in ``[training] command`` and ``[training.env]`` values: the Python (and the
 ``omni`` argv, a whole word only) that rendered the script, or the site's ``python``; the job file's

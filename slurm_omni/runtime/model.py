@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from slurm_omni.config.training import ModelConfig
+from slurm_omni.config.training import BUILTIN_STAGES, ModelConfig
 from slurm_omni.errors import OmniError
 
 IGNORE_INDEX = -100
-STAGE_NAMES = ("vision", "text")
+STAGE_NAMES = BUILTIN_STAGES
 """The pipeline's stages in order (the job file's ``[[stages]]`` names for the built-in trainer)."""
 MODULES_BY_STAGE: dict[int, tuple[str, ...]] = {0: ("vision_encoder", "projector"), 1: ("text_decoder",)}
 """Checkpoint module names each stage owns (the vision tower is the critical module on restore)."""

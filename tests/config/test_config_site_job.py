@@ -143,7 +143,10 @@ def test_job_error(tmp_path: Path, case: str, edit: tuple[str, str] | list[tuple
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (("name = \"text\"\nnodes = 1", "name = \"audio\"\nnodes = 1"), "stage 'audio' is not in the site config"),
+    # (a stage the built-in trainer does not run: the job's own script)
+    ([("name = \"text\"\nnodes = 1", "name = \"audio\"\nnodes = 1"),
+      ("[training.data]", "[training]\ncommand = [\"{python}\", \"train.py\"]\n[training.data]")],
+     "stage 'audio' is not in the site config"),
     ([("data_parallel_size = 2", "data_parallel_size = 16"),   # with a global batch that cuts for 16
       ("[training.data]", "[training.parallel]\nglobal_batch_size = 32\n[training.data]")],
      "has 16 tasks per node but gres 'gpu:h100:4' gives 4"),
@@ -230,3 +233,19 @@ def test_a_per_user_metrics_dir_fills_in_the_user(tmp_path: Path) -> None:
     # without {user} every user's jobs share the one folder, as before
     assert load_site(_write(tmp_path, "plain.toml", SITE)).manager.metrics_for("bob") == \
         Path("/var/lib/node_exporter/textfile")
+
+
+
+@pytest.mark.parametrize("renames", [
+    [('name = "vision"', 'name = "encoder"')],                                                  # another name
+    [('name = "vision"', 'name = "x"'), ('name = "text"', 'name = "vision"'), ('name = "x"', 'name = "text"')],
+], ids=["other-name", "other-order"])
+def test_the_built_in_trainer_runs_its_own_stages_only(tmp_path: Path, renames: list[tuple[str, str]]) -> None:
+    """Without [training] command the built-in trainer runs: its two stages, named and ordered so
+    (before: a job of other stages was submitted and its ranks exited 1 before any heartbeat)."""
+    text = JOB
+    for old, new in renames:
+        text = text.replace(old, new, 1)
+    with pytest.raises(ConfigError, match=r"are not allowed for the built-in trainer \(it runs \[\[stages\]\] "
+                                          r"vision then text: name them so, or give \[training\] command"):
+        load_job(_write(tmp_path, "job.toml", text))
