@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -100,6 +101,12 @@ def drop_cache(paths: list[Path]) -> None:
             os.close(fd)
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process so far, every thread, user and system."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def shard_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.h5"))
 
@@ -134,6 +141,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"state: {total / 2**30:.2f} GiB fp32 in {n_tensors} tensors on {device}; critical set "
           f"{critical_bytes / total:.1%} of the bytes; torch {torch.__version__}; {os.cpu_count()} CPUs; "
           f"writing to {work}")
+
+    rows: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        rows.setdefault(name, []).append(value)
 
     # -- baselines: a warm copy of the same bytes, a raw write + fsync, a raw read ----------------------
     src = torch.randn(total // 4, device=device)
@@ -175,6 +187,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     def raw_read(files: list[Path], cold: bool, direct: bool = False) -> float:
         if cold:
             drop_cache(files)
+        c = cpu_s()
         t = time.perf_counter()
         at = skip if direct else 0
         for f in files:
@@ -191,7 +204,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             finally:
                 os.close(fd)
             at += size + (-size % 4096 if direct else 0)
-        return time.perf_counter() - t
+        elapsed = time.perf_counter() - t
+        if not direct:
+            add(f"raw_read_{'cold' if cold else 'warm'}_cpu_s", cpu_s() - c)
+        return elapsed
 
     # -- torch.distributed.checkpoint.async_save ----------------------------------------------------------
     import torch.distributed.checkpoint as dcp
@@ -239,6 +255,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if cold:
             drop_cache(files)
         reader = CheckpointEngine(CheckpointConfig(root=root))
+        c = cpu_s()
         t = time.perf_counter()
         session = reader.restore(critical=critical, into=into, apply_rng=False)
         start = time.perf_counter() - t
@@ -247,16 +264,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         session.wait()
         sync(device)
         full = time.perf_counter() - t
+        if critical is None:
+            add(f"full_restore_{'cold' if cold else 'warm'}_cpu_s", cpu_s() - c)
         for how, n in session.read_bytes.items():
             read_paths[f"{'cold' if cold else 'warm'} {how}"] = read_paths.get(f"{'cold' if cold else 'warm'} {how}", 0) + n
         session.close()
         reader.close()
         return start, full
-
-    rows: dict[str, list[float]] = {}
-
-    def add(name: str, value: float) -> None:
-        rows.setdefault(name, []).append(value)
 
     memcpy(), dcp_save(-1), omni_save()   # warm-up: allocator, thread pools, first-call costs
     for i in range(args.repeat):
@@ -293,10 +307,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ]
     ratios.append(("full restore / raw O_DIRECT read (cold)",
                    med["raw_read_direct_cold_s"] / med["full_restore_cold_s"], "", 0.0))
+    for tag in ("warm", "cold"):
+        ratios.append((f"raw read CPU s / full restore CPU s ({tag})",
+                       med[f"raw_read_{tag}_cpu_s"] / med[f"full_restore_{tag}_cpu_s"], "", 0.0))
     print(f"\n{'figure':<28}{'median s':>10}{'GiB/s':>8}   all runs")
     for k, v in med.items():
         size = file_bytes if "read" in k or "restore" in k else total
-        rate = f"{size / 2**30 / v:8.2f}" if "train_start" not in k else f"{'':>8}"
+        rate = f"{size / 2**30 / v:8.2f}" if "train_start" not in k and "cpu" not in k else f"{'':>8}"
         print(f"{k:<28}{v:>10.4f}{rate}   {', '.join(f'{x:.4f}' for x in rows[k])}")
     print(f"{'dcp first call (s)':<28}{dcp_first[0]:>10.4f}")
     print(f"{'prepare (s, once)':<28}{prepare_s:>10.4f}")

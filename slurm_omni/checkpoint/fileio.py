@@ -116,6 +116,17 @@ class Residency:
         self._addr = None
 
 
+def host_bytes(t: torch.Tensor) -> memoryview:
+    """The memory of contiguous host tensor ``t`` as writable bytes, in about a microsecond (the
+    reshape/view/numpy chain took six, once per piece). The caller keeps ``t`` alive while it uses them."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError(f"host_bytes: a contiguous host tensor, not {t.device} {list(t.stride())}")
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
 def open_direct(path: os.PathLike[str] | str) -> int | None:
     """A descriptor with ``O_DIRECT``, or None where the file system refuses it."""
     if _LIBC is None:

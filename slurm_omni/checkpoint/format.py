@@ -390,11 +390,11 @@ def _tensor_json(t: TensorEntry) -> dict[str, Any]:
 
 def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:
     return TensorEntry(
-        dtype=str(t["dtype"]), shape=tuple(int(d) for d in t["shape"]), split_dim=t["split_dim"],
-        pieces=tuple(Piece(shard=p["shard"], dataset=p["dataset"], offset=int(p["offset"]),
-                           nbytes=int(p["nbytes"]), xxh3=str(p[CHECKSUM]),
-                           shape=tuple(int(d) for d in p["shape"]), index=int(p["index"]))
-                     for p in t["pieces"]))
+        dtype=str(t["dtype"]), shape=tuple(map(int, t["shape"])), split_dim=t["split_dim"],
+        pieces=tuple([Piece(shard=p["shard"], dataset=p["dataset"], offset=int(p["offset"]),
+                            nbytes=int(p["nbytes"]), xxh3=str(p[CHECKSUM]),
+                            shape=tuple(map(int, p["shape"])), index=int(p["index"]))
+                      for p in t["pieces"]]))
 
 
 # -- durable files -------------------------------------------------------------------------------------

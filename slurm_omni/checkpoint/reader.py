@@ -266,10 +266,10 @@ class Restore:
             out = self._staging(piece.nbytes)[:piece.nbytes].view(dtype).view(piece.shape)
         else:
             out = torch.empty(piece.shape, dtype=dtype)
-        buf = out.reshape(-1).view(torch.uint8).numpy().data.cast("B") if piece.nbytes else memoryview(b"")
-        if len(buf) != piece.nbytes:
+        if out.numel() * out.element_size() != piece.nbytes:
             raise CheckpointCorrupt(f"checkpoint: step-{self.step}: {unit.name}/{path}: {piece.nbytes} bytes "
                                     f"recorded for shape {list(piece.shape)} {entry.dtype}")
+        buf = fileio.host_bytes(out)
         dest = None
         if staged:
             dest = target if fits and target is not None else torch.empty(piece.shape, dtype=dtype, device=device)

@@ -57,6 +57,11 @@ def flatten(obj: Any, *, where: str) -> tuple[Any, list[Leaf]]:
 
 
 def _flatten(obj: Any, path: tuple[str, ...], leaves: list[Leaf], where: str) -> Any:
+    if isinstance(obj, torch.Tensor):   # the common cases first: a restore flattens its targets too
+        leaves.append(Leaf(_join(path, where), obj, None))
+        return {TENSOR: leaves[-1].path}
+    if type(obj) is dict:
+        return _flatten_mapping(obj, path, leaves, where)
     if isinstance(obj, DpSplit):
         nd = obj.tensor.dim() if isinstance(obj.tensor, torch.Tensor) else 0
         if not -nd <= obj.dim < nd:
@@ -65,20 +70,11 @@ def _flatten(obj: Any, path: tuple[str, ...], leaves: list[Leaf], where: str) ->
         dim = obj.dim % nd
         leaves.append(Leaf(_join(path, where), obj.tensor, dim))
         return {TENSOR: leaves[-1].path}
-    if isinstance(obj, torch.Tensor):
-        leaves.append(Leaf(_join(path, where), obj, None))
-        return {TENSOR: leaves[-1].path}
     if isinstance(obj, np.ndarray):
         leaves.append(Leaf(_join(path, where), torch.from_numpy(np.ascontiguousarray(obj)), None, numpy=True))
         return {TENSOR: leaves[-1].path, "numpy": True}
     if isinstance(obj, Mapping):
-        items = []
-        for k, v in obj.items():
-            if not isinstance(k, (str, int)) or isinstance(k, bool):
-                raise CheckpointError(f"checkpoint: couldn't save {where}/{'/'.join(path)}: "
-                                      f"key {k!r} is a {type(k).__name__} (keys must be str or int)")
-            items.append([k, _flatten(v, (*path, escape(str(k))), leaves, where)])
-        return {DICT: items}
+        return _flatten_mapping(obj, path, leaves, where)
     if isinstance(obj, tuple):  # torch.Size too
         return {TUPLE: [_flatten(v, (*path, str(i)), leaves, where) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
@@ -89,6 +85,16 @@ def _flatten(obj: Any, path: tuple[str, ...], leaves: list[Leaf], where: str) ->
         return obj
     raise CheckpointError(f"checkpoint: couldn't save {where}/{'/'.join(path)}: a {type(obj).__name__} "
                           f"is neither a tensor nor plain data (convert it to a tensor, number or str)")
+
+
+def _flatten_mapping(obj: Mapping[Any, Any], path: tuple[str, ...], leaves: list[Leaf], where: str) -> Any:
+    items = []
+    for k, v in obj.items():
+        if not isinstance(k, (str, int)) or isinstance(k, bool):
+            raise CheckpointError(f"checkpoint: couldn't save {where}/{'/'.join(path)}: "
+                                  f"key {k!r} is a {type(k).__name__} (keys must be str or int)")
+        items.append([k, _flatten(v, (*path, escape(str(k))), leaves, where)])
+    return {DICT: items}
 
 
 def _join(path: tuple[str, ...], where: str) -> str:

@@ -154,3 +154,16 @@ def test_a_flipped_byte_in_a_cached_page_read_without_waiting_falls_back_too(
         assert_same(r.module("vision_encoder"), modules(100, scale=8)["vision_encoder"])
     (message,) = [m.getMessage() for m in caplog.records if m.levelno >= logging.WARNING]
     assert "step-200" in message and "checksum mismatch in vision_encoder/model/blocks.1.weight" in message
+
+
+def test_host_bytes_are_the_tensors_own_memory_and_only_a_contiguous_host_tensors() -> None:
+    import torch
+
+    t = torch.zeros(4, 3)
+    view = fileio.host_bytes(t[1:3])
+    assert len(view) == 2 * 3 * 4
+    view[:4] = torch.tensor([1.5]).numpy().tobytes()
+    assert t[1, 0].item() == 1.5 and t.sum().item() == 1.5
+    assert len(fileio.host_bytes(torch.empty(0))) == 0
+    with pytest.raises(ValueError, match="contiguous host tensor"):
+        fileio.host_bytes(t.t())
