@@ -1,11 +1,11 @@
 """Reading one checkpoint onto this rank: the units in order, several I/O threads, every tensor checked.
 
 Each unit's pieces are cut into a few runs of ascending offsets; an I/O thread reads a run in chunks of
-a few MiB. A chunk the page cache holds is read with one buffered ``preadv`` straight into its tensors;
-one it does not is read with ``O_DIRECT`` into an aligned buffer and copied into them (``fileio.py``:
-from a cold cache that costs less CPU than the page cache does). Each chunk is checksummed into its
-pieces' running xxh3 right after it lands, while it is still in the CPU cache, so the bytes are read
-from memory once; a piece is handed on only once its whole xxh3 matches the manifest. A unit is ready
+a few MiB. What the page cache holds is read with buffered ``preadv`` calls straight into the tensors
+(``RWF_NOWAIT``: the kernel stops at the first page it lacks); the rest is read with ``O_DIRECT`` into
+an aligned buffer and copied into them (``fileio.py``: from a cold cache that costs less CPU than the
+page cache does). Each step of 256 KiB is checksummed into its piece's running xxh3 right after it
+lands, while it is still in the core's cache, so the bytes are read from memory once; a piece is handed on only once its whole xxh3 matches the manifest. A unit is ready
 once all its pieces are; ``Restore.unit`` waits for that unit alone. A rank reads only the pieces it
 needs: its own piece of a split tensor, or, when the data-parallel size changed, the old pieces that
 overlap its new one (each read whole, so that its checksum can be checked).
