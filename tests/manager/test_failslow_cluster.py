@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from manager_cluster_support import BIN, make_shards, manager_run
+from failslow_support import BeatRecorder, slow_node
+from manager_cluster_support import make_shards, manager_run
 from omni_configs import site_toml
 from support import wait_until
 
@@ -53,8 +51,9 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_slow_node_is_migrated_at_a_checkpoint_without_losing_a_step(slurm_cluster, shards: Path,
                                                                       tmp_path: Path) -> None:
+    # the recorder: the highest step each Slurm job's ranks reported (the next life rewrites the same files)
     with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="fs-migrate", dp=2,
-                     max_steps=MAX_STEPS) as run:
+                     max_steps=MAX_STEPS) as run, BeatRecorder(run.heartbeat_dir) as recorder:
         (tmp_path / "site.toml").write_text(site_toml(tmp_path, spool_dir=slurm_cluster.spool, tables=FAILSLOW))
         # the four nodes fill a leaf switch: the spare comes from the other one, which --switches=1
         # would make wait (its Slurm default, up to 5 minutes) for a placement on one switch
@@ -63,21 +62,6 @@ def test_slow_node_is_migrated_at_a_checkpoint_without_losing_a_step(slurm_clust
                        .replace('name = "text"\n', 'name = "text"\nswitches = 2\n'))
         run.env.update(REFERENCE_ENV)
         job_id = run.submit()
-        # the highest step each Slurm job's ranks reported (the next life rewrites the same files)
-        reached: dict[str, int] = {}
-        done = threading.Event()
-
-        def watch_beats() -> None:
-            while not done.wait(0.2):
-                for path in run.heartbeat_dir.glob("rank-*.json"):
-                    try:
-                        b = json.loads(path.read_text())
-                    except (OSError, ValueError):
-                        continue
-                    reached[b["job_id"]] = max(reached.get(b["job_id"], -1), b["step"])
-
-        recorder = threading.Thread(target=watch_beats, daemon=True)
-        recorder.start()
         # the run that never migrated, beside it (its ranks are not drilled; the detector leaves the
         # CPU they take from the job's ranks out)
         reference = start_reference(tmp_path / "job.toml", tmp_path / "reference")
@@ -89,16 +73,9 @@ def test_slow_node_is_migrated_at_a_checkpoint_without_losing_a_step(slurm_clust
         # (a full window and a few of each node's own levels)
         watched = run.wait_steps(job_id, 4, 1, timeout_s=60)
         run.wait_steps(job_id, 4, max(b["step"] for b in watched.values()) + 70, timeout_s=180)
-        drill = subprocess.Popen([str(BIN / "omni"), "drill", "slow-node", "--job", "fs-migrate", "--node", slow,
-                                  "--factor", "3", "--site", str(run.site)], env=run.env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
+        with slow_node(run, "fs-migrate", slow, 3) as out:
             (rec,) = run.wait_recovery(1, "first_step", timeout_s=240)
-        finally:
-            drill.send_signal(signal.SIGTERM)
-            out = drill.communicate(timeout=30)[0].decode()
-        assert drill.returncode == 0, out
-        assert "back to full speed" in out
+        assert "back to full speed" in out[0]
         assert rec.cause == "fail_slow" and rec.nodes == (slow,)
         decisions = [(c, json.loads(p)) for c, p in run.rows(
             "SELECT cause, payload FROM decisions WHERE job = ? AND verdict = 'failslow' ORDER BY id", run.key)]
@@ -112,9 +89,8 @@ def test_slow_node_is_migrated_at_a_checkpoint_without_losing_a_step(slurm_clust
         assert slow in replace_decision["plan"]["exclude"]
         # no step lost: the ranks saved the step they reached on USR1, and the next life starts there
         old, new = run.incarnations()[:2]
-        done.set()
-        recorder.join()
-        assert new["layout"]["restore_step"] == reached[str(old["slurm_job_id"])]
+        recorder.stop()
+        assert new["layout"]["restore_step"] == recorder.highest(old["slurm_job_id"])
         assert slow not in {n for nodes in new["layout"]["nodes"].values() for n in nodes}
         # a slow node is no failure: no stale ranks, no confirmation, no drain
         assert not run.rows("SELECT 1 FROM decisions WHERE job = ? AND verdict = 'confirmed'", run.key)
