@@ -28,16 +28,26 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.policy.confirm import Decision, Verdict
-from slurm_omni.policy.in_allocation import Fallback, Relaunch
+from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
+from slurm_omni.policy.placement import Action, ComponentPlan, Plan
+from slurm_omni.policy.recovery import Phase, RecoveryConfig, initial
+from slurm_omni.policy.recovery import step as recovery_step
+from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested, Planned, RequestPlan, Tick
+from slurm_omni.policy.recovery_events import HandOver as RecoveryHandOver
+from slurm_omni.policy.recovery_events import Launch as RecoveryLaunch
 
 SIGTERM_CODE = 143
 """128 + SIGTERM: a step Slurm terminated when its job was told to stop."""
 
 PLANNED = "planned"
 """The cause of a launch that replaced nodes on request, not after a failure."""
+
+SUPERVISOR_ROLE = RecoveryConfig(role="supervisor")
+"""The recovery table's settings inside the allocation (``policy.recovery``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,3 +193,44 @@ def rendezvous_ports(job_id: str, launch: int, *, avoid: tuple[int, int] | None 
         if len(out) == count:
             break
     return tuple(out)
+
+
+# -- the road through the one recovery table -------------------------------------------------------
+def as_plan(plan: Relaunch | Fallback, before: StepLayout, replicas_per_unit: int) -> Plan:
+    """A relaunch as the recovery table's placement :class:`Plan` (a fallback: ``WAIT``), per
+    component the nodes it runs on, those it gained and those it lost against ``before``."""
+    if isinstance(plan, Fallback):
+        return Plan(Action.WAIT, 0, exclude=plan.failed, reasons=plan.reasons)
+    comps = tuple(ComponentPlan(k, nodes, added=tuple(n for n in plan.added if n in nodes),
+                                removed=tuple(n for n in plan.removed if n in before.components[k]))
+                  for k, nodes in enumerate(plan.layout.components))
+    return Plan(Action.SHRINK if plan.shrunk else Action.RESUBMIT, plan.layout.units * replicas_per_unit, comps,
+                exclude=plan.layout.failed, reasons=plan.reasons)
+
+
+def recovery_road(first: FailureConfirmed | MigrationRequested, plan: Relaunch | Fallback, *, incarnation: int,
+                  slurm_job_id: int, before: StepLayout, replicas_per_unit: int, now: float,
+                  config: RecoveryConfig = SUPERVISOR_ROLE) -> tuple[RecoveryLaunch | RecoveryHandOver, tuple[Phase, ...]]:
+    """One recovery of an ended launch through the state machine (``policy.recovery.step``, the
+    table the manager runs; ``role = "supervisor"``): ``first`` (the rule's confirmation, or a
+    replacement that was asked for) opens it, ``plan`` answers its ``RequestPlan``, and the step's
+    end answers its stop (the launch's srun has returned: its tasks were killed once the rule
+    confirmed, or they exited 75 after the request's USR1). Returns the table's last word, ``Launch``
+    (the next launch, in the allocation) or ``HandOver`` (no launch fits: the manager resubmits),
+    and the phases it went through."""
+    state = initial(incarnation, slurm_job_id)
+    answer = Planned(plan=as_plan(plan, before, replicas_per_unit))
+    queue: list[Any] = [first]
+    phases: list[Phase] = []
+    while queue:
+        state, effects = recovery_step(state, queue.pop(0), now, config)
+        phases.append(state.phase)
+        for effect in effects:
+            if isinstance(effect, RequestPlan):
+                queue.append(answer)
+            elif isinstance(effect, (RecoveryLaunch, RecoveryHandOver)):
+                return effect, tuple(phases)
+        if state.phase is Phase.STOPPING:   # the old launch has ended: whatever stop was asked is done
+            queue.append(Tick(quiet=True, running=False, stopped=True, state="ENDED"))
+    raise ValueError(f"recovery table: no launch and no hand-over after {first!r} (phases "
+                     f"{', '.join(p.value for p in phases)})")

@@ -5,7 +5,8 @@ it with ``omni supervise``). One loop: start (or adopt) the current launch's sru
 exit within a tick, the ranks' heartbeats, the nodes' states every few seconds); feed everything to
 the one confirmation rule (``policy.confirm``); on a confirmed failure plan the next launch with the
 one placement policy (``policy.in_allocation.plan_relaunch``) and start it inside the same Slurm
-job. Every decision is journaled before it is carried out (``supervisor/journal.py``), so a
+job, on the road of the one recovery state machine (``policy.recovery.step`` with role supervisor,
+through ``policy.supervision.recovery_road``: confirmed, planned, stopped, launched; or handed over). Every decision is journaled before it is carried out (``supervisor/journal.py``), so a
 supervisor SIGKILLed anywhere and started again by the batch script makes each launch exactly once.
 
 This module decides nothing itself: what a launch's end means, when to kill a step, a request's
@@ -44,6 +45,8 @@ from slurm_omni.policy.in_allocation import (
     units_of,
 )
 from slurm_omni.policy.placement import SpareScope
+from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
+from slurm_omni.policy.recovery_events import HandOver as TableHandOver
 from slurm_omni.policy.supervision import (
     PLANNED,
     Finish,
@@ -52,9 +55,11 @@ from slurm_omni.policy.supervision import (
     SupervisionLimits,
     adopted_rc,
     after_launch,
+    as_plan,
     fruitless_launches,
     kill_on,
     next_launch,
+    recovery_road,
     rendezvous_ports,
     request_outcome,
 )
@@ -385,20 +390,32 @@ class Supervisor:
                 failed |= lost_here & set(cur.layout.nodes)
             return self._fallback(cur, sorted(failed), what.reasons)
         planned = self._planned(cur)
+        first: FailureConfirmed | MigrationRequested
         if planned is not None:
             plan: Relaunch | Fallback = planned
             cause = PLANNED
+            first = MigrationRequested(at=now, plan=as_plan(planned, cur.layout, self.opts.replicas_per_unit),
+                                       nodes=planned.removed, cause=PLANNED)
         else:
             decision = self._confirm(cur, rc, now, nodes)
             plan, cause = self._plan(cur, decision, now, nodes), decision.cause
+            first = FailureConfirmed(decision=decision, lost={n: "down" for n in sorted(lost_here)})
         relaunch = next_launch(cur.number, plan, self.limits)
-        if isinstance(relaunch, Fallback):
+        # the one recovery table (policy/recovery.py, as the manager runs it) says what follows: the
+        # next launch in the allocation, or the manager's resubmission
+        effect, phases = recovery_road(first, relaunch, incarnation=cur.incarnation,
+                                       slurm_job_id=int(self.opts.job_id) if self.opts.job_id.isdigit() else 0,
+                                       before=cur.layout, replicas_per_unit=self.opts.replicas_per_unit, now=now)
+        road = " -> ".join(p.value for p in phases)
+        if isinstance(relaunch, Fallback):   # a failure's: the table's HandOver; a requested replacement's: the limit
             return self._fallback(cur, relaunch.failed, relaunch.reasons)
+        if isinstance(effect, TableHandOver):
+            return self._fallback(cur, relaunch.layout.failed, (effect.reason,))
         self.phase = "relaunching"
-        log.warning("supervisor: launch %d -> %d: %s removed, %s added, units %d -> %d, %d spare(s) left (%s)",
-                    cur.number, cur.number + 1, ",".join(relaunch.removed) or "nothing",
+        log.warning("supervisor: launch %d -> %d: %s removed, %s added, units %d -> %d, %d spare(s) left (%s; "
+                    "recovery %s)", cur.number, cur.number + 1, ",".join(relaunch.removed) or "nothing",
                     ",".join(relaunch.added) or "nothing", relaunch.units_before, relaunch.layout.units,
-                    len(relaunch.layout.spares), "; ".join(relaunch.reasons))
+                    len(relaunch.layout.spares), "; ".join(relaunch.reasons), road)
         nxt = self._intend(cur.number + 1, relaunch.layout, cause=cause, removed=relaunch.removed,
                            added=relaunch.added)
         self._report("relaunched", cur, nxt.incarnation, cause, relaunch.layout, relaunch.removed, relaunch.added,

@@ -8,6 +8,10 @@ import pytest
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.policy.confirm import Decision, Verdict
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
+from slurm_omni.policy.placement import Action
+from slurm_omni.policy.recovery import Phase
+from slurm_omni.policy.recovery_events import FailureConfirmed, Launch, MigrationRequested, RecoveryPath
+from slurm_omni.policy.recovery_events import HandOver as TableHandOver
 from slurm_omni.policy.supervision import (
     PLANNED,
     PORT_BASE,
@@ -19,9 +23,11 @@ from slurm_omni.policy.supervision import (
     SupervisionLimits,
     adopted_rc,
     after_launch,
+    as_plan,
     fruitless_launches,
     kill_on,
     next_launch,
+    recovery_road,
     rendezvous_ports,
     request_outcome,
 )
@@ -115,3 +121,48 @@ def test_rendezvous_ports_start_at_the_launchs_own_port_then_spread_and_skip_the
     # every port of the window comes up once
     every = rendezvous_ports("7", 3, count=PORT_SPAN)
     assert sorted(every) == list(range(PORT_BASE, PORT_BASE + PORT_SPAN))
+
+
+BEFORE = StepLayout((("node1", "node4"), ("node2", "node3")), ("node5", "node6"), (), 2, {})
+CONFIRMED = FailureConfirmed(decision=Decision(Verdict.CONFIRMED, 10.0, cause="down", nodes=("node3",),
+                                               first_signal_at=9.5, confirmed_at=10.0))
+
+
+def _replaced() -> Relaunch:
+    layout = StepLayout((("node1", "node4"), ("node2", "node6")), ("node5",), ("node3",), 2, {})
+    return Relaunch(layout, ("node3",), ("node6",), 2, ("component 1: 1 node(s) on the same leaf",))
+
+
+def test_a_confirmed_failure_goes_through_the_table_to_a_launch_in_the_allocation() -> None:
+    effect, phases = recovery_road(CONFIRMED, _replaced(), incarnation=3, slurm_job_id=42, before=BEFORE,
+                                   replicas_per_unit=1, now=11.0)
+    assert phases == (Phase.PLANNING, Phase.STOPPING, Phase.LAUNCHING)
+    assert isinstance(effect, Launch) and effect.path is RecoveryPath.IN_ALLOCATION and effect.incarnation == 3
+    plan = effect.plan
+    assert plan is not None and plan.action is Action.RESUBMIT and plan.data_parallel_size == 2
+    assert [(c.het_offset, c.nodes, c.added, c.removed) for c in plan.components] == [
+        (0, ("node1", "node4"), (), ()), (1, ("node2", "node6"), ("node6",), ("node3",))]
+    assert plan.exclude == ("node3",) and plan.reasons == _replaced().reasons
+
+
+def test_a_shrink_is_a_shrink_plan_and_no_launch_that_fits_hands_over() -> None:
+    shrunk = Relaunch(StepLayout((("node1",), ("node2",)), ("node4",), ("node3", "node6"), 1, {}),
+                      ("node3", "node4"), (), 2, ("shrink data parallelism 2 -> 1",))
+    effect, _ = recovery_road(CONFIRMED, shrunk, incarnation=3, slurm_job_id=42, before=BEFORE,
+                              replicas_per_unit=2, now=11.0)
+    assert isinstance(effect, Launch) and effect.plan is not None
+    assert effect.plan.action is Action.SHRINK and effect.plan.data_parallel_size == 2
+    effect, phases = recovery_road(CONFIRMED, Fallback(("node3",), ("no spare", "below min")), incarnation=3,
+                                   slurm_job_id=42, before=BEFORE, replicas_per_unit=1, now=11.0)
+    assert phases == (Phase.PLANNING, Phase.CLOSED)
+    assert isinstance(effect, TableHandOver) and effect.reason == "no spare; below min"
+
+
+def test_a_requested_replacement_goes_through_the_checkpoint_stop_then_launches() -> None:
+    replaced = _replaced()
+    asked = MigrationRequested(at=10.0, plan=as_plan(replaced, BEFORE, 1), nodes=("node3",), cause="planned")
+    effect, phases = recovery_road(asked, replaced, incarnation=3, slurm_job_id=42, before=BEFORE,
+                                   replicas_per_unit=1, now=11.0)
+    assert phases == (Phase.STOPPING, Phase.STOPPING, Phase.LAUNCHING)
+    assert isinstance(effect, Launch) and effect.path is RecoveryPath.PLANNED_MIGRATION
+    assert effect.plan == as_plan(replaced, BEFORE, 1)
