@@ -167,3 +167,25 @@ def test_host_bytes_are_the_tensors_own_memory_and_only_a_contiguous_host_tensor
     assert len(fileio.host_bytes(torch.empty(0))) == 0
     with pytest.raises(ValueError, match="contiguous host tensor"):
         fileio.host_bytes(t.t())
+
+
+def test_a_kernel_without_rwf_nowait_for_buffered_reads_reads_resident_chunks_whole(
+        two: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    preadv = os.preadv
+    refused: list[int] = []
+
+    def no_nowait(fd: int, buffers: list[memoryview], offset: int, flags: int = 0) -> int:
+        if flags:
+            refused.append(flags)
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(fileio.os, "preadv", no_nowait)
+    warm_up(two)
+    with engine(two) as eng, eng.restore() as r:
+        r.wait()
+        assert refused and r.read_bytes["direct"] == 0 and r.read_bytes["buffered"] > 0
+        for name, sd in modules(200, scale=8).items():
+            assert_same(r.module(name), sd, name)
