@@ -216,12 +216,16 @@ class ShardFiles:
 
     def fd(self, shard: str) -> int:
         """One descriptor per shard and thread: the kernel keeps read-ahead state per open file, and
-        each thread reads its own ascending run of offsets."""
+        each thread reads its own ascending run of offsets. Where the shard is read with O_DIRECT, this
+        descriptor reads only what the page cache holds, so read-ahead is off on it (an RWF_NOWAIT read
+        that runs into a missing page starts read-ahead there: with it off, only the rest of that step is
+        read into the page cache, which the O_DIRECT read then reads again)."""
         key = (shard, threading.get_ident())
+        advice = os.POSIX_FADV_RANDOM if self.direct(shard) else os.POSIX_FADV_SEQUENTIAL
         with self._lock:
             if key not in self._fds:
                 fd = os.open(self._file(shard), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                os.posix_fadvise(fd, 0, 0, advice)
                 self._fds[key] = fd
             return self._fds[key]
 
