@@ -28,7 +28,7 @@ from how many cores its threads find free.
 
 Figures on the 2-core shared machine (1 GiB, 400 tensors, ``--repeat 5``, medians; issue 13):
 
-  warm: full restore / raw read 0.92, 1.08, 1.24, 0.83 in four runs at load 1-9 (0.82 at load 6-11
+  warm: full restore / raw read 0.92, 1.08, 1.24, 0.83, 0.99 in five runs at load 1-9 (0.82 at load 6-11
         before the fixed-cost changes; 0.38 at load 4-6 before this reader's RWF_NOWAIT/256 KiB steps).
         Raw read CPU / restore CPU 0.59-0.73: the restore spends 1.4-1.7 x the raw read's CPU (kernel
         copy as much as the raw read's, xxh3 0.03 s/GiB from L2, the Python step loop about 0.02,
@@ -36,7 +36,7 @@ Figures on the 2-core shared machine (1 GiB, 400 tensors, ``--repeat 5``, median
         byte). So the bar is met when the restore's threads find a second core, and missed when the
         machine is so loaded that both reads just get their share of one: then the ratio tends to the
         CPU ratio. One thread on an idle machine: wall and CPU ratio both 0.74.
-  cold: full restore / raw read 0.58-0.83 over six runs, the restore's own time 0.96-1.37 s (1.31
+  cold: full restore / raw read 0.58-0.83 over seven runs, the restore's own time 0.96-1.39 s (1.31
         before), the raw reads' 0.64-1.09 (buffered) and 0.69-1.12 (O_DIRECT): the disk and the load
         move the raw reads more than anything the restore does.
 """
