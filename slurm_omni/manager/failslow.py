@@ -157,8 +157,9 @@ class FailSlowWatch:
         # a spare inside the allocation first (the step supervisor's), else the cluster's by resubmission;
         # a supervisor with no spare left can still drop the node's replica (a shrink by request)
         spares_left = self._supervisor_spares(w, node, now)
+        replicas = w.shape.data_parallel_size_for(w.units)
         in_allocation = spares_left is not None and spares_left > 0
-        shrink_in_allocation = spares_left == 0 and w.shape.data_parallel_size_for(w.units) > 1
+        shrink_in_allocation = spares_left == 0 and replicas > 1
         plan: Plan | None = None
         if not (in_allocation or shrink_in_allocation):
             try:
@@ -173,7 +174,6 @@ class FailSlowWatch:
                 plan = replace(plan, drain=(), reasons=(*plan.reasons, why))
         step = int(w.progress[0]) if w.progress else 0
         remaining = max(0, (fs.max_steps or step) - step)
-        replicas = w.shape.data_parallel_size_for(w.units)
         decision = judge_migration(report, config=self.config, replicas=replicas, remaining_steps=remaining,
                                    spare_available=in_allocation or (plan is not None and plan.action is Action.RESUBMIT),
                                    can_shrink=shrink_in_allocation or (plan is not None and plan.action is Action.SHRINK),

@@ -14,6 +14,14 @@ from typing import Any, Self
 
 from manager_cluster_support import BIN
 
+# Shorter windows than the shipped ones (docs/failslow.md) so that a cluster test fits in minutes:
+# beats every 0.5 s give 20 samples per node in a 10 s window; so short a window lets a healthy
+# node's data loading wander to 1.3x its peer's (seen once), hence a margin of 0.5. The restart is a
+# notional 1 s, and a migration must still pay for it.
+FAILSLOW_TABLES = ("[failslow]\nmargin = 0.5\nclear_margin = 0.3\nwindow_s = 10\nsustain_s = 5\nclear_s = 10\n"
+                   "restart_cost_s = 1\nmin_gain = 1.0\n[drills]\nallowed_nodes = \"node[1-8]\"\n"
+                   "[detection]\nheartbeat_interval_s = 0.5\n")
+
 
 class BeatRecorder:
     """Reads ``rank-*.json`` every 0.2 s while it runs: (Slurm job id, incarnation) -> highest step."""

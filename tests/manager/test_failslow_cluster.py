@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from failslow_support import BeatRecorder, slow_node
+from failslow_support import FAILSLOW_TABLES, BeatRecorder, slow_node
 from manager_cluster_support import make_shards, manager_run
 from omni_configs import site_toml
 from support import wait_until
@@ -31,16 +31,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(os.environ.get("OMNI_FAILSLOW_CLUSTER") == "0",
                                  reason="OMNI_FAILSLOW_CLUSTER=0: the fail-slow migration test is off")]
 
-# Shorter windows than the shipped ones (docs/failslow.md) so that the test fits in minutes: beats
-# every 0.5 s give 20 samples per node in a 10 s window; so short a window lets a healthy node's
-# data loading wander to 1.3x its peer's (seen once), hence a margin of 0.5 (the drilled node runs
-# about 2x). The restart is a notional 1 s, and the migration must still pay for it: the drilled
-# node's own excess over its peers is 2-30 ms a step here (its own time is a tenth of the step),
-# and it is flagged about 110 steps in, so the run is long enough that the steps left (about 200)
-# win that second at 5 ms a step (at 260 steps, 150 left, the estimate said keep in some runs).
-FAILSLOW = ("[failslow]\nmargin = 0.5\nclear_margin = 0.3\nwindow_s = 10\nsustain_s = 5\nclear_s = 10\nrestart_cost_s = 1\n"
-            "min_gain = 1.0\n[drills]\nallowed_nodes = \"node[1-8]\"\n"
-            "[detection]\nheartbeat_interval_s = 0.5\n")
+# FAILSLOW_TABLES (failslow_support.py): short windows, margin 0.5 (the drilled node runs about 2x), a
+# notional 1 s restart. The drilled node's own excess over its peers is 2-30 ms a step here (its own
+# time is a tenth of the step), and it is flagged about 110 steps in, so the run is long enough that
+# the steps left (about 200) win that second at 5 ms a step (at 260 steps, 150 left, the estimate
+# said keep in some runs).
 MAX_STEPS = 320
 
 
@@ -54,7 +49,7 @@ def test_slow_node_is_migrated_at_a_checkpoint_without_losing_a_step(slurm_clust
     # the recorder: the highest step each Slurm job's ranks reported (the next life rewrites the same files)
     with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="fs-migrate", dp=2,
                      max_steps=MAX_STEPS) as run, BeatRecorder(run.heartbeat_dir) as recorder:
-        (tmp_path / "site.toml").write_text(site_toml(tmp_path, spool_dir=slurm_cluster.spool, tables=FAILSLOW))
+        (tmp_path / "site.toml").write_text(site_toml(tmp_path, spool_dir=slurm_cluster.spool, tables=FAILSLOW_TABLES))
         # the four nodes fill a leaf switch: the spare comes from the other one, which --switches=1
         # would make wait (its Slurm default, up to 5 minutes) for a placement on one switch
         job = tmp_path / "job.toml"

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from failslow_support import BeatRecorder, slow_node
+from failslow_support import FAILSLOW_TABLES, BeatRecorder, slow_node
 from manager_cluster_support import REPO, make_shards, manager_run
 from omni_configs import site_toml
 from support import wait_until
@@ -32,9 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(os.environ.get("OMNI_FAILSLOW_CLUSTER") != "1",
                                  reason="in-allocation fail-slow lane (2-3 min each): OMNI_FAILSLOW_CLUSTER=1")]
 
-TABLES = ('[elasticity]\nrecovery = "in_allocation"\ndefault_spares = {spares}\n'
-          "[failslow]\nmargin = 0.5\nclear_margin = 0.3\nwindow_s = 10\nsustain_s = 5\nclear_s = 10\nrestart_cost_s = 1\nmin_gain = 1.0\n"
-          '[drills]\nallowed_nodes = "node[1-8]"\n[detection]\nheartbeat_interval_s = 0.5\n')
+TABLES = '[elasticity]\nrecovery = "in_allocation"\ndefault_spares = {spares}\n' + FAILSLOW_TABLES
 MAX_STEPS = 260
 
 
