@@ -384,6 +384,8 @@ class Manager:
         self._bury(w, snap)
         job = snap.job(w.slurm_id)
         if job is None:
+            if w.slurm_id in snap.unreadable_jobs:
+                return   # Slurm listed it but its record could not be read this poll: no news, not gone
             if w.seen_in_slurm:
                 w.slurm_ended = True
                 self._ended(w, None, snap.taken_at)

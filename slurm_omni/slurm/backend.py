@@ -20,6 +20,8 @@ class ClusterSnapshot:
     jobs: tuple[Job, ...]
     topology: Topology
     taken_at: float           # time.time() when the poll finished
+    unreadable_jobs: frozenset[int] = frozenset()
+    """Ids of jobs whose records Slurm printed but could not be read: skipped, not gone."""
 
     def job(self, job_id: int) -> Job | None:
         return next((j for j in self.jobs if j.job_id == job_id

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
 
 from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.backend import ClusterSnapshot
-from slurm_omni.slurm.parse_json import parse_sinfo_json, parse_squeue_json
+from slurm_omni.slurm.parse_json import Skipped, read_sinfo_json, read_squeue_json
 from slurm_omni.slurm.parse_text import parse_topology
 from slurm_omni.slurm.runner import CommandResult, CommandRunner
 from slurm_omni.slurm.types import Job, Node, Topology
@@ -16,6 +17,9 @@ from slurm_omni.slurm.types import Job, Node, Topology
 _SBATCH_ID = re.compile(r"^Submitted batch job ([0-9]+)", re.MULTILINE)
 _JOB_REF = re.compile(r"^[0-9]+(\+[0-9]+|_[0-9]+)?$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
+_MAX_SKIPS_REMEMBERED = 1024
+
+log = logging.getLogger(__name__)
 
 
 class CliBackend:
@@ -27,6 +31,7 @@ class CliBackend:
         self.topology_ttl_s = topology_ttl_s
         self._topology: Topology | None = None
         self._topology_at = 0.0
+        self._skips_logged: set[str] = set()
 
     # -- reads ----------------------------------------------------------------------------------------
     def version(self) -> str:
@@ -48,20 +53,41 @@ class CliBackend:
 
     def nodes(self) -> list[Node]:
         out = self.runner.run(["sinfo", "--json"], unreachable_if=json_reports_error).stdout
-        return parse_sinfo_json(out, self.topology())
+        read = read_sinfo_json(out, self.topology())
+        self._log_skipped("sinfo", read.skipped)
+        return read.nodes
 
     def jobs(self, *, user: str | None = None) -> list[Job]:
+        return self._jobs(user)[0]
+
+    def _jobs(self, user: str | None) -> tuple[list[Job], frozenset[int]]:
+        """The jobs, and the ids of those whose records could not be read (skipped, not gone)."""
         # squeue --json ignores filters in 22.05 (BACKGROUND.md): filter here. 24.11+ apply squeue's
         # default state filter to --json too, so a job that ended (CANCELLED, COMPLETED, FAILED...)
         # would vanish from the list instead of showing how it ended: --states=all lists them until
         # MinJobAge, as 22.05 does (tests/fixtures/slurm-*/squeue_cancelled*.json).
         out = self.runner.run(["squeue", "--json", "--states=all"], unreachable_if=json_reports_error).stdout
-        jobs = parse_squeue_json(out)
-        return [j for j in jobs if user is None or j.user == user]
+        read = read_squeue_json(out)
+        self._log_skipped("squeue", read.skipped)
+        return ([j for j in read.jobs if user is None or j.user == user],
+                frozenset(i for s in read.skipped for i in s.job_ids))
 
     def snapshot(self, *, user: str | None = None) -> ClusterSnapshot:
-        nodes, jobs = self.nodes(), self.jobs(user=user)
-        return ClusterSnapshot(tuple(nodes), tuple(jobs), self.topology(), time.time())
+        nodes = self.nodes()
+        jobs, unreadable = self._jobs(user)
+        return ClusterSnapshot(tuple(nodes), tuple(jobs), self.topology(), time.time(), unreadable_jobs=unreadable)
+
+    def _log_skipped(self, command: str, skipped: list[Skipped]) -> None:
+        """One warning per record and reason while it lasts (a poll every second must not repeat it)."""
+        for item in skipped:
+            line = item.line(command)[:400]
+            if line in self._skips_logged:
+                log.debug("%s", line)
+                continue
+            if len(self._skips_logged) >= _MAX_SKIPS_REMEMBERED:
+                self._skips_logged.clear()
+            self._skips_logged.add(line)
+            log.warning("%s", line)
 
     # -- writes -------------------------------------------------------------------------------------
     def submit(self, script_path: str, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None) -> int:

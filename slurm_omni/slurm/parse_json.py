@@ -8,12 +8,17 @@ Every version the embedded cluster runs, recorded in tests/fixtures/slurm-<versi
   per node, ``state`` a list of the base state and its flags); ``job_state`` is a list of the base
   state and its flags; numbers come as ``{"set": ..., "infinite": ..., "number": ...}``.
 A shape none of them has is one ``SlurmError`` naming the command, the field and what was found.
+
+One record (a job, a node, a row) that cannot be read is skipped, not the whole output: every user's
+jobs share one ``squeue``, and one job must not blind every manager on the cluster. ``read_squeue_json``
+and ``read_sinfo_json`` say which records they skipped and why (``Skipped``); the callers log them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_omni.errors import SlurmError
@@ -22,6 +27,31 @@ from slurm_omni.slurm.hostlist import expand
 from slurm_omni.slurm.states import job_state_of, split_state_list
 from slurm_omni.slurm.states import node_state as node_state_of
 from slurm_omni.slurm.types import HetComponent, Job, JobState, Node, Topology
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A record left out of a parse: what it was (``job 123``, ``node node3``, ``a job record``), the
+    Slurm job ids it carried (a heterogeneous job's leader and components), and why."""
+
+    what: str
+    error: str
+    job_ids: frozenset[int] = frozenset()
+
+    def line(self, command: str) -> str:
+        return f"{command}: skipped {self.what}: {self.error}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobsRead:
+    jobs: list[Job]
+    skipped: list[Skipped]
+
+
+@dataclass(frozen=True, slots=True)
+class NodesRead:
+    nodes: list[Node]
+    skipped: list[Skipped]
 
 
 def _load(text: str, command: str) -> dict[str, Any]:
@@ -109,7 +139,13 @@ def _node(name: str, base: str, flags: frozenset[str], *, reason: str, gres: str
 
 
 def parse_sinfo_json(text: str, topology: Topology | None = None, command: str = "sinfo") -> list[Node]:
-    """Nodes from ``sinfo --json`` (any version) or ``scontrol show nodes --json`` (v0.0.40+)."""
+    """Nodes from ``sinfo --json`` (any version) or ``scontrol show nodes --json`` (v0.0.40+); a
+    record that cannot be read is left out (``read_sinfo_json`` says which)."""
+    return read_sinfo_json(text, topology, command).nodes
+
+
+def read_sinfo_json(text: str, topology: Topology | None = None, command: str = "sinfo") -> NodesRead:
+    """Nodes and the records skipped; an output of no known shape is one ``SlurmError``."""
     data = _load(text, command)
     if isinstance(data.get("nodes"), list):
         return _parse_node_records(data["nodes"], topology, command)
@@ -119,12 +155,13 @@ def parse_sinfo_json(text: str, topology: Topology | None = None, command: str =
                      f"(keys: {', '.join(sorted(data))[:200]}; data_parser {_parser(data)})")
 
 
-def _parse_node_records(records: list[Any], topology: Topology | None, command: str) -> list[Node]:
+def _parse_node_records(records: list[Any], topology: Topology | None, command: str) -> NodesRead:
     nodes: dict[str, Node] = {}
+    skipped: list[Skipped] = []
     for raw in records:
         if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
-            raise SlurmError(f"{command}: couldn't parse node record: {str(raw)[:120]!r} (expected an "
-                             "object with a \"name\")")
+            skipped.append(Skipped("a node record", f"{str(raw)[:120]!r} (expected an object with a \"name\")"))
+            continue
         name = raw["name"]
         try:
             base, flags = _state(raw, f"node {name}")
@@ -132,14 +169,15 @@ def _parse_node_records(records: list[Any], topology: Topology | None, command: 
                                 gres=_text(raw.get("gres"), f"node {name} gres"),
                                 partitions=_strings(raw.get("partitions"), f"node {name} partitions"),
                                 cpus=number(raw.get("cpus"), f"node {name} cpus") or 0, topology=topology)
-        except SlurmError as e:
-            raise SlurmError(f"{command}: {str(e).removeprefix('slurm: ')}") from e
-    return list(nodes.values())
+        except (SlurmError, ValueError) as e:
+            skipped.append(Skipped(f"node {name[:80]}", str(e).removeprefix("slurm: ")))
+    return NodesRead(list(nodes.values()), skipped)
 
 
-def _parse_sinfo_rows(rows: list[Any], topology: Topology | None, command: str) -> list[Node]:
+def _parse_sinfo_rows(rows: list[Any], topology: Topology | None, command: str) -> NodesRead:
     """v0.0.40+ ``sinfo --json``: one row per (partition, state, ...) group, each listing its nodes."""
     seen: dict[str, dict[str, Any]] = {}
+    skipped: list[Skipped] = []
     for row in rows:
         try:
             if not isinstance(row, Mapping):
@@ -156,16 +194,18 @@ def _parse_sinfo_rows(rows: list[Any], topology: Topology | None, command: str) 
             cpus = row.get("cpus") or {}
             cpu = number(cpus.get("maximum") if isinstance(cpus, Mapping) else cpus, "cpus.maximum") or 0
             reason = _text(row.get("reason"), "reason")
-        except SlurmError as e:
-            raise SlurmError(f"{command}: {str(e).removeprefix('slurm: ')}") from e
-        for name in (n for spec in names for n in expand(spec)):
+            expanded = [n for spec in names for n in expand(spec)]
+        except (SlurmError, ValueError) as e:
+            skipped.append(Skipped("a row", str(e).removeprefix("slurm: ")))
+            continue
+        for name in expanded:
             entry = seen.setdefault(name, {"base": base, "flags": flags, "reason": reason, "gres": gres_total,
                                            "cpus": cpu, "partitions": []})
             if part and part not in entry["partitions"]:
                 entry["partitions"].append(part)
-    return [_node(name, e["base"], e["flags"], reason=e["reason"], gres=e["gres"],
-                  partitions=tuple(e["partitions"]), cpus=e["cpus"], topology=topology)
-            for name, e in seen.items()]
+    return NodesRead([_node(name, e["base"], e["flags"], reason=e["reason"], gres=e["gres"],
+                            partitions=tuple(e["partitions"]), cpus=e["cpus"], topology=topology)
+                      for name, e in seen.items()], skipped)
 
 
 def _parser(data: Mapping[str, Any]) -> str:
@@ -189,14 +229,25 @@ def _job_state(value: Any, what: str) -> tuple[JobState, str]:
 
 
 def parse_squeue_json(text: str) -> list[Job]:
-    """Jobs as units: a heterogeneous job's components are gathered under their leader."""
+    """Jobs as units: a heterogeneous job's components are gathered under their leader. A record that
+    cannot be read is left out (``read_squeue_json`` says which)."""
+    return read_squeue_json(text).jobs
+
+
+def read_squeue_json(text: str) -> JobsRead:
+    """Jobs and the records skipped: a job with one component that cannot be read is skipped whole
+    (never half a heterogeneous job). An output of no known shape is one ``SlurmError``."""
     data = _load(text, "squeue")
     records = data.get("jobs", [])
     if not isinstance(records, list):
         raise SlurmError(f"squeue: couldn't parse --json output: \"jobs\" is {type(records).__name__}, "
                          f"not a list (data_parser {_parser(data)})")
     components: dict[int, list[tuple[Mapping[str, Any], HetComponent, str]]] = {}
+    bad: dict[int, Skipped] = {}
+    skipped: list[Skipped] = []
     for raw in records:
+        job_id: int | None = None
+        het_id: int | None = None
         try:
             if not isinstance(raw, Mapping):
                 raise SlurmError(f"slurm: couldn't read a job record: {str(raw)[:80]!r} (expected an object)")
@@ -217,10 +268,21 @@ def parse_squeue_json(text: str) -> list[Job]:
                 reason=_text(raw.get("state_reason"), f"{what} state_reason"),
             )
         except (SlurmError, ValueError) as e:
-            raise SlurmError(f"squeue: couldn't parse job record: {str(e).removeprefix('slurm: ')}") from e
+            error = str(e).removeprefix("slurm: ")
+            if job_id is None:
+                skipped.append(Skipped("a job record", error))
+                continue
+            key = het_id if het_id is not None else job_id
+            ids = {job_id, key} | (bad[key].job_ids if key in bad else frozenset())
+            bad[key] = Skipped(f"job {key}", error, frozenset(ids))
+            continue
         components.setdefault(het_id, []).append((raw, comp, slurm_state))
     jobs = []
     for leader_id, parts in components.items():
+        if leader_id in bad:
+            bad[leader_id] = Skipped(bad[leader_id].what, bad[leader_id].error,
+                                     bad[leader_id].job_ids | {c.job_id for _, c, _ in parts})
+            continue
         parts.sort(key=lambda p: p[1].het_offset)
         raw, _, slurm_state = parts[0]
         what = f"job {leader_id}"
@@ -242,9 +304,10 @@ def parse_squeue_json(text: str) -> list[Job]:
                 submit_time=_epoch(number(raw.get("submit_time"), f"{what} submit_time")),
                 batch_host=_text(raw.get("batch_host"), f"{what} batch_host"),
             ))
-        except SlurmError as e:
-            raise SlurmError(f"squeue: couldn't parse job record: {str(e).removeprefix('slurm: ')}") from e
-    return jobs
+        except (SlurmError, ValueError) as e:
+            bad[leader_id] = Skipped(what, str(e).removeprefix("slurm: "),
+                                     frozenset({leader_id, *(c.job_id for _, c, _ in parts)}))
+    return JobsRead(jobs, skipped + list(bad.values()))
 
 
 def _epoch(value: int | None) -> float | None:

@@ -165,8 +165,11 @@ class CommandRunner:
         self.calls += 1
         start = time.monotonic()
         try:
-            proc = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout_s,
-                                  input=input_text, cwd=cwd, check=False)
+            # Slurm prints what users gave it byte for byte (``--job-name=$'\xff'``): one user's bytes that
+            # are not UTF-8 must not make every other user's command fail. Replacement leaves valid
+            # UTF-8 (every name omni gives a job) exactly as it was.
+            proc = subprocess.run(list(argv), env=env, capture_output=True, encoding="utf-8", errors="replace",
+                                  timeout=timeout_s, input=input_text, cwd=cwd, check=False)
         except FileNotFoundError as e:
             raise SlurmError(f"{argv[0]}: couldn't run: command not found (install the Slurm client "
                              f"packages: scripts/setup.sh)") from e

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from slurm_omni.errors import SlurmError
-from slurm_omni.slurm.parse_json import number, parse_sinfo_json, parse_squeue_json
+from slurm_omni.slurm.parse_json import (
+    number,
+    parse_sinfo_json,
+    parse_squeue_json,
+    read_sinfo_json,
+    read_squeue_json,
+)
 from slurm_omni.slurm.parse_text import parse_nodes, parse_topology
 from slurm_omni.slurm.states import job_state_of, node_state, split_state_list
 from slurm_omni.slurm.types import Gres, Job, JobState, NodeState
@@ -190,15 +196,22 @@ def test_numbers(value: object, expected: int | None) -> None:
 
 @pytest.mark.parametrize("doc, match", [
     ({"jobs": [{"job_id": {"set": True, "number": 4}, "job_state": {"current": "RUNNING"}}]},
-     "job 4 job_state"),
-    ({"jobs": [{"job_id": [1]}]}, "job_id"),
+     "job 4: couldn't read job 4 job_state"),
+    ({"jobs": [{"job_id": [1]}]}, "a job record: couldn't read job_id"),
     ({"jobs": [{"job_id": 4, "het_job_id": {"set": True, "infinite": False, "number": "x"}}]}, "het_job_id"),
-    ({"jobs": {"4": {}}}, "\"jobs\" is dict"),
     ({"jobs": [{"job_id": 4, "job_state": ["RUNNING"], "nodes": 17}]}, "nodes"),
 ])
-def test_unknown_job_shapes_are_one_error(doc: object, match: str) -> None:
-    with pytest.raises(SlurmError, match=match) as e:
-        parse_squeue_json(json.dumps(doc))
+def test_a_job_record_of_unknown_shape_is_skipped_with_one_line(doc: object, match: str) -> None:
+    read = read_squeue_json(json.dumps(doc))
+    assert read.jobs == [] and parse_squeue_json(json.dumps(doc)) == []
+    (skipped,) = read.skipped
+    line = skipped.line("squeue")
+    assert line.startswith("squeue: skipped ") and match in line and "\n" not in line
+
+
+def test_jobs_of_unknown_shape_are_one_error() -> None:
+    with pytest.raises(SlurmError, match="\"jobs\" is dict") as e:
+        parse_squeue_json(json.dumps({"jobs": {"4": {}}}))
     assert str(e.value).startswith("squeue: couldn't") and "\n" not in str(e.value)
 
 
@@ -210,14 +223,20 @@ def test_unknown_job_shapes_are_one_error(doc: object, match: str) -> None:
     ({"nodes": [{"name": "node1", "state": {"base": "IDLE"}}]}, "node node1 state"),
     ({"nodes": [{"state": ["IDLE"]}]}, "name"),
 ])
-def test_unknown_node_shapes_are_one_error(doc: object, match: str | None) -> None:
+def test_unknown_node_shapes_are_one_line(doc: object, match: str | None) -> None:
     if match is None:   # a state word nobody knows is UNKNOWN, not an error
         (node,) = parse_sinfo_json(json.dumps(doc))
         assert node.state is NodeState.UNKNOWN
         return
-    with pytest.raises(SlurmError, match=match) as e:
-        parse_sinfo_json(json.dumps(doc))
-    assert str(e.value).startswith("sinfo: couldn't") and "\n" not in str(e.value)
+    if match == "neither":   # no known shape at all: one error
+        with pytest.raises(SlurmError, match=match) as e:
+            parse_sinfo_json(json.dumps(doc))
+        assert str(e.value).startswith("sinfo: couldn't") and "\n" not in str(e.value)
+        return
+    read = read_sinfo_json(json.dumps(doc))      # one record: skipped, the others still read
+    assert read.nodes == []
+    (skipped,) = read.skipped
+    assert match in skipped.line("sinfo") and "\n" not in skipped.line("sinfo")
 
 
 @pytest.mark.parametrize("text", ["gres:gpu:h100:4", "gres/gpu:h100:4"])
@@ -228,8 +247,11 @@ def test_tres_gres_both_spellings(text: str) -> None:
 
 
 @pytest.mark.parametrize("node", [["IDLE"], "idle", 3])
-def test_a_row_whose_node_is_not_an_object_is_one_error(node: object) -> None:
+def test_a_row_whose_node_is_not_an_object_is_skipped(node: object) -> None:
     # Found by the property test: a v0.0.40+ row's "node" given as a list was an AttributeError.
-    doc = {"meta": {}, "sinfo": [{"nodes": {"nodes": ["node1"]}, "node": node}]}
-    with pytest.raises(SlurmError, match="expected an object"):
-        parse_sinfo_json(json.dumps(doc))
+    doc = {"meta": {}, "sinfo": [{"nodes": {"nodes": ["node1"]}, "node": node},
+                                 {"nodes": {"nodes": ["node2"]}, "node": {"state": ["IDLE"]}}]}
+    read = read_sinfo_json(json.dumps(doc))
+    assert [n.name for n in read.nodes] == ["node2"]
+    (skipped,) = read.skipped
+    assert "expected an object" in skipped.error
