@@ -5,6 +5,10 @@ cluster up -> where a het job's components land (two leaf switches) -> synthetic
 recovery -> the job finishes -> a reference run that never failed -> loss curve and data compared
 -> ``omni report``. Cleans up whatever happens (manager stopped, jobs cancelled, nodes resumed) and
 exits non-zero with one line naming the phase that failed.
+
+``--user NAME`` (as root): root brings the cluster up and the rest of the story runs in a process of
+NAME's, with a clean environment (drill/user_session.py): root writes nothing in NAME's home and
+submits nothing; the drill asks root to set its node DOWN and back.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,12 +28,15 @@ import click
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import DEFAULT_STATE_DIR
 from slurm_omni.errors import OmniError
+from slurm_omni.fsio import write_atomic
+from slurm_omni.ownership import current_user
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.types import JobState, NodeState
 
 if TYPE_CHECKING:
-    from slurm_omni.drill.story import DemoFiles, RunAs
+    from slurm_omni.drill.story import DemoFiles
+    from slurm_omni.drill.user_session import RootNodes
 
 T = TypeVar("T")
 
@@ -86,8 +94,9 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
     output = work / "het-sample.out"
     output.unlink(missing_ok=True)
     script = work / "het-sample.sbatch"
-    script.write_text(HET_SAMPLE.format(output=shlex.quote(str(output)), vision=compress(vision),
-                                        text=compress(text)))
+    # A new file in place of whatever the path holds (a FIFO, a link): sbatch reads what we wrote.
+    write_atomic(script, HET_SAMPLE.format(output=shlex.quote(str(output)), vision=compress(vision),
+                                           text=compress(text)), mode=0o644)
     job_id = backend.submit(str(script))
     deadline = time.monotonic() + timeout_s
     state = JobState.PENDING
@@ -116,24 +125,28 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
                    "instead of the demo's built-in trainer; the files beside it are copied along.")
 @click.option("--busy", is_flag=True, help="In-allocation recovery on a busy cluster (every free node runs another "
               "job): node losses recovered inside the same Slurm job, a shrink, and the batch host lost.")
-@click.option("--user", default="", help="Run the job and the manager as this unprivileged user (run as root; "
-              "the demo's folder is ~USER/omni-demo), as a site runs them: Slurm and the plugin stay root's.")
-def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None, busy: bool, user: str) -> None:
+@click.option("--user", default="", help="Run the story as this unprivileged user (run as root; the demo's folder is "
+              "~USER/omni-demo), as a site runs them: Slurm, the plugin and the drill's node changes stay root's.")
+@click.option("--user-session", "session_fd", type=int, default=None, hidden=True,
+              help="Internal: the user's side of --user, started by root (FD: its socket to root).")
+def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None, busy: bool, user: str,
+         session_fd: int | None) -> None:
     """Cluster up, a multimodal het job, a node failure drilled mid-run, automatic recovery, report."""
     from slurm_omni.drill import story
 
-    runas = story.RunAs(user)
+    if session_fd is not None:
+        _user_side(session_fd, state_dir, timeout_s, sample_only, job_file)
+        return
     if user:
         import pwd
         if os.geteuid() != 0:
-            raise click.UsageError(f"--user {user}: run omni demo as root (it switches to {user} for the job "
-                                   "and the manager)")
+            raise click.UsageError(f"--user {user}: run omni demo as root (it switches to {user} for the story)")
         try:
             pwd.getpwnam(user)
         except KeyError:
             raise click.UsageError(f"--user {user}: no such user (scripts/setup.sh creates alice and bob)") from None
-        if busy or sample_only:
-            raise click.UsageError("--user runs the full story only (not with --busy or --sample-only)")
+        if busy:
+            raise click.UsageError("--user runs the full story or the sample (not with --busy)")
 
     if busy:
         from slurm_omni.drill.busy_demo import run_busy_demo
@@ -149,20 +162,57 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | 
     lc = LocalCluster(state_dir)
     s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "
             f"{'started' if started else 'already up'} in {lc.paths.root}")
+    if user:
+        from slurm_omni.drill.user_session import run_user_side
+        from slurm_omni.formats.demo_session import SessionStart
+
+        argv = story.omni_argv("demo", "--state-dir", str(lc.paths.root), "--timeout", str(timeout_s),
+                               *(["--sample-only"] if sample_only else []),
+                               *(["--job-file", str(job_file.resolve())] if job_file else []))
+        code = run_user_side(user, lc, argv, SessionStart(started=s.start, phases_done=s.n, total=s.total),
+                             s.say)
+        if code:
+            sys.exit(code)     # the user's side said why, in one line
+        return
     backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
-    work = runas.home() / "omni-demo" if user else lc.paths.root.parent / "demo"
+    _story(s, lc, backend, lc.paths.root.parent / "demo", timeout_s, sample_only, job_file)
+
+
+def _user_side(fd: int, state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None) -> None:
+    """The story after the cluster phase, in the process root started as the user (``--user``)."""
+    import pwd
+    import signal
+
+    from slurm_omni.drill.user_session import RootNodes
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)     # root passes its SIGTERM on: clean up (finally) and end
+
+    signal.signal(signal.SIGTERM, stop)
+    root = RootNodes(fd)
+    s = Story(root.start.total)
+    s.start, s.n = root.start.started, root.start.phases_done
+    lc = LocalCluster(state_dir)
+    backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
+    home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    _story(s, lc, backend, home / "omni-demo", timeout_s, sample_only, job_file, root)
+
+
+def _story(s: Story, lc: LocalCluster, backend: CliBackend, work: Path, timeout_s: float, sample_only: bool,
+           job_file: Path | None, root: RootNodes | None = None) -> None:
+    from slurm_omni.drill import story
+
     lines = s.phase("placement", lambda: het_sample(backend, work / "sample"),
                     lambda out: f"a het job ran {len(out)} tasks across two leaf switches")
     for line in lines:
         s.say(line)
     if sample_only:
         return
-    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s, job_file.resolve() if job_file else None,
-                runas)
+    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s, job_file.resolve() if job_file else None, root)
 
 
 def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFiles, timeout_s: float,
-                job_file: Path | None = None, runas: RunAs | None = None) -> None:
+                job_file: Path | None = None, root: RootNodes | None = None) -> None:
     from slurm_omni.config.site import load_site
     from slurm_omni.drill import story
     from slurm_omni.drill.faults import fill_faults
@@ -175,18 +225,23 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
     s.phase("files", lambda: story.write_files(files, lc, job_file=job_file),
             lambda _: f"job file{' and its script' if job_file else ''} and site config in {files.work}")
     s.phase("data", lambda: story.synthesize(files), lambda n: f"{n} synthetic samples (image-text pairs, text)")
-    runas = runas or story.RunAs()
-    runas.hand_over(files.work)   # the user's own files, as omni submit expects them
     site = load_site(files.site)
-    injector = Injector(allowed=site.drills.nodes, site=str(files.site), backend=backend, cluster=lc)
+    injector: Injector
+    if root is not None:   # --user: the node changes through root, the rest as the user
+        from slurm_omni.drill.user_session import BrokeredInjector
+        injector = BrokeredInjector(root, allowed=site.drills.nodes, site=str(files.site), backend=backend)
+    else:
+        injector = Injector(allowed=site.drills.nodes, site=str(files.site), backend=backend, cluster=lc)
     env = story.job_environment(lc)
     manager = None
+    submitted: list[int] = []
     try:
-        who = f" as {runas.user}" if runas.user else ""
-        manager = s.phase("manager", lambda: story.start_manager(files, env, runas),
+        who = f" as {current_user()}" if root is not None else ""
+        manager = s.phase("manager", lambda: story.start_manager(files, env),
                           lambda m: f"omni manager run{who} (pid {m.proc.pid}), journal in {files.manager_dir}")
-        job_id = s.phase("submit", lambda: story.submit(files, env, runas),
+        job_id = s.phase("submit", lambda: story.submit(files, env),
                          lambda j: f"omni submit{who}: het job {j} (vision | text stages, 2 replicas each)")
+        submitted.append(job_id)
         h = story.handle(files, job_id)
         runner = DrillRunner(injector, backend, h, timeline=files.manager_dir / "timeline.json", on_event=s.say)
         result = s.phase("drill", lambda: runner.run(DrillSpec(kind="node-down", after_steps=30, timeout_s=timeout_s)),
@@ -216,7 +271,8 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         for line in (render_table([result]) + "\n" + text).rstrip().splitlines():
             s.say(line)
     finally:
-        for line in story.cleanup(backend, injector, _job_name(files.job), manager):
+        name = _job_name(files.job)
+        for line in story.cleanup(backend, injector, submitted, manager, keys=[f"{name}-{j}" for j in submitted]):
             s.say(f"cleanup: {line}")
 
 

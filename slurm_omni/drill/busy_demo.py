@@ -63,6 +63,7 @@ class BusyDemo:
         self.cluster, self.backend, self.work, self.say, self.timeout_s = cluster, backend, work, say, timeout_s
         self.filler = BusyCluster(backend, seconds=180, tag=REASON)
         self.job_id = 0
+        self.resubmitted_id = 0
         self.down: list[str] = []
 
     @property
@@ -97,12 +98,16 @@ class BusyDemo:
         return self.job_id
 
     def resubmitted(self) -> int:
-        """The manager's resubmission of the job: a later Slurm job of the same name."""
-        out = self.backend.runner.run(["squeue", "-h", "--name=omni-demo-busy", "--format=%i %T %r"], check=False)
-        for line in out.stdout.splitlines():
-            job, _, _ = (line.split() + ["", ""])[:3]
-            if job.isdigit() and int(job) > self.job_id:
-                return int(job)
+        """The manager's resubmission of the job: a later Slurm job of this user's carrying the incarnation
+        tag of the job's registration in its comment (never a job found by its name: anyone may use it)."""
+        from slurm_omni.manager.journal import incarnation_tag
+        from slurm_omni.ownership import current_user
+
+        tag = incarnation_tag(f"omni-demo-busy-{self.job_id}", 0)[:-1]
+        for job in self.backend.jobs(user=current_user()):
+            if job.job_id > self.job_id and job.comment.startswith(tag):
+                self.resubmitted_id = job.job_id
+                return job.job_id
         return 0
 
     def step(self) -> int:
@@ -154,8 +159,10 @@ class BusyDemo:
         return out.stdout.strip()
 
     def fillers_running(self) -> str:
-        out = self.backend.runner.run(["squeue", "-h", "--name=omni-busy", "--states=RUNNING", "--format=%N"],
-                                      check=False)
+        if not self.filler.jobs:
+            return "none"
+        out = self.backend.runner.run(["squeue", "-h", f"--jobs={','.join(map(str, self.filler.jobs))}",
+                                       "--states=RUNNING", "--format=%N"], check=False)
         return compress(out.stdout.split()) or "none"
 
     def waited(self, job: int) -> str:
@@ -178,9 +185,10 @@ class BusyDemo:
         done = []
         self.filler.clear()
         done.append("filler jobs cancelled")
-        out = self.backend.runner.run(["squeue", "-h", "--name=omni-demo-busy", "--format=%i"], check=False)
-        for job in out.stdout.split():
-            self.backend.runner.run(["scancel", job], check=False)
+        # The jobs this demo submitted and the manager's resubmission of it, by id: never by name.
+        for job in (self.job_id, self.resubmitted_id or self.resubmitted()):
+            if job:
+                self.backend.runner.run(["scancel", str(job)], check=False)
         if self.down:
             done.append(f"{compress(self.down)} resumed")
         self.resume()

@@ -87,6 +87,8 @@ class Injector:
         self.runner: CommandRunner = backend.runner
         self.cluster = cluster
         self._hosts: dict[str, str] = {}
+        self.downed: set[str] = set()
+        """Nodes this injector set DOWN: the ones a cleanup puts back."""
 
     def check(self, *nodes: str) -> None:
         check_allowed(list(nodes), self.allowed, self.site)
@@ -97,6 +99,7 @@ class Injector:
         self.check(node)
         at = time.time()
         self.backend.set_node_state(node, "DOWN", reason=REASON)
+        self.downed.add(node)
         log.info("drill: %s set DOWN", node)
         return at
 

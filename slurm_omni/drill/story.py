@@ -1,8 +1,10 @@
 """The phases of ``omni demo``, each a function: files, data, submission, manager, drill, checks, report.
 
-The demo's folder (``.omni/demo`` beside the cluster's state) is rebuilt on every run: the job must
-not resume from a checkpoint of an earlier demo. Every command the story runs is the user's own
-(``omni submit``, ``omni manager run``, ``omni report``), started as a subprocess with an argv list.
+The demo's folder (``.omni/demo`` beside the cluster's state, ``~/omni-demo`` with ``--user``) is
+rebuilt on every run: the job must not resume from a checkpoint of an earlier demo. Every command the
+story runs is the user's own (``omni submit``, ``omni manager run``, ``omni report``), started as a
+subprocess with an argv list, by the process telling the story: with ``--user`` that process already
+runs as the user (drill/user_session.py), so nothing here switches users or hands files over.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +28,8 @@ from slurm_omni.drill.history import load_history
 from slurm_omni.drill.inject import REASON, DrillError, Injector
 from slurm_omni.drill.job import JobHandle, find_registration
 from slurm_omni.drill.reference import JOB_ENV
+from slurm_omni.manager.journal import incarnation_tag
+from slurm_omni.ownership import current_user
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress
 
@@ -101,43 +106,9 @@ def synthesize(files: DemoFiles) -> int:
     return spec.pairs + spec.text
 
 
-@dataclass(frozen=True, slots=True)
-class RunAs:
-    """Who runs the demo's job and manager: this process (no ``user``), or an unprivileged user as a
-    site has them (``omni demo --user NAME``, as root: setpriv, the user's own HOME)."""
-
-    user: str = ""
-
-    def argv(self, argv: list[str]) -> list[str]:
-        if not self.user:
-            return argv
-        return ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", *argv]
-
-    def env(self, env: dict[str, str]) -> dict[str, str]:
-        if not self.user:
-            return env
-        return {**env, "HOME": str(self.home()), "USER": self.user, "LOGNAME": self.user}
-
-    def home(self) -> Path:
-        import pwd
-        return Path(pwd.getpwnam(self.user).pw_dir)
-
-    def hand_over(self, path: Path) -> None:
-        """Everything under ``path`` becomes the user's (the files root wrote for them)."""
-        if not self.user:
-            return
-        import pwd
-        pw = pwd.getpwnam(self.user)
-        for root, dirs, names in os.walk(path):
-            for name in (*dirs, *names):
-                os.lchown(os.path.join(root, name), pw.pw_uid, pw.pw_gid)
-        os.lchown(path, pw.pw_uid, pw.pw_gid)
-
-
-def submit(files: DemoFiles, env: dict[str, str], runas: RunAs = RunAs()) -> int:
+def submit(files: DemoFiles, env: dict[str, str]) -> int:
     """``omni submit job.toml --site omni.toml``; the Slurm job id."""
-    proc = subprocess.run(runas.argv(omni_argv("submit", str(files.job), "--site", str(files.site))),
-                          env=runas.env(env),
+    proc = subprocess.run(omni_argv("submit", str(files.job), "--site", str(files.site)), env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
         raise DrillError(f"demo: couldn't submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
@@ -172,15 +143,14 @@ class ManagerProcess:
         return lines[-1] if lines else "no output"
 
 
-def start_manager(files: DemoFiles, env: dict[str, str], runas: RunAs = RunAs()) -> ManagerProcess:
+def start_manager(files: DemoFiles, env: dict[str, str]) -> ManagerProcess:
     """``omni manager run`` in the background, its output in manager/manager.log."""
     files.manager_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    runas.hand_over(files.manager_dir)
     log_path = files.manager_dir / "manager.log"
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(runas.argv(omni_argv("-v", "manager", "run", "--site-config", str(files.site),
-                                                     "--state-dir", str(files.manager_dir), "--poll-interval", "1")),
-                                env=runas.env(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(omni_argv("-v", "manager", "run", "--site-config", str(files.site),
+                                          "--state-dir", str(files.manager_dir), "--poll-interval", "1"),
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     manager = ManagerProcess(proc, log_path)
     time.sleep(1.0)
@@ -228,20 +198,31 @@ def report(files: DemoFiles, h: JobHandle, reference_metrics: Path, env: dict[st
     return proc.stdout
 
 
-def cleanup(backend: CliBackend, injector: Injector, job_name: str, manager: ManagerProcess | None) -> list[str]:
-    """Manager stopped, the demo's jobs cancelled, nodes a drill left down resumed; what was done."""
+def cleanup(backend: CliBackend, injector: Injector, job_ids: Collection[int], manager: ManagerProcess | None,
+            *, keys: Collection[str] = ()) -> list[str]:
+    """Manager stopped, the demo's jobs cancelled, nodes a drill left down resumed; what was done.
+
+    The jobs are the ones the demo submitted (``job_ids``) and the manager's resubmissions of them
+    (their comment carries the incarnation tag of a registration in ``keys``, ``<name>-<job id>``),
+    and only the current user's: never a job because of its name (another user's job may have it).
+    The nodes: those the injector set down, and those the manager drained for one of ``keys``."""
     done = []
     if manager is not None and manager.alive():
         manager.stop()
         done.append("manager stopped")
+    ids = set(job_ids)
+    tags = tuple(incarnation_tag(key, 0)[:-1] for key in keys)      # "omni.<key>."
     try:
-        for job in backend.jobs():
-            if job.name == job_name and not job.state.finished:
+        for job in backend.jobs(user=current_user()):
+            ours = job.job_id in ids or any(c.job_id in ids for c in job.components) or \
+                bool(tags and job.comment.startswith(tags))
+            if ours and not job.state.finished:
                 backend.cancel(str(job.job_id))
                 done.append(f"job {job.job_id} cancelled")
         for node in backend.nodes():
-            # ours, or the manager's drain of the drilled node ("<cause> in <job>")
-            if node.name in injector.allowed and (REASON in node.reason or job_name in node.reason):
+            drained = any(node.reason.endswith(f" in {key}") for key in keys)
+            if node.name in injector.allowed and ((node.name in injector.downed and REASON in node.reason)
+                                                  or drained):
                 injector.resume(node.name)
                 done.append(f"{node.name} resumed")
     except Exception as e:  # noqa: BLE001 (cleanup reports, it never hides the first failure)

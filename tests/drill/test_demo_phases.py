@@ -73,10 +73,55 @@ def test_cleanup_resumes_what_a_drill_left_down(slurm_cluster) -> None:
     node = idle[-1]
     injector = Injector(allowed=(node,), site="test", backend=backend)
     injector.node_down(node)
-    done = story.cleanup(backend, injector, "omni-demo-none", None)
+    done = story.cleanup(backend, injector, [], None)
     assert done == [f"{node} resumed"]
     assert next(n for n in backend.nodes() if n.name == node).state.usable
     assert REASON not in next(n for n in backend.nodes() if n.name == node).reason
+
+
+@pytest.mark.cluster
+def test_root_sets_down_and_resumes_only_cluster_nodes_it_downed_for_the_users_side(slurm_cluster) -> None:
+    """``omni demo --user``: the user's side asks root for the drill's node changes over a socket."""
+    import socket
+    import threading
+
+    from slurm_omni.drill.inject import DrillError
+    from slurm_omni.drill.user_session import NodeBroker, RootNodes
+    from slurm_omni.formats import encode
+    from slurm_omni.formats.demo_session import SessionStart
+
+    backend = slurm_cluster.backend()
+    idle = [n.name for n in backend.nodes() if n.state.usable and not n.flags and n.state.value == "idle"]
+    if len(idle) < 2:
+        pytest.skip("fewer than two idle nodes")
+    node, other = idle[-1], idle[-2]
+    nodes = tuple(slurm_cluster.nodes)
+    broker = NodeBroker(Injector(allowed=nodes, site="test", backend=backend), nodes)
+    ours, theirs = socket.socketpair()
+    ours.sendall(encode(SessionStart(started=1.0, phases_done=1, total=11)))
+    server = threading.Thread(target=broker.serve, args=(ours,), daemon=True)
+    server.start()
+    user_side = RootNodes(theirs.detach())
+    try:
+        assert (user_side.start.phases_done, user_side.start.total) == (1, 11)
+        user_side.request("down", node)
+        state = next(n for n in backend.nodes() if n.name == node)
+        assert not state.state.usable and REASON in state.reason
+        with pytest.raises(DrillError, match="not a node of the embedded cluster"):
+            user_side.request("down", "elsewhere1")
+        with pytest.raises(DrillError, match=f"couldn't resume {other}: root resumes only the nodes it set down"):
+            user_side.request("resume", other)
+        user_side.sock.sendall(b'{"op": "reboot", "node": "node1"}\n')       # no such request
+        assert b'"ok":false' in user_side.stream.readline()
+        user_side.request("resume", node)
+        assert next(n for n in backend.nodes() if n.name == node).state.usable
+        assert broker.downed == []
+    finally:
+        user_side.close()
+        server.join(timeout=30)
+        assert not server.is_alive()
+        ours.close()
+        broker.restore()
 
 
 def test_drill_timeline_fills_the_fault_the_manager_cannot_know(tmp_path: Path) -> None:

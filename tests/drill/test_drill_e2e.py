@@ -35,8 +35,10 @@ def test_node_down_during_training_recovers_and_stays_equivalent(slurm_cluster, 
     injector = Injector(allowed=site.drills.nodes, site=str(files.site), backend=backend)
     env = story.job_environment(slurm_cluster.cluster)
     manager = story.start_manager(files, env)
+    submitted: list[int] = []
     try:
-        handle = story.handle(files, story.submit(files, env))
+        submitted.append(story.submit(files, env))
+        handle = story.handle(files, submitted[0])
         runner = DrillRunner(injector, backend, handle, timeline=files.manager_dir / "timeline.json")
         result = runner.run(DrillSpec(kind="node-down", after_steps=5, timeout_s=150))
         assert result.ok, result.to_json()
@@ -51,4 +53,4 @@ def test_node_down_during_training_recovers_and_stays_equivalent(slurm_cluster, 
         assert eq.ok, eq.problems
         assert eq.loss.mode == "bitwise" and eq.loss.steps_compared == 40
     finally:
-        story.cleanup(backend, injector, NAME, manager)
+        story.cleanup(backend, injector, submitted, manager, keys=[f"{NAME}-{j}" for j in submitted])
