@@ -208,7 +208,11 @@ def test_a_job_name_not_utf8_blinds_no_other_users_manager(slurm_cluster, users:
         assert r.returncode == 0, r.stderr
         seen = json.loads(r.stdout)
         assert seen[str(mine)][:2] == [name, "alice"]
-        assert seen[str(bobs)] == ["bob\ufffd\ufffd", "bob", "c\ufffd("]
+        # 22.05 prints the bytes as given (decoded with replacement here); a later Slurm may escape them
+        assert seen[str(bobs)][1] == "bob" and seen[str(bobs)][0].startswith("bob"), seen[str(bobs)]
+        assert seen[str(bobs)][0] != "bob"
+        if slurm_cluster.cluster.spec.slurm_version == "22.05":
+            assert seen[str(bobs)] == ["bob\ufffd\ufffd", "bob", "c\ufffd("]
     finally:
         _cancel(slurm_cluster.env, *theirs)
         shutil.rmtree(where, ignore_errors=True)
