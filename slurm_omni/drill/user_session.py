@@ -133,8 +133,11 @@ def run_user_side(user: str, cluster: LocalCluster, argv: list[str], start: Sess
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         old_term = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
-            ours.sendall(encode(start))
-            broker.serve(ours)
+            try:
+                ours.sendall(encode(start))
+                broker.serve(ours)
+            except (BrokenPipeError, ConnectionResetError):
+                pass   # the user's side ended early: its exit code and its own line say why
             return proc.wait()
         finally:
             if proc.poll() is None:
