@@ -37,7 +37,7 @@ from typing import Any
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.errors import CheckpointError
-from slurm_omni.fsio import write_atomic
+from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,13 @@ class Fence:
 def read_fence(root: Path) -> Fence | None:
     """The root's fence, or None when no fenced incarnation started there."""
     try:
-        data = json.loads((root / FENCE).read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
+        data = json.loads(read_bounded(root / FENCE, 1 << 20))   # a fifo is refused, not waited on
+    except FileRejected as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            return None
+        raise CheckpointError(f"checkpoint: couldn't read {root / FENCE}: {e} (remove it only once no "
+                              f"older incarnation of the job can still run)") from e
+    except (ValueError, RecursionError) as e:
         raise CheckpointError(f"checkpoint: couldn't read {root / FENCE}: {e} (remove it only once no "
                               f"older incarnation of the job can still run)") from e
     try:

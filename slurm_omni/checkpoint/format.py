@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
+import math
 import os
 import re
 import time
@@ -30,7 +32,9 @@ from typing import Any
 import xxhash
 
 from slurm_omni.errors import CheckpointError
-from slurm_omni.fsio import write_atomic
+from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
+
+log = logging.getLogger(__name__)
 
 FORMAT_NAME = "slurm-omni-checkpoint"
 FORMAT_VERSION = 1
@@ -39,7 +43,14 @@ MARKER = "COMPLETE"
 CORRUPT = "CORRUPT"
 FENCED = "FENCED"
 CHECKSUM = "xxh3_64"
-
+MARKER_LIMIT = 1 << 16
+MANIFEST_LIMIT = 1 << 30
+"""Bytes read at most from a marker (and CORRUPT, FENCED) and from a manifest."""
+MAX_DEPTH = 64
+"""A manifest nests no deeper (skeletons of optimizer states nest a few levels): deeper is corrupt,
+not a recursion that ends the reader."""
+LAST_CREATED = 253402300799.0
+"""A manifest's ``created`` lies in [0, this] (9999-12-31 UTC): a time every reader can print."""
 
 
 class CheckpointCorrupt(CheckpointError):
@@ -130,11 +141,13 @@ def complete(root: Path) -> list[Entry]:
 
 
 def find_latest_complete(root: Path) -> Entry | None:
-    """The newest checkpoint whose marker and manifest check out (no tensor checksums read), or None."""
+    """The newest checkpoint whose marker and manifest check out (no tensor checksums read), or None;
+    one that does not is passed over with one line."""
     for entry in complete(root):
         try:
             read_manifest(entry.path)
-        except CheckpointError:
+        except CheckpointError as e:
+            log.warning("%s (falling back to the previous complete checkpoint)", e)
             continue
         return entry
     return None
@@ -148,15 +161,15 @@ def latest_step(root: Path) -> int | None:
 
 def _status_of(path: Path) -> tuple[Status, str, int | None]:
     """From the markers alone (cheap); ``read_manifest`` checks that the manifest matches it."""
-    if (path / CORRUPT).exists():
-        return Status.CORRUPT, _read_text(path / CORRUPT), None
-    if (path / FENCED).exists():
-        return Status.FENCED, _read_text(path / FENCED), None
+    for name, status in ((CORRUPT, Status.CORRUPT), (FENCED, Status.FENCED)):
+        if os.path.lexists(path / name):
+            return status, _read_text(path / name), None
     try:
-        marker = json.loads((path / MARKER).read_bytes())
-    except FileNotFoundError:
-        return Status.INCOMPLETE, f"no {MARKER} marker", None
-    except (OSError, ValueError) as e:
+        raw = _read(path / MARKER, MARKER_LIMIT)
+        if raw is None:
+            return Status.INCOMPLETE, f"no {MARKER} marker", None
+        marker = json.loads(raw)
+    except (FileRejected, ValueError, RecursionError) as e:
         return Status.INCOMPLETE, f"unreadable {MARKER} ({e})", None
     if not isinstance(marker, dict) or "manifest_xxh3_64" not in marker:
         return Status.INCOMPLETE, f"malformed {MARKER}", None
@@ -164,25 +177,39 @@ def _status_of(path: Path) -> tuple[Status, str, int | None]:
     return Status.COMPLETE, "", incarnation if isinstance(incarnation, int) else None
 
 
+def _read(path: Path, limit: int) -> bytes | None:
+    """``path``'s bytes, None when it is missing; a FileRejected for anything but a regular file of at
+    most ``limit`` bytes (a symlink, a fifo: opened without blocking, refused, never read)."""
+    try:
+        return read_bounded(path, limit, what=f"{path.parent.name}/{path.name}")
+    except FileRejected as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            return None
+        raise
+
+
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return ""
+        return (_read(path, MARKER_LIMIT) or b"").decode(errors="replace").strip()
+    except FileRejected as e:
+        return str(e)
 
 
 def read_marker(path: Path) -> tuple[dict[str, Any], bytes]:
     """The completion marker of ``path`` and the manifest's bytes, checked against each other."""
     try:
-        marker = json.loads((path / MARKER).read_bytes())
-    except FileNotFoundError as e:
-        raise CheckpointError(f"checkpoint: {path.name} is incomplete: no {MARKER} marker") from e
-    except (OSError, ValueError) as e:
+        raw_marker = _read(path / MARKER, MARKER_LIMIT)
+        if raw_marker is None:
+            raise CheckpointError(f"checkpoint: {path.name} is incomplete: no {MARKER} marker")
+        marker = json.loads(raw_marker)
+    except (FileRejected, ValueError, RecursionError) as e:
         raise CheckpointError(f"checkpoint: {path.name} is incomplete: unreadable {MARKER} ({e})") from e
     try:
-        raw = (path / MANIFEST).read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"checkpoint: {path.name}: couldn't read {MANIFEST}: {e.strerror}") from e
+        raw = _read(path / MANIFEST, MANIFEST_LIMIT)
+    except FileRejected as e:
+        raise CheckpointError(f"checkpoint: {path.name}: {e}") from e
+    if raw is None:
+        raise CheckpointError(f"checkpoint: {path.name}: couldn't read {MANIFEST}: no such file")
     if not isinstance(marker, dict) or marker.get("manifest_bytes") != len(raw) \
             or marker.get("manifest_xxh3_64") != checksum(raw):
         raise CheckpointCorrupt(f"checkpoint: {path.name}: {MANIFEST} does not match its {MARKER} marker")
@@ -194,9 +221,19 @@ def read_manifest(path: Path) -> Manifest:
     _, raw = read_marker(path)
     try:
         data = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise CheckpointCorrupt(f"checkpoint: {path.name}: couldn't parse {MANIFEST}: {e}") from e
     return Manifest.from_json(data, where=path.name)
+
+
+def _nested_deeper(data: Any, limit: int) -> bool:
+    """Does ``data`` (decoded JSON) nest lists and objects deeper than ``limit``? Without recursion."""
+    level: list[Any] = [data]
+    for _ in range(limit + 1):
+        level = [v for x in level if isinstance(x, (dict, list)) for v in (x.values() if isinstance(x, dict) else x)]
+        if not level:
+            return False
+    return True
 
 
 def mark_corrupt(path: Path, reason: str) -> None:
@@ -320,6 +357,8 @@ class Manifest:
     @classmethod
     def from_json(cls, data: Any, *, where: str) -> Manifest:
         try:
+            if _nested_deeper(data, MAX_DEPTH):
+                raise CheckpointCorrupt(f"checkpoint: {where}: {MANIFEST} nests deeper than {MAX_DEPTH} levels")
             if data.get("format") != FORMAT_NAME:
                 raise CheckpointError(f"checkpoint: {where}: not a {FORMAT_NAME} manifest")
             if data["format_version"] > FORMAT_VERSION:
@@ -344,11 +383,14 @@ class Manifest:
                            incarnation=str(data["incarnation"]), created=float(data["created"]),
                            writer_version=str(data["writer_version"]),
                            load_order=tuple(data["load_order"]), units=units, shards=shards)
+            if not (math.isfinite(manifest.created) and 0 <= manifest.created <= LAST_CREATED):
+                raise CheckpointCorrupt(f"checkpoint: {where}: created {manifest.created!r} is no time "
+                                        f"(0 to {LAST_CREATED:.0f}, seconds since 1970)")
             _check_bounds(manifest, where)
             return manifest
         except CheckpointError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
             raise CheckpointCorrupt(f"checkpoint: {where}: malformed {MANIFEST}: {e!r}") from e
 
 
