@@ -23,14 +23,16 @@ from typing import Literal
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
 
-# Each task: the torch-style names from Slurm's, and its stage and replica index; then the command.
-# Constant text: every value comes in as an argument, never inside the script.
+# Each task: the torch-style names from Slurm's, and its stage and replica index; then the command,
+# its stderr on its stdout: srun's own stderr then carries srun's words alone (a rank that prints
+# "srun: error: Node failure on node3" is no report of srun's). Constant text: every value comes in
+# as an argument, never inside the script.
 TASK_SHIM = """\
 stage=$1 first=$2
 shift 2
 export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID
 export OMNI_STAGE=$stage OMNI_DP_RANK=$(( SLURM_PROCID - first ))
-exec "$@"
+exec "$@" 2>&1
 """
 
 
@@ -132,8 +134,9 @@ def _follow(path: str, start: int, events: queue.SimpleQueue[SrunEvent], stop: t
 
 @dataclass(kw_only=True)
 class StepLog:
-    """What a step's srun said on stderr, as it says it: read from the step's log file (not a pipe,
-    so that srun outlives a supervisor that dies: a closed pipe would kill srun with SIGPIPE)."""
+    """What a step's srun said on its own stderr, as it says it: read from the file that holds it
+    alone (the ranks' output goes to srun's stdout, another file), not from a pipe, so that srun
+    outlives a supervisor that dies: a closed pipe would kill srun with SIGPIPE."""
 
     events: queue.SimpleQueue[SrunEvent]
     stop: threading.Event
@@ -158,15 +161,20 @@ class StepLog:
 
 
 def start_step(runner: CommandRunner, argv: Sequence[str], env: Mapping[str, str], *,
-               log_path: str) -> tuple[subprocess.Popen[bytes], StepLog]:
-    """Start the step with its output appended to ``log_path``, and follow that log."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+               log_path: str, output_path: str) -> tuple[subprocess.Popen[bytes], StepLog]:
+    """Start the step with srun's own stderr appended to ``log_path`` (followed: only srun writes
+    there) and its stdout, every rank's output (``TASK_SHIM`` puts their stderr on it), to
+    ``output_path``."""
+    err = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        start = os.fstat(fd).st_size
-        log = StepLog.follow(log_path, start)
-        proc = runner.spawn(argv, env=env, stdout=fd, stderr=fd)
+        out = os.open(output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            log = StepLog.follow(log_path, os.fstat(err).st_size)
+            proc = runner.spawn(argv, env=env, stdout=out, stderr=err)
+        finally:
+            os.close(out)
     finally:
-        os.close(fd)
+        os.close(err)
     return proc, log
 
 

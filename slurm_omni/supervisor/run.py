@@ -245,7 +245,7 @@ class Supervisor:
         elif pid is not None:
             log.warning("supervisor: launch %d (%s) is running as pid %d: adopted", cur.number, name, pid)
             self._proc = None
-            self._step_log = StepLog.follow(self._log_path(name))
+            self._step_log = StepLog.follow(self._log_path(name, srun=True))
         else:   # journaled as launched, its srun gone while no supervisor watched it
             log.warning("supervisor: launch %d ended while no supervisor watched it", cur.number)
         self.phase = "running"
@@ -267,10 +267,11 @@ class Supervisor:
             finally:
                 os.close(fd)
 
-    def _log_path(self, name: str) -> str:
+    def _log_path(self, name: str, *, srun: bool = False) -> str:
+        """``NAME.log``: the step's output (its ranks'); ``NAME.srun.log``: srun's own stderr."""
         folder = self.opts.log_dir or self.journal.path.parent
         folder.mkdir(parents=True, exist_ok=True)
-        return str(folder / f"{name}.log")
+        return str(folder / f"{name}{'.srun' if srun else ''}.log")
 
     def _start(self, cur: Launch, name: str) -> tuple[subprocess.Popen[bytes], StepLog]:
         comps = [StepComponent(k, nodes, self.opts.stages[k].tasks_per_node)
@@ -288,7 +289,8 @@ class Supervisor:
         log.warning("supervisor: launch %d: %s, dp %d, incarnation %d", cur.number,
                     " + ".join(f"{s.name} on {compress(c.nodes)}" for s, c in zip(self.opts.stages, comps, strict=True)),
                     cur.data_parallel_size, cur.incarnation)
-        return start_step(self.runner, argv, env, log_path=self._log_path(name))
+        return start_step(self.runner, argv, env, log_path=self._log_path(name, srun=True),
+                          output_path=self._log_path(name))
 
     def _watch(self, cur: Launch, adopted_pid: int | None) -> int | None:
         """Until the step ends: its exit code (None when adopted). What srun reports on stderr (a
