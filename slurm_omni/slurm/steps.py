@@ -16,7 +16,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -195,14 +195,61 @@ def kill_step(runner: CommandRunner, job_id: str, name: str, step_id: str = "") 
             for step in steps]
 
 
-def find_step_process(name: str, proc_root: str = "/proc") -> int | None:
-    """The pid of a live ``srun --job-name=NAME`` on this host (a supervisor restarted after a
-    crash finds the step it started), or None."""
+def job_step_names(runner: CommandRunner, job_id: str) -> dict[str, str]:
+    """Slurm's own list of the job's steps: step name -> step id (``squeue --steps``). Only the job's
+    owner (or root) can start a step in it. Empty when Slurm does not answer."""
+    out = runner.run(["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i %j"], check=False,
+                     timeout_s=10)
+    steps: dict[str, str] = {}
+    for line in out.stdout.splitlines() if out.returncode == 0 else ():
+        fields = line.split()
+        if len(fields) == 2:
+            steps.setdefault(fields[1], fields[0])
+    return steps
+
+
+@dataclass(frozen=True, slots=True)
+class StepProcess:
+    """One live process on this host: its pid and its start time (clock ticks after boot, field 22
+    of ``/proc/PID/stat``). Together they name one process: a pid reused later starts later."""
+
+    pid: int
+    start: int
+
+
+def process_start(pid: int, proc_root: str = "/proc") -> int | None:
+    """When process ``pid`` started (clock ticks after boot), None when it is gone."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
+            stat = f.read(4096)
+        # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses; the fields follow the last ")"
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner(pid: str, proc_root: str) -> int | None:
+    """The process's uid when its real, effective, saved and filesystem uids are one, else None."""
+    try:
+        with open(os.path.join(proc_root, pid, "status"), "rb") as f:
+            for line in f.read(65536).splitlines():
+                if line.startswith(b"Uid:"):
+                    uids = set(line.split()[1:])
+                    return int(uids.pop()) if len(uids) == 1 else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def step_processes(name: str, *, uid: int, proc_root: str = "/proc") -> list[StepProcess]:
+    """The live ``srun --job-name=NAME`` processes on this host that run as ``uid`` alone, oldest
+    first. Anyone can name a process srun and give it any argument: another user's never counts."""
     marker = f"--job-name={name}".encode()
     try:
         entries = os.listdir(proc_root)
     except OSError:
-        return None
+        return []
+    found = []
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -211,6 +258,28 @@ def find_step_process(name: str, proc_root: str = "/proc") -> int | None:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if args and os.path.basename(args[0]) == b"srun" and marker in args:
-            return int(entry)
-    return None
+        if not args or os.path.basename(args[0]) != b"srun" or marker not in args or _owner(entry, proc_root) != uid:
+            continue
+        start = process_start(int(entry), proc_root)
+        if start is not None:
+            found.append(StepProcess(int(entry), start))
+    return sorted(found, key=lambda p: (p.start, p.pid))
+
+
+def find_step_process(name: str, *, uid: int, journaled: StepProcess | None, slurm_steps: Callable[[], Collection[str]],
+                      proc_root: str = "/proc") -> StepProcess | None:
+    """The srun of step ``name`` that a restarted supervisor may adopt, or None: a live
+    ``srun --job-name=NAME`` of ``uid``'s that is the one journaled (its pid and start time; a start
+    of 0: a journal that did not record it), else, when none was journaled, one whose name Slurm
+    lists among the job's steps (``slurm_steps``, asked only when such a process exists)."""
+    found = step_processes(name, uid=uid, proc_root=proc_root)
+    if not found:
+        return None
+    if journaled is not None:
+        return next((p for p in found if p.pid == journaled.pid and journaled.start in (0, p.start)), None)
+    return found[0] if name in slurm_steps() else None
+
+
+def is_running(proc: StepProcess, proc_root: str = "/proc") -> bool:
+    """``proc`` is still that process (not gone, not its pid reused)."""
+    return process_start(proc.pid, proc_root) == proc.start

@@ -3,7 +3,7 @@
 ``<ckpt>/supervisor/<slurm job id>.jsonl``: one JSON object per line, appended and fsynced before
 the supervisor acts on it. Replaying it gives where the job stands, so a supervisor killed anywhere
 and started again carries on: a ``launch`` (the intent, with its layout) is written before its srun
-starts; ``launched`` after (the srun's pid); ``ended`` when the srun returned; ``confirmed`` with the
+starts; ``launched`` after (the srun's pid and start time); ``ended`` when the srun returned; ``confirmed`` with the
 confirmation's cause; the next ``launch`` carries what changed (removed, added, units). ``fallback``
 and ``done`` end the journal. A torn last line (a crash mid-write) is ignored.
 
@@ -67,6 +67,8 @@ class Launch:
     added: tuple[str, ...] = ()
     cause: str = ""
     pid: int | None = None
+    pid_start: int = 0
+    """The srun's start time (clock ticks after boot; 0: not journaled): with ``pid``, that process."""
     ended: int | None = None
     """The srun's exit code (None: running, or unknown)."""
     confirmed: dict[str, Any] | None = None
@@ -104,6 +106,7 @@ class SupervisorState:
                 return
             if kind == "launched":
                 launch.pid = int(rec["pid"])
+                launch.pid_start = int(rec.get("pid_start") or 0)
             elif kind == "ended":
                 launch.ended = int(rec["rc"])
             elif kind == "confirmed":

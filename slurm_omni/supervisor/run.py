@@ -69,8 +69,12 @@ from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.steps import (
     StepComponent,
     StepLog,
+    StepProcess,
     find_step_process,
+    is_running,
+    job_step_names,
     kill_step,
+    process_start,
     start_step,
     step_argv,
     step_name,
@@ -236,28 +240,35 @@ class Supervisor:
         if cur.ended is not None:
             return cur.ended
         name = self._step_name(cur)
-        pid = find_step_process(name)
-        if pid is None and cur.pid is None:
+        adopted = self._own_step(name, StepProcess(cur.pid, cur.pid_start) if cur.pid is not None else None)
+        if adopted is None and cur.pid is None:
             self._crash("relaunch:after_intent", cur)
             self._proc, self._step_log = self._start(cur, name)
-            self.journal.append("launched", launch=cur.number, pid=self._proc.pid)
+            self.journal.append("launched", launch=cur.number, pid=self._proc.pid,
+                                pid_start=process_start(self._proc.pid) or 0)
             self._crash("relaunch:after_start", cur)
-        elif pid is not None:
-            log.warning("supervisor: launch %d (%s) is running as pid %d: adopted", cur.number, name, pid)
+        elif adopted is not None:
+            log.warning("supervisor: launch %d (%s) is running as pid %d: adopted", cur.number, name, adopted.pid)
             self._proc = None
             self._step_log = StepLog.follow(self._log_path(name, srun=True))
         else:   # journaled as launched, its srun gone while no supervisor watched it
             log.warning("supervisor: launch %d ended while no supervisor watched it", cur.number)
         self.phase = "running"
         self._write_status()
-        return self._watch(cur, pid)
+        return self._watch(cur, adopted)
+
+    def _own_step(self, name: str, journaled: StepProcess | None) -> StepProcess | None:
+        """The srun of step ``name`` this supervisor may adopt: our own uid's, and the journaled
+        process or a step Slurm lists in this job (``slurm.steps.find_step_process``)."""
+        return find_step_process(name, uid=os.getuid(), journaled=journaled,
+                                 slurm_steps=lambda: job_step_names(self.runner, self.opts.job_id))
 
     def _start_standbys(self) -> None:
         """One ``omni standby serve`` step per node (its own srun, so that a lost node ends only its
         own); a restarted supervisor starts only those it does not find running."""
         for node in self.opts.allocation:
             name = f"omni-{self.opts.job_id}-standby-{node}"
-            if find_step_process(name) is not None:
+            if self._own_step(name, None) is not None:
                 continue
             argv = ["srun", f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                     sys.executable, "-m", "slurm_omni.cli.main", "standby", "serve"]   # no PATH needed
@@ -292,7 +303,7 @@ class Supervisor:
         return start_step(self.runner, argv, env, log_path=self._log_path(name, srun=True),
                           output_path=self._log_path(name))
 
-    def _watch(self, cur: Launch, adopted_pid: int | None) -> int | None:
+    def _watch(self, cur: Launch, adopted: StepProcess | None) -> int | None:
         """Until the step ends: its exit code (None when adopted). What srun reports on stderr (a
         node failure, a task's bad exit, the step terminating) goes to the confirmation rule at once;
         once it confirms, the step is killed outright (nothing of it can still save: a peer is gone)."""
@@ -303,7 +314,7 @@ class Supervisor:
         self._stopping = False
         while True:
             now = self.clock()
-            rc = self._poll(adopted_pid)
+            rc = self._poll(adopted)
             if rc is not False:
                 return rc if isinstance(rc, int) else None
             for event in self._step_log.drain() if self._step_log is not None else ():
@@ -338,12 +349,12 @@ class Supervisor:
                 continue   # straight to the grace check: with no grace, relaunch on this tick
             time.sleep(self.opts.tick_s)
 
-    def _poll(self, adopted_pid: int | None) -> int | None | bool:
+    def _poll(self, adopted: StepProcess | None) -> int | None | bool:
         """False while running; the exit code, or None for an adopted step that is gone."""
         if self._proc is not None:
             rc = self._proc.poll()
             return False if rc is None else (128 - rc if rc < 0 else rc)
-        if adopted_pid is not None and _alive(adopted_pid):
+        if adopted is not None and is_running(adopted):
             return False
         return None
 
@@ -576,12 +587,3 @@ class Supervisor:
 def _reap_all(procs: list[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
     return [p for p in procs if p.poll() is None]
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,6 +1,8 @@
-"""bob against alice's step supervisor (issue 18), on the embedded cluster: alice's in-allocation job
-runs as alice, bob acts as bob. A line a rank prints that reads like srun's own (``srun: error: Node
-failure on ...``) is no report of srun's: the job's step runs and ends with one launch.
+"""bob against alice's step supervisor (issue 18, finding 5 and the srun line), on the
+embedded cluster: alice's in-allocation job runs as alice, bob acts as bob. A fake ``srun`` of bob's
+named like alice's launch is not adopted; a line a rank prints
+that reads like srun's own (``srun: error: Node failure on ...``) is no report of srun's. In each, the
+job's step runs and ends with one launch.
 
 The ranks are a small Python program (no torch): what is under test is the supervisor and Slurm."""
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -171,6 +174,41 @@ def _submit_held(slurm_cluster, alice: User, folder: Path, area: Path, sample: P
                     CommandRunner(slurm_cluster.env))
 
 
+def _as(user: User, argv: list[str]) -> subprocess.Popen[bytes]:
+    """``argv`` in the background as ``user``."""
+    return subprocess.Popen(["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", *argv],
+                            env={"PATH": os.environ["PATH"], "HOME": str(user.home)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_bobs_fake_srun_named_like_alices_launch_is_not_adopted(
+        slurm_cluster, alice: User, bob: User, alice_home_dir: Path, site_area: Path) -> None:
+    job = _submit_held(slurm_cluster, alice, alice_home_dir, site_area)
+    # bob knows the job id (squeue shows it) and so the launch's step name: a process named srun of his
+    fake = _as(bob, ["bash", "-c", f'exec -a srun {PYTHON} -c "import time; time.sleep(600)" '
+                                   + f"--job-name=omni-{job.job_id}-launch-0"])
+    try:
+        wait_until(lambda: any(f"omni-{job.job_id}-launch-0".encode() in _cmdline(pid) for pid in _pids(bob)), 30,
+                   "bob's fake srun to run")
+        job.release()
+        first = job.first_launch("alice's launch 0 to run its 2 ranks (not bob's process 'adopted')")
+        assert sorted(rank for rank, _, _ in first) == [0, 1]
+        job.finish()
+    finally:
+        (job.work / "done").touch()
+        job.runner.run(["scancel", str(job.job_id)], check=False)
+        _stop(fake)
+    assert "adopted" not in job.batch_log()
+    state = job.journal().state
+    assert [la.number for la in state.launches] == [0] and state.outcome == "done"
+    assert state.launches[0].pid != fake.pid
+
+
 def test_a_line_a_rank_prints_is_no_report_of_sruns(
         slurm_cluster, alice: User, bob: User, alice_home_dir: Path, site_area: Path) -> None:
     nodes = slurm_cluster.nodes
@@ -204,3 +242,23 @@ def test_a_line_a_rank_prints_is_no_report_of_sruns(
     # the ranks' output is kept, in the launch's own log
     launch_log = job.journal().path.parent / f"omni-{job.job_id}-launch-0.log"
     assert "srun: error: Node failure on" in launch_log.read_text(errors="replace")
+
+
+def _pids(user: User) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == user.uid:
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_omni.slurm.steps import TASK_SHIM, StepComponent, find_step_process, parse_srun_line, step_argv
+from slurm_omni.slurm.steps import (
+    TASK_SHIM,
+    StepComponent,
+    StepProcess,
+    find_step_process,
+    is_running,
+    parse_srun_line,
+    process_start,
+    step_argv,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
 
@@ -49,12 +58,32 @@ def test_srun_lines(line: str, kind: str | None, detail: str) -> None:
         assert event.detail == detail
 
 
-def test_find_step_process_reads_srun_command_lines(tmp_path: Path) -> None:
-    for pid, args in ((10, [b"/usr/bin/srun", b"--job-name=omni-7-launch-1", b"x"]),
-                      (11, [b"bash", b"--job-name=omni-7-launch-2"]), (12, [b"srun", b"--job-name=omni-7-launch-2"])):
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(args) + b"\0")
+def _proc(root: Path, pid: int, args: list[bytes], *, uid: int = 1001, start: int = 500, comm: str = "srun") -> None:
+    (root / str(pid)).mkdir()
+    (root / str(pid) / "cmdline").write_bytes(b"\0".join(args) + b"\0")
+    (root / str(pid) / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (root / str(pid) / "stat").write_text(f"{pid} ({comm} (x) y) S 1 " + " ".join(["0"] * 17) + f" {start} 0 0\n")
+
+
+def test_a_step_is_adopted_only_as_our_own_uids_journaled_srun_or_a_step_slurm_lists(tmp_path: Path) -> None:
+    _proc(tmp_path, 10, [b"/usr/bin/srun", b"--job-name=omni-7-launch-1", b"x"], start=700)
+    _proc(tmp_path, 11, [b"bash", b"--job-name=omni-7-launch-2"])
+    _proc(tmp_path, 12, [b"srun", b"--job-name=omni-7-launch-2"], uid=1002)          # another user's
+    _proc(tmp_path, 13, [b"srun", b"--job-name=omni-7-launch-2"], start=900)
     (tmp_path / "self").mkdir()
-    assert find_step_process("omni-7-launch-1", str(tmp_path)) == 10
-    assert find_step_process("omni-7-launch-2", str(tmp_path)) == 12
-    assert find_step_process("omni-7-launch-3", str(tmp_path)) is None
+    assert process_start(10, str(tmp_path)) == 700
+
+    def find(name: str, journaled: StepProcess | None, listed: tuple[str, ...] = ()) -> StepProcess | None:
+        return find_step_process(name, uid=1001, journaled=journaled, slurm_steps=lambda: listed,
+                                 proc_root=str(tmp_path))
+
+    assert find("omni-7-launch-1", StepProcess(10, 700)) == StepProcess(10, 700)
+    assert find("omni-7-launch-1", StepProcess(10, 0)) == StepProcess(10, 700)      # a journal without it
+    assert find("omni-7-launch-1", StepProcess(10, 650)) is None                    # the pid reused
+    assert find("omni-7-launch-1", None) is None                                    # nothing says it is ours
+    assert find("omni-7-launch-1", None, ("omni-7-launch-1",)) == StepProcess(10, 700)
+    assert find("omni-7-launch-2", StepProcess(12, 500), ("omni-7-launch-2",)) is None   # bob's
+    assert find("omni-7-launch-2", None, ("omni-7-launch-2",)) == StepProcess(13, 900)
+    assert find("omni-7-launch-3", None, ("omni-7-launch-3",)) is None
+    assert is_running(StepProcess(10, 700), str(tmp_path)) and not is_running(StepProcess(10, 650), str(tmp_path))
+    assert not is_running(StepProcess(99, 700), str(tmp_path))
