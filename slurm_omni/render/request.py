@@ -444,6 +444,7 @@ class ArrayJobRequest:
             "spank": self.site.use_spank_plugin,
             "exit": exit_code_table(),
             "command": self.command or (*omni_argv(self.site), "train"),
+            "omni": omni_argv(self.site),
         }
 
     def materialize(self) -> str:

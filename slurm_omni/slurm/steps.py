@@ -195,6 +195,15 @@ def kill_step(runner: CommandRunner, job_id: str, name: str, step_id: str = "") 
             for step in steps]
 
 
+def pick_port_on(runner: CommandRunner, node: str, candidates: Sequence[int], *, name: str, python: str) -> str:
+    """The rendezvous port check (``supervisor/ports.py``) run on ``node`` as a one-task step of the
+    allocation (``--overlap``: beside a step still dying); what it printed, empty when it failed."""
+    argv = ["srun", f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            python, "-m", "slurm_omni.supervisor.ports", *map(str, candidates)]
+    out = runner.run(argv, check=False, timeout_s=60)
+    return out.stdout if out.returncode == 0 else ""
+
+
 def job_step_names(runner: CommandRunner, job_id: str) -> dict[str, str]:
     """Slurm's own list of the job's steps: step name -> step id (``squeue --steps``). Only the job's
     owner (or root) can start a step in it. Empty when Slurm does not answer."""

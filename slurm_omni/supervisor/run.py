@@ -74,6 +74,7 @@ from slurm_omni.slurm.steps import (
     is_running,
     job_step_names,
     kill_step,
+    pick_port_on,
     process_start,
     start_step,
     step_argv,
@@ -218,8 +219,7 @@ class Supervisor:
         # the rendezvous port: one that nothing on the master's host listens on (rank 0 fails at once
         # on a taken one); journaled with the intent, so a restarted supervisor uses the same
         master = layout.components[0][0]
-        port, taken = ports.pick(rendezvous_ports(self.opts.job_id, number, avoid=self._ephemeral),
-                                 master=self.slurm.address(master))
+        port, taken = self._rendezvous_port(number, master)
         if taken:
             log.warning("supervisor: launch %d: port(s) %s in use on %s; MASTER_PORT %d", number,
                         ",".join(map(str, taken)), master, port)
@@ -232,6 +232,21 @@ class Supervisor:
         self.phase = "launching"
         self._write_status()
         return cur
+
+    def _rendezvous_port(self, number: int, master: str) -> tuple[int, list[int]]:
+        """The launch's first free candidate on the master's host, else a port the OS picks there
+        (``supervisor/ports.py``): checked here when the master is this host, else by a one-task
+        step on the master; unchecked (the first candidate) when that step fails."""
+        candidates = rendezvous_ports(self.opts.job_id, number, avoid=self._ephemeral)
+        if ports.is_local(self.slurm.address(master)):
+            return ports.pick(candidates)
+        name = f"omni-{self.opts.job_id}-port-{number + REQUEUE_LIFE_STRIDE * self.opts.restart_count}"
+        picked = ports.parse_pick(pick_port_on(self.runner, master, candidates, name=name, python=sys.executable))
+        if picked is None:
+            log.warning("supervisor: launch %d: couldn't check the rendezvous ports on %s: MASTER_PORT %d "
+                        "unchecked", number, master, candidates[0])
+            return candidates[0], []
+        return picked
 
     def _run_launch(self, cur: Launch) -> int | None:
         """Start the launch (or find it running), watch it to its end; its srun's exit code, None when

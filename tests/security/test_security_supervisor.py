@@ -1,6 +1,6 @@
-"""bob against alice's step supervisor (issue 18, finding 5 and the srun line), on the
+"""bob against alice's step supervisor (issue 18, findings 5 and 6 and the srun line), on the
 embedded cluster: alice's in-allocation job runs as alice, bob acts as bob. A fake ``srun`` of bob's
-named like alice's launch is not adopted; a line a rank prints
+named like alice's launch is not adopted; rendezvous ports bob holds are not used; a line a rank prints
 that reads like srun's own (``srun: error: Node failure on ...``) is no report of srun's. In each, the
 job's step runs and ends with one launch.
 
@@ -24,8 +24,10 @@ from support import wait_until
 from slurm_omni.cli.submit import parse_sbatch_id
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
+from slurm_omni.policy.supervision import rendezvous_ports
 from slurm_omni.render import HetJobRequest
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.supervisor import ports
 from slurm_omni.supervisor.journal import SupervisorJournal, journal_path, read_status, status_path
 
 pytestmark = [pytest.mark.multiuser, pytest.mark.cluster]
@@ -209,6 +211,41 @@ def test_bobs_fake_srun_named_like_alices_launch_is_not_adopted(
     assert state.launches[0].pid != fake.pid
 
 
+def test_rendezvous_ports_bob_holds_are_not_alices_master_port(
+        slurm_cluster, alice: User, bob: User, alice_home_dir: Path, site_area: Path) -> None:
+    job = _submit_held(slurm_cluster, alice, alice_home_dir, site_area)
+    # the candidates follow from the public job id: bob holds those of alice's first four launches
+    held = sorted({p for launch in range(4)
+                   for p in rendezvous_ports(str(job.job_id), launch, avoid=ports.ephemeral_range())})
+    holder = _as(bob, [PYTHON, "-c", HOLD_PORTS, *map(str, held)])
+    try:
+        wait_until(lambda: all(ports.in_use(p) for p in held), 30, "bob to hold alice's rendezvous ports")
+        job.release()
+        first = job.first_launch("alice's launch 0 to run its 2 ranks on a port bob does not hold")
+        job.finish()
+    finally:
+        (job.work / "done").touch()
+        job.runner.run(["scancel", str(job.job_id)], check=False)
+        _stop(holder)
+    (port,) = {p for _, p, _ in first}
+    assert port not in held
+    state = job.journal().state
+    assert [la.number for la in state.launches] == [0] and state.outcome == "done"
+    assert state.launches[0].port == port
+
+
+HOLD_PORTS = """\
+import socket, sys, time
+held = []
+for port in sys.argv[1:]:
+    s = socket.socket()
+    s.bind(("0.0.0.0", int(port)))
+    s.listen()
+    held.append(s)
+time.sleep(600)
+"""
+
+
 def test_a_line_a_rank_prints_is_no_report_of_sruns(
         slurm_cluster, alice: User, bob: User, alice_home_dir: Path, site_area: Path) -> None:
     nodes = slurm_cluster.nodes
@@ -262,3 +299,4 @@ def _cmdline(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+

@@ -25,8 +25,10 @@ from slurm_omni.config.site import SiteConfig
 from slurm_omni.elastic import codes as exitcodes
 from slurm_omni.errors import ConfigError
 from slurm_omni.ownership import current_user
+from slurm_omni.policy.supervision import rendezvous_ports
 from slurm_omni.render import ArrayJobRequest, DrillRequest, HetJobRequest
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.supervisor import ports
 
 HOSTILE = "dir with space/quote'\"/$(touch PWNED)/`touch PWNED2`/semi;colon|pipe/new\nline/*?[a]/%x/tab\t/"
 # The SPANK plugin refuses control characters in --omni-ckpt (srun would fail the step).
@@ -191,15 +193,21 @@ def test_hostile_names_come_back_unchanged(submitted: Submitted) -> None:
     assert [p.name for p in records] == ["hostile-0-0.json", "hostile-0-1.json"]
     job_file = submitted.root / HOSTILE / "job.toml"
     ckpt_dir = submitted.root / HOSTILE_PRINTABLE / "ckpt" / current_user() / "hostile"
+    ports_seen: set[int] = set()
     for path, stage in zip(records, ("vision", "text"), strict=True):
         argv, env = _recorded(path)
         assert env["OMNI_STAGE_NAME"] == stage                      # --het-group=0,1 --omni-stage=vision:1,text:1
         assert argv == ["omni", "train", "--config", str(job_file)]
         assert env["OMNI_JOB_FILE"] == str(job_file)
         assert env["OMNI_CKPT_DIR"] == str(ckpt_dir)                # from --omni-ckpt, through the plugin
-        # the rendezvous: NodeAddr of group 0's first node, a port from the job id
-        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", str(20000 + leader % 20000))
+        # the rendezvous: NodeAddr of group 0's first node; the job's first free guess, else the OS's pick
+        ephemeral = ports.ephemeral_range() or (32768, 60999)
+        port = int(env["MASTER_PORT"])
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert port in rendezvous_ports(str(leader), 0, avoid=ephemeral) or ephemeral[0] <= port <= ephemeral[1]
+        ports_seen.add(port)
         assert (env["OMNI_DP_SIZE"], env["OMNI_STAGES"], env["WORLD_SIZE"]) == ("1", "vision,text", "2")
+    assert len(ports_seen) == 1                                     # one rendezvous for both ranks
     assert ckpt_dir.is_dir()
     assert not list(submitted.root.rglob("PWNED*"))
 
