@@ -14,8 +14,8 @@ if [ "$version" = 22.05 ]; then
   select=()
 else
   state=${OMNI_CLUSTER_DIR:-.omni/cluster-$version}
-  # ports and first job ids apart from the default cluster's (16817/16900, job ids from 1): job
-  # scripts take MASTER_PORT = 20000 + job id (tests/conftest.py LANE_PORTS, LANE_FIRST_JOB_ID)
+  # ports and first job ids apart from the default cluster's (16817/16900, job ids from 1): a
+  # job's first MASTER_PORT guesses follow from its id (tests/conftest.py LANE_PORTS, LANE_FIRST_JOB_ID)
   case $version in 24.11) ports=(17017 17100 5001) ;; 26.05) ports=(17217 17300 10001) ;;
     *) echo "test.sh: OMNI_SLURM_VERSION=$version (allowed: 22.05, 24.11, 26.05)" >&2; exit 2 ;; esac
   up=(omni cluster up --slurm "$version" --state-dir "$state")

@@ -17,8 +17,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 LANE_PORTS = {"24.11": (17017, 17100), "26.05": (17217, 17300)}
 """Default ports of the version lanes' clusters (22.05 keeps ClusterSpec's 16817/16900)."""
 LANE_FIRST_JOB_ID = {"24.11": 5001, "26.05": 10001}
-"""And their first job ids (22.05 starts at 1): job scripts take MASTER_PORT = 20000 + job id, so
-a lane's cluster beside the default one must not hand out the same ids."""
+"""And their first job ids (22.05 starts at 1): a job's first MASTER_PORT guesses follow from its
+id (a taken one is skipped), so a lane's cluster beside the default one hands out other ids."""
 
 
 @dataclass(frozen=True)
