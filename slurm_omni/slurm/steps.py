@@ -250,9 +250,8 @@ def _owner(pid: str, proc_root: str) -> int | None:
     return None
 
 
-def step_processes(name: str, *, uid: int, proc_root: str = "/proc") -> list[StepProcess]:
-    """The live ``srun --job-name=NAME`` processes on this host that run as ``uid`` alone, oldest
-    first. Anyone can name a process srun and give it any argument: another user's never counts."""
+def _named_sruns(name: str, proc_root: str) -> list[tuple[int, int | None]]:
+    """Every live process on this host named ``srun`` with ``--job-name=NAME``: (pid, its uid)."""
     marker = f"--job-name={name}".encode()
     try:
         entries = os.listdir(proc_root)
@@ -267,12 +266,25 @@ def step_processes(name: str, *, uid: int, proc_root: str = "/proc") -> list[Ste
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if not args or os.path.basename(args[0]) != b"srun" or marker not in args or _owner(entry, proc_root) != uid:
-            continue
-        start = process_start(int(entry), proc_root)
+        if args and os.path.basename(args[0]) == b"srun" and marker in args:
+            found.append((int(entry), _owner(entry, proc_root)))
+    return found
+
+
+def step_processes(name: str, *, uid: int, proc_root: str = "/proc") -> list[StepProcess]:
+    """The live ``srun --job-name=NAME`` processes on this host that run as ``uid`` alone, oldest
+    first. Anyone can name a process srun and give it any argument: another user's never counts."""
+    found = []
+    for pid, owner in _named_sruns(name, proc_root):
+        start = process_start(pid, proc_root) if owner == uid else None
         if start is not None:
-            found.append(StepProcess(int(entry), start))
+            found.append(StepProcess(pid, start))
     return sorted(found, key=lambda p: (p.start, p.pid))
+
+
+def foreign_step_processes(name: str, *, uid: int, proc_root: str = "/proc") -> list[tuple[int, int | None]]:
+    """(pid, uid) of the processes named like step ``name`` that do not run as ``uid`` alone."""
+    return [(pid, owner) for pid, owner in _named_sruns(name, proc_root) if owner != uid]
 
 
 def find_step_process(name: str, *, uid: int, journaled: StepProcess | None, slurm_steps: Callable[[], Collection[str]],

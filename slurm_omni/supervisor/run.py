@@ -71,6 +71,7 @@ from slurm_omni.slurm.steps import (
     StepLog,
     StepProcess,
     find_step_process,
+    foreign_step_processes,
     is_running,
     job_step_names,
     kill_step,
@@ -274,7 +275,11 @@ class Supervisor:
 
     def _own_step(self, name: str, journaled: StepProcess | None) -> StepProcess | None:
         """The srun of step ``name`` this supervisor may adopt: our own uid's, and the journaled
-        process or a step Slurm lists in this job (``slurm.steps.find_step_process``)."""
+        process or a step Slurm lists in this job (``slurm.steps.find_step_process``); another
+        user's process of that name is named in one line and left alone."""
+        for pid, owner in foreign_step_processes(name, uid=os.getuid()):
+            log.warning("supervisor: pid %d, named like step %s, runs as uid %s, not this job's (%d): not adopted",
+                        pid, name, "?" if owner is None else owner, os.getuid())
         return find_step_process(name, uid=os.getuid(), journaled=journaled,
                                  slurm_steps=lambda: job_step_names(self.runner, self.opts.job_id))
 

@@ -205,7 +205,9 @@ def test_bobs_fake_srun_named_like_alices_launch_is_not_adopted(
         (job.work / "done").touch()
         job.runner.run(["scancel", str(job.job_id)], check=False)
         _stop(fake)
-    assert "adopted" not in job.batch_log()
+    log = job.batch_log()
+    assert f"supervisor: pid {fake.pid}, named like step omni-{job.job_id}-launch-0, runs as uid {bob.uid}" in log
+    assert "adopted" not in log.replace("not adopted", "")
     state = job.journal().state
     assert [la.number for la in state.launches] == [0] and state.outcome == "done"
     assert state.launches[0].pid != fake.pid

@@ -11,6 +11,7 @@ from slurm_omni.slurm.steps import (
     StepComponent,
     StepProcess,
     find_step_process,
+    foreign_step_processes,
     is_running,
     parse_srun_line,
     process_start,
@@ -85,5 +86,6 @@ def test_a_step_is_adopted_only_as_our_own_uids_journaled_srun_or_a_step_slurm_l
     assert find("omni-7-launch-2", StepProcess(12, 500), ("omni-7-launch-2",)) is None   # bob's
     assert find("omni-7-launch-2", None, ("omni-7-launch-2",)) == StepProcess(13, 900)
     assert find("omni-7-launch-3", None, ("omni-7-launch-3",)) is None
+    assert foreign_step_processes("omni-7-launch-2", uid=1001, proc_root=str(tmp_path)) == [(12, 1002)]
     assert is_running(StepProcess(10, 700), str(tmp_path)) and not is_running(StepProcess(10, 650), str(tmp_path))
     assert not is_running(StepProcess(99, 700), str(tmp_path))
