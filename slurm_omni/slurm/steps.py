@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
 
@@ -200,15 +201,21 @@ def pick_port_on(runner: CommandRunner, node: str, candidates: Sequence[int], *,
     allocation (``--overlap``: beside a step still dying); what it printed, empty when it failed."""
     argv = ["srun", f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
             python, "-m", "slurm_omni.supervisor.ports", *map(str, candidates)]
-    out = runner.run(argv, check=False, timeout_s=60)
+    try:
+        out = runner.run(argv, check=False, timeout_s=60)
+    except SlurmError:   # no answer within the timeout, srun missing
+        return ""
     return out.stdout if out.returncode == 0 else ""
 
 
 def job_step_names(runner: CommandRunner, job_id: str) -> dict[str, str]:
     """Slurm's own list of the job's steps: step name -> step id (``squeue --steps``). Only the job's
     owner (or root) can start a step in it. Empty when Slurm does not answer."""
-    out = runner.run(["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i %j"], check=False,
-                     timeout_s=10)
+    try:
+        out = runner.run(["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i %j"], check=False,
+                         timeout_s=10)
+    except SlurmError:
+        return {}
     steps: dict[str, str] = {}
     for line in out.stdout.splitlines() if out.returncode == 0 else ():
         fields = line.split()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
+from slurm_omni.cli.submit import parse_sbatch_id
+from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.steps import (
     TASK_SHIM,
     StepComponent,
@@ -13,6 +17,7 @@ from slurm_omni.slurm.steps import (
     find_step_process,
     foreign_step_processes,
     is_running,
+    job_step_names,
     parse_srun_line,
     process_start,
     step_argv,
@@ -89,3 +94,26 @@ def test_a_step_is_adopted_only_as_our_own_uids_journaled_srun_or_a_step_slurm_l
     assert foreign_step_processes("omni-7-launch-2", uid=1001, proc_root=str(tmp_path)) == [(12, 1002)]
     assert is_running(StepProcess(10, 700), str(tmp_path)) and not is_running(StepProcess(10, 650), str(tmp_path))
     assert not is_running(StepProcess(99, 700), str(tmp_path))
+
+
+@pytest.mark.cluster
+def test_an_unjournaled_srun_is_adopted_when_slurm_lists_its_step(slurm_cluster, tmp_path: Path) -> None:
+    """The window between srun's start and its journal line: the process is ours and Slurm lists a step
+    of its name in the job; a name Slurm does not list is not adopted."""
+    runner = CommandRunner(slurm_cluster.env)
+    name = f"omni-test{os.getpid()}-launch-0"
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable", "--nodes=1", f"--output={tmp_path}/out",
+                                         f"--wrap=srun --job-name={name} sleep 60"]).stdout)
+    try:
+        steps = wait_until(lambda: job_step_names(runner, str(job_id)).get(name), 60, "the named step to run")
+        assert steps.startswith(f"{job_id}.")
+        def listed() -> set[str]:
+            return set(job_step_names(runner, str(job_id)))
+        found = wait_until(lambda: find_step_process(name, uid=os.getuid(), journaled=None, slurm_steps=listed),
+                           30, "the srun to show in /proc")
+        assert is_running(found)
+        assert find_step_process(name, uid=os.getuid(), journaled=None, slurm_steps=lambda: ()) is None
+        assert find_step_process(name, uid=os.getuid() + 1, journaled=None, slurm_steps=listed) is None
+    finally:
+        runner.run(["scancel", str(job_id)], check=False)
+    assert job_step_names(runner, "999999999") == {}
