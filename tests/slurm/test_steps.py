@@ -1,4 +1,5 @@
-"""The in-allocation step's srun argv and srun's stderr, parsed (recorded on Slurm 22.05)."""
+"""The in-allocation step's srun argv and srun's stderr, parsed (recorded on Slurm 22.05); which srun a restarted
+supervisor adopts (our own uid's: the journaled one, or one whose step Slurm lists)."""
 
 from __future__ import annotations
 
