@@ -10,6 +10,7 @@ incarnation's tag so that a restarted manager finds a submission it made but did
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -92,9 +93,20 @@ class Actions:
 
     def render(self, reg: RegistryRecord, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> Path:
         """The next incarnation's script; its ranks number their first life ``incarnation``."""
+        return self._render(self._request(reg, shape, plan, units, incarnation), tag)
+
+    def _request(self, reg: RegistryRecord, shape: Shape, plan: Plan, units: int, incarnation: int) -> HetJobRequest:
+        """The next incarnation's request: a heterogeneous job pinned to ``plan``'s nodes asks for the
+        leaf switches they span; an in-allocation job asks for its allocation as the job file does."""
         job = shape.resized(self.job_file(reg), units)
-        script = HetJobRequest(job=job, site=self.site, job_file=reg.job_file, job_sha256=reg.job_sha256,
-                               incarnation_base=incarnation).materialize()
+        request = HetJobRequest(job=job, site=self.site, job_file=reg.job_file, job_sha256=reg.job_sha256,
+                                incarnation_base=incarnation)
+        if request.in_allocation()[0] is not None:
+            return request
+        return dataclasses.replace(request, job=shape.pinned(job, plan))
+
+    def _render(self, request: HetJobRequest, tag: str) -> Path:
+        script = request.materialize()
         self.scripts.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.scripts / f"{tag}.sbatch"
         write_atomic(path, script)
@@ -102,14 +114,13 @@ class Actions:
 
     def resubmit(self, reg: RegistryRecord, shape: Shape, plan: Plan, units: int, tag: str, incarnation: int) -> int:
         """Submit the next incarnation; returns its Slurm job id (the het leader's)."""
-        script = self.render(reg, shape, plan, units, tag, incarnation)
+        request = self._request(reg, shape, plan, units, incarnation)
+        script = self._render(request, tag)
         if reg.environment is None:
             log.warning("manager: %s has no recorded environment (registered by an older omni submit): "
                         "resubmitting with the manager's", reg.key)
         # sbatch hands the job the environment it runs with: the submitter's, not the manager's
-        job = shape.resized(self.job_file(reg), units)
-        in_allocation = HetJobRequest(job=job, site=self.site, job_file=reg.job_file,
-                                      job_sha256=reg.job_sha256).in_allocation()[0] is not None
+        in_allocation = request.in_allocation()[0] is not None
         args = exclude_args(plan, tag) if in_allocation else placement_args(plan, tag, len(shape.stages))
         return self.backend.submit(str(script), args, env=reg.environment)
 

@@ -17,7 +17,7 @@ from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import SiteConfig, parse_gres
 from slurm_omni.errors import ConfigError
 from slurm_omni.formats.registry import RegisteredStage
-from slurm_omni.policy.placement import ComponentLayout, JobLayout, PlacementConfig
+from slurm_omni.policy.placement import ComponentLayout, JobLayout, PlacementConfig, Plan
 from slurm_omni.slurm.hostlist import expand
 
 
@@ -58,6 +58,18 @@ class Shape:
                   for s, shape in zip(job.stages, self.stages, strict=True)]
         return replace(job, job=replace(job.job, data_parallel_size=self.data_parallel_size_for(units)),
                        stages=stages)
+
+    def pinned(self, job: JobFile, plan: Plan) -> JobFile:
+        """The job file of a submission pinned to ``plan``'s nodes (``--nodelist`` per component):
+        each stage asks ``--switches`` for the leaf switches its nodes span. The job file's count
+        would hold a replacement on another leaf up to ``switch_wait`` for a placement that no longer
+        exists; a stage whose plan names no nodes or no leaf keeps the job file's count."""
+        spans = {c.het_offset: c.leaf_switches for c in plan.components if c.nodes and c.leaf_switches}
+        if len(job.stages) != len(self.stages):
+            raise ConfigError(f"manager: couldn't pin {job.job.name}: the job file has {len(job.stages)} "
+                              f"stages, the registration {len(self.stages)}")
+        return replace(job, stages=[replace(s, switches=spans.get(shape.het_group, s.switches))
+                                    for s, shape in zip(job.stages, self.stages, strict=True)])
 
     def placement_config(self, site: SiteConfig, job: JobFile | None) -> PlacementConfig:
         """The site's elasticity table in units; a unit count must cut the global batch evenly."""

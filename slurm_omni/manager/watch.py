@@ -247,7 +247,8 @@ def plan_from_json(obj: dict[str, Any]) -> Plan:
     """A plan as ``journal.to_json`` stored it."""
     until = (obj.get("quarantine") or {}).get("until") or {}
     return Plan(Action(obj["action"]), int(obj["data_parallel_size"]),
-                tuple(ComponentPlan(int(c["het_offset"]), tuple(c["nodes"]), tuple(c["added"]), tuple(c["removed"]))
+                tuple(ComponentPlan(int(c["het_offset"]), tuple(c["nodes"]), tuple(c["added"]), tuple(c["removed"]),
+                                    int(c.get("leaf_switches") or 0))
                       for c in obj.get("components") or ()),
                 exclude=tuple(obj.get("exclude") or ()), drain=tuple((n, r) for n, r in obj.get("drain") or ()),
                 quarantine=Quarantine({str(k): float(v) for k, v in until.items()}),

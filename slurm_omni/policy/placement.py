@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from slurm_omni.errors import ConfigError
-from slurm_omni.policy.cluster_index import ClusterIndex
+from slurm_omni.policy.cluster_index import NO_SWITCH, ClusterIndex
 from slurm_omni.policy.confirm import Decision
 from slurm_omni.slurm.types import Gres, NodeState
 
@@ -126,6 +126,9 @@ class ComponentPlan:
     nodes: tuple[str, ...]
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    leaf_switches: int = 0
+    """The leaf switches ``nodes`` span in the topology (0: none known): the ``--switches`` count a
+    submission pinned to these nodes needs, or Slurm holds it up to the wait the count came with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,11 @@ class Plan:
 
     def nodelist(self, het_offset: int) -> tuple[str, ...]:
         return next(c.nodes for c in self.components if c.het_offset == het_offset)
+
+
+def leaf_switches(index: ClusterIndex, nodes: Iterable[str]) -> int:
+    """How many leaf switches ``nodes`` span (nodes no switch lists do not count)."""
+    return len({index.leaf_of.get(n, NO_SWITCH) for n in nodes} - {NO_SWITCH})
 
 
 def nodes_to_replace(decision: Decision, index: ClusterIndex, layout: JobLayout) -> tuple[str, ...]:
@@ -243,7 +251,7 @@ def plan_recovery(index: ClusterIndex, layout: JobLayout, failed: Iterable[str],
                 quarantine=new_quarantine)
     if not short:
         return replace(base, action=Action.RESUBMIT,
-                       components=_components(layout, survivors, found, layout.data_parallel_size),
+                       components=_components(index, layout, survivors, found, layout.data_parallel_size),
                        reasons=tuple(reasons or ["no node lost: resubmit on the same nodes"]))
     deadline = fault_at + config.spare_wait_s
     if now < deadline:
@@ -255,18 +263,18 @@ def plan_recovery(index: ClusterIndex, layout: JobLayout, failed: Iterable[str],
         short_why = f"only dp {dp} possible, below the minimum {config.min_data_parallel_size}: waiting for nodes"
         return replace(base, reasons=(*reasons, short_why))
     return replace(base, action=Action.SHRINK, data_parallel_size=dp,
-                   components=_components(layout, survivors, found, dp),
+                   components=_components(index, layout, survivors, found, dp),
                    reasons=(*reasons, f"shrink data parallelism {layout.data_parallel_size} -> {dp}"))
 
 
-def _components(layout: JobLayout, keep: Mapping[int, list[str]], found: Mapping[int, list[str]],
-                dp: int) -> tuple[ComponentPlan, ...]:
+def _components(index: ClusterIndex, layout: JobLayout, keep: Mapping[int, list[str]],
+                found: Mapping[int, list[str]], dp: int) -> tuple[ComponentPlan, ...]:
     out = []
     for c in layout.components:
         nodes = (keep[c.het_offset] + found[c.het_offset])[:dp * c.nodes_per_replica]
         old = set(c.nodes)
         out.append(ComponentPlan(c.het_offset, tuple(nodes), tuple(n for n in nodes if n not in old),
-                                 tuple(n for n in c.nodes if n not in set(nodes))))
+                                 tuple(n for n in c.nodes if n not in set(nodes)), leaf_switches(index, nodes)))
     return tuple(out)
 
 
@@ -289,6 +297,6 @@ def plan_grow(index: ClusterIndex, layout: JobLayout, *, now: float, quarantine:
     if dp <= layout.data_parallel_size:
         return None
     keep = {c.het_offset: list(c.nodes) for c in layout.components}
-    return Plan(Action.GROW, dp, _components(layout, keep, found, dp),
+    return Plan(Action.GROW, dp, _components(index, layout, keep, found, dp),
                 exclude=tuple(sorted(quarantine.active(now))), quarantine=quarantine,
                 reasons=(*reasons, f"grow data parallelism {layout.data_parallel_size} -> {dp}"))

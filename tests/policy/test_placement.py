@@ -16,11 +16,12 @@ from slurm_omni.policy.placement import (
     JobLayout,
     PlacementConfig,
     Quarantine,
+    leaf_switches,
     nodes_to_replace,
     plan_grow,
     plan_recovery,
 )
-from slurm_omni.slurm.types import Gres, Node, NodeState
+from slurm_omni.slurm.types import Gres, Node, NodeState, Topology
 
 GPU4 = (Gres("gpu", "h100", 4),)
 
@@ -51,24 +52,26 @@ def busy(*names: str) -> dict[str, NodeState]:
 JOB = busy("n000", "n001", "n010", "n011")
 
 
-@pytest.mark.parametrize("states,failed,expect_on,via", [
+@pytest.mark.parametrize("states,failed,expect_on,via,leaves", [
     # a spare on the survivor's own leaf switch
-    ({**JOB, "n011": NodeState.DOWN}, ("n011",), {"n012", "n013"}, "leaf switch"),
+    ({**JOB, "n011": NodeState.DOWN}, ("n011",), {"n012", "n013"}, "leaf switch", 1),
     # no spare on leaf01: the sibling leaf under agg0 (the lowest common switch)
-    ({**JOB, **busy("n012", "n013"), "n011": NodeState.DOWN}, ("n011",), {"n002", "n003"}, "agg0"),
+    ({**JOB, **busy("n012", "n013"), "n011": NodeState.DOWN}, ("n011",), {"n002", "n003"}, "agg0", 2),
     # agg0 full: across the core
     ({**JOB, **busy("n012", "n013", "n002", "n003"), "n011": NodeState.DOWN}, ("n011",),
-     {f"n1{a}{b}" for a in range(2) for b in range(4)}, "core"),
+     {f"n1{a}{b}" for a in range(2) for b in range(4)}, "core", 2),
     # the whole text stage lost: where it was
     ({**JOB, "n010": NodeState.DOWN, "n011": NodeState.DOWN}, ("n010", "n011"), {"n012", "n013"},
-     "leaf switch"),
+     "leaf switch", 1),
 ])
 def test_replacement_nearest_the_survivors(states: dict[str, NodeState], failed: tuple[str, ...],
-                                           expect_on: set[str], via: str) -> None:
+                                           expect_on: set[str], via: str, leaves: int) -> None:
     idx = cluster(states)
     plan = plan_recovery(idx, layout(), failed, now=100.0, fault_at=99.0)
     assert plan.action is Action.RESUBMIT and plan.data_parallel_size == 2
     text = plan.components[1]
+    # the --switches the pinned resubmission needs: the leaves its nodes span (vision kept leaf00)
+    assert (plan.components[0].leaf_switches, text.leaf_switches) == (1, leaves)
     assert set(text.added) <= expect_on and len(text.added) == len(failed)
     assert set(text.removed) == set(failed)
     assert plan.nodelist(0) == ("n000", "n001")
@@ -179,6 +182,27 @@ def test_bad_config(kwargs: dict[str, object]) -> None:
 def test_layout_must_match_dp() -> None:
     with pytest.raises(ConfigError):
         JobLayout((ComponentLayout(0, ("a", "b", "c"), 2),), 2)
+
+
+def test_leaf_switches_spanned_by_shrink_and_grow_plans() -> None:
+    # a vision node lost with no spare on its leaf: the shrink keeps one leaf per component
+    idx = cluster({**ALL_BUSY, "n001": NodeState.DOWN})
+    plan = plan_recovery(idx, layout(), ("n001",), now=1.0, fault_at=1.0)
+    assert plan.action is Action.SHRINK and [c.leaf_switches for c in plan.components] == [1, 1]
+    # growing back with the spares on the text stage's leaf: vision spans two leaves
+    shrunk = layout(("n000",), ("n010",), dp=1, target=2)
+    grow = plan_grow(cluster({**ALL_BUSY, "n012": NodeState.IDLE, "n013": NodeState.IDLE}), shrunk, now=5.0)
+    assert grow is not None and grow.nodelist(0) == ("n000", "n012") and grow.nodelist(1) == ("n010", "n013")
+    assert [c.leaf_switches for c in grow.components] == [2, 1]
+
+
+def test_leaf_switches_without_a_topology_is_zero() -> None:
+    _, nodes = make_tree(1, 2, 2)
+    flat = ClusterIndex.build(Topology(), [dataclasses.replace(n, switch_path=()) for n in nodes])
+    assert leaf_switches(flat, ("n000", "n010")) == 0
+    tree = cluster()
+    assert leaf_switches(tree, ()) == 0 and leaf_switches(tree, ("n000", "n001", "n010", "n100")) == 3
+    assert leaf_switches(tree, ("n000", "unknown")) == 1
 
 
 def test_nodes_outside_the_tree_come_last() -> None:
