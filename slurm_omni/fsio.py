@@ -43,15 +43,19 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o600, durable: bool = True,
-                 owner: str = "") -> Path:
+                 owner: str = "", dir_fd: int | None = None) -> Path:
     """Replace ``path`` with ``data`` at once. ``durable`` fsyncs the file and its directory before
     returning; ``mode`` is set exactly (not through the umask). ``owner`` (an incarnation, a host)
-    goes into the temporary name, for whoever finds a partial file after a crash."""
+    goes into the temporary name, for whoever finds a partial file after a crash. ``dir_fd``: an open
+    directory that ``path.name`` is written in, wherever that directory is now (a folder renamed since
+    it was opened gets the file, never a folder that took its old name)."""
     raw = data.encode() if isinstance(data, str) else data
     tag = f".{_name_piece(owner)}" if owner else ""
     # pids repeat across nodes sharing a folder and threads share a pid: a random part as well
     tmp = path.with_name(f".{path.name}{tag}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}{PARTIAL}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777)
+    src, dst = (tmp.name, path.name) if dir_fd is not None else (str(tmp), str(path))
+    fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777,
+                 dir_fd=dir_fd)
     try:
         try:
             os.fchmod(fd, mode & 0o777)
@@ -62,12 +66,18 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o600, durable: b
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            os.unlink(src, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
         raise
     if durable:
-        fsync_dir(path.parent)
+        if dir_fd is not None:
+            os.fsync(dir_fd)
+        else:
+            fsync_dir(path.parent)
     return path
 
 

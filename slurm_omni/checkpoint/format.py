@@ -2,7 +2,9 @@
 
 A checkpoint root holds one directory per step::
 
-    step-120.tmp/         being written (never read)
+    step-120.tmp.i4/      being written by incarnation 4 (never read); each incarnation stages
+                          apart (``.i<number>``, or ``.r<run>`` unfenced; ``step-120.tmp`` from older
+                          writers), so a late one cannot touch what a newer one writes
     step-120/             renamed once every shard is durable
         rank-00000.h5     one HDF5 file per rank that holds tensors: /<module>/<part>/<tensor path>
         rank-00000.json   that rank's shard record (written before the rename)
@@ -61,7 +63,7 @@ class CheckpointCorrupt(CheckpointError):
     """
 
 
-_STEP_RE = re.compile(r"^step-([0-9]+)(\.tmp|\.old-[0-9]+)?$")
+_STEP_RE = re.compile(r"^step-([0-9]+)(\.tmp(?:\.([A-Za-z0-9_.-]+))?|\.old-[0-9]+)?$")
 
 
 def checksum(data: Any) -> str:
@@ -79,7 +81,25 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def tmp_dir(root: Path, step: int) -> Path:
+    """The staging folder writers before per-incarnation staging shared (still read as WRITING)."""
     return root / f"step-{step}.tmp"
+
+
+def staging_dir(root: Path, step: int, incarnation: str, number: int | None) -> Path:
+    """Where ``incarnation`` (its fence number ``number``, None: unfenced) writes ``step`` before the
+    commit renames it to ``step-N``: a folder of its own, named so that a sweep can tell its age."""
+    tag = f"i{number}" if number is not None else f"r{safe_name(incarnation)}"
+    return root / f"step-{step}.tmp.{tag}"
+
+
+def staging_step(name: str) -> int | None:
+    """The step of a staging folder's name (any incarnation's, or the shared one), else None."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m and m.group(2) and m.group(2).startswith(".tmp") else None
+
+
+def _staging_number(tag: str | None) -> int | None:
+    return int(tag[1:]) if tag and tag[0] == "i" and tag[1:].isdigit() else None
 
 
 def shard_name(rank: int) -> str:
@@ -89,7 +109,7 @@ def shard_name(rank: int) -> str:
 class Status(enum.Enum):
     COMPLETE = "complete"
     INCOMPLETE = "incomplete"    # step-N/ without a valid marker: a crash between rename and marker
-    WRITING = "writing"          # step-N.tmp/: a persist in flight or abandoned
+    WRITING = "writing"          # step-N.tmp[.TAG]/: a persist in flight or abandoned
     RETIRED = "retired"          # step-N.old-T/: an older copy of the same step being replaced
     CORRUPT = "corrupt"
     FENCED = "fenced"            # a late commit of an older incarnation (fence.py)
@@ -103,7 +123,9 @@ class Entry:
     path: Path
     status: Status
     reason: str = ""
-    incarnation: int | None = None   # the committing incarnation's number, from the marker
+    incarnation: int | None = None
+    """The writing incarnation's number: from the marker of a complete checkpoint, from the name of a
+    staging folder (None: an unfenced or older writer)."""
 
 
 def scan(root: Path) -> list[Entry]:
@@ -121,8 +143,8 @@ def scan(root: Path) -> list[Entry]:
             continue
         path = root / name
         step = int(m.group(1))
-        if m.group(2) == ".tmp":
-            entries.append(Entry(step, path, Status.WRITING))
+        if m.group(2) and m.group(2).startswith(".tmp"):
+            entries.append(Entry(step, path, Status.WRITING, incarnation=_staging_number(m.group(3))))
         elif m.group(2):
             entries.append(Entry(step, path, Status.RETIRED))
         else:
@@ -447,11 +469,13 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:64]
 
 
-def write_marker(path: Path, step: int, raw: bytes, incarnation: int | None = None) -> None:
+def write_marker(path: Path, step: int, raw: bytes, incarnation: int | None = None, *,
+                 dir_fd: int | None = None) -> None:
     """The completion marker for ``path``, whose manifest is ``raw``; ``incarnation``: the committing
-    incarnation's number, for the fence."""
+    incarnation's number, for the fence. ``dir_fd``: ``path`` opened before it was renamed there, so the
+    marker goes into that folder even if another took the name since."""
     marker: dict[str, Any] = {"step": step, "manifest_bytes": len(raw), "manifest_xxh3_64": checksum(raw),
                               "time": time.time()}
     if incarnation is not None:
         marker["incarnation"] = incarnation
-    write_atomic(path / MARKER, json.dumps(marker).encode())
+    write_atomic(path / MARKER, json.dumps(marker).encode(), dir_fd=dir_fd)

@@ -1,16 +1,26 @@
 """Phase two of a save, in the background: shard files, the commit, retention.
 
-Each rank writes ``step-N.tmp/rank-R.h5`` and then its record ``rank-R.json``, both fsynced. The HDF5
-file is laid out first (h5py, metadata only: contiguous datasets allocated early, never filled), then the
+Each rank writes ``rank-R.h5`` and then its record ``rank-R.json``, both fsynced, into its
+incarnation's own staging folder (``step-N.tmp.i<number>``, ``format.staging_dir``). The HDF5 file is
+laid out first (h5py, metadata only: contiguous datasets allocated early, never filled), then the
 tensor bytes go straight from the host buffer to their offsets with ``pwrite``, which releases the GIL
 and moves the bytes once. Rank 0 then waits for every rank's record of the same incarnation, writes the
-manifest, fsyncs, renames the directory to ``step-N`` and writes ``COMPLETE`` last. An incarnation
-that a newer one fenced out of the root (``fence.py``) writes nothing more: its shards are dropped,
-rank 0 removes the temporary directory, and the save is reported ``fenced``.
+manifest, fsyncs, renames the folder to ``step-N`` and writes ``COMPLETE`` last, into the folder it
+renamed (an open descriptor, not the name). An incarnation that a newer one fenced out of the root
+(``fence.py``) writes nothing more: its shards are dropped, rank 0 removes its own staging folder, and
+the save is reported ``fenced``.
+
+What an incarnation removes, it or an older incarnation wrote: its own staging folder; a staging
+folder of an older incarnation (named by its number) or a published step whose marker or manifest
+names an older one, once its own commit went through and the fence still names it. A newer
+incarnation's folders are never touched, and a fenced incarnation sweeps nothing: an old rank stopped
+in its commit (a partition, SIGSTOP) and resumed after the next incarnation began the same step
+leaves that step alone.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -53,9 +63,16 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
     started = time.monotonic()
     if _fenced(root, snap.step, number, "before writing"):
         return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
-    tmp = fmt.tmp_dir(root, snap.step)
-    tmp.mkdir(parents=True, exist_ok=True)
-    if not write_shard(tmp, snap, layout, incarnation, root=root, number=number):
+    tmp = fmt.staging_dir(root, snap.step, incarnation, number)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        written = write_shard(tmp, snap, layout, incarnation, root=root, number=number)
+    except FileNotFoundError:
+        # a newer incarnation swept this one's staging folder: fenced, not a failure of this node
+        if not _fenced(root, snap.step, number, "while writing its shard"):
+            raise
+        written = False
+    if not written:
         return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
     committed = False
     if layout.rank == 0:
@@ -64,7 +81,7 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
         committed = True
     persist_s = time.monotonic() - started   # durable and complete: what the figure means
     if committed:
-        retire(root, keep_last=keep_last, newest=snap.step)
+        retire(root, keep_last=keep_last, newest=snap.step, number=number)
     return PersistStats(snap.step, snap.nbytes, persist_s, committed)
 
 
@@ -181,26 +198,81 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: float, *,
            number: int | None = None) -> fmt.Manifest | None:
-    """Rank 0: the manifest, the rename, the marker; None when fenced (the temporary directory removed)."""
-    tmp = fmt.tmp_dir(root, step)
+    """Rank 0: the manifest, the rename, the marker; None when fenced (its own staging folder removed)."""
+    tmp = fmt.staging_dir(root, step, incarnation, number)
     records = _await_records(tmp, step, world_size, incarnation, timeout_s)
     if _fenced(root, step, number, "at its commit"):
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)   # this incarnation's folder: nobody else's shards
         return None
     manifest = merge(records, step=step, incarnation=incarnation)
     raw = json.dumps({**manifest.to_json(), **({"incarnation_number": number} if number is not None else {})}).encode()
     write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
-    final = fmt.step_dir(root, step)
-    if final.exists():
-        # The same step again (a restore fell back past it): retire the old copy first, marker first.
-        old = root / f"step-{step}.old-{time.time_ns()}"
-        (final / fmt.MARKER).unlink(missing_ok=True)
-        os.rename(final, old)
-        shutil.rmtree(old, ignore_errors=True)
-    os.rename(tmp, final)
-    fsync_dir(root)
-    fmt.write_marker(final, step, raw, number)
+    folder = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # follows it through the rename
+    try:
+        if not _publish(root, tmp, step, number):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        fsync_dir(root)
+        fmt.write_marker(fmt.step_dir(root, step), step, raw, number, dir_fd=folder)
+    finally:
+        os.close(folder)
     return manifest
+
+
+def _publish(root: Path, tmp: Path, step: int, number: int | None) -> bool:
+    """Rename ``tmp`` to ``step-N``; False when this incarnation turns out fenced. A copy of the step
+    already there (a restore fell back past it, or an older incarnation's late commit) is retired
+    first, never a newer incarnation's: a rename does not replace a folder that holds files."""
+    final = fmt.step_dir(root, step)
+    for _ in range(3):
+        try:
+            os.rename(tmp, final)
+            return True
+        except FileNotFoundError:
+            if _fenced(root, step, number, "at its rename"):   # a newer incarnation swept its folder
+                return False
+            raise
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if not _retire_copy(root, final, step, number):
+            return False
+    raise CheckpointError(f"checkpoint: couldn't commit step {step}: {final} came back each time it was "
+                          f"retired (another writer on {root}?)")
+
+
+def _retire_copy(root: Path, final: Path, step: int, number: int | None) -> bool:
+    """Take the copy of ``step`` at ``final`` out of use and remove it, if it is this incarnation's
+    or an older one's; a newer one's goes back where it was and this incarnation is fenced (False)."""
+    aside = root / f"step-{step}.old-{time.time_ns()}"
+    try:
+        os.rename(final, aside)   # first out of use: a reader sees no step-N, then the new one
+    except FileNotFoundError:
+        return True
+    writer = _writer(aside)
+    if number is not None and writer is not None and writer > number:
+        log.warning("checkpoint: step %d of incarnation %d not committed: incarnation %d committed it "
+                    "since; left as it was", step, number, writer)
+        try:
+            os.rename(aside, final)
+        except OSError as e:
+            log.error("checkpoint: couldn't put step %d of incarnation %d back at %s: %s (it is in %s)",
+                      step, writer, final, e, aside)
+        return False
+    _remove(aside)
+    return True
+
+
+def _writer(path: Path) -> int | None:
+    """The number of the incarnation that committed ``path``: its marker's, else its manifest's."""
+    for name, key in ((fmt.MARKER, "incarnation"), (fmt.MANIFEST, "incarnation_number")):
+        try:
+            value = json.loads((path / name).read_bytes()).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def _await_records(tmp: Path, step: int, world_size: int, incarnation: str,
@@ -298,24 +370,42 @@ def merge(records: list[dict[str, Any]], *, step: int, incarnation: str) -> fmt.
 # -- retention (rank 0) -------------------------------------------------------------------------------
 
 
-def retire(root: Path, *, keep_last: int, newest: int) -> None:
+def retire(root: Path, *, keep_last: int, newest: int, number: int | None = None) -> None:
     """Keep the newest ``keep_last`` complete checkpoints (0 keeps all); sweep what crashes left behind.
 
-    Only steps older than ``newest`` are swept: other ranks may already be writing a later step.
+    Only steps older than ``newest`` are swept: other ranks may already be writing a later step. An
+    older incarnation's staging folder goes whatever its step (that incarnation is fenced out). With
+    ``number`` (this incarnation's), nothing a newer incarnation wrote is removed, and nothing at all
+    once a newer one started on the root.
     """
+    fence = fenced_by(root, number)
+    if fence is not None:
+        log.info("checkpoint: incarnation %d leaves %s to incarnation %d: nothing retired", number, root,
+                 fence.incarnation)
+        return
     entries = fmt.scan(root)
     counted = {e.path for e in fmt.complete(root)}
     done = [e for e in entries if e.path in counted]
     doomed = done[:-keep_last] if keep_last > 0 else []
     oldest_kept = min((e.step for e in done if e not in doomed), default=newest)
     for e in entries:
+        older_staging = (e.status is fmt.Status.WRITING and number is not None and e.incarnation is not None
+                         and e.incarnation < number)
         stale = e.status in (fmt.Status.INCOMPLETE, fmt.Status.WRITING, fmt.Status.RETIRED) and e.step < newest
         # corrupt, or a late commit the fence shuts out (marked or not yet)
         out = e.status in (fmt.Status.CORRUPT, fmt.Status.FENCED) or (
             e.status is fmt.Status.COMPLETE and e.path not in counted)
         old_corrupt = out and e.step < oldest_kept
-        if e in doomed or stale or old_corrupt:
+        if (e in doomed or stale or old_corrupt or older_staging) and not _newer(e, number):
             _remove(e.path)
+
+
+def _newer(e: fmt.Entry, number: int | None) -> bool:
+    """Did an incarnation newer than ``number`` write ``e`` (never, without a number)?"""
+    if number is None:
+        return False
+    writer = e.incarnation if e.status in (fmt.Status.WRITING, fmt.Status.COMPLETE) else _writer(e.path)
+    return writer is not None and writer > number
 
 
 def _remove(path: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -36,7 +35,6 @@ DrillKind = Literal["node-down", "kill-rank", "stall-rank", "ckpt-crash", "slurm
 KINDS: tuple[str, ...] = get_args(DrillKind)
 RANK_KINDS = frozenset({"kill-rank", "stall-rank", "ckpt-crash"})
 GONE_GRACE_S = 30.0
-_WRITING = re.compile(r"^step-([0-9]+)\.tmp$")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,7 +95,7 @@ class DrillRunner:
                          f"{timeout_s:.0f}s (squeue; metrics in {self.handle.metrics_dir})")
 
     def wait_for_persist(self, after_step: int, timeout_s: float) -> int:
-        """Step of a checkpoint being written (``step-N.tmp``, checkpoint/format.py) newer than
+        """Step of a checkpoint being written (``step-N.tmp.TAG``, checkpoint/format.py) newer than
         ``after_step``. Only the folder's names are listed: this loop spins while training runs."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -105,7 +103,7 @@ class DrillRunner:
                 names = os.listdir(self.handle.ckpt_dir)
             except OSError:
                 names = []
-            writing = [int(m[1]) for n in names if (m := _WRITING.match(n)) and int(m[1]) > after_step]
+            writing = [s for n in names if (s := ckpt_format.staging_step(n)) is not None and s > after_step]
             if writing:
                 return max(writing)
             time.sleep(0.003)   # a tiny model persists in tens of milliseconds
@@ -141,9 +139,9 @@ class DrillRunner:
             else:
                 ckpt_step = self.wait_for_persist(self.latest_complete(), spec.timeout_s)
                 fault = self.injector.send(component, node, list(pids), signal.SIGKILL, het=job.is_het)
-                tmp = self.handle.ckpt_dir / f"step-{ckpt_step}.tmp"
-                durable = (tmp / f"{ckpt_format.shard_name(rank or 0)}.json").exists()
-                notes.append(f"killed rank {rank} while {tmp.name} was being written "
+                shard = f"step-{ckpt_step}.tmp*/{ckpt_format.shard_name(rank or 0)}.json"
+                durable = any(self.handle.ckpt_dir.glob(shard))
+                notes.append(f"killed rank {rank} while step-{ckpt_step} was being written "
                              f"({'its shard already durable' if durable else 'before its shard was durable'})")
             self.say(f"{spec.kind}: fault injected on {node}" + (f" rank {rank} (pid {pids[0]})" if pids else "")
                      + f" at step {step} of incarnation {incarnation}")

@@ -63,8 +63,8 @@ def test_buffers_are_reused_from_save_to_save(tmp_path: Path) -> None:
 
 
 def test_a_failed_persist_is_raised_by_the_next_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    fmt.tmp_dir(tmp_path, 2).write_text("a file where the directory goes")
     with engine(tmp_path) as eng:
+        fmt.staging_dir(tmp_path, 2, eng.incarnation, eng.number).write_text("a file where the directory goes")
         eng.save(2, shard_state(2))
         with pytest.raises(CheckpointError, match="couldn't persist step 2"):
             eng.wait()

@@ -41,6 +41,28 @@ def test_write_atomic_cleans_up_when_the_rename_fails(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(PARTIAL)]
 
 
+def test_write_atomic_at_a_folder_descriptor_follows_the_folder_through_a_rename(tmp_path: Path) -> None:
+    mine = tmp_path / "step-30.tmp"
+    mine.mkdir()
+    fd = os.open(mine, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rename(mine, tmp_path / "step-30")
+        os.rename(tmp_path / "step-30", tmp_path / "step-30.old")   # another writer took the name since
+        (tmp_path / "step-30").mkdir()
+        write_atomic(tmp_path / "step-30" / "COMPLETE", "mine", dir_fd=fd)
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in (tmp_path / "step-30.old").iterdir()) == ["COMPLETE"]
+    assert list((tmp_path / "step-30").iterdir()) == []
+    with pytest.raises(FileNotFoundError):   # a folder gone: an error, nothing written elsewhere
+        fd = os.open(tmp_path / "step-30", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.rmdir(tmp_path / "step-30")
+            write_atomic(tmp_path / "x" / "COMPLETE", "mine", dir_fd=fd)
+        finally:
+            os.close(fd)
+
+
 def test_read_bounded_refuses_big_links_fifos_and_folders(tmp_path: Path) -> None:
     big = tmp_path / "big"
     big.write_bytes(b"x" * 11)
