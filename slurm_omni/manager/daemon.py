@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
 from slurm_omni.manager.actions import Actions
+from slurm_omni.manager.context import ManagerConfig
 from slurm_omni.manager.events import FaultRecord, HeartbeatRecord, NodeEvent, consume
 from slurm_omni.manager.failslow import FailSlowWatch
 from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
@@ -51,7 +52,7 @@ from slurm_omni.policy.bad_input import (
     refused_by_rank,
 )
 from slurm_omni.policy.cluster_index import ClusterIndex
-from slurm_omni.policy.confirm import NODE_STATE_KIND, ConfirmConfig, NodeObservation, TaskExit, Verdict
+from slurm_omni.policy.confirm import NODE_STATE_KIND, NodeObservation, TaskExit, Verdict
 from slurm_omni.policy.placement import plan_grow
 from slurm_omni.policy.recovery import Phase
 from slurm_omni.policy.recovery_events import (
@@ -75,41 +76,6 @@ _BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING})
 UNMATCHED_TTL_S = 120.0
 """A spool event that concerns none of the watched jobs stays this long before it is journaled
 (under no job) and removed."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ManagerConfig:
-    site: SiteConfig
-    state_dir: Path
-    """Journal (journal.sqlite), timeline export (timeline.json) and rendered scripts."""
-    poll_interval_s: float = 2.0
-    """One sinfo + one squeue per this many seconds, for every job together."""
-    tick_s: float = 0.25
-    """How often the spool and heartbeats are read and verdicts evaluated."""
-    grow: bool = True
-    """Grow a shrunk job back when free nodes allow."""
-    stop_timeout_s: float = 60.0
-    """Before a grow: how long the ranks may take to checkpoint and stop on USR1."""
-    end_wait_s: float = 35.0
-    """After cancelling an incarnation: how long to wait for the poll to show it no longer RUNNING
-    or COMPLETING before submitting the next (its ranks checkpoint on scancel's SIGTERM until
-    KillWait, 30 s by default, ends them; once the next incarnation starts, the checkpoint fence
-    refuses their saves, so waiting lets the next one restore the last of them)."""
-    crash_at: str = ""
-    """Drills only: SIGKILL the manager itself at this point (e.g. ``resubmit:after_submit``)."""
-
-    @property
-    def journal_path(self) -> Path:
-        return self.state_dir / "journal.sqlite"
-
-    @property
-    def timeline_path(self) -> Path:
-        return self.state_dir / "timeline.json"
-
-    def confirm_config(self) -> ConfirmConfig:
-        d = self.site.detection
-        return replace(d.confirm, initial_heartbeat_s=d.heartbeat_interval_s, hang_floor_s=d.confirmation_window_s,
-                       stuck_floor_s=d.progress_window_s)
 
 
 def default_state_dir(site: SiteConfig, user: str | None = None) -> Path:
@@ -496,18 +462,6 @@ class Manager:
             completed=(job is not None and job.state is JobState.COMPLETED) or phases == {"done"},
             cancelled=job is not None and job.state is JobState.CANCELLED, quiet=w.quiet, trained=bool(phases),
             restart_count=w.restart_count, lost=w.lost_kinds()), self.clock())
-
-    def close_job(self, w: Watch, state: str, at: float, reason: str) -> None:
-        """The job's last incarnation ended for good (``state``: done, cancelled or failed)."""
-        w.state = state
-        self.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason=reason)
-        self.journal.set_job_state(w.key, state)
-        if state == "done":
-            log.info("manager: %s finished training", w.key)
-        elif state == "cancelled":
-            log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
-        else:
-            log.error("manager: %s: %s; not resubmitting", w.key, reason)
 
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, w: Watch, now: float, snap: ClusterSnapshot | None) -> None:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm_omni.checkpoint.format import write_atomic
 from slurm_omni.config.job import load_job
 from slurm_omni.errors import OmniError
 from slurm_omni.manager import recovery
+from slurm_omni.manager.context import ManagerContext
 from slurm_omni.manager.events import HeartbeatRecord
 from slurm_omni.manager.status import FAILSLOW_VERDICT as VERDICT
 from slurm_omni.manager.supervisor_reports import read_status_view, request_outcome, write_request
@@ -41,9 +42,6 @@ from slurm_omni.policy.failslow import (
 from slurm_omni.policy.placement import Action, Plan, plan_recovery
 from slurm_omni.policy.recovery import Phase
 from slurm_omni.policy.recovery_events import MigrationRequested
-
-if TYPE_CHECKING:
-    from slurm_omni.manager.daemon import Manager
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +70,7 @@ class FailSlowJob:
 
 
 class FailSlowWatch:
-    def __init__(self, m: Manager) -> None:
+    def __init__(self, m: ManagerContext) -> None:
         self.m = m
         self.config = m.config.site.failslow
         self.jobs: dict[str, FailSlowJob] = {}

@@ -18,12 +18,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from slurm_omni.checkpoint.fence import read_fence
 from slurm_omni.checkpoint.format import latest_step
 from slurm_omni.errors import OmniError
 from slurm_omni.manager.actions import ResubmitRefused
+from slurm_omni.manager.context import ManagerContext
 from slurm_omni.manager.journal import action_key, incarnation_tag, perform_once
 from slurm_omni.manager.sources import read_job_heartbeats
 from slurm_omni.manager.watch import Watch
@@ -56,13 +56,10 @@ from slurm_omni.policy.recovery_events import (
 )
 from slurm_omni.slurm.backend import ClusterSnapshot
 
-if TYPE_CHECKING:
-    from slurm_omni.manager.daemon import Manager
-
 log = logging.getLogger(__name__)
 
 
-def feed(m: Manager, w: Watch, obs: Observation, now: float) -> None:
+def feed(m: ManagerContext, w: Watch, obs: Observation, now: float) -> None:
     """Step ``w``'s recovery with ``obs`` and carry out the effects, answering those that ask."""
     queue: deque[Observation] = deque([obs])
     while queue:
@@ -84,7 +81,7 @@ def feed(m: Manager, w: Watch, obs: Observation, now: float) -> None:
             return
 
 
-def _carry_out(m: Manager, w: Watch, e: Effect, now: float) -> Observation | None:
+def _carry_out(m: ManagerContext, w: Watch, e: Effect, now: float) -> Observation | None:
     if isinstance(e, OpenRecovery):
         m.journal.open_recovery(w.key, e.incarnation, e.cause, e.nodes, fault_at=e.fault_at,
                                 detected_at=e.detected_at, confirmed_at=e.confirmed_at, path=e.path.value)
@@ -129,13 +126,13 @@ def _carry_out(m: Manager, w: Watch, e: Effect, now: float) -> Observation | Non
     elif isinstance(e, FailAll):
         w.fail_all(e.at, e.why)
     elif isinstance(e, Close):
-        m.close_job(w, e.state, e.at, e.reason)
+        w.close(m.journal, e.state, e.at, e.reason)
     elif isinstance(e, HandOver):   # a supervisor's effect; the manager never runs in that role
         log.error("manager: %s: unexpected hand-over (%s)", w.key, e.reason)
     return None
 
 
-def _once(m: Manager, w: Watch, kind: str, suffix: str, incarnation: int, slurm_job_id: int | None,
+def _once(m: ManagerContext, w: Watch, kind: str, suffix: str, incarnation: int, slurm_job_id: int | None,
           act: Callable[[], str]) -> str:
     return perform_once(m.journal, key=f"{kind}:{w.key}:{suffix}", job=w.key, incarnation=incarnation, kind=kind,
                         payload={"slurm_job_id": slurm_job_id}, now=m.clock, act=act,
@@ -143,7 +140,7 @@ def _once(m: Manager, w: Watch, kind: str, suffix: str, incarnation: int, slurm_
 
 
 # -- RequestPlan ------------------------------------------------------------------------------------
-def _plan(m: Manager, w: Watch, *, fresh: bool, now: float) -> Plan | None:
+def _plan(m: ManagerContext, w: Watch, *, fresh: bool, now: float) -> Plan | None:
     """A plan from a snapshot taken now (node states as they are, not before the failure), or,
     while waiting for nodes, from the next new poll only."""
     if fresh:
@@ -158,7 +155,7 @@ def _plan(m: Manager, w: Watch, *, fresh: bool, now: float) -> Plan | None:
     return _make_plan(m, w, snap, now)
 
 
-def _make_plan(m: Manager, w: Watch, snap: ClusterSnapshot, now: float) -> Plan:
+def _make_plan(m: ManagerContext, w: Watch, snap: ClusterSnapshot, now: float) -> Plan:
     s = w.recovery
     if not w.nodes:   # the incarnation never ran: resubmit it as it was, away from what failed
         return Plan(Action.RESUBMIT, w.units, exclude=s.nodes, quarantine=w.quarantine,
@@ -179,7 +176,7 @@ def _make_plan(m: Manager, w: Watch, snap: ClusterSnapshot, now: float) -> Plan:
 
 
 # -- Launch -----------------------------------------------------------------------------------------
-def _launch(m: Manager, w: Watch, e: Launch) -> Observation | None:
+def _launch(m: ManagerContext, w: Watch, e: Launch) -> Observation | None:
     if e.path is RecoveryPath.REQUEUED:
         return _requeue_task(m, w, e.incarnation)
     if e.path is RecoveryPath.IN_ALLOCATION or e.plan is None:   # the supervisor's road, not the manager's
@@ -188,7 +185,7 @@ def _launch(m: Manager, w: Watch, e: Launch) -> Observation | None:
     return _resubmit(m, w, e.plan)
 
 
-def next_incarnation(m: Manager, w: Watch) -> int:
+def next_incarnation(m: ManagerContext, w: Watch) -> int:
     """One past the last life of the job that ran: the life being judged, a later one Slurm showed
     RUNNING (its requeue for a lost node), or one whose ranks wrote a heartbeat. A requeued job that
     the recovery cancelled while PENDING never ran and takes no number. The old submission has
@@ -214,7 +211,7 @@ def next_incarnation(m: Manager, w: Watch) -> int:
     return max(lives) + 1
 
 
-def _resubmit(m: Manager, w: Watch, plan: Plan) -> Launched:
+def _resubmit(m: ManagerContext, w: Watch, plan: Plan) -> Launched:
     new = next_incarnation(m, w)
     tag = incarnation_tag(w.key, new)
     restore_step = latest_step(w.reg.ckpt_dir)
@@ -241,7 +238,7 @@ def _resubmit(m: Manager, w: Watch, plan: Plan) -> Launched:
     return Launched(at=at, incarnation=new, slurm_job_id=int(result), restore_step=restore_step)
 
 
-def _requeue_task(m: Manager, w: Watch, incarnation: int) -> Launched:
+def _requeue_task(m: ManagerContext, w: Watch, incarnation: int) -> Launched:
     """A failed array task: requeue it alone; the same Slurm job id runs again (restart count + 1)."""
     ref = f"{w.reg.job_id}_{w.array_task}"
     _once(m, w, "requeue", f"{incarnation}", incarnation, w.slurm_id, lambda: m.actions.requeue_task(ref))
@@ -250,7 +247,7 @@ def _requeue_task(m: Manager, w: Watch, incarnation: int) -> Launched:
 
 
 # -- WatchNext --------------------------------------------------------------------------------------
-def _watch_next(m: Manager, w: Watch, e: WatchNext) -> None:
+def _watch_next(m: ManagerContext, w: Watch, e: WatchNext) -> None:
     if e.path is RecoveryPath.REQUEUED:
         # The failed life is over: its verdict must not confirm again, and its last heartbeats (read
         # until Slurm shows the restart) are no sign of the next life training.

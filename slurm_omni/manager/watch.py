@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.errors import OmniError
-from slurm_omni.manager.journal import Recovery
+from slurm_omni.manager.context import ManagerContext
+from slurm_omni.manager.journal import Journal, Recovery
 from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegistryRecord
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.confirm import NODE_STATE_KIND, QUIET_PHASES, Confirmer, TaskExit, Verdict
@@ -19,9 +20,6 @@ from slurm_omni.policy.placement import Action, ComponentPlan, JobLayout, Placem
 from slurm_omni.policy.recovery import RecoveryConfig, RecoveryState, Replayed, initial, resume
 from slurm_omni.policy.recovery_events import RecoveryPath
 from slurm_omni.slurm.types import Job, NodeState
-
-if TYPE_CHECKING:
-    from slurm_omni.manager.daemon import Manager
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +111,18 @@ class Watch:
         """The lost nodes, each with its kind of failure (the recovery's cause)."""
         return {n: NODE_STATE_KIND.get(self.node_states[n], "down") for n in self.lost_nodes()}
 
+    def close(self, journal: Journal, state: str, at: float, reason: str) -> None:
+        """The job's last incarnation ended for good (``state``: done, cancelled or failed)."""
+        self.state = state
+        journal.set_incarnation(self.key, self.incarnation, ended_at=at, end_reason=reason)
+        journal.set_job_state(self.key, state)
+        if state == "done":
+            log.info("manager: %s finished training", self.key)
+        elif state == "cancelled":
+            log.warning("manager: %s was cancelled in Slurm; not resubmitting", self.key)
+        else:
+            log.error("manager: %s: %s; not resubmitting", self.key, reason)
+
     def layout(self) -> JobLayout:
         return self.shape.layout(self.nodes, self.units)
 
@@ -184,7 +194,7 @@ def _job_file(reg: RegistryRecord, path: Path) -> JobFile | None:
         return None
 
 
-def new_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None) -> Watch:
+def new_watch(m: ManagerContext, reg: RegistryRecord, key: str, task_job: Job | None) -> Watch:
     """A job seen for the first time; its incarnation 0 is journaled once it runs (with its nodes)."""
     shape = Shape(reg.stages, reg.data_parallel_size)
     if task_job is None:
@@ -208,7 +218,7 @@ def new_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None) -
                  recovery_config=config)
 
 
-def restore_watch(m: Manager, reg: RegistryRecord, key: str, task_job: Job | None, state: str) -> Watch:
+def restore_watch(m: ManagerContext, reg: RegistryRecord, key: str, task_job: Job | None, state: str) -> Watch:
     """Rebuild after a restart: the newest incarnation with a Slurm job id, its open recovery."""
     w = new_watch(m, reg, key, task_job)
     w.state = state
