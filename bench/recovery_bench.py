@@ -7,14 +7,16 @@ job and the same faults, on the embedded cluster (issue 13):
   (d) torchrun       torchrun's elastic restart inside one allocation (c10d rendezvous,
                      --nnodes=1:2, --max-restarts, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
 
-Faults: ``node`` (a node of the text stage set DOWN in Slurm, not the batch host) and ``rank`` (the
-trainer process of a text rank SIGKILLed). On the busy cluster every node the job does not hold
+Faults: ``node`` (the last node of the pipeline's last stage set DOWN in Slurm; for torchrun, whose
+ranks run every stage, a node that is not the batch host) and ``rank`` (the trainer process of a rank
+on that same node SIGKILLed, found by its heartbeat's node). On the busy cluster every node the job does not hold
 gets another job (``--exclusive``) and more wait in the queue behind them (slurm_omni.cluster.busy,
 ``queued``): a node the job frees goes to them, so a path that goes through the queue waits there
 (its queue wait, Slurm's SubmitTime to StartTime, is printed). Times: the fault is this script's
 clock at injection; the first step is the earliest metrics record (the runtime's own timestamp) of a
 later incarnation. A path that does not recover from a fault (Slurm does not requeue a job for a
-crashed rank) says so instead of a number.
+crashed rank) says so instead of a number; a trial whose fault could not be injected (or that failed
+before it) measured nothing, and a goal that depends on it prints n/a with the reason, never PASS.
 
 An in-allocation trial is split by the product's own timestamps: the supervisor's journal (srun
 reported the fault, the rule confirmed it, the next launch journaled) and the new life's first
@@ -131,12 +133,22 @@ export OMNI_HEARTBEAT_INTERVAL=1 OMNI_DEVICE=cpu TORCH_DISABLE_SHARE_RDZV_TCP_ST
 mkdir -p -- "$OMNI_CKPT_DIR"
 # One srun per node: Slurm 22.05 terminates a whole step when one of its nodes fails (srun: "Node
 # failure"), which would take the surviving torchrun agent with it.
+first=1
 for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
     srun --nodes=1 --ntasks=1 --nodelist="$node" torchrun --nnodes=1:2 --nproc-per-node=2 \\
         --max-restarts=3 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:{port} --rdzv-id=$SLURM_JOB_ID \\
         --rdzv-conf=join_timeout=30,last_call_timeout=1 --monitor-interval=0.1 --no-python \\
         bash -c 'export OMNI_INCARNATION=${{TORCHELASTIC_RESTART_COUNT:-0}} OMNI_JOB_ID=$SLURM_JOB_ID; exec "$@"' \\
         omni-rank {omni} train --config {job} &
+    # The c10d store lives in the agent that binds the endpoint first, and every slurmd here shares
+    # 127.0.0.1: the first node's agent binds it before the others start, so the faults (never on
+    # the first node) do not take the store away from the survivor.
+    for _ in $(seq 600); do
+        (( first )) || break
+        [[ -n $(ss -Hltn "sport = :{port}") ]] && break
+        sleep 0.1
+    done
+    first=0
 done
 wait
 """
@@ -155,6 +167,8 @@ class Trial:
     """Resubmission: the new job's SubmitTime to StartTime (s)."""
     phases: dict[str, float] = field(default_factory=dict)
     """In-allocation: where the time went (see PHASES)."""
+    injected: bool = True
+    """False: the fault was never injected (``note`` says why), so the trial measured nothing."""
 
 
 PHASES = ("detect", "confirm", "decide", "srun", "groups", "restore", "step")
@@ -202,7 +216,7 @@ class Bench:
             load = os.getloadavg()[0]
             t_fault, lost, note = self._inject(work, path, fault, job_id)
             if not t_fault:
-                return Trial(path, fault, busy, None, note, load)
+                return Trial(path, fault, busy, None, note, load, injected=False)
             if path == "requeue" and fault == "rank":
                 return Trial(path, fault, busy, None, "Slurm requeues a job for a lost node only: the batch "
                                                       "script ends failed", load)
@@ -349,26 +363,28 @@ class Bench:
         return None
 
     # -- faults ---------------------------------------------------------------------------------------
-    def _text_node(self, work: Path, path: str, job_id: int) -> str:
+    def _fault_node(self, work: Path, path: str, job_id: int) -> str:
+        """The node both faults hit: the last node of the last stage (never the batch host)."""
         if path == "in_allocation":
             status = json.loads(next((work / "ckpt").rglob(f"{job_id}.status.json")).read_text())
-            return str(status["components"][1][-1])
+            return str(status["components"][-1][-1])
         out = self.runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
         lists = [expand(line.split(" NodeList=")[1].split()[0]) for line in out.splitlines() if " NodeList=" in line]
         if path == "torchrun":
             return lists[0][-1]          # not the batch host (the rendezvous endpoint lives there)
-        return lists[-1][-1]             # het component 1: text
+        return lists[-1][-1]             # the last het component: the last stage
 
     def _inject(self, work: Path, path: str, fault: str, job_id: int) -> tuple[float, str, str]:
+        node = self._fault_node(work, path, job_id)
         if fault == "node":
-            node = self._text_node(work, path, job_id)
             t = time.time()
             self.runner.run(["scontrol", "update", f"nodename={node}", "state=DOWN", "reason=recovery-bench"])
             return t, node, f"{node} DOWN"
+        # by node, not by stage: torchrun's ranks run every stage and all report the first
         beats = [json.loads(p.read_text()) for p in (work / "ckpt").rglob("heartbeat/rank-*.json")]
-        beats = [b for b in beats if b.get("stage") == 1 and b.get("phase") == "training"]
+        beats = [b for b in beats if b.get("node") == node and b.get("phase") == "training"]
         if not beats:
-            return 0.0, "", "no text rank heartbeat to find the trainer by"
+            return 0.0, "", f"no training rank's heartbeat names {node}: no trainer to kill"
         target = max(beats, key=lambda b: b["rank"])
         t = time.time()
         os.kill(int(target["pid"]), signal.SIGKILL)
@@ -387,7 +403,9 @@ def _cell(trials: list[Trial]) -> dict[str, Any]:
             "queue_wait": _median(waits),
             "phases": {ph: _median([t.phases[ph] for t in trials if ph in t.phases]) for ph in PHASES}
             if any(t.phases for t in trials) else {},
-            "notes": sorted({t.note for t in trials if t.seconds is None})}
+            "notes": sorted({t.note for t in trials if t.seconds is None}),
+            "injected": sum(t.injected for t in trials),
+            "unmeasured": sorted({t.note for t in trials if not t.injected})}
 
 
 def summarize(trials: list[Trial], paths: list[str], faults: list[str], states: list[bool]) -> list[str]:
@@ -448,6 +466,8 @@ def goals(cells: dict[tuple[bool, str, str], dict[str, Any]], paths: list[str], 
             c = cells.get((b, f, "torchrun"))
             if ours is None or c is None:
                 ok, text = None, "not measured"
+            elif theirs is None and not c["injected"]:   # no fault reached torchrun: nothing to compare
+                ok, text = None, f"torchrun not measured: {'; '.join(c['unmeasured'][:1])}"
             elif theirs is None:
                 ok, text = True, f"{ours:.2f} s; torchrun did not recover ({'; '.join(c['notes'][:1])})"
             else:
@@ -490,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         t = bench.trial(path, fault, busy)
                     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                        t = Trial(path, fault, busy, None, f"trial failed: {e}", os.getloadavg()[0])
+                        t = Trial(path, fault, busy, None, f"trial failed: {e}", os.getloadavg()[0], injected=False)
                     trials.append(t)
                     shown = f"{t.seconds:7.2f} s" if t.seconds is not None else "    n/a  "
                     phases = " ".join(f"{k} {v:.2f}" for k, v in t.phases.items())
