@@ -66,7 +66,10 @@ class Interruption:
     varies (a person's response, the phase of Slurm's node ping); drawing it with the trace keeps
     the three policies on exactly the same events (common random numbers). ``queue_draw``, drawn
     from a stream of its own (so the trace is the same with or without it), places the event's
-    queue wait in the queue-wait distribution (``models.PolicyCosts.queue_s``)."""
+    queue wait in the queue-wait distribution (``models.PolicyCosts.queue_s``). ``pool_draw`` places
+    the wait of a pool allocation requested at this event in the same distribution, and
+    ``host_draw`` says which node a lost node was (the batch host when below 1 / nodes held); each
+    has a stream of its own too."""
 
     time_s: float
     category: str
@@ -74,6 +77,8 @@ class Interruption:
     replace: bool
     draw: float
     queue_draw: float = 0.5
+    pool_draw: float = 0.5
+    host_draw: float = 0.5
 
 
 def interruption_trace(*, wall_s: float, expected: float, seed: int,
@@ -84,6 +89,8 @@ def interruption_trace(*, wall_s: float, expected: float, seed: int,
         raise ValueError(f"wall_s = {wall_s}, expected = {expected}: need wall_s > 0, expected >= 0")
     rng = random.Random(seed)
     queue = random.Random(f"queue-{seed}")
+    pool = random.Random(f"pool-{seed}")
+    host = random.Random(f"host-{seed}")
     events: list[Interruption] = []
     if expected == 0:
         return events
@@ -92,7 +99,8 @@ def interruption_trace(*, wall_s: float, expected: float, seed: int,
     t = rng.expovariate(rate)
     while t < wall_s:
         c = rng.choices(categories, weights=weights)[0]
-        events.append(Interruption(t, c.name, c.kind, c.replace, rng.random(), queue.random()))
+        events.append(Interruption(t, c.name, c.kind, c.replace, rng.random(), queue.random(),
+                                   pool.random(), host.random()))
         t += rng.expovariate(rate)
     return events
 
@@ -100,3 +108,10 @@ def interruption_trace(*, wall_s: float, expected: float, seed: int,
 def kind_shares(categories: tuple[Category, ...] = LLAMA3_CATEGORIES) -> dict[str, float]:
     total = sum(c.count for c in categories)
     return {k: sum(c.count for c in categories if c.kind == k) / total for k in KINDS}
+
+
+def limit_draws(seed: int, n: int) -> list[float]:
+    """Queue-wait draws of the allocations that follow a time limit (successor or resubmission),
+    a stream of their own so that the interruption trace is the same with or without them."""
+    rng = random.Random(f"limit-{seed}")
+    return [rng.random() for _ in range(n)]

@@ -64,7 +64,9 @@ class RunConfig:
     spare_nodes: int = 16
     """Healthy nodes outside the job that a recovery may take."""
     repair_s: float = 86400.0
-    """A replaced node returns to the spare pool after this long."""
+    """A replaced node returns to service (the cluster's spare pool, the partition) after this long.
+    An assumption (a GPU or board swapped and the node burnt in again within a day); no public figure
+    for the Llama 3 cluster. With pools it bounds a pool's wait (``models.PolicyCosts.pool_wait_s``)."""
 
     def __post_init__(self) -> None:
         model = self.tensor_parallel * self.pipeline_parallel
@@ -220,8 +222,18 @@ class AllocConfig:
     communicator set-up (``start.init_s_per_1k_gpus``), the restore and the first step come on top."""
     min_dp_fraction: float = 0.9
     """Shrink inside the allocation while at least this fraction of the replicas is left."""
+    time_limit_h: float = 24.0
+    """The allocation's time limit in the comparison printed under "at a time limit" (the other
+    rows have none: the Llama 3 run was on its owner's cluster). An assumption: a maximum wall time
+    common at shared centres, not measured; set it to your site's."""
+    successor_lead_s: float | None = None
+    """With pools, the successor allocation is requested this long before the time limit; None: the
+    queue wait's 90th percentile (derived, so that 9 in 10 successors start before the limit)."""
 
     def __post_init__(self) -> None:
+        if self.time_limit_h < 0 or (self.successor_lead_s is not None and self.successor_lead_s < 0):
+            raise ConfigError(f"alloc: time_limit_h = {self.time_limit_h} and successor_lead_s = "
+                              f"{self.successor_lead_s} must not be negative")
         if not self.spares_per_100 or any(s < 0 for s in self.spares_per_100):
             raise ConfigError(f"alloc: spares_per_100 = {list(self.spares_per_100)}: need values >= 0")
         if self.relaunch_small_s < 0 or not 0 < self.min_dp_fraction <= 1:

@@ -76,10 +76,28 @@ class PolicyCosts:
     """In-allocation mode: confirmed -> first step after a relaunch inside the allocation."""
     min_replicas: int = 1
     """In-allocation mode: shrink inside the allocation down to this many replicas, then resubmit."""
+    relaunch_restore_s: float = 0.0
+    """In-allocation mode: the restore part of a relaunch (charged as restore, on top of relaunch_s)."""
+    batch_host: bool = False
+    """In-allocation mode: the supervisor runs in the batch script, so losing the first node ends
+    the allocation (a resubmission); False: the control plane is outside and recovers it inside."""
+    pools: bool = False
+    """In-allocation mode: running shrunk, ask for a pool allocation of the missing nodes and grow
+    back when it starts (sim module docstring)."""
+    repair_s: float = math.inf
+    """A failed node is back in service after this long: a pool's wait never exceeds it."""
+    time_limit_s: float = 0.0
+    """In-allocation mode: the allocation's time limit (0: none)."""
+    successor_lead_s: float | None = None
+    """With a time limit: request the successor allocation this long before it (None: resubmit at
+    the limit and wait in the queue)."""
 
     def __post_init__(self) -> None:
         if self.ckpt_interval_s <= 0:
             raise ValueError(f"{self.name}: ckpt_interval_s = {self.ckpt_interval_s} must be positive")
+        if self.time_limit_s > 0 and self.successor_lead_s is not None and self.successor_lead_s >= self.time_limit_s:
+            raise ValueError(f"{self.name}: successor_lead_s = {self.successor_lead_s} must be shorter than "
+                             f"time_limit_s = {self.time_limit_s}")
 
     def queue_s(self, draw: float) -> float:
         """The queue wait of one trip: ``median x exp(sigma x z)``, z the standard normal quantile of ``draw``."""
@@ -87,6 +105,11 @@ class PolicyCosts:
             return 0.0
         z = statistics.NormalDist().inv_cdf(min(max(draw, 1e-12), 1 - 1e-12))
         return self.queue_median_s * math.exp(self.queue_sigma * z)
+
+    def pool_wait_s(self, draw: float) -> float:
+        """A pool allocation's wait: the queue-wait model at the event's own ``pool_draw``, never
+        longer than the failed node's return to service (``repair_s``)."""
+        return min(self.queue_s(draw), self.repair_s)
 
     def detection_s(self, kind: str, draw: float) -> float:
         spread = self.detect_spread.get(kind, 0.0)
@@ -176,20 +199,40 @@ def scale(cfg: SimConfig) -> Scaled:
         "restore_full_s": restore_full, "restore_critical_s": restore_critical, "start_s": start,
         "omni_ckpt_interval_s": interval, "omni_hang_detect_s": hang, "heartbeat_scan_s": scan,
         "mtbf_s": mtbf, **{f"share_{k}": v for k, v in shares.items()},
-        "relaunch_s": in_allocation(cfg, omni, 0).relaunch_s,
+        "relaunch_s": in_allocation(cfg, omni, 0).relaunch_s + omni.restore_s,
+        "successor_lead_s": successor_lead(cfg),
     }
     return Scaled(manual, slurm, omni, figures)
 
 
-def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float) -> PolicyCosts:
+def successor_lead(cfg: SimConfig) -> float:
+    """How long before the time limit the successor is requested: ``[alloc] successor_lead_s``, or
+    the queue wait's 90th percentile."""
+    if cfg.alloc.successor_lead_s is not None:
+        return cfg.alloc.successor_lead_s
+    return cfg.queue.median_s * math.exp(cfg.queue.sigma * statistics.NormalDist().inv_cdf(0.9))
+
+
+def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: bool = False,
+                  time_limit: bool = False) -> PolicyCosts:
     """(d) slurm-omni's in-allocation mode with ``per_100`` spares per 100 job nodes: detection and
     checkpoints as (c); a relaunch costs the small cluster's relaunch, the communicator set-up at
     scale, the critical-first restore and a step; out of spares and below the minimum data-parallel
-    size, (c)'s resubmission with its queue wait."""
+    size, (c)'s resubmission with its queue wait. Its supervisor runs in the batch script: losing
+    the first node ends the allocation.
+
+    ``pools``: (e) the control plane outside the allocations (issue 20): the first node's loss is
+    recovered inside, running shrunk it asks for a pool allocation and grows back, and at a time
+    limit a successor allocation requested ``successor_lead`` ahead takes over.
+    ``time_limit``: the allocation ends after ``[alloc] time_limit_h`` (else it never ends)."""
     run = cfg.run
     spares = round(per_100 * run.nodes / 100)
     init = cfg.start.init_s_per_1k_gpus * run.gpus / 1000.0
-    relaunch = cfg.alloc.relaunch_small_s + init + omni.restore_s + omni.first_step_s
-    return dataclasses.replace(omni, name=f"(d) in allocation, {per_100:g} spares/100 nodes", spares=spares,
-                               relaunch_s=relaunch,
+    relaunch = cfg.alloc.relaunch_small_s + init + omni.first_step_s
+    name = (f"(e) pools, {per_100:g} spares/100 nodes" if pools
+            else f"(d) in allocation, {per_100:g} spares/100 nodes")
+    return dataclasses.replace(omni, name=name, spares=spares, relaunch_s=relaunch,
+                               relaunch_restore_s=omni.restore_s, batch_host=not pools, pools=pools,
+                               repair_s=run.repair_s, time_limit_s=cfg.alloc.time_limit_h * 3600 if time_limit else 0.0,
+                               successor_lead_s=successor_lead(cfg) if pools and time_limit else None,
                                min_replicas=max(1, math.ceil(cfg.alloc.min_dp_fraction * run.data_parallel)))

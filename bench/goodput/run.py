@@ -4,15 +4,20 @@
         [--queue-median-s 3600] [--queue-sigma 1.0]
         [--drill-json drill.json] [--ckpt-json ckpt.json] [--timeline recoveries.json] [--json out.json]
 
-Policies: (a) a person restarts from the hourly checkpoint, (b) Slurm's own requeue, (c)
-slurm-omni's resubmission, and (d) slurm-omni inside the allocation with spares, for every count of
-spares per 100 nodes in ``[alloc] spares_per_100``. (a)-(c) go back into the queue at every
-interruption (a lognormal wait, ``[queue]`` or ``--queue-median-s``); (d) pays for its idle spares
-and goes back into the queue only when it runs out of spares and replicas. Each Monte-Carlo run draws
-one interruption trace (Poisson, Llama 3 categories) and plays every policy on it. Printed: ETTR per
-policy (mean and the 5-95 % range over runs), lost time per bucket, per-interruption costs, ETTR
-against the spares per 100 nodes, the best choice and its ETTR against the 97 % target, and every
-input with its source (default, config file, measured file).
+A model, not a measurement. Policies: (a) a person restarts from the hourly checkpoint, (b)
+Slurm's own requeue, (c) slurm-omni's resubmission, (d) slurm-omni inside the allocation with
+spares (its supervisor in the batch script: losing the first node ends the allocation), and (e) the
+same with the control plane outside the allocations (issue 20): the first node's loss recovered
+inside, and pool allocations that grow a shrunk job back; (d) and (e) for every count of spares per
+100 nodes in ``[alloc] spares_per_100``. (a)-(c) go back into the queue at every interruption (a
+lognormal wait, ``[queue]`` or ``--queue-median-s``); (d) and (e) pay for their idle nodes and go
+back into the queue only when out of spares and replicas; a pool waits in the same queue-wait
+model. Each Monte-Carlo run draws one interruption trace (Poisson, Llama 3 categories) and plays
+every policy on it. Printed: ETTR per policy (mean and the 5-95 % range over runs), lost time per
+bucket, ETTR against spares per 100 nodes with and without pools, the best choice against the 97 %
+target, where the remaining time goes (ml-goodput-measurement's badput names), the same at a
+time limit per allocation (``[alloc] time_limit_h``: resubmission vs a successor requested ahead),
+per-interruption costs, and every input with its source (public, assumption, measured file, config).
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.goodput.failures import Interruption, interruption_trace
+from bench.goodput.failures import Interruption, interruption_trace, limit_draws
 from bench.goodput.inputs import (
     Provenance,
     SimConfig,
@@ -60,6 +66,15 @@ class Summary:
     relaunches: float = 0.0
     spare_hours: float = 0.0
     """Idle spares, in the job's wall hours (node-hours / job nodes)."""
+    grows: float = 0.0
+    pools: float = 0.0
+    host_losses: float = 0.0
+    handovers: float = 0.0
+
+    @property
+    def paid_hours(self) -> float:
+        """What the job paid for, in its wall hours: the wall plus its idle nodes."""
+        return sum(self.hours.values()) + self.spare_hours
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +84,7 @@ class SpareRow:
     per_100: float
     spares: int
     summary: Summary
+    pools: bool = False
 
 
 def traces(cfg: SimConfig, *, runs: int, seed: int) -> list[list[Interruption]]:
@@ -83,15 +99,53 @@ def run_many(cfg: SimConfig, scaled: Scaled, *, runs: int, seed: int,
     return [[simulate(policy, cfg.run, trace) for trace in events] for policy in scaled.policies]
 
 
+def limit_draw_lists(cfg: SimConfig, *, runs: int, seed: int) -> list[list[float]]:
+    """Run i's queue-wait draws of the allocations after a time limit (enough for one an hour)."""
+    return [limit_draws(seed + i, int(cfg.run.wall_s / 3600) + 16) for i in range(runs)]
+
+
 def run_spares(cfg: SimConfig, scaled: Scaled, *, runs: int, seed: int,
-               events: list[list[Interruption]] | None = None) -> list[SpareRow]:
-    """The in-allocation mode for every ``alloc.spares_per_100``, on the same traces."""
+               events: list[list[Interruption]] | None = None, pools: bool = False,
+               time_limit: bool = False, spares_per_100: Sequence[float] | None = None) -> list[SpareRow]:
+    """The in-allocation mode for every ``alloc.spares_per_100`` (or ``spares_per_100``), on the
+    same traces; ``pools``: the control plane outside, pools and successors (models.in_allocation);
+    ``time_limit``: allocations end after ``[alloc] time_limit_h``."""
     events = events if events is not None else traces(cfg, runs=runs, seed=seed)
+    draws = limit_draw_lists(cfg, runs=len(events), seed=seed)
     rows = []
-    for per_100 in cfg.alloc.spares_per_100:
-        policy = in_allocation(cfg, scaled.omni, per_100)
+    for per_100 in (cfg.alloc.spares_per_100 if spares_per_100 is None else spares_per_100):
+        policy = in_allocation(cfg, scaled.omni, per_100, pools=pools, time_limit=time_limit)
         rows.append(SpareRow(per_100, policy.spares or 0,
-                             summarize([simulate(policy, cfg.run, trace) for trace in events])))
+                             summarize([simulate(policy, cfg.run, trace, d) for trace, d in zip(events, draws, strict=True)]),
+                             pools))
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRow:
+    """One row of the time-limit comparison: how the next allocation is obtained, and the outcome."""
+
+    how: str
+    summary: Summary
+
+
+def run_limits(cfg: SimConfig, scaled: Scaled, *, runs: int, seed: int, events: list[list[Interruption]],
+               per_100_today: float, per_100_pools: float) -> list[LimitRow]:
+    """Allocations ending at ``[alloc] time_limit_h``: today's resubmission at the limit, and a
+    successor requested ahead of it, the lead at the queue wait's median, 90th and 99th percentile
+    (or the configured lead)."""
+    rows = [LimitRow("resubmit at the limit (today)", run_spares(
+        cfg, scaled, runs=runs, seed=seed, events=events, time_limit=True, spares_per_100=[per_100_today])[0].summary)]
+    leads = ([cfg.alloc.successor_lead_s] if cfg.alloc.successor_lead_s is not None else
+             [cfg.queue.median_s * math.exp(cfg.queue.sigma * statistics.NormalDist().inv_cdf(q))
+              for q in (0.5, 0.9, 0.99)])
+    for lead in leads:
+        c = dataclasses.replace(cfg, alloc=dataclasses.replace(cfg.alloc, successor_lead_s=lead))
+        if lead >= c.alloc.time_limit_h * 3600:
+            continue
+        rows.append(LimitRow(f"successor requested {lead / 3600:.1f} h ahead", run_spares(
+            c, scaled, runs=runs, seed=seed, events=events, pools=True, time_limit=True,
+            spares_per_100=[per_100_pools])[0].summary))
     return rows
 
 
@@ -114,48 +168,123 @@ def summarize(outcomes: Sequence[Outcome]) -> Summary:
         sum(o.interruptions for o in outcomes) / n, sum(o.absorbed for o in outcomes) / n,
         sum(o.shrinks for o in outcomes) / n,
         sum(o.waits for o in outcomes) / n, sum(o.resubmits for o in outcomes) / n,
-        sum(o.relaunches for o in outcomes) / n, sum(o.spare_s for o in outcomes) / n / 3600)
+        sum(o.relaunches for o in outcomes) / n, sum(o.spare_s for o in outcomes) / n / 3600,
+        sum(o.grows for o in outcomes) / n, sum(o.pools for o in outcomes) / n,
+        sum(o.host_losses for o in outcomes) / n, sum(o.handovers for o in outcomes) / n)
+
+
+# Badput causes in the vocabulary of Google's ml-goodput-measurement (its BadputType names), and the
+# buckets of sim.BUCKETS each one sums; the last three are outside what that library measures.
+BADPUT: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("checkpoint save (UNPRODUCTIVE_CHECKPOINT_SAVE_TIME)", ("checkpoint",)),
+    ("checkpoint restore (UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME)", ("restore",)),
+    ("wasted progress (WASTED_PROGRESS_FROM_DISRUPTION)", ("recompute",)),
+    ("infrastructure recovery (INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION)", ("detection", "restart", "waiting")),
+    ("running shrunk (ELASTIC_SLICE_DOWN)", ("shrunk",)),
+    ("grow-back relaunch (ELASTIC_SCALE_UP)", ("grow",)),
+    ("time-limit handover (not in the library: a planned new start)", ("handover",)),
+    ("queue wait (not in the library: outside any allocation)", ("queue",)),
+)
+IDLE = "idle nodes held (not in the library: paid, not running)"
+
+# Where each default of the pool and allocation model comes from (bench/goodput/inputs.py says more);
+# a config file or the command line replaces the source.
+SOURCES: dict[str, str] = {
+    "run.gpus": "public: Llama 3 paper (2024), 16,384 H100",
+    "run.days": "public: Llama 3 paper, 54 days",
+    "run.interruptions": "public: Llama 3 paper table 5, 419 unexpected interruptions",
+    "run.repair_s": "assumption: a failed node back in service in a day; bounds a pool's wait",
+    "queue.median_s": "assumption: 'for a 2,000-node job, often hours' (issue 13); not measured",
+    "queue.sigma": "assumption: lognormal, p90 = 3.6 x median; a pool's wait is drawn from the same model",
+    "alloc.relaunch_small_s": ("goal of issue 13 (<= 3 s); measured 2.30 s median, node lost, idle: "
+                               "python bench/recovery_bench.py (README)"),
+    "start.init_s_per_1k_gpus": "assumption: communicator set-up and imports, about a minute at 16k GPUs",
+    "alloc.min_dp_fraction": "policy: shrink down to this share of dp, then resubmit",
+    "alloc.time_limit_h": "assumption: a shared centre's maximum wall time (only the time-limit section)",
+    "alloc.successor_lead_s": "policy: unset -> the time-limit section sweeps the queue wait's p50, p90, p99",
+    "storage.aggregate_write_bw": "public: Llama 3 paper, Tectonic 2 TB/s sustained",
+}
+
+
+def badput(s: Summary) -> list[tuple[str, float]]:
+    """Lost hours by cause (ml-goodput-measurement's names where it has one), idle nodes last."""
+    return [(name, sum(s.hours[b] for b in buckets)) for name, buckets in BADPUT] + [(IDLE, s.spare_hours)]
 
 
 def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: Sequence[Provenance],
-           *, runs: int, seed: int, rows: Sequence[SpareRow] = ()) -> str:
+           *, runs: int, seed: int, rows: Sequence[SpareRow] = (), limits: Sequence[LimitRow] = ()) -> str:
     r, f = cfg.run, scaled.figures
     lines = [
-        (f"goodput at scale: {r.gpus} GPUs ({r.nodes} nodes; dp {r.data_parallel} x tp {r.tensor_parallel} x "
-        f"pp {r.pipeline_parallel}), {r.days:g} days, {r.interruptions:g} unexpected interruptions expected "
-        f"(one per {f['mtbf_s'] / 3600:.2f} h), {runs} runs (seeds {seed}..{seed + runs - 1})"),
+        (f"goodput at scale (a model: a Monte-Carlo simulation, not a measurement): {r.gpus} GPUs ({r.nodes} "
+         f"nodes; dp {r.data_parallel} x tp {r.tensor_parallel} x pp {r.pipeline_parallel}), {r.days:g} days, "
+         f"{r.interruptions:g} unexpected interruptions expected (one per {f['mtbf_s'] / 3600:.2f} h), {runs} runs "
+         f"(seeds {seed}..{seed + runs - 1})"),
         "",
-        (f"queue wait at every trip through the queue: lognormal, median {cfg.queue.median_s:g} s, sigma "
-         f"{cfg.queue.sigma:g} (mean {_queue_mean(scaled.omni) / 3600:.2f} h)"),
+        (f"queue wait at every trip through the queue, and of every pool allocation: lognormal, median "
+         f"{cfg.queue.median_s:g} s, sigma {cfg.queue.sigma:g} (mean {_queue_mean(scaled.omni) / 3600:.2f} h); "
+         f"a pool waits at most {r.repair_s / 3600:g} h (a failed node back in service)"),
         "",
-        (f"{'policy':40} {'ETTR':>7} {'p5-p95':>15} | lost hours (mean): "
-        f"{'detect':>7} {'restart':>7} {'queue':>7} {'wait':>6} {'recomp':>7} {'ckpt':>6} {'shrunk':>6} "
-        f"{'spares':>6}"),
+        (f"{'policy':40} {'ETTR':>7} {'p5-p95':>15} | lost hours (mean): {'detect':>6} {'restart':>7} "
+         f"{'restore':>7} {'queue':>6} {'wait':>5} {'recomp':>6} {'ckpt':>5} {'shrunk':>6} {'grow':>5} "
+         f"{'idle':>5}"),
     ]
-    shown = [*summaries, *(r.summary for r in rows)]
-    for s in shown:
+    for s in [*summaries, *(r.summary for r in rows)]:
         h = s.hours
         lines.append(
             f"{s.policy:40} {s.ettr_mean:7.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} |                    "
-            f"{h['detection']:7.1f} {h['restart']:7.1f} {h['queue']:7.1f} {h['waiting']:6.1f} "
-            f"{h['recompute']:7.1f} {h['checkpoint']:6.2f} {h['shrunk']:6.2f} {s.spare_hours:6.1f}")
+            f"{h['detection']:6.1f} {h['restart']:7.1f} {h['restore']:7.1f} {h['queue']:6.1f} {h['waiting']:5.1f} "
+            f"{h['recompute']:6.1f} {h['checkpoint']:5.2f} {h['shrunk']:6.2f} {h['grow']:5.2f} {s.spare_hours:5.1f}")
+    today = [r for r in rows if not r.pools]
+    pooled = {r.per_100: r for r in rows if r.pools}
     if rows:
-        lines += ["", (f"in allocation: ETTR against spares per 100 nodes (relaunch {f['relaunch_s']:.1f} s; shrink "
-                       f"down to {cfg.alloc.min_dp_fraction:.0%} of dp {cfg.run.data_parallel}, then resubmit)"),
-                  (f"  {'spares/100':>10} {'spares':>6} {'ETTR':>7} {'p5-p95':>15} {'relaunch':>8} {'shrinks':>7} "
-                   f"{'resubmit':>8} {'queue h':>7} {'idle h':>6}")]
-        for r in rows:
-            s = r.summary
-            lines.append(f"  {r.per_100:10g} {r.spares:6d} {s.ettr_mean:7.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} "
-                         f"{s.relaunches:8.1f} {s.shrinks:7.1f} {s.resubmits:8.1f} {s.hours['queue']:7.1f} "
-                         f"{s.spare_hours:6.1f}")
+        lines += ["", (f"ETTR against spares per 100 nodes (relaunch {f['relaunch_s']:.1f} s; shrink down to "
+                       f"{cfg.alloc.min_dp_fraction:.0%} of dp {cfg.run.data_parallel}, then resubmit)"),
+                  "  (d) without pools: the supervisor in the batch script; losing the first node ends the allocation",
+                  ("  (e) with pools: the control plane outside; the first node recovered inside; running shrunk, "
+                   "a pool allocation of the missing nodes, grown back by one relaunch when it starts"),
+                  (f"  {'spares/100':>10} {'spares':>6} | {'(d) ETTR':>8} {'p5-p95':>15} {'shrinks':>7} {'resub':>5} "
+                   f"{'host':>4} {'idle h':>6} | {'(e) ETTR':>8} {'p5-p95':>15} {'shrinks':>7} {'pools':>5} "
+                   f"{'grows':>5} {'idle h':>6}")]
+        for d in today:
+            s = d.summary
+            line = (f"  {d.per_100:10g} {d.spares:6d} | {s.ettr_mean:8.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} "
+                    f"{s.shrinks:7.1f} {s.resubmits:5.1f} {s.host_losses:4.1f} {s.spare_hours:6.1f} |")
+            e = pooled.get(d.per_100)
+            if e is not None:
+                t = e.summary
+                line += (f" {t.ettr_mean:8.2%} {t.ettr_p5:7.2%}-{t.ettr_p95:<7.2%} {t.shrinks:7.1f} {t.pools:5.1f} "
+                         f"{t.grows:5.1f} {t.spare_hours:6.1f}")
+            lines.append(line)
     name, top = best(summaries, rows)
     resub = summaries[-1]
     lines += ["", (f"best choice: {name}: ETTR {top.ettr_mean:.2%} (slurm-omni resubmission "
-                   f"{resub.ettr_mean:.2%}, {(top.ettr_mean - resub.ettr_mean) * 100:+.2f} points)"),
-              (f"best ETTR / {TARGET_ETTR:.0%} target = {top.ettr_mean / TARGET_ETTR:.3f} "
-              f"({'meets' if top.ettr_mean >= TARGET_ETTR else 'misses'} the target)"), "",
-              "per interruption (mean over kinds; seconds):"]
+                   f"{resub.ettr_mean:.2%}, {(top.ettr_mean - resub.ettr_mean) * 100:+.2f} points)")]
+    if today:
+        no_pool = max(today, key=lambda x: x.summary.ettr_mean).summary
+        lines.append(f"best without pools: {no_pool.policy}: ETTR {no_pool.ettr_mean:.2%}")
+    allowed = (1 - TARGET_ETTR) * top.paid_hours
+    lost = top.paid_hours - top.hours["productive"]
+    lines.append(f"best ETTR / {TARGET_ETTR:.0%} target = {top.ettr_mean / TARGET_ETTR:.3f} "
+                 f"({'meets' if top.ettr_mean >= TARGET_ETTR else 'misses'} the target: {lost:.1f} h lost of "
+                 f"{top.paid_hours:.0f} h paid, the target allows {allowed:.1f} h)")
+    best_rows = [x for x in (max(today, key=lambda x: x.summary.ettr_mean) if today else None,
+                         max(pooled.values(), key=lambda x: x.summary.ettr_mean) if pooled else None) if x]
+    if best_rows:
+        lines += ["", "where the remaining time goes (hours; share of the paid time; ml-goodput-measurement's names):",
+                  f"  {'cause':68} " + " ".join(f"{_short(x):>30}" for x in best_rows)]
+        causes = [badput(x.summary) for x in best_rows]
+        for i, (cause, _) in enumerate(causes[0]):
+            lines.append(f"  {cause:68} " + " ".join(
+                f"{c[i][1]:14.1f} h {c[i][1] / x.summary.paid_hours:13.2%}" for c, x in zip(causes, best_rows, strict=True)))
+    if limits:
+        lines += ["", (f"at a time limit of {cfg.alloc.time_limit_h:g} h per allocation (every allocation, "
+                       "pools included, ends by then; a planned save, then a fresh start on the next one):"),
+                  f"  {'next allocation':36} {'ETTR':>7} {'p5-p95':>15} {'handovers':>9} {'queue h':>7} {'idle h':>6}"]
+        for row in limits:
+            s = row.summary
+            lines.append(f"  {row.how:36} {s.ettr_mean:7.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} "
+                         f"{s.handovers:9.1f} {s.hours['queue']:7.1f} {s.spare_hours:6.1f}   {s.policy}")
+    lines += ["", "per interruption (mean over kinds; seconds):"]
     shares = {k: f[f"share_{k}"] for k in ("node_down", "task_crash", "hang")}
     for p, s in zip(scaled.policies, summaries, strict=True):
         detect = sum(shares[k] * _mean_detection(p, k) for k in shares)
@@ -182,8 +311,20 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
         value = getattr(getattr(cfg, section), key)
         shown = "(see models)" if value is None else f"{value:<14.6g}"
         lines.append(f"  {name:28} = {shown:<14} {source.get(name, 'default')}")
-    lines += [f"  {p.name:28} = {p.value:<14.6g} {p.source}" for p in prov if p.name not in KEY_INPUTS]
+    lines += [f"  {p.name:28} = {p.value:<14.6g} {p.source}" for p in prov
+              if p.name not in KEY_INPUTS and p.name not in SOURCES]
+    lines += ["", ("inputs of the run, the queue, the pools and the allocations (source of the default; an "
+                   "override names its own):")]
+    for name, why in SOURCES.items():
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        shown = "(unset)" if value is None else f"{value:<14.6g}"
+        lines.append(f"  {name:28} = {shown:<14} {source.get(name, why)}")
     return "\n".join(lines)
+
+
+def _short(row: SpareRow) -> str:
+    return f"{'(e) pools' if row.pools else '(d) no pools'}, {row.per_100:g} spares/100"
 
 
 def _queue_mean(p: PolicyCosts) -> float:
@@ -253,7 +394,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     events = traces(cfg, runs=args.runs, seed=args.seed)
     summaries = [summarize(o) for o in run_many(cfg, scaled, runs=args.runs, seed=args.seed, events=events)]
     rows = run_spares(cfg, scaled, runs=args.runs, seed=args.seed, events=events)
-    print(render(cfg, scaled, summaries, prov, runs=args.runs, seed=args.seed, rows=rows))
+    pooled = run_spares(cfg, scaled, runs=args.runs, seed=args.seed, events=events, pools=True)
+    limits = (run_limits(cfg, scaled, runs=args.runs, seed=args.seed, events=events,
+                         per_100_today=max(rows, key=lambda x: x.summary.ettr_mean).per_100,
+                         per_100_pools=max(pooled, key=lambda x: x.summary.ettr_mean).per_100)
+              if cfg.alloc.time_limit_h > 0 else [])
+    rows = [*rows, *pooled]
+    print(render(cfg, scaled, summaries, prov, runs=args.runs, seed=args.seed, rows=rows, limits=limits))
     if args.json:
         payload = {"target_ettr": TARGET_ETTR, "runs": args.runs, "seed": args.seed,
                    "policies": [{"policy": s.policy, "ettr_mean": s.ettr_mean, "ettr_p5": s.ettr_p5,
@@ -263,7 +410,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       "ettr_p95": r.summary.ettr_p95, "lost_hours": r.summary.hours,
                                       "idle_spare_hours": r.summary.spare_hours,
                                       "relaunches": r.summary.relaunches, "resubmits": r.summary.resubmits,
-                                      "shrinks": r.summary.shrinks} for r in rows],
+                                      "shrinks": r.summary.shrinks, "pools": r.pools,
+                                      "pool_allocations": r.summary.pools, "grows": r.summary.grows,
+                                      "batch_host_losses": r.summary.host_losses,
+                                      "badput_hours": dict(badput(r.summary))} for r in rows],
+                   "time_limit": [{"next_allocation": x.how, "policy": x.summary.policy,
+                                   "time_limit_h": cfg.alloc.time_limit_h, "ettr_mean": x.summary.ettr_mean,
+                                   "handovers": x.summary.handovers, "lost_hours": x.summary.hours,
+                                   "idle_hours": x.summary.spare_hours} for x in limits],
                    "best": best(summaries, rows)[0],
                    "inputs": [{"name": p.name, "value": p.value, "source": p.source} for p in prov],
                    "figures": scaled.figures}

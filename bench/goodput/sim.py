@@ -23,26 +23,53 @@ allocation (``relaunch_s``, no queue); a software fault relaunches on the same n
 the job drops a replica (its healthy nodes serve as the next replacements) while at least
 ``min_replicas`` are left; below that it is resubmitted (queue wait and a full start) and starts
 again full size with all its spares. The cluster's own spare pool does not matter here (the queue
-wait stands for finding a whole allocation).
+wait stands for finding a whole allocation). Every healthy node held and not running (a spare, the
+rest of a dropped replica, a pool node not yet used) is paid as idle. With ``batch_host`` the
+supervisor runs in the batch script: a lost node is the batch host with probability 1 / nodes held
+(the event's ``host_draw``), and then the allocation ends (a resubmission).
 
-Every wall second lands in exactly one bucket: productive, detection, restart, queue (waiting in
-the queue), waiting for nodes, recompute (lost work), checkpoint (blocking), shrunk. Idle spares are
-paid as node-seconds; ``spare_s`` expresses them in the job's wall seconds (node-seconds / job
-nodes). ETTR = productive / (wall + spare_s): the useful share of what the job paid for.
+Pools (``PolicyCosts.pools``; issue 20, the control plane outside the allocations): whenever a
+relaunch leaves the job running shrunk, it asks for a pool allocation of the nodes missing to the
+full size (spares included) that no pending pool brings already. The pool starts
+``pool_wait_s(pool_draw)`` later: the queue-wait model, never longer than a failed node's return to
+service (``repair_s``). When it starts, its nodes are held (paid), and a planned relaunch (a
+synchronous save, no lost work: ``grow``) grows the job back to as many replicas as the idle nodes
+complete; a pool that starts while the job is down joins that relaunch at no cost. Training goes
+on, shrunk, while a pool waits; more losses meanwhile use the idle nodes, then shrink again and ask
+for more. A resubmission cancels the pending pools.
+
+Time limit (``time_limit_s``): the allocation ends that long after it began. Without a successor
+(``successor_lead_s`` None) the job saves, is resubmitted and waits in the queue; with one, the
+successor is requested ``successor_lead_s`` before the limit and its queue wait (``limit_draws``)
+starts then: when it starts before the limit the job hands over to it at once (the old allocation
+is released), else the job stops at the limit and waits for it. A handover is a planned save and a
+fresh start on new nodes (start, restore, first step: ``handover``) with the full size and all
+spares; pending pools are released with the old allocation (pools have no limit of their own here).
+
+Every wall second lands in exactly one bucket: productive, detection, restart, restore, queue
+(waiting in the queue), waiting for nodes, recompute (lost work), checkpoint (blocking), shrunk,
+grow (the planned relaunch of a grow-back), handover (a new allocation after a time limit). Idle
+nodes are paid as node-seconds; ``spare_s`` expresses them in the job's wall seconds (node-seconds /
+job nodes). ETTR = productive / (wall + spare_s): the useful share of what the job paid for.
+
+Not modelled: where a pool's nodes sit (a node on another leaf switch may slow the collectives), a
+pool's own failures beyond the Poisson trace of the job's nodes, and the supervisor's own host (its
+loss costs one relaunch by design, issue 20; not in the trace).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bench.goodput.failures import Interruption
 from bench.goodput.inputs import RunConfig
 from bench.goodput.models import PolicyCosts
 
-BUCKETS = ("productive", "detection", "restart", "queue", "waiting", "recompute", "checkpoint", "shrunk")
+BUCKETS = ("productive", "detection", "restart", "restore", "queue", "waiting", "recompute", "checkpoint", "shrunk",
+           "grow", "handover")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +92,12 @@ class Outcome:
     """In-allocation mode: relaunches inside the allocation."""
     spare_s: float = 0.0
     """Idle spare node-seconds / job nodes (paid, not used)."""
+    pools: int = 0
+    """In-allocation mode with pools: pool allocations requested."""
+    host_losses: int = 0
+    """In-allocation mode: losses of the batch host that ended the allocation."""
+    handovers: int = 0
+    """In-allocation mode: allocations ended by their time limit (or a successor started early)."""
 
     @property
     def ettr(self) -> float:
@@ -159,9 +192,10 @@ class _Ledger:
         return self.t >= self.wall_s
 
 
-def simulate(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> Outcome:
+def simulate(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption],
+             limit_draws: Sequence[float] = ()) -> Outcome:
     if p.spares is not None:
-        return simulate_in_allocation(p, run, events)
+        return simulate_in_allocation(p, run, events, limit_draws)
     wall, dp, per_replica = run.wall_s, run.data_parallel, run.nodes_per_replica
     pool = SparePool(run.spare_nodes, run.repair_s)
     led = _Ledger(wall)
@@ -209,7 +243,9 @@ def simulate(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> 
         led.charge("restart", p.resubmit_s + p.pending_s)
         led.charge("queue", p.queue_s(ev.queue_draw))
         led.charge("waiting", wait)
-        led.charge("restart", p.start_s + p.restore_s + p.first_step_s)
+        led.charge("restart", p.start_s)
+        led.charge("restore", p.restore_s)
+        led.charge("restart", p.first_step_s)
         ev = next(queue, None)
     while ev is not None:
         absorbed += ev.time_s < wall
@@ -217,50 +253,150 @@ def simulate(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> 
     return Outcome(p.name, wall, led.seconds, hits, absorbed, shrinks, grows, waits, resubmits=hits)
 
 
-def simulate_in_allocation(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption]) -> Outcome:
-    """The in-allocation mode (module docstring); ``p.spares`` idle nodes in the allocation."""
-    wall, dp, per_replica, nodes = run.wall_s, run.data_parallel, run.nodes_per_replica, run.nodes
-    full = p.spares or 0
+class _Allocation:
+    """The in-allocation mode's state: replicas running, healthy nodes held idle (spares, the
+    healthy rest of a dropped replica, pool nodes not yet used), pending pool allocations, and the
+    idle node-seconds paid."""
+
+    def __init__(self, p: PolicyCosts, run: RunConfig) -> None:
+        self.p, self.dp, self.per = p, run.data_parallel, run.nodes_per_replica
+        self.full = p.spares or 0
+        self.replicas, self.idle = self.dp, self.full
+        self.pools: list[tuple[float, int]] = []
+        self.idle_node_s = 0.0
+        self.requested = 0
+
+    def pay(self, seconds: float) -> None:
+        self.idle_node_s += self.idle * seconds
+
+    def reset(self) -> None:
+        """A new allocation of the full size: spares again, pending pools cancelled."""
+        self.replicas, self.idle, self.pools = self.dp, self.full, []
+
+    def request(self, t: float, draw: float) -> None:
+        """Running shrunk: ask for the nodes missing to the full size (spares included) that no
+        pending pool brings already."""
+        if not self.p.pools or self.replicas >= self.dp:
+            return
+        need = (self.dp - self.replicas) * self.per + self.full - self.idle - sum(n for _, n in self.pools)
+        if need > 0:
+            self.pools.append((t + self.p.pool_wait_s(draw), need))
+            self.requested += 1
+
+    def next_pool(self) -> float:
+        return min((start for start, _ in self.pools), default=math.inf)
+
+    def settle(self, t: float) -> None:
+        """Pools started by ``t`` join the idle nodes (paid from their start)."""
+        for start, n in [x for x in self.pools if x[0] <= t]:
+            self.pools.remove((start, n))
+            self.idle += n
+            self.idle_node_s += n * (t - start)
+
+    def grow(self) -> int:
+        """Replicas the idle nodes complete, up to the full data-parallel size."""
+        k = min(self.dp - self.replicas, self.idle // self.per)
+        self.replicas += k
+        self.idle -= k * self.per
+        return k
+
+
+def simulate_in_allocation(p: PolicyCosts, run: RunConfig, events: Iterable[Interruption],
+                           limit_draws: Sequence[float] = ()) -> Outcome:
+    """The in-allocation mode (module docstring); ``p.spares`` idle nodes in the allocation.
+
+    ``limit_draws``: queue-wait draws of the allocations after each time limit, in order (the
+    median once they run out)."""
+    wall, nodes = run.wall_s, run.nodes
     led = _Ledger(wall)
-    spares, freed, replicas = full, 0, dp
-    idle_node_s = 0.0
-    absorbed = hits = shrinks = resubmits = relaunches = 0
+    a = _Allocation(p, run)
+    absorbed = hits = shrinks = resubmits = relaunches = grows = host_losses = handovers = 0
+    draws = iter(limit_draws)
     queue = iter(sorted(events, key=lambda e: e.time_s))
     ev = next(queue, None)
+    waits: list[float] = []
+
+    def new_allocation(now: float) -> float:
+        """When the allocation that starts at ``now`` hands over to the next one (inf: never); the
+        next one's queue wait is drawn here and kept in ``waits``."""
+        waits.clear()
+        if p.time_limit_s <= 0:
+            return math.inf
+        limit = now + p.time_limit_s
+        waits.append(p.queue_s(next(draws, 0.5)))
+        if p.successor_lead_s is None:
+            return limit
+        return min(limit, limit - p.successor_lead_s + waits[0])
+
+    handover_at = new_allocation(0.0)
+    alloc_end = p.time_limit_s if p.time_limit_s > 0 else math.inf
     while not led.over:
         while ev is not None and ev.time_s < led.t:
             absorbed += 1
             ev = next(queue, None)
-        end = min(ev.time_s if ev is not None else math.inf, wall)
-        failed = ev is not None and end == ev.time_s and end < wall
-        idle_node_s += spares * led.train(p, end, failed, replicas / dp)
-        if led.over or ev is None:
+        fail_at = ev.time_s if ev is not None else math.inf
+        pool_at = a.next_pool()
+        end = min(fail_at, pool_at, handover_at, wall)
+        failed = ev is not None and end == fail_at and end < wall
+        a.pay(led.train(p, end, failed, a.replicas / a.dp))
+        if led.over:
+            break
+        if not failed and end == handover_at:   # the time limit, or the successor started before it
+            handovers += 1
+            led.charge("checkpoint", p.grow_save_s)   # a planned save: nothing lost
+            if p.successor_lead_s is None:
+                led.charge("handover", p.resubmit_s + p.pending_s)
+                led.charge("queue", waits[0])
+            else:   # the successor waited past the limit: the job waits for it
+                led.charge("queue", max(0.0, (alloc_end - p.successor_lead_s + waits[0]) - led.t))
+            a.reset()
+            began = led.t
+            handover_at, alloc_end = new_allocation(began), began + p.time_limit_s
+            a.pay(led.charge("handover", p.start_s + p.restore_s + p.first_step_s))
+            continue
+        if not failed:   # a pool allocation started: a planned relaunch grows the job back
+            a.settle(led.t)
+            if a.replicas < a.dp and a.idle >= a.per:
+                a.pay(led.charge("grow", p.grow_save_s + p.relaunch_s + p.relaunch_restore_s))
+                grows += a.grow() > 0
+            continue
+        if ev is None:  # narrowed by `failed`; keeps mypy content
             break
         hits += 1
-        idle_node_s += spares * led.charge("detection", p.detection_s(ev.kind, ev.draw))
+        a.pay(led.charge("detection", p.detection_s(ev.kind, ev.draw)))
         inside = True
         if ev.replace:   # the lost node leaves the allocation for good
-            if freed:
-                freed -= 1
-            elif spares:
-                spares -= 1
-            elif replicas - 1 >= p.min_replicas:
-                replicas, shrinks = replicas - 1, shrinks + 1
-                freed += per_replica - 1
+            held = a.replicas * a.per + a.idle
+            if p.batch_host and ev.host_draw * held < 1:   # the batch host: the allocation ends
+                inside, host_losses = False, host_losses + 1
+            elif a.idle:
+                a.idle -= 1
+            elif a.replicas - 1 >= p.min_replicas:
+                a.replicas, shrinks = a.replicas - 1, shrinks + 1
+                a.idle += a.per - 1
             else:
                 inside = False
         if inside:
             relaunches += 1
-            idle_node_s += spares * led.charge("restart", p.relaunch_s)
+            a.settle(led.t)
+            grows += a.grow() > 0          # pool nodes already there join this relaunch at no cost
+            a.request(led.t, ev.pool_draw)
+            a.pay(led.charge("restart", p.relaunch_s))
+            a.pay(led.charge("restore", p.relaunch_restore_s))
         else:   # a new allocation, full size, all spares again
             resubmits += 1
             led.charge("restart", p.resubmit_s + p.pending_s)
             led.charge("queue", p.queue_s(ev.queue_draw))
-            spares, freed, replicas = full, 0, dp
-            idle_node_s += spares * led.charge("restart", p.start_s + p.restore_s + p.first_step_s)
+            a.reset()
+            began = led.t
+            handover_at = new_allocation(began)
+            alloc_end = began + p.time_limit_s if p.time_limit_s > 0 else math.inf
+            a.pay(led.charge("restart", p.start_s + p.first_step_s))
+            a.pay(led.charge("restore", p.restore_s))
         ev = next(queue, None)
     while ev is not None:
         absorbed += ev.time_s < wall
         ev = next(queue, None)
-    return Outcome(p.name, wall, led.seconds, hits, absorbed, shrinks, 0, 0, resubmits=resubmits,
-                   relaunches=relaunches, spare_s=idle_node_s / nodes)
+    return Outcome(p.name, wall, led.seconds, hits, absorbed, shrinks, grows, 0, resubmits=resubmits,
+                   relaunches=relaunches, spare_s=a.idle_node_s / nodes, pools=a.requested,
+                   host_losses=host_losses, handovers=handovers)

@@ -50,7 +50,7 @@ def test_a_resubmission_waits_in_the_queue() -> None:
     # down at 1000: 100 s lost work, detect 100, resubmit 10, queue 600, start + restore + step 90.
     out = simulate(policy(queue_median_s=600.0), dataclasses.replace(SMALL, spare_nodes=1), [lost_node(1000)])
     assert out.seconds["queue"] == pytest.approx(600)
-    assert out.seconds["restart"] == pytest.approx(100)
+    assert out.seconds["restart"] == pytest.approx(60) and out.seconds["restore"] == pytest.approx(40)
     assert out.seconds["productive"] == pytest.approx(900 + 3600 - 1000 - 800)
     assert sum(out.seconds.values()) == pytest.approx(3600)
     assert out.resubmits == 1 and out.spare_s == 0
@@ -112,7 +112,8 @@ def test_spares_per_100_nodes_and_the_best_choice() -> None:
     # costs more than a few idle spares
     assert by[50.0].ettr_mean < by[2.0].ettr_mean
     assert by[2.0].ettr_mean > summaries[-1].ettr_mean
-    assert by[50.0].spare_hours > by[2.0].spare_hours > by[0.0].spare_hours == 0
+    # with no spare the healthy rest of a dropped replica still sits idle until it replaces a node
+    assert by[50.0].spare_hours > by[2.0].spare_hours > by[0.0].spare_hours > 0
     name, top = best(summaries, rows)
     assert top.ettr_mean == max(s.ettr_mean for s in [*summaries, *by.values()]) and name == top.policy
 
@@ -135,7 +136,8 @@ def test_cli_prints_the_sweep_and_the_best_choice(tmp_path: Path, capsys: pytest
     assert "ETTR against spares per 100 nodes" in text and "best choice: " in text
     assert "queue.median_s" in text and "command line" in text
     payload = json.loads(out_json.read_text())
-    assert [r["spares_per_100"] for r in payload["in_allocation"]] == list(AllocConfig().spares_per_100)
+    assert [r["spares_per_100"] for r in payload["in_allocation"] if not r["pools"]] == list(AllocConfig().spares_per_100)
+    assert [r["spares_per_100"] for r in payload["in_allocation"] if r["pools"]] == list(AllocConfig().spares_per_100)
     assert payload["best"] in {p["policy"] for p in payload["policies"] + payload["in_allocation"]}
 
 

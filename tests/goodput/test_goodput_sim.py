@@ -35,7 +35,8 @@ def test_one_crash_without_checkpoint_cost() -> None:
     assert out.seconds["productive"] == pytest.approx(900 + 2400)
     assert out.seconds["recompute"] == pytest.approx(100)
     assert out.seconds["detection"] == pytest.approx(100)
-    assert out.seconds["restart"] == pytest.approx(100)
+    assert out.seconds["restart"] == pytest.approx(60)
+    assert out.seconds["restore"] == pytest.approx(40)
     assert out.ettr == pytest.approx(3300 / 3600)
     assert sum(out.seconds.values()) == pytest.approx(3600)
 
@@ -77,7 +78,8 @@ def test_shrink_then_grow_when_the_node_returns() -> None:
     assert (out.shrinks, out.grows, out.waits) == (1, 1, 0)
     assert out.seconds["shrunk"] == pytest.approx(400)
     assert out.seconds["productive"] == pytest.approx(1000 + 400 + 1500)
-    assert out.seconds["restart"] == pytest.approx(200)
+    assert out.seconds["restart"] + out.seconds["restore"] == pytest.approx(200)
+    assert out.seconds["restore"] == pytest.approx(40)     # the fault's restart; the planned grow is all "restart"
 
 
 def test_without_shrink_the_job_waits_for_the_repaired_node() -> None:
