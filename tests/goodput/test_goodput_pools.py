@@ -13,8 +13,8 @@ import pytest
 from bench.goodput.failures import Interruption, interruption_trace, limit_draws
 from bench.goodput.inputs import AllocConfig, RunConfig, SimConfig, load_config
 from bench.goodput.models import PolicyCosts, in_allocation, scale, successor_lead
-from bench.goodput.run import main, run_spares, traces
-from bench.goodput.sim import simulate
+from bench.goodput.run import Summary, main, run_spares, target_gap, traces
+from bench.goodput.sim import BUCKETS, simulate
 from slurm_omni.errors import OmniError
 
 KINDS = ("node_down", "task_crash", "hang")
@@ -192,3 +192,14 @@ def test_a_negative_time_limit_is_one_line(tmp_path: Path) -> None:
     f.write_text("[alloc]\ntime_limit_h = -1\n")
     with pytest.raises(OmniError, match="time_limit_h = -1"):
         load_config(f)
+
+
+def test_the_gap_to_the_target_names_the_largest_causes() -> None:
+    hours = dict.fromkeys(BUCKETS, 0.0)
+    hours.update(productive=90.0, queue=6.0, restore=2.0, shrunk=1.0, checkpoint=0.5)
+    s = Summary("p", 0.9, 0.9, 0.9, hours, 1, 0, 0, 0, spare_hours=0.5)
+    # paid 100 h, lost 10 h, 3 h allowed
+    assert target_gap(s) == ("misses the 97% target by 7.0 h (10.0 h lost of 100 h paid): it would take cutting "
+                             "queue wait (6.0 h), checkpoint restore (2.0 h), running shrunk (1.0 h) by that much together")
+    hours.update(productive=98.0, queue=0.0, restore=0.0, shrunk=1.0)
+    assert target_gap(dataclasses.replace(s, hours=hours)).startswith("meets the 97% target: 2.0 h lost")
