@@ -193,6 +193,9 @@ SOURCES: dict[str, str] = {
     "run.gpus": "public: Llama 3 paper (2024), 16,384 H100",
     "run.days": "public: Llama 3 paper, 54 days",
     "run.interruptions": "public: Llama 3 paper table 5, 419 unexpected interruptions",
+    "run.params": "public: Llama 3 405B",
+    "run.step_time_s": "derived: 6 x 405e9 x 16M tokens / (16,384 GPUs x 400 TFLOP/s), Llama 3 paper's figures",
+    "run.spare_nodes": "assumption: the cluster's free nodes (a)-(c) may take",
     "run.repair_s": "assumption: a failed node back in service in a day; bounds a pool's wait",
     "queue.median_s": "assumption: 'for a 2,000-node job, often hours' (issue 13); not measured",
     "queue.sigma": "assumption: lognormal, p90 = 3.6 x median; a pool's wait is drawn from the same model",
@@ -203,6 +206,22 @@ SOURCES: dict[str, str] = {
     "alloc.time_limit_h": "assumption: a shared centre's maximum wall time (only the time-limit section)",
     "alloc.successor_lead_s": "policy: unset -> the time-limit section sweeps the queue wait's p50, p90, p99",
     "storage.aggregate_write_bw": "public: Llama 3 paper, Tectonic 2 TB/s sustained",
+    "storage.aggregate_read_bw": "assumption: as the write bandwidth",
+}
+
+
+# Where the defaults of the measurable inputs come from until a drill or checkpoint file replaces them.
+KEY_DEFAULTS: dict[str, str] = {
+    "omni.detect_node_down_s": "default, assumption: ConfirmConfig's windows, 2 s heartbeats (omni drill measures it)",
+    "omni.detect_task_crash_s": "default, assumption: as node_down (omni drill measures it)",
+    "omni.detect_hang_s": "derived: ConfirmConfig's hang rule at the run's step time",
+    "omni.resubmit_s": "default, assumption: plan < 50 ms (bench/plan_bench.py) + scontrol",
+    "start.start_small_s": "default, assumption (omni drill measures it)",
+    "omni.restore_small_s": "default, assumption (omni drill measures it)",
+    "storage.host_copy_bw": "default, assumption: PCIe Gen5 x16 (--ckpt-json measures it)",
+    "storage.node_write_bw": "default, assumption (--ckpt-json measures it)",
+    "storage.node_read_bw": "default, assumption (--ckpt-json measures it)",
+    "storage.critical_read_bw": "derived: node_read_bw unless --ckpt-json measures it",
 }
 
 
@@ -314,13 +333,13 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
               f"heartbeat scan {f['heartbeat_scan_s']:.1f} s, async ckpt every {f['omni_ckpt_interval_s']:.0f} s"),
               "  interruption kinds: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()),
               "", ("inputs the drills and the checkpoint benchmark measure, and any config override "
-                   "(default: the documented value in bench/goodput/inputs.py):")]
+                   "(defaults documented in bench/goodput/inputs.py):")]
     source = {p.name: p.source for p in prov}
     for name in KEY_INPUTS:
         section, key = name.split(".")
         value = getattr(getattr(cfg, section), key)
         shown = "(see models)" if value is None else f"{value:<14.6g}"
-        lines.append(f"  {name:28} = {shown:<14} {source.get(name, 'default')}")
+        lines.append(f"  {name:28} = {shown:<14} {source.get(name, KEY_DEFAULTS.get(name, 'default'))}")
     lines += [f"  {p.name:28} = {p.value:<14.6g} {p.source}" for p in prov
               if p.name not in KEY_INPUTS and p.name not in SOURCES]
     lines += ["", ("inputs of the run, the queue, the pools and the allocations (source of the default; an "
