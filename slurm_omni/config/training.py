@@ -107,6 +107,15 @@ class ParallelConfig:
     (gradient accumulation is done by running more micro-batches through the pipeline)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend: auto picks nccl when CUDA is present, gloo otherwise."""
+    data_order: Literal["global", "per_replica"] = "global"
+    """What a change of the replica count does to the data, the contract ``omni demo`` and ``omni
+    drill`` compare a resized run by (slurm_omni.drill.equivalence). ``global``: the samples of every
+    step come from one global order cut per replica, whatever their count (the built-in trainer,
+    examples/own-script): after a resize every step trains on the reference's samples and the loss
+    agrees within the documented tolerance. ``per_replica``: each replica draws its own batches
+    (random offsets from a per-rank generator, a sampler split by replica count): a resize changes
+    which samples a step trains on, so after it the loss is not compared; the sample ids are (each at
+    most once while the reference repeats none, no step replaying an earlier one)."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size <= 0 or self.micro_batch_size <= 0:

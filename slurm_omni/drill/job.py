@@ -31,6 +31,8 @@ class JobHandle:
     """The job file's training.max_steps: the run is done when it logged this step."""
     user: str = ""
     """Who submitted it; another user's job of the same name is never taken for it."""
+    data_order: str = "global"
+    """The job file's ``[training.parallel] data_order``: the contract a resized run is compared by."""
 
     @classmethod
     def from_registration(cls, record: dict[str, Any], site: SiteConfig) -> JobHandle:
@@ -41,7 +43,8 @@ class JobHandle:
         return cls(name=name, job_id=int(record["job_id"]),
                    stage_tasks=tuple(int(s["nodes"]) * int(s["tasks_per_node"]) for s in stages),
                    ckpt_dir=ckpt, metrics_dir=site.manager.metrics_for(str(record.get("user") or current_user())) / name, heartbeat_dir=ckpt / "heartbeat",
-                   max_steps=job_file.training.max_steps, user=str(record.get("user") or ""))
+                   max_steps=job_file.training.max_steps, user=str(record.get("user") or ""),
+                   data_order=job_file.training.parallel.data_order)
 
     def rank_offset(self, het_offset: int) -> int:
         return sum(self.stage_tasks[:het_offset])

@@ -165,7 +165,12 @@ def handle(files: DemoFiles, job_id: int) -> JobHandle:
 
 
 def compare(files: DemoFiles, metrics: Path, reference_metrics: Path) -> Equivalence:
-    return check_equivalence(load_history(metrics), load_history(reference_metrics))
+    """The run against the reference by the job's data contract (``[training.parallel] data_order``),
+    which the line names (drill/equivalence.py)."""
+    from slurm_omni.config.job import load_job
+
+    order = load_job(files.job).training.parallel.data_order
+    return check_equivalence(load_history(metrics), load_history(reference_metrics), data_order=order)
 
 
 def recovery_path(timeline: Path) -> str:

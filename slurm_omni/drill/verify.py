@@ -29,4 +29,5 @@ def wait_done(runner: DrillRunner, timeout_s: float) -> None:
 def verify_run(runner: DrillRunner, reference: Path, *, rtol: float = DEFAULT_RTOL,
                timeout_s: float = 600.0) -> Equivalence:
     wait_done(runner, timeout_s)
-    return check_equivalence(load_history(runner.handle.metrics_dir), load_history(reference), rtol=rtol)
+    return check_equivalence(load_history(runner.handle.metrics_dir), load_history(reference), rtol=rtol,
+                             data_order="per_replica" if runner.handle.data_order == "per_replica" else "global")
