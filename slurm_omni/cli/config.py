@@ -63,7 +63,7 @@ def check(file: Path, site_file: Path | None, against_cluster: bool) -> None:
     runs = ""
     if job.training.command:
         argv = training_command(job, site, file.resolve())
-        check_command(argv, job.job.name)
+        check_command(argv, job.job.name, job.job.workdir)
         runs = f"; runs {shlex.join(argv)}"
     click.echo(f"ok: {file}: job {job.job.name!r}, {placed}{runs}"
                + (", fits the running cluster" if against_cluster else ""))

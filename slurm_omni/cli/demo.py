@@ -122,7 +122,7 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
 @click.option("--sample-only", is_flag=True, help="Only the heterogeneous placement sample (the old demo).")
 @click.option("--job-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Run the story on this job (e.g. examples/own-script/job.toml: your own script) "
-                   "instead of the demo's built-in trainer; the files beside it are copied along.")
+                   "instead of the demo's built-in trainer; its folder (the script, its data/) is copied along.")
 @click.option("--busy", is_flag=True, help="In-allocation recovery on a busy cluster (every free node runs another "
               "job): node losses recovered inside the same Slurm job, a shrink, and the batch host lost.")
 @click.option("--user", default="", help="Run the story as this unprivileged user (run as root; the demo's folder is "

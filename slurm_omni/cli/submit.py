@@ -97,7 +97,7 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     script = request.materialize()
     for path, job, _ in loaded:
         if job.training.command:    # a missing program would fail every rank of every life
-            check_command(training_command(job, site, path), job.job.name)
+            check_command(training_command(job, site, path), job.job.name, job.job.workdir)
     for _, job, _ in loaded:
         _make_log_dir(job.job.log_dir)
     argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]

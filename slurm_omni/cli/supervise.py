@@ -54,5 +54,6 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
         max_relaunches=max_relaunches, heartbeat_interval_s=heartbeat_interval, spank_ckpt=spank_ckpt,
         log_dir=Path(log_dir) if log_dir else None, crash_at=env.get(CRASH_ENV, ""),
         restart_count=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-        standby=standby and env.get("OMNI_STANDBY", "1") != "0", batch_host=env.get("SLURMD_NODENAME", ""))
+        standby=standby and env.get("OMNI_STANDBY", "1") != "0", batch_host=env.get("SLURMD_NODENAME", ""),
+        workdir=Path(env.get("OMNI_WORKDIR") or os.getcwd()), job_name=env.get("OMNI_JOB_NAME", ""))
     sys.exit(Supervisor(opts, CommandRunner()).run())

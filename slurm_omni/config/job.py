@@ -5,6 +5,7 @@
 name = "omni-tiny"
 data_parallel_size = 2          # replicas at start; each stage holds one rank per replica
 time_limit = "02:00:00"
+workdir = "."                   # every rank starts here (default: this file's folder)
 
 [[stages]]                      # heterogeneous component 0
 name = "vision"
@@ -22,6 +23,7 @@ Partition and gres of a stage default to the site config's ``[stages.NAME]``.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -94,6 +96,11 @@ class JobSection:
     """The batch script requeues itself after a checkpointed exit while SLURM_RESTART_COUNT is below."""
     log_dir: Path = Path("logs")
     """Where ``%x-%j.out`` goes; relative paths are taken from the job file's folder."""
+    workdir: Path = Path(".")
+    """The folder every rank starts in (the batch script ``cd``s into it; the step supervisor's sruns
+    get ``--chdir``), in every life of the job: a script's relative paths (``data/``) are found from
+    it. Default: the job file's folder; relative paths are taken from it. Must exist (checked when
+    the job file is loaded) and be seen by every node."""
     account: str = ""
     """Slurm account; empty: the user's default."""
     qos: str = ""
@@ -207,8 +214,14 @@ def load_job(path: Path) -> JobFile:
     base = path.resolve().parent
     training = load_training_table(doc["training"], source=source, base_dir=base)
     log_dir = job.job.log_dir if job.job.log_dir.is_absolute() else base / job.job.log_dir
+    workdir = job.job.workdir if job.job.workdir.is_absolute() else base / job.job.workdir
+    workdir = Path(os.path.normpath(workdir))
+    if not workdir.is_dir():
+        what = "is not a folder" if workdir.exists() else "does not exist"
+        raise ConfigError(f"{source}: job.workdir = {str(job.job.workdir)!r} is not allowed: {workdir} {what} "
+                          f"(expected a folder every node sees; relative to the job file's folder)")
     try:   # the runtime cuts the global batch this way at start: fail here, not in every rank
         training.parallel.micro_batches_for(job.job.data_parallel_size)
     except ConfigError as e:
         raise ConfigError(f"{source}: training.{e} (job.data_parallel_size = {job.job.data_parallel_size})") from None
-    return replace(job, job=replace(job.job, log_dir=log_dir), training=training)
+    return replace(job, job=replace(job.job, log_dir=log_dir, workdir=workdir), training=training)

@@ -86,15 +86,46 @@ def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPL
     job_src = examples / "job.toml"
     if job_file is not None:
         job_src = job_file
-        for src in job_file.parent.iterdir():
-            if src.is_file() and src.suffix in (".py", ".txt", ".json", ".md"):
-                shutil.copy2(src, files.work / src.name)
+        copy_job_folder(job_file.parent, files.work)
     for src, dst in ((job_src, files.job), (examples / "omni.toml", files.site)):
         text = src.read_text()
         for key, value in values.items():
             text = text.replace(key, value)
         dst.write_text(text)
     load_site(files.site)   # a broken example fails here, with the file and key named
+
+
+MAX_JOB_FOLDER_BYTES = 512 << 20
+MAX_JOB_FOLDER_FILES = 20000
+_NOT_COPIED = ("__pycache__", "logs", "omni-run")
+
+
+def copy_job_folder(src: Path, dst: Path, *, max_bytes: int = MAX_JOB_FOLDER_BYTES,
+                    max_files: int = MAX_JOB_FOLDER_FILES) -> int:
+    """The job file's whole folder into the demo's (its script, the script's ``data/``, its configs),
+    as the job's workdir finds them: regular files and folders only, no symlink followed (its target
+    may lie outside the folder), hidden entries, ``__pycache__``, ``logs`` and ``omni-run`` (a local
+    run's state) left out; bounded in size and count (a DrillError names the limit). Returns the
+    number of files copied."""
+    planned: list[tuple[Path, Path]] = []
+    size = 0
+    for root, dirs, names in os.walk(src, followlinks=False):
+        here = Path(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_COPIED
+                         and not (here / d).is_symlink())
+        for name in sorted(names):
+            path = here / name
+            if name.startswith(".") or path.is_symlink() or not path.is_file():
+                continue
+            size += path.stat().st_size
+            planned.append((path, dst / path.relative_to(src)))
+            if size > max_bytes or len(planned) > max_files:
+                raise DrillError(f"demo: couldn't copy the job's folder {src}: more than {max_bytes >> 20} MiB or "
+                                 f"{max_files} files (give the demo a job file in a folder of its own)")
+    for path, target in planned:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target, follow_symlinks=False)
+    return len(planned)
 
 
 def synthesize(files: DemoFiles) -> int:

@@ -9,8 +9,9 @@ read no clock (``now`` is passed in).
 
 The cases (docs/own-script.md, "Exit codes"):
 
-- ``command_not_found``: the batch script found no program to run (it exits 78 before any rank
-  starts and leaves its one line in the heartbeat folder);
+- ``command_not_found``, ``workdir_not_found``: the batch script found no program to run, or could
+  not enter the job's working folder (it exits 78 before any rank starts and leaves its one line in
+  the heartbeat folder);
 - ``bad_input``, ``state_dict``, ``foreign_checkpoint``, ``ended_early``: a rank exited 78 and
   said why in its last heartbeat (slurm_omni.elastic: a ``load_state_dict`` that refused, another
   script's checkpoint, a loop that ended before ``max_steps``);
@@ -28,7 +29,7 @@ from slurm_omni.elastic.codes import EXIT_BAD_INPUT
 
 DOC = "docs/own-script.md"
 
-CAUSES = ("command_not_found", "bad_input", "state_dict", "foreign_checkpoint", "ended_early", "exited_early",
+CAUSES = ("command_not_found", "workdir_not_found", "bad_input", "state_dict", "foreign_checkpoint", "ended_early", "exited_early",
           "no_heartbeat")
 
 
@@ -83,6 +84,10 @@ def classify_end(*, label: str, completed: bool, cancelled: bool, lost: bool, ra
     ``slurm_state``: how Slurm ended it, for the line."""
     if cancelled or lost:
         return None
+    if refusal is not None and refusal.startswith("couldn't enter the working folder"):
+        return BadInput(cause="workdir_not_found",
+                        line=f"{label}: {refusal} (fix [job] workdir in the job file: a folder every node sees; "
+                             f"{DOC})")
     if refusal is not None:
         return BadInput(cause="command_not_found",
                         line=f"{label}: {refusal} (fix [training] command in the job file: an "

@@ -188,18 +188,25 @@ def training_command(job: JobFile, site: SiteConfig | None, job_file: Path) -> t
     return tuple(out)
 
 
-def check_command(argv: Sequence[str], job_name: str) -> None:
+def check_command(argv: Sequence[str], job_name: str, workdir: Path | None = None) -> None:
     """The program must be there (here, where the batch script also looks first), and so must a script
-    file it is given: one ConfigError line naming the job and what to fix."""
+    file it is given (a relative one in ``workdir``, where the ranks start): one ConfigError line
+    naming the job and what to fix."""
     program = argv[0]
     found = (os.access(program, os.X_OK) and os.path.isfile(program)) if os.sep in program else shutil.which(program)
     if not found:
         raise ConfigError(f"job {job_name}: couldn't find [training] command's program {program!r} (give an "
                           "absolute path, or {python} for the Python with slurm-omni)")
     for word in argv[1:]:
-        if word.endswith(".py") and os.path.isabs(word) and not os.path.isfile(word):
+        if not word.endswith(".py") or word.startswith("-"):
+            continue
+        if os.path.isabs(word) and not os.path.isfile(word):
             raise ConfigError(f"job {job_name}: couldn't find {word} named in [training] command (write "
                               "{job_dir}/SCRIPT.py for a script beside the job file)")
+        if workdir is not None and not os.path.isabs(word) and not (workdir / word).is_file():
+            raise ConfigError(f"job {job_name}: couldn't find {word} named in [training] command in the job's "
+                              f"working folder {workdir} (the ranks start there: [job] workdir, default the job "
+                              "file's folder)")
 
 
 def command_env(job: JobFile, site: SiteConfig | None, job_file: Path) -> dict[str, str]:
@@ -217,6 +224,8 @@ def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[Sta
     return {
         "OMNI_JOB_NAME": job.job.name,
         "OMNI_JOB_FILE": str(job_file),
+        # the batch script cd's here and the supervisor gives its sruns --chdir: every rank starts in it
+        "OMNI_WORKDIR": str(job.job.workdir),
         "OMNI_CKPT_DIR": str(ckpt),
         # where slurm_omni.manager.registry looks for them: shared storage every rank and the manager see
         "OMNI_HEARTBEAT_DIR": str(ckpt / "heartbeat"),

@@ -56,9 +56,10 @@ def step_name(job_id: str, launch: int) -> str:
 
 
 def step_argv(components: Sequence[StepComponent], command: Sequence[str], *, name: str,
-              spank_stage: str = "", spank_ckpt: str = "", overlap: bool = False) -> list[str]:
+              spank_stage: str = "", spank_ckpt: str = "", overlap: bool = False, chdir: str = "") -> list[str]:
     """``srun OPTS0 shim cmd : OPTS1 shim cmd ...``; ``spank_stage``/``spank_ckpt``: the plugin's
-    ``--omni-stage``/``--omni-ckpt`` (its fault records), given to every component."""
+    ``--omni-stage``/``--omni-ckpt`` (its fault records), given to every component; ``chdir``: the
+    folder every task starts in (the job's workdir; empty: srun's own)."""
     argv = ["srun"]
     first = 0
     for i, c in enumerate(components):
@@ -67,6 +68,8 @@ def step_argv(components: Sequence[StepComponent], command: Sequence[str], *, na
         argv += [f"--job-name={name}", "--kill-on-bad-exit=1", f"--nodes={len(c.nodes)}",
                  f"--ntasks={c.ntasks}", f"--ntasks-per-node={c.tasks_per_node}",
                  f"--nodelist={compress(c.nodes)}"]
+        if chdir:
+            argv.append(f"--chdir={chdir}")
         if overlap:   # share the survivors' CPUs with a step still dying (its tasks killed, srun not out yet)
             argv.append("--overlap")
         if spank_stage:

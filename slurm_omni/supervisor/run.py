@@ -142,6 +142,10 @@ class SupervisorOptions:
     """Keep a warm standby server on every node of the allocation and run the ranks through it."""
     batch_host: str = ""
     """SLURMD_NODENAME: the node this supervisor runs on, with the batch script."""
+    workdir: Path | None = None
+    """The job's working folder (OMNI_WORKDIR): every launch's tasks start there (``srun --chdir``)."""
+    job_name: str = ""
+    """OMNI_JOB_NAME, for the lines the user reads."""
 
     @property
     def replicas_per_unit(self) -> int:
@@ -310,7 +314,8 @@ class Supervisor:
         spank_stage = ",".join(f"{s.name}:{c.ntasks}" for s, c in zip(self.opts.stages, comps, strict=True))
         command = through_standby(self.opts.command) if self.opts.standby else self.opts.command
         argv = step_argv(comps, command, name=name, overlap=True,
-                         spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt)
+                         spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt,
+                         chdir=str(self.opts.workdir) if self.opts.workdir is not None else "")
         env = {
             "MASTER_ADDR": self.slurm.address(cur.layout.components[0][0]),
             "MASTER_PORT": str(cur.port), "OMNI_DP_SIZE": str(cur.data_parallel_size),

@@ -38,6 +38,21 @@ def test_command_fields_are_filled_in_and_the_builtin_is_the_default(tmp_path: P
     assert omni_argv(s)[0] == sys.executable
 
 
+def test_a_relative_script_is_looked_for_in_the_workdir(tmp_path: Path) -> None:
+    """The ranks start in [job] workdir: a relative ``train.py`` is found there, or refused in one line."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.py").write_text("")
+    job, _ = _files(tmp_path, '[training]\ncommand = ["{python}", "train.py"]\n')
+    job.write_text(job.read_text().replace("[job]\n", '[job]\nworkdir = "run"\n', 1))
+    loaded = load_job(job)
+    check_command((sys.executable, "train.py", "--lr", "x.py-not-a-script"), "own", loaded.job.workdir)
+    with pytest.raises(ConfigError) as e:
+        check_command((sys.executable, "other.py"), "own", loaded.job.workdir)
+    assert str(e.value) == (f"job own: couldn't find other.py named in [training] command in the job's working "
+                            f"folder {tmp_path / 'run'} (the ranks start there: [job] workdir, default the job file's "
+                            "folder)")
+
+
 def test_site_python_is_what_scripts_run(tmp_path: Path) -> None:
     job, site = _files(tmp_path, '[training]\ncommand = ["{omni}", "train", "--config", "{job_file}"]\n',
                        'python = "/opt/omni/bin/python"\n')

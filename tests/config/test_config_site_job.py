@@ -49,6 +49,12 @@ def test_job_loads_with_paths_from_its_folder(tmp_path: Path) -> None:
     job = load_job(_write(tmp_path, "job.toml", JOB))
     assert [s.name for s in job.stages] == ["vision", "text"]
     assert job.job.log_dir == tmp_path / "logs"
+    assert job.job.workdir == tmp_path                        # the default: the job file's folder
+    (tmp_path / "run").mkdir()
+    moved = load_job(_write(tmp_path, "job2.toml", JOB.replace("[job]\n", "[job]\nworkdir = \"run/../run\"\n", 1)))
+    assert moved.job.workdir == tmp_path / "run"              # relative to the job file, normalised
+    elsewhere = load_job(_write(tmp_path, "job3.toml", JOB.replace("[job]\n", f"[job]\nworkdir = \"{tmp_path / 'run'}\"\n", 1)))
+    assert elsewhere.job.workdir == tmp_path / "run"
     assert job.training.data.shard_dir == tmp_path / "shards"
     assert job.job.time_limit_s == 3600
 
@@ -126,6 +132,12 @@ JOB_ERRORS = [
      "stages.spares = -2 is not allowed"),
     ("recovery path", ("time_limit = \"01:00:00\"", "time_limit = \"01:00:00\"\nrecovery = \"hot\""),
      "job.recovery = 'hot' is not allowed"),
+    ("workdir missing", ("time_limit = \"01:00:00\"", "time_limit = \"01:00:00\"\nworkdir = \"nowhere\""),
+     "job.workdir = 'nowhere' is not allowed: "),
+    ("workdir a file", ("time_limit = \"01:00:00\"", "time_limit = \"01:00:00\"\nworkdir = \"job.toml\""),
+     "job.toml is not a folder (expected a folder every node sees; relative to the job file's folder)"),
+    ("workdir newline", ("time_limit = \"01:00:00\"", "time_limit = \"01:00:00\"\nworkdir = \"a\\nb\""),
+     "a path without control characters"),
 ]
 
 

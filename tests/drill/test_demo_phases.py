@@ -158,3 +158,27 @@ def test_the_drills_fault_time_replaces_the_managers_estimate(tmp_path: Path) ->
     first, other = load_timeline(out).recoveries
     assert first.fault == 100.5 and first.detection_s == 1.5
     assert other.fault is None     # a recovery no drill caused keeps what the manager wrote
+
+
+def test_the_job_folder_is_copied_whole_for_its_workdir_without_following_links(tmp_path: Path) -> None:
+    """``omni demo --job-file``: the script's data/ comes along (the job's workdir finds it there); a
+    symlink (to outside the folder) is not followed, hidden entries and logs stay behind."""
+    src, dst, outside = tmp_path / "job", tmp_path / "demo", tmp_path / "outside"
+    (src / "data" / "shards").mkdir(parents=True)
+    (src / "logs").mkdir()
+    (src / ".git").mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("x")
+    (src / "train.py").write_text("print('hi')\n")
+    (src / "data" / "shards" / "train.bin").write_bytes(b"\0" * 100)
+    (src / "logs" / "old.out").write_text("old")
+    (src / ".git" / "HEAD").write_text("ref")
+    (src / "linked").symlink_to(outside / "secret")
+    (src / "data" / "elsewhere").symlink_to(outside, target_is_directory=True)
+    dst.mkdir()
+    assert story.copy_job_folder(src, dst) == 2
+    assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*")) == ["data", "data/shards", "data/shards/train.bin",
+                                                                      "train.py"]
+    with pytest.raises(OmniError, match="more than 0 MiB"):
+        story.copy_job_folder(src, tmp_path / "small", max_bytes=50)
+    assert not (tmp_path / "small").exists()          # nothing half-copied

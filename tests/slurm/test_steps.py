@@ -40,6 +40,13 @@ def test_step_argv_is_one_mpmd_srun_with_every_component_killed_on_a_bad_exit() 
         assert part[shim - 2:shim] == ["bash", "-c"]
         assert part[shim + 1:shim + 4] == ["omni-task", stage, offset]
         assert part[-1] == "/a b/job's.toml"        # an argv word, never inside a shell string
+        assert not [w for w in part if w.startswith("--chdir")]   # srun's own folder unless given
+
+
+def test_every_component_starts_in_the_jobs_workdir() -> None:
+    argv = step_argv([StepComponent(0, ("node1",), 1), StepComponent(1, ("node3",), 1)], ["python3", "train.py"],
+                     name="omni-7-launch-0", chdir="/home/u/my job's dir")
+    assert [w for w in argv if w.startswith("--chdir")] == ["--chdir=/home/u/my job's dir"] * 2
 
 
 def test_srun_stderr_of_a_node_failure() -> None:

@@ -38,6 +38,16 @@ def _compare(name: str, rendered: str, golden_dir: Path = GOLDEN) -> None:
     assert rendered == expected, f"{name} differs from its golden file"
 
 
+@pytest.fixture
+def job(job: JobFile) -> JobFile:
+    """The job as if its file sat at JOB_FILE: its default workdir is that file's folder."""
+    return at_job_file(job)
+
+
+def at_job_file(job: JobFile) -> JobFile:
+    return replace(job, job=replace(job.job, workdir=JOB_FILE.parent))
+
+
 def test_het_job_matches_golden(job: JobFile, site: SiteConfig, job_sha256: str) -> None:
     script = HetJobRequest(job=job, site=site, job_file=JOB_FILE, job_sha256=job_sha256,
                            user="alice").materialize()
@@ -102,7 +112,7 @@ def test_in_allocation_drill_matches_golden(job: JobFile, site: SiteConfig, job_
 
 def test_own_script_job_matches_golden(site: SiteConfig, job_sha256: str) -> None:
     """[training] command and env: fields filled in, every word quoted, the program checked first."""
-    own = load_job(DATA / "job-own.toml")
+    own = at_job_file(load_job(DATA / "job-own.toml"))
     script = HetJobRequest(job=own, site=site, job_file=JOB_FILE, job_sha256=job_sha256, user="alice").materialize()
     assert "/opt/slurm-omni/bin/python /shared/jobs/omni-tiny/train.py --name omni-own" in script
     _compare("own.sbatch", script)
