@@ -119,6 +119,29 @@ def read_bounded(path: Path, limit: int, *, what: str = "", follow: bool = False
         os.close(fd)
 
 
+def read_tail(path: Path, limit: int, *, start: int = 0, what: str = "") -> str:
+    """The last ``limit`` bytes of the regular file ``path`` from offset ``start`` on (a log that
+    grows: a launch's output), decoded with undecodable bytes replaced; a symlink, fifo or folder is
+    a ``FileRejected``."""
+    what = one_line(what or path.name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise FileRejected(f"couldn't read {what}: no such file") from e
+    except OSError as e:
+        raise FileRejected(f"couldn't open {what}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRejected(f"couldn't read {what}: not a regular file")
+        begin = max(start, st.st_size - limit, 0)
+        return os.pread(fd, max(0, st.st_size - begin), begin).decode("utf-8", errors="replace")
+    except OSError as e:
+        raise FileRejected(f"couldn't read {what}: {e.strerror}") from e
+    finally:
+        os.close(fd)
+
+
 def decode_utf8(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "demo": "slurm_omni.cli.demo:demo",
     "supervise": "slurm_omni.cli.supervise:supervise",
     "standby": "slurm_omni.cli.standby:standby",
+    "launch-failure": "slurm_omni.cli.launch_failure:launch_failure",
 }
 
 

@@ -40,6 +40,8 @@ from slurm_omni.manager.failslow import FailSlowWatch
 from slurm_omni.manager.journal import ENDED_STATES, JOB_STATES, Journal
 from slurm_omni.manager.registry import RegistryRecord, read_registry
 from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, read_refusal, read_spool
+from slurm_omni.manager.start_failures import StartFailures
+from slurm_omni.manager.status import START_FAILURE_VERDICT as START_FAILURE
 from slurm_omni.manager.status import write_timeline
 from slurm_omni.manager.supervisor_reports import read_reports, supervised
 from slurm_omni.manager.watch import Watch, new_watch, restore_watch
@@ -52,7 +54,7 @@ from slurm_omni.policy.bad_input import (
     refused_by_rank,
 )
 from slurm_omni.policy.cluster_index import ClusterIndex
-from slurm_omni.policy.confirm import NODE_STATE_KIND, NodeObservation, TaskExit, Verdict
+from slurm_omni.policy.confirm import NODE_STATE_KIND, Decision, NodeObservation, TaskExit, Verdict
 from slurm_omni.policy.placement import plan_grow
 from slurm_omni.policy.recovery import Phase
 from slurm_omni.policy.recovery_events import (
@@ -109,6 +111,7 @@ class Manager:
         self.watches: dict[str, Watch] = {}
         self.failslow = FailSlowWatch(self)
         self._refused: set[str] = set()
+        self.start_failures = StartFailures(self.journal)
         self._seen_shared: set[str] = set()   # node events read from <spool>/nodes (not ours to remove)
         self._timeline_dirty = True
         self._barrier_logged: dict[str, float] = {}
@@ -166,6 +169,7 @@ class Manager:
                     self._observe_poll(w, snap, nodes, now)
                 self._heartbeats(w, now)
                 self._supervisor(w, now)
+                self.start_failures.observe(w, self._label(w))
                 self._decide(w, now, snap)
             except Exception as e:  # noqa: BLE001 - one job's trouble never stops the others; it retries next tick
                 self._barrier(w.key, e)
@@ -316,15 +320,21 @@ class Manager:
         script's refusal), when that is bad input."""
         if w.slurm_id is None:
             return None
+        repeated = self.start_failures.repeated(w, self._label(w))
+        if repeated is not None:
+            return repeated
         beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation >= w.life]
         newest = max((hb.incarnation for hb in beats), default=w.life)
-        return classify_end(label=self._label(w),
+        bad = classify_end(label=self._label(w),
                             completed=job is not None and job.state is JobState.COMPLETED,
                             cancelled=job is not None and job.state is JobState.CANCELLED,
                             lost=bool(w.lost_kinds()),
                             ranks=[_rank_end(hb) for hb in beats if hb.incarnation == newest],
                             max_steps=w.max_steps, refusal=read_refusal(w.heartbeat_dir, w.slurm_id, w.life),
                             ever_beat=self._ever_beat(w), slurm_state=job.slurm_state if job is not None else "")
+        if bad is not None and bad.cause == "no_heartbeat" and self.start_failures.of_life(w) is not None:
+            return None   # it failed at start with a line: one more life, and a second such failure stops it
+        return bad
 
     def _supervisor(self, w: Watch, now: float) -> None:
         """A step supervisor in the job's allocation (its status file is there): its failures are
@@ -455,6 +465,13 @@ class Manager:
         bad = self._bad_end(w, job) if w.recovery.judging and not w.recovery.life_ended else None
         if bad is not None:
             recovery.feed(self, w, InputRefused(at=at, cause=bad.cause, line=bad.line), self.clock())
+            return
+        if (w.recovery.judging and not w.recovery.life_ended and w.array_task is None
+                and not (job is not None and job.state in (JobState.CANCELLED, JobState.COMPLETED))
+                and not w.lost_kinds() and self.start_failures.of_life(w) is not None):
+            # the first failure before a heartbeat: a failure like any other (no node to blame), one more life
+            decision = Decision(Verdict.CONFIRMED, at, cause=START_FAILURE, nodes=())
+            recovery.feed(self, w, FailureConfirmed(decision=decision, lost={}), self.clock())
             return
         phases = set(w.phases.values())
         recovery.feed(self, w, LifeEnded(

@@ -276,6 +276,12 @@ class Journal:
         return self._db.execute("SELECT 1 FROM observations WHERE job = ? AND kind = ? LIMIT 1",
                                 (job, kind)).fetchone() is not None
 
+    def observed_incarnations(self, job: str, kind: str) -> set[int]:
+        """The incarnations of ``job`` that have an observation of ``kind``."""
+        rows = self._db.execute("SELECT DISTINCT incarnation FROM observations WHERE job = ? AND kind = ? "
+                                "AND incarnation IS NOT NULL", (job, kind)).fetchall()
+        return {int(r[0]) for r in rows}
+
     def record_decision(self, job: str, incarnation: int | None, time: float, verdict: str, cause: str,
                         payload: Any) -> int:
         with self._tx() as db:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slurm_omni.errors import SlurmError
 from slurm_omni.formats.refusal import MAX_REFUSAL_BYTES, decode_refusal, refusal_name
+from slurm_omni.formats.start_failure import MAX_START_FAILURE_BYTES, StartFailureRecord, decode_start_failure
 from slurm_omni.fsio import FileRejected, read_bounded
 from slurm_omni.manager.events import (
     NODES_SUBDIR,
@@ -156,3 +157,23 @@ def read_refusal(heartbeat_dir: Path, slurm_job_id: int, incarnation: int) -> st
         if path.exists():
             _log_once(f"manager: couldn't read {path}: {e}")
         return None
+
+
+def read_start_failures(heartbeat_dir: Path, slurm_job_id: int) -> list[StartFailureRecord]:
+    """The launches of one Slurm job that failed before their first heartbeat
+    (``failed-<job>-<incarnation>.json``, formats/start_failure.py), oldest life first. Read like a
+    heartbeat: in our own 0700 folder, bounded, no symlink; a bad file is logged once and skipped."""
+    prefix = f"failed-{slurm_job_id}-"
+    try:
+        check_private_dir(heartbeat_dir)
+        names = sorted(e.name for e in os.scandir(heartbeat_dir) if e.name.startswith(prefix) and e.name.endswith(".json"))
+    except (EventRejected, OSError):
+        return []
+    out = []
+    for name in names:
+        path = heartbeat_dir / name
+        try:
+            out.append(decode_start_failure(read_bounded(path, MAX_START_FAILURE_BYTES), name))
+        except FileRejected as e:
+            _log_once(f"manager: couldn't read {path}: {e}")
+    return sorted(out, key=lambda r: r.incarnation)

@@ -36,6 +36,7 @@ def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
         job["recoveries"] = [recovery_view(r, slurm_ids) for r in job["recoveries"]]
         job["failslow"] = failslow_view(journal.decisions(job["name"], FAILSLOW_VERDICT))
         job["stopped"] = stopped_view(journal.decisions(job["name"], "refused"))
+        job["start_failure"] = start_failure_view(journal.decisions(job["name"], START_FAILURE_VERDICT))
         out.append(job)
     return out
 
@@ -49,6 +50,22 @@ def stopped_view(refusals: list[dict[str, Any]]) -> dict[str, Any] | None:
     last = lines[-1]
     return {"cause": last["cause"], "incarnation": last["incarnation"], "time": last["time"],
             "reason": str(last["payload"]["line"])}
+
+
+START_FAILURE_VERDICT = "start_failure"   # manager/daemon.py journals each launch that failed before its first heartbeat
+
+
+def start_failure_view(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest launch that failed before its first heartbeat: its line, exit code and full log
+    (formats/start_failure.py), and how many such failures the job had."""
+    records = [d for d in failures if isinstance(d["payload"], dict)]
+    if not records:
+        return None
+    last = records[-1]
+    p = last["payload"]
+    return {"incarnation": last["incarnation"], "time": last["time"], "slurm_job_id": p.get("job_id"),
+            "launch": p.get("launch"), "exit_code": p.get("exit_code"), "line": p.get("line", ""),
+            "log": p.get("log", ""), "count": len(records)}
 
 
 def recovery_path(cause: str, path: str | None, new_incarnation: int | None, plan: Any) -> str:
@@ -167,6 +184,11 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
         stopped = job.get("stopped")
         if stopped:
             lines.append(f"  stopped ({stopped['cause']}): {stopped['reason']}")
+        failed = job.get("start_failure")
+        if failed:
+            lines.append(f"  failed before its first heartbeat (incarnation {failed['incarnation']}, Slurm job "
+                         f"{failed['slurm_job_id']}, exit {failed['exit_code']}): {failed['line'] or '-'} "
+                         f"(full log: {failed['log'] or '-'})")
         for inc in job["incarnations"]:
             nodes = (inc["layout"] or {}).get("nodes") or {}
             where = " | ".join(f"{k}: {','.join(v)}" for k, v in sorted(nodes.items())) or "-"

@@ -12,6 +12,8 @@ The cases (docs/own-script.md, "Exit codes"):
 - ``command_not_found``, ``workdir_not_found``: the batch script found no program to run, or could
   not enter the job's working folder (it exits 78 before any rank starts and leaves its one line in
   the heartbeat folder);
+- ``repeated_failure``: two lives in a row failed the same way before their first heartbeat (a crash
+  at start, ``policy/start_failure.py``; the manager judges it, or the step supervisor did);
 - ``bad_input``, ``state_dict``, ``foreign_checkpoint``, ``ended_early``: a rank exited 78 and
   said why in its last heartbeat (slurm_omni.elastic: a ``load_state_dict`` that refused, another
   script's checkpoint, a loop that ended before ``max_steps``);
@@ -29,7 +31,7 @@ from slurm_omni.elastic.codes import EXIT_BAD_INPUT
 
 DOC = "docs/own-script.md"
 
-CAUSES = ("command_not_found", "workdir_not_found", "bad_input", "state_dict", "foreign_checkpoint", "ended_early", "exited_early",
+CAUSES = ("command_not_found", "workdir_not_found", "repeated_failure", "bad_input", "state_dict", "foreign_checkpoint", "ended_early", "exited_early",
           "no_heartbeat")
 
 

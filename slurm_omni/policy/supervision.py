@@ -12,6 +12,9 @@ in this order:
 3. Slurm shows the job other than RUNNING (its allocation is ending) -> :class:`Finish`, no relaunch;
 4. the node the supervisor runs on (the batch host) failed: no step can start from it (26.05
    keeps such a --no-kill job RUNNING without it) -> :class:`HandOver`;
+4a. the launch failed before its first heartbeat the same way as the launch before it
+   (``policy.start_failure``: a crash at start that a relaunch repeats) -> :class:`Finish` with exit
+   78 (bad input) and the one line: no relaunch, no hand-over;
 5. too many launches in a row ended before their first step (a crash at start-up that a relaunch
    repeats) -> :class:`HandOver` to the manager's resubmission;
 6. otherwise :class:`Recover`: a replacement that was asked for (a planned migration), else a
@@ -30,7 +33,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.policy.confirm import Decision, Verdict
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
 from slurm_omni.policy.placement import Action, ComponentPlan, Plan
@@ -66,6 +69,9 @@ class LaunchEnd:
     do not count): :func:`fruitless_launches`."""
     batch_host_lost: str = ""
     """The node the supervisor runs on (the batch host), when Slurm shows it failed."""
+    repeated: str = ""
+    """The stop line when this launch failed before its first heartbeat the same way as the one
+    before it (``policy.start_failure.repeated_failure``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,8 @@ def after_launch(end: LaunchEnd, limits: SupervisionLimits) -> Finish | HandOver
         # 22.05 and 24.11 end the job for a lost batch host; 26.05 takes it out of a --no-kill job
         # and keeps the job RUNNING without it, where no srun of ours can start.
         return HandOver((f"the batch host {end.batch_host_lost} is lost (this supervisor runs there)",))
+    if end.repeated:
+        return Finish(EXIT_BAD_INPUT, "stopped", end.repeated)
     if end.fruitless > limits.max_fruitless:
         return HandOver((f"{end.fruitless} launches in a row ended before their first step",))
     return Recover()

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 SUBDIR = "supervisor"
 MAX_JOURNAL_BYTES = 4 << 20
 KINDS = frozenset({"allocation", "launch", "launched", "ended", "confirmed", "request", "fallback", "done",
-                   "first_step"})
+                   "first_step", "start_failure"})
 
 
 def journal_path(ckpt_dir: Path, job_id: str) -> Path:
@@ -73,6 +73,8 @@ class Launch:
     """The srun's exit code (None: running, or unknown)."""
     confirmed: dict[str, Any] | None = None
     first_step_at: float | None = None
+    start_failure: dict[str, Any] | None = None
+    """It failed before its first heartbeat: ``exit_code``, ``line``, ``log`` (policy/start_failure.py)."""
 
 
 @dataclass(slots=True)
@@ -100,7 +102,7 @@ class SupervisorState:
                 int(rec["launch"]), layout_from_json(rec["layout"]), int(rec["data_parallel_size"]),
                 int(rec["port"]), int(rec["incarnation"]), float(rec["time"]),
                 tuple(rec.get("removed") or ()), tuple(rec.get("added") or ()), str(rec.get("cause") or "")))
-        elif kind in ("launched", "ended", "confirmed", "first_step"):
+        elif kind in ("launched", "ended", "confirmed", "first_step", "start_failure"):
             launch = self._launch(int(rec["launch"]))
             if launch is None:
                 return
@@ -111,6 +113,8 @@ class SupervisorState:
                 launch.ended = int(rec["rc"])
             elif kind == "confirmed":
                 launch.confirmed = dict(rec)
+            elif kind == "start_failure":
+                launch.start_failure = dict(rec)
             else:
                 launch.first_step_at = float(rec["at"])
         elif kind == "request":

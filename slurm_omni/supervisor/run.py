@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_omni.elastic.codes import EXIT_DONE, EXIT_FAILED
+from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
 from slurm_omni.policy.confirm import (
     Decision,
@@ -47,6 +47,7 @@ from slurm_omni.policy.in_allocation import (
 from slurm_omni.policy.placement import SpareScope
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
 from slurm_omni.policy.recovery_events import HandOver as TableHandOver
+from slurm_omni.policy.start_failure import StartFailure, first_line, repeated_failure, stop_line
 from slurm_omni.policy.supervision import (
     PLANNED,
     Finish,
@@ -98,6 +99,7 @@ from slurm_omni.supervisor.journal import (
     write_report,
     write_status,
 )
+from slurm_omni.supervisor.launch_failure import read_failure, write_record
 from slurm_omni.supervisor.observe import LaunchObserver
 
 log = logging.getLogger(__name__)
@@ -409,10 +411,12 @@ class Supervisor:
             (*cur.layout.nodes, *cur.layout.spares))
         lost_here = (self._observer.lost if self._observer is not None else set()) | \
             {n.name for n in nodes if n.state.failed}
+        repeated = "" if ending else self._start_failure(cur, rc, lost_here, state)
         end = LaunchEnd(number=cur.number, rc=rc, asked_to_stop=self.stop_signal is not None, job_state=state,
                         fruitless=fruitless_launches([(la.first_step_at, la.cause)
                                                       for la in self.journal.state.launches]),
-                        batch_host_lost=self.opts.batch_host if self.opts.batch_host in lost_here else "")
+                        batch_host_lost=self.opts.batch_host if self.opts.batch_host in lost_here else "",
+                        repeated=repeated)
         what = after_launch(end, self.limits)
         if isinstance(what, Finish):
             if what.phase == "done":
@@ -459,6 +463,39 @@ class Supervisor:
         self._report("relaunched", cur, nxt.incarnation, cause, relaunch.layout, relaunch.removed, relaunch.added,
                      "; ".join(relaunch.reasons), relaunched_at=nxt.started_at)
         return None
+
+    def _start_failure(self, cur: Launch, rc: int, lost: set[str], job_state: str) -> str:
+        """A launch that ended before any rank wrote a heartbeat, on its own (no node of it lost, no
+        stop asked, the job still running): its failure's line to the job's output (this process's
+        stderr) with where the whole log is, journaled and recorded for the manager
+        (``failed-<job>-<incarnation>.json``). Returns the stop line when the launch before it failed
+        the same way (``policy.start_failure``), else empty."""
+        if (rc in (EXIT_DONE, EXIT_CHECKPOINTED) or self._stopping or cur.cause == PLANNED
+                or job_state not in ("RUNNING", "") or lost & set(cur.layout.nodes)):
+            return ""
+        if cur.start_failure is None:
+            observer = self._observer or self._observe(cur)
+            if cur.first_step_at is not None or observer.heartbeats():
+                return ""
+            failure = read_failure(Path(self._log_path(self._step_name(cur))), start=0, rc=rc, launch=cur.number)
+            self.journal.append("start_failure", launch=cur.number, exit_code=failure.exit_code, line=failure.line,
+                                log=failure.log)
+        rec = cur.start_failure or {}
+        failure = StartFailure(launch=cur.number, exit_code=int(rec.get("exit_code", rc)), line=str(rec.get("line", "")),
+                               log=str(rec.get("log", "")))
+        label = f"job {self.opts.job_id} ({self.opts.job_name or '?'})"
+        history = [None if la.start_failure is None else StartFailure(
+            launch=la.number, exit_code=int(la.start_failure["exit_code"]), line=str(la.start_failure["line"]),
+            log=str(la.start_failure["log"])) for la in self.journal.state.launches]
+        repeated = repeated_failure(history)
+        stop = stop_line(label, repeated) if repeated is not None else ""
+        log.error("supervisor: %s", stop or first_line(label, failure))
+        try:
+            write_record(self.opts.heartbeat_dir, job_id=self.opts.job_id, incarnation=cur.incarnation,
+                         failure=failure, stopped=stop)
+        except OSError as e:
+            log.warning("supervisor: couldn't record the launch's failure in %s: %s", self.opts.heartbeat_dir, e)
+        return stop
 
     def _report(self, kind: str, cur: Launch, life_after: int, cause: str, layout: StepLayout,
                 removed: Sequence[str], added: Sequence[str], reason: str, *, relaunched_at: float | None) -> None:

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from malformed_inputs import garbage, mutated
 
 from slurm_omni.drill.history import HistoryError, load_history
+from slurm_omni.formats import RecordRejected
 from slurm_omni.formats.heartbeat import HeartbeatRecord
 from slurm_omni.formats.registry import RegistryRecord
 from slurm_omni.formats.spool import FaultRecord, NodeEvent
+from slurm_omni.formats.start_failure import StartFailureRecord, decode_start_failure, encode_start_failure
 from slurm_omni.manager import events
 from slurm_omni.manager.events import EventRejected
 from slurm_omni.manager.registry import parse_record
@@ -35,6 +37,9 @@ REGISTRY = {"format": 1, "job_id": 12, "kind": "het", "name": "omni-tiny", "clus
             "array_tasks": None, "incarnation_base": 0, "environment": {"PATH": "/usr/bin"}}
 METRIC = {"time": 1764460000.0, "rank": 0, "stage": 1, "dp_rank": 0, "incarnation": 0, "step": 3, "loss": 2.5,
           "step_time_seconds": 0.2, "data_parallel_size": 1}
+START_FAILURE = {"job_id": "42", "incarnation": 1, "launch": 1, "exit_code": 1,
+                 "line": "ModuleNotFoundError: No module named 'x'", "log": "/c/supervisor/omni-42-launch-1.log",
+                 "time": 1764460000.5, "stopped": ""}
 SAMPLES = {"step": 3, "ids": [1, 2], "dp_rank": 0, "incarnation": 0}
 
 
@@ -74,6 +79,23 @@ def test_heartbeat_reader(data: bytes) -> None:
         assert str(e).startswith("events: couldn't")
     else:
         assert isinstance(beat.step, int) and beat.phase in events.HEARTBEAT_PHASES
+
+
+@given(garbage(START_FAILURE))
+def test_start_failure_reader(data: bytes) -> None:
+    try:
+        record = decode_start_failure(data, "failed-42-1.json")
+    except RecordRejected as e:
+        assert "failed-42-1.json" in str(e) and "\n" not in str(e)
+    else:
+        assert 0 <= record.exit_code <= 255 and record.incarnation >= 0
+        assert decode_start_failure(encode_start_failure(record)) == record
+
+
+def test_a_start_failure_round_trips() -> None:
+    record = decode_start_failure(json.dumps(START_FAILURE).encode())
+    assert isinstance(record, StartFailureRecord) and record.line.startswith("ModuleNotFoundError")
+    assert decode_start_failure(encode_start_failure(record)) == record
 
 
 @given(garbage(REGISTRY))

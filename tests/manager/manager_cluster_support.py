@@ -177,7 +177,7 @@ class ManagerRun:
         return self.proc.returncode
 
     def manager_log(self) -> str:
-        return "\n".join((self.tmp / f"manager-{i}.log").read_text(errors="replace")[-4000:]
+        return "\n".join((self.tmp / f"manager-{i}.log").read_text(errors="replace")[-16000:]
                          for i in range(self.starts))
 
     # -- probes --------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 job and what to fix (manager log, journal, ``omni status``), and is never resubmitted. One manager
 watches five jobs at once: a program not found on the node, a script that exits 0 before its last
 step, one that never writes a heartbeat (``detection.first_heartbeat_s`` is short here), one whose
-state_dict refuses the checkpoint after a real recovery (the exit-78 close path), and one whose next
-life is another script (other modules) that finds the first one's checkpoint in its folder."""
+state_dict refuses the checkpoint after a real recovery (the exit-78 close path), one whose next
+life is another script (other modules) that finds the first one's checkpoint in its folder, and one
+that crashes at import (its traceback's last line in the job's output and in ``omni status``, one
+resubmission, stopped after the second identical failure)."""
 
 from __future__ import annotations
 
@@ -120,7 +122,9 @@ def bad_jobs(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     trainer.chmod(0o755)
     commands = {"notfound": ["trainer"], "early": ["{python}", str(tmp / "script.py"), "early"],
                 "silent": ["/bin/sleep", "600"], "refuse": ["{python}", str(tmp / "script.py"), "refuse"],
-                "other": ["{python}", str(tmp / "script.py"), "other"]}
+                "other": ["{python}", str(tmp / "script.py"), "other"],
+                "crash": ["{python}", "crash.py"]}                      # relative: found in the workdir
+    (tmp / "crash.py").write_text("import nonexistent_module_for_omni_test\n")
     env = {**os.environ, **slurm_cluster.env, **JOB_ENV, "PATH": f"{trainer.parent}:{BIN}:{os.environ['PATH']}"}
     run = ManagerRun(tmp, env, "bad-input")
     try:
@@ -211,3 +215,36 @@ def test_a_checkpoint_of_another_script_closes_the_job_after_one_recovery(
     assert line.startswith(f"job {incarnations[1]['slurm_job_id']} (bad-other): rank ") and line in run.manager_log()
     assert "step-2 holds " in line and "this script has " in line and "head" in line
     assert "give this job its own checkpoint folder, or move the old one away" in line
+
+
+def _status(run: ManagerRun, *extra: str) -> str:
+    return subprocess.run([sys.executable, "-m", "slurm_omni.cli.main", "status", *extra, "--site-config",
+                           str(run.site), "--state-dir", str(run.state_dir)], env=run.env, capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+
+
+def test_a_crash_at_import_is_shown_resubmitted_once_and_stopped_after_the_second_identical_failure(
+        bad_jobs: tuple[ManagerRun, dict[str, int]]) -> None:
+    run, ids = bad_jobs
+    key = f"bad-crash-{ids['crash']}"
+    error = "ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'"
+    incarnations = _incarnations(run, key)    # the first life may end before a poll saw it running
+    assert {i["number"] for i in incarnations} <= {0, 1} and incarnations[-1]["number"] == 1, incarnations
+    assert len(run.rows("SELECT key FROM actions WHERE job = ? AND kind = 'resubmit'", key)) == 1   # one, no more
+    (rec,) = run.recoveries(key)
+    assert rec.cause == "start_failure" and rec.new_incarnation == 1
+    first_out = (run.tmp / "logs" / f"bad-crash-{ids['crash']}.out").read_text()
+    # the first life's own output: the traceback's last line, summed up after the step's end
+    assert (f"omni: job {ids['crash']} (bad-crash): launch 0 failed before its first heartbeat (exit 1): {error} "
+            f"(full log: ") in first_out, first_out[-2000:]
+    closed = _closed(run, key)
+    assert closed is not None and closed["cause"] == "repeated_failure"
+    second = incarnations[-1]["slurm_job_id"]
+    assert str(closed["line"]).startswith(f"job {second} (bad-crash): the training command failed the same way "
+                                          f"twice before its first heartbeat (exit 1): {error}; full log: ")
+    assert str(closed["line"]).endswith("; stopped, not relaunched: fix it and submit again")
+    text = _status(run)
+    assert f"stopped (repeated_failure): {closed['line']}" in text
+    assert f"failed before its first heartbeat (incarnation 1, Slurm job {second}, exit 1): {error}" in text
+    (job,) = [j for j in json.loads(_status(run, "--json"))["jobs"] if j["name"] == key]
+    assert job["start_failure"]["line"] == error and job["start_failure"]["count"] == 2

@@ -87,3 +87,21 @@ def test_the_demo_prints_the_newest_recovery_path(tmp_path: Path) -> None:
         write_timeline(j, UID, tmp_path / "timeline.json")
     assert recovery_path(tmp_path / "timeline.json") == "path resubmitted: Slurm job 41 -> 57"
     assert recovery_path(tmp_path / "missing.json").startswith("path unknown (report: couldn't read timeline")
+
+
+def test_status_shows_the_newest_launch_that_failed_before_its_first_heartbeat(tmp_path: Path) -> None:
+    """``omni status`` (text and --json): its line, exit code and full log, and how many there were."""
+    with _journal(tmp_path) as j:
+        (job,) = status_view(j, UID, now=40.0)
+        assert job["start_failure"] is None
+        for inc, line in ((1, "KeyError: 'a'"), (2, "ModuleNotFoundError: No module named 'x'")):
+            j.record_decision("train-a", inc, 30.0 + inc, "start_failure", "before_first_heartbeat",
+                              {"job_id": "57", "incarnation": inc, "launch": 0, "exit_code": 1, "line": line,
+                               "log": "/logs/train-a-57.out", "time": 30.0 + inc, "stopped": ""})
+        (job,) = status_view(j, UID, now=40.0)
+    assert job["start_failure"] == {"incarnation": 2, "time": 32.0, "slurm_job_id": "57", "launch": 0, "exit_code": 1,
+                                    "line": "ModuleNotFoundError: No module named 'x'", "log": "/logs/train-a-57.out",
+                                    "count": 2}
+    assert json.loads(json.dumps(job)) == job
+    assert ("  failed before its first heartbeat (incarnation 2, Slurm job 57, exit 1): ModuleNotFoundError: No "
+            "module named 'x' (full log: /logs/train-a-57.out)") in format_status([job])

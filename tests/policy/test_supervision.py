@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.policy.confirm import Decision, Verdict
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
 from slurm_omni.policy.placement import Action
@@ -35,8 +35,10 @@ from slurm_omni.policy.supervision import (
 LIMITS = SupervisionLimits(max_fruitless=3, max_relaunches=2)
 
 
-def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int = 0, host: str = "") -> LaunchEnd:
-    return LaunchEnd(number=0, rc=rc, asked_to_stop=stop, job_state=state, fruitless=fruitless, batch_host_lost=host)
+def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int = 0, host: str = "",
+         repeated: str = "") -> LaunchEnd:
+    return LaunchEnd(number=0, rc=rc, asked_to_stop=stop, job_state=state, fruitless=fruitless, batch_host_lost=host,
+                     repeated=repeated)
 
 
 @pytest.mark.parametrize(("end", "expected"), [
@@ -51,6 +53,10 @@ def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int 
     (_end(137, host="node1", fruitless=4), HandOver(("the batch host node1 is lost (this supervisor runs there)",))),
     (_end(137, host="node1", state="FAILED"), Finish(EXIT_FAILED, "stopped", "Slurm shows the job FAILED")),
     (_end(137, state=""), Recover()),   # Slurm could not tell: a failure still recovers
+    # the same failure before the first heartbeat twice: bad input, before the fruitless hand-over
+    (_end(137, fruitless=4, repeated="job 7 (x): ... twice"), Finish(EXIT_BAD_INPUT, "stopped", "job 7 (x): ... twice")),
+    (_end(1, fruitless=2, repeated="the line"), Finish(EXIT_BAD_INPUT, "stopped", "the line")),
+    (_end(1, stop=True, repeated="the line"), Finish(1, "stopped", "the batch script was signalled")),
 ])
 def test_what_the_end_of_a_launch_means(end: LaunchEnd, expected: object) -> None:
     assert after_launch(end, LIMITS) == expected

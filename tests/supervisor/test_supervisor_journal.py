@@ -45,6 +45,17 @@ def test_replay_gives_the_same_state_and_ignores_a_torn_line(tmp_path: Path) -> 
     assert again.state.launches[0].ended == 137 and again.state.launches[0].confirmed is not None
 
 
+def test_a_launchs_start_failure_is_replayed_for_a_restarted_supervisor(tmp_path: Path) -> None:
+    """The launch before is what the next failure is compared with (policy/start_failure.py)."""
+    path = tmp_path / "sup" / "8.jsonl"
+    j = _journal(path)
+    j.append("start_failure", launch=0, exit_code=1, line="ModuleNotFoundError: No module named 'x'", log="/l0.log")
+    again = SupervisorJournal(path)
+    first, second = again.state.launches
+    assert first.start_failure is not None and first.start_failure["line"] == "ModuleNotFoundError: No module named 'x'"
+    assert first.start_failure["exit_code"] == 1 and second.start_failure is None
+
+
 def test_status_lists_each_in_allocation_recovery(tmp_path: Path) -> None:
     j = _journal(tmp_path / "7.jsonl")
     j.append("first_step", launch=1, at=103.0, step=21)
