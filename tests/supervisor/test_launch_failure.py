@@ -1,0 +1,52 @@
+"""``omni launch-failure`` (the heterogeneous job's batch script after a failed step) and the record
+it leaves for the manager, alone: a log, an environment and a heartbeat folder, no Slurm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_omni.cli.launch_failure import launch_failure
+from slurm_omni.manager.sources import read_start_failures
+
+LOG = ("an earlier life's lines\nValueError: old\n",
+       ("Traceback (most recent call last):\n  File \"/j/train.py\", line 2, in <module>\n    import tiktokn\n"
+        "ModuleNotFoundError: No module named 'tiktokn'\nsrun: error: node1: task 0: Exited with exit code 1\n"))
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    log = tmp_path / "logs" / "gpt-7.out"
+    log.parent.mkdir()
+    log.write_text("".join(LOG))
+    heartbeat = tmp_path / "ckpt" / "heartbeat"       # no rank started: nobody made it
+    heartbeat.parent.mkdir(mode=0o700)
+    env = {"SLURM_JOB_ID": "7", "OMNI_HEARTBEAT_DIR": str(heartbeat), "OMNI_INCARNATION": "2", "OMNI_JOB_NAME": "gpt"}
+    return log, heartbeat, env
+
+
+def test_a_step_that_never_beat_gets_its_line_in_the_output_and_a_record(job: tuple[Path, Path, dict[str, str]]) -> None:
+    log, heartbeat, env = job
+    start = len(LOG[0])                                # this life's part of the output only
+    result = CliRunner().invoke(launch_failure, ["--log", str(log), "--start", str(start), "--rc", "137"], env=env)
+    assert result.exit_code == 0
+    assert result.output == (f"omni: job 7 (gpt): launch 2 failed before its first heartbeat (exit 1): "
+                             f"ModuleNotFoundError: No module named 'tiktokn' (full log: {log})\n")
+    (record,) = read_start_failures(heartbeat, 7)
+    assert (record.incarnation, record.exit_code, record.line, record.log) == (
+        2, 1, "ModuleNotFoundError: No module named 'tiktokn'", str(log))
+    assert heartbeat.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_step_that_beat_is_the_confirmers_and_leaves_nothing(job: tuple[Path, Path, dict[str, str]]) -> None:
+    log, heartbeat, env = job
+    heartbeat.mkdir(mode=0o700)
+    (heartbeat / "rank-0.json").write_text(json.dumps({
+        "rank": 0, "stage": 0, "dp_rank": 0, "pid": 5, "incarnation": 2, "job_id": "7", "step": 3,
+        "phase": "training", "time": 1764460000.0}))
+    result = CliRunner().invoke(launch_failure, ["--log", str(log), "--rc", "1"], env=env)
+    assert result.exit_code == 0 and result.output == ""
+    assert read_start_failures(heartbeat, 7) == []
