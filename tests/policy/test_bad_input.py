@@ -52,6 +52,13 @@ def test_ranks_that_failed_otherwise_are_the_recoverys() -> None:
     assert end(ranks=ranks) is None and end(ranks=ranks, ever_beat=True) is None
 
 
+def test_the_batch_scripts_workdir_refusal_names_the_workdir_to_fix() -> None:
+    bad = end(refusal="couldn't enter the working folder /home/u/run on node1")
+    assert bad is not None and bad.cause == "workdir_not_found" and bad.cause in CAUSES
+    assert bad.line == ("job 2001 (own): couldn't enter the working folder /home/u/run on node1 (fix [job] workdir "
+                        "in the job file: a folder every node sees; docs/own-script.md)")
+
+
 def test_the_batch_scripts_refusal_is_a_command_not_found() -> None:
     bad = end(refusal="couldn't start the step: nosuchprog not found on node1")
     assert bad is not None and bad.cause == "command_not_found"

@@ -225,3 +225,24 @@ def test_a_command_that_is_not_there_stops_with_one_line_and_exit_78(slurm_clust
     rows = _components(runner, job_id) if runner.run(["scontrol", "show", "job", str(job_id)],
                                                      check=False).returncode == 0 else []
     assert not rows or rows[0]["ExitCode"] == "78:0"
+
+
+def test_a_workdir_gone_after_submit_stops_with_one_line_and_exit_78(slurm_cluster, plugin_built,
+                                                                      tmp_path: Path) -> None:
+    """[job] workdir was there at omni submit and is gone when the job starts: the batch script runs
+    no step, says which folder on which node, leaves the line for the manager and exits 78."""
+    runner = CommandRunner(slurm_cluster.env)
+    gone = tmp_path / "run dir 'gone'"
+    job = _job(tmp_path, name="omni-nowhere", workdir=gone)
+    request = HetJobRequest(job=job, site=_site(tmp_path, slurm_cluster.spool), job_file=tmp_path / "job.toml",
+                            job_sha256="0" * 64)
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize()).stdout)
+    _wait_gone(runner, job_id)
+    out = (tmp_path / "logs" / f"omni-nowhere-{job_id}.out").read_text()
+    assert f"omni: job omni-nowhere: couldn't enter the working folder {gone} on " in out
+    assert "(fix [job] workdir: a folder every node sees)" in out and "srun" not in out
+    refusal = next((tmp_path / "ckpt").glob(f"*/omni-nowhere/heartbeat/refused-{job_id}-0.txt"))
+    assert refusal.read_text().startswith(f"couldn't enter the working folder {gone} on ")
+    rows = _components(runner, job_id) if runner.run(["scontrol", "show", "job", str(job_id)],
+                                                     check=False).returncode == 0 else []
+    assert not rows or rows[0]["ExitCode"] == "78:0"
