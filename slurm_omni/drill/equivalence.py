@@ -228,12 +228,7 @@ def check_data(run: RunHistory, reference: RunHistory | None, *, per_replica_fro
         if per_replica_from is not None:
             drawn = [s for s in steps if s >= per_replica_from]
             short = [s for s in drawn if len(ids[s]) != len(ref_ids[s])]
-            seen: dict[tuple[int, ...], int] = {}
-            for s in sorted(ids):
-                batch = tuple(sorted(ids[s]))
-                if s >= per_replica_from and batch in seen and batch:
-                    replayed.append(s)
-                seen.setdefault(batch, s)
+            replayed = _replayed(ids, per_replica_from)
             ref_counts = collections.Counter(i for s in steps for i in ref_ids[s])
             once = all(n == 1 for n in ref_counts.values())
             if once:
@@ -245,6 +240,23 @@ def check_data(run: RunHistory, reference: RunHistory | None, *, per_replica_fro
         repeated = sorted(i for i, n in counts.items() if n > 1)
     return DataCheck(compared, tuple(skipped), tuple(repeated), tuple(reordered), tuple(misaligned), paired,
                      tuple(replayed), tuple(short), once)
+
+
+def _replayed(ids: dict[int, list[int]], since: int) -> list[int]:
+    """Steps from ``since`` on that, with the step after them, hold the batches of two consecutive
+    earlier steps (a sampler restarted from its start replays a sequence; one equal batch alone can
+    be chance when batches are drawn with replacement)."""
+    batch = {s: tuple(sorted(v)) for s, v in ids.items()}
+    first_at: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    out = []
+    for s in sorted(batch):
+        pair = (batch[s], batch.get(s + 1, ()))
+        if not pair[0] or not pair[1]:
+            continue
+        earlier = first_at.setdefault(pair, s)
+        if s >= since and earlier < s:
+            out.append(s)
+    return out
 
 
 def same_layout(run: RunHistory, reference: RunHistory) -> bool:

@@ -211,3 +211,17 @@ def test_per_replica_draws_with_replacement_drop_only_the_once_check(tmp_path: P
                            data_order="per_replica")
     assert eq.ok and eq.data is not None and not eq.data.once_checked, eq.summary()
     assert "ids drawn with replacement (the reference repeats some): no step replays an earlier batch" in eq.summary()
+
+
+def test_one_batch_drawn_again_by_chance_is_no_replay(tmp_path: Path) -> None:
+    """With replacement a step may draw an earlier step's batch: only a replayed sequence is a fault."""
+    rep = [[s % 3, 50 + s, 60 + s, 70 + s] for s in range(N)]
+    refdir = write_run(tmp_path / "ref", [(s + 1, 0, losses(N)[s], rep[s]) for s in range(N)])
+    ids = lambda s, inc: rep[s - 1] if inc == 0 else rep[1] if s == 9 else [s % 2, 80 + s, 90 + s, 95 + s]
+    eq = check_equivalence(load_history(resumed(tmp_path, ids_fn=ids, layout=SHRUNK)), load_history(refdir),
+                           data_order="per_replica")
+    assert eq.ok and eq.data is not None and eq.data.replayed_steps == (), eq.summary()
+    twice = lambda s, inc: rep[s - 1] if inc == 0 else rep[s - 8] if s in (9, 10) else [s % 2, 80 + s, 90 + s, 95 + s]
+    eq = check_equivalence(load_history(resumed(tmp_path / "seq", ids_fn=twice, layout=SHRUNK)),
+                           load_history(refdir), data_order="per_replica")
+    assert not eq.ok and eq.data is not None and eq.data.replayed_steps == (9,), eq.summary()
