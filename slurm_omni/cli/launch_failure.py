@@ -36,6 +36,8 @@ def launch_failure(log_path: str, start: int, rc: int) -> None:
     if beat(Path(heartbeat_dir), job_id, incarnation):
         return   # it trained: the confirmer judges this failure, and its traceback is in the output above
     failure = read_failure(Path(log_path), start=start, rc=rc, launch=incarnation)
+    if failure is None:
+        return   # srun lost a node: the cluster's failure, the manager's to recover
     label = f"job {job_id} ({env.get('OMNI_JOB_NAME', '?')})"
     click.echo(f"omni: {first_line(label, failure)}", err=True)
     try:

@@ -320,7 +320,7 @@ class Manager:
         script's refusal), when that is bad input."""
         if w.slurm_id is None:
             return None
-        repeated = self.start_failures.repeated(w, self._label(w))
+        repeated = None if w.lost_kinds() else self.start_failures.repeated(w, self._label(w))
         if repeated is not None:
             return repeated
         beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation >= w.life]

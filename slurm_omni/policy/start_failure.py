@@ -45,6 +45,7 @@ _TASK_EXIT = re.compile(r"^srun: error: \S+: tasks? \d+(?:-\d+)?: Exited with ex
 _ENVIRONMENT = re.compile(r"DistNetworkError|DistStoreError|EADDRINUSE|address already in use|Connection refused|"
                           r"Connection reset|Broken pipe|No route to host|Network is unreachable|timed out|"
                           r"timeout|CUDA error|NCCL|\bECC\b|InfiniBand|socket", re.IGNORECASE)
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on \S+$", re.MULTILINE)
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _NUMBER = re.compile(r"\d+")
 _SPACE = re.compile(r"\s+")
@@ -92,6 +93,11 @@ def task_exit_code(text: str, default: int) -> int:
     be a peer's SIGKILL (137) when ``--kill-on-bad-exit`` ended it; ``default`` when srun said none."""
     m = _TASK_EXIT.search(text)
     return int(m[1]) if m else default
+
+
+def node_failed(text: str) -> bool:
+    """srun reported a node of the step lost: the launch's end is the cluster's, not the script's."""
+    return bool(_NODE_FAILURE.search(text))
 
 
 def from_output(text: str, rc: int, *, launch: int, log: str) -> StartFailure:

@@ -15,17 +15,18 @@ from pathlib import Path
 from slurm_omni.formats.start_failure import StartFailureRecord, encode_start_failure, start_failure_name
 from slurm_omni.fsio import FileRejected, read_tail, write_atomic
 from slurm_omni.manager.events import read_heartbeats
-from slurm_omni.policy.start_failure import TAIL_BYTES, StartFailure, from_output
+from slurm_omni.policy.start_failure import TAIL_BYTES, StartFailure, from_output, node_failed
 
 
-def read_failure(log: Path, *, start: int, rc: int, launch: int) -> StartFailure:
+def read_failure(log: Path, *, start: int, rc: int, launch: int) -> StartFailure | None:
     """The failure the end of ``log`` (from byte ``start``: this launch's part) shows; an unreadable
-    log gives no line, and the step's own exit code."""
+    log gives no line, and the step's own exit code. None when srun reported a node of the step
+    lost (the cluster's failure, for the recovery to judge)."""
     try:
         text = read_tail(log, TAIL_BYTES, start=start, what=str(log))
     except FileRejected:
         text = ""
-    return from_output(text, rc, launch=launch, log=str(log))
+    return None if node_failed(text) else from_output(text, rc, launch=launch, log=str(log))
 
 
 def beat(heartbeat_dir: Path, job_id: str, incarnation: int) -> bool:

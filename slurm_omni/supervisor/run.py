@@ -478,6 +478,8 @@ class Supervisor:
             if cur.first_step_at is not None or observer.heartbeats():
                 return ""
             failure = read_failure(Path(self._log_path(self._step_name(cur))), start=0, rc=rc, launch=cur.number)
+            if failure is None:   # srun lost a node: the recovery's
+                return ""
             self.journal.append("start_failure", launch=cur.number, exit_code=failure.exit_code, line=failure.line,
                                 log=failure.log)
         rec = cur.start_failure or {}

@@ -12,6 +12,7 @@ from slurm_omni.policy.start_failure import (
     failure_line,
     first_line,
     from_output,
+    node_failed,
     repeated_failure,
     same_failure,
     stop_line,
@@ -151,3 +152,8 @@ def test_a_rank_killed_mid_traceback_leaves_the_line_of_the_one_before() -> None
             "omni: step failed with exit code 143\n")
     got = from_output(text, 143, launch=1, log="")
     assert (got.line, got.exit_code) == ("ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'", 1)
+
+
+def test_a_node_srun_lost_is_the_clusters_failure() -> None:
+    assert node_failed("Traceback (most recent call last):\nKeyError: 1\nsrun: error: Node failure on node4\n")
+    assert not node_failed(IMPORT_ERROR)

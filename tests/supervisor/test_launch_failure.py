@@ -50,3 +50,11 @@ def test_a_step_that_beat_is_the_confirmers_and_leaves_nothing(job: tuple[Path, 
     result = CliRunner().invoke(launch_failure, ["--log", str(log), "--rc", "1"], env=env)
     assert result.exit_code == 0 and result.output == ""
     assert read_start_failures(heartbeat, 7) == []
+
+
+def test_a_step_that_lost_a_node_leaves_nothing(job: tuple[Path, Path, dict[str, str]]) -> None:
+    log, heartbeat, env = job
+    log.write_text("".join(LOG) + "srun: error: Node failure on node2\n")
+    result = CliRunner().invoke(launch_failure, ["--log", str(log), "--rc", "1"], env=env)
+    assert result.exit_code == 0 and result.output == ""
+    assert read_start_failures(heartbeat, 7) == []
