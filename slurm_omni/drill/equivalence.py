@@ -11,8 +11,8 @@ named in the compare's line (:meth:`Equivalence.summary`):
   another replica count): the samples of a step come from one global order cut per replica, and the
   global batch is kept, so every step still trains on the reference's sample ids. Up to the first
   resized step the loss is bitwise; from it on the reduction order differs and the loss must agree
-  within the documented relative tolerance :data:`DEFAULT_RTOL` (1e-3; drift on the demo's runs is
-  about 1e-5).
+  within the documented relative tolerance :data:`DEFAULT_RTOL` (1e-3: another order of the same
+  float sums, not other samples).
 - **per-replica draws** (``data_order = "per_replica"``, and some steps ran at another replica
   count): each replica draws its own batches (random offsets from a per-rank generator, a sampler
   split by the replica count), so from the first resized step on a step trains on other samples than
