@@ -100,9 +100,11 @@ def node_failed(text: str) -> bool:
     return bool(_NODE_FAILURE.search(text))
 
 
-def from_output(text: str, rc: int, *, launch: int, log: str) -> StartFailure:
-    """The failure a launch's output shows: its line and its first failing task's exit code."""
-    code = task_exit_code(text, rc)
+def from_output(text: str, rc: int, *, launch: int, log: str, srun: str | None = None) -> StartFailure:
+    """The failure a launch's output shows: its line and its first failing task's exit code, from
+    srun's own lines (``srun``: its stderr where it is kept apart from the ranks' output, the step
+    supervisor's ``.srun.log``; None: in ``text`` itself, the batch job's output)."""
+    code = task_exit_code(text if srun is None else srun, rc)
     return StartFailure(launch=launch, exit_code=code if 0 <= code <= 255 else 255, line=failure_line(text), log=log)
 
 

@@ -18,15 +18,23 @@ from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.policy.start_failure import TAIL_BYTES, StartFailure, from_output, node_failed
 
 
-def read_failure(log: Path, *, start: int, rc: int, launch: int) -> StartFailure | None:
+def read_failure(log: Path, *, start: int, rc: int, launch: int, srun_log: Path | None = None) -> StartFailure | None:
     """The failure the end of ``log`` (from byte ``start``: this launch's part) shows; an unreadable
-    log gives no line, and the step's own exit code. None when srun reported a node of the step
-    lost (the cluster's failure, for the recovery to judge)."""
+    log gives no line, and the step's own exit code. ``srun_log``: where srun's own stderr is kept
+    apart from the ranks' output (the supervisor's launches): the failing task's exit code and a lost
+    node are taken from it only, never from what a rank printed. None when srun reported a node of
+    the step lost (the cluster's failure, for the recovery to judge)."""
+    text, srun = _tail(log, start), None if srun_log is None else _tail(srun_log, 0)
+    if node_failed(text if srun is None else srun):
+        return None
+    return from_output(text, rc, launch=launch, log=str(log), srun=srun)
+
+
+def _tail(path: Path, start: int) -> str:
     try:
-        text = read_tail(log, TAIL_BYTES, start=start, what=str(log))
+        return read_tail(path, TAIL_BYTES, start=start, what=str(path))
     except FileRejected:
-        text = ""
-    return None if node_failed(text) else from_output(text, rc, launch=launch, log=str(log))
+        return ""
 
 
 def beat(heartbeat_dir: Path, job_id: str, incarnation: int) -> bool:

@@ -477,7 +477,9 @@ class Supervisor:
             observer = self._observer or self._observe(cur)
             if cur.first_step_at is not None or observer.heartbeats():
                 return ""
-            failure = read_failure(Path(self._log_path(self._step_name(cur))), start=0, rc=rc, launch=cur.number)
+            name = self._step_name(cur)
+            failure = read_failure(Path(self._log_path(name)), start=0, rc=rc, launch=cur.number,
+                                   srun_log=Path(self._log_path(name, srun=True)))
             if failure is None:   # srun lost a node: the recovery's
                 return ""
             self.journal.append("start_failure", launch=cur.number, exit_code=failure.exit_code, line=failure.line,

@@ -157,3 +157,10 @@ def test_a_rank_killed_mid_traceback_leaves_the_line_of_the_one_before() -> None
 def test_a_node_srun_lost_is_the_clusters_failure() -> None:
     assert node_failed("Traceback (most recent call last):\nKeyError: 1\nsrun: error: Node failure on node4\n")
     assert not node_failed(IMPORT_ERROR)
+
+
+def test_the_exit_code_from_sruns_own_lines_when_kept_apart() -> None:
+    """The supervisor's launches: a rank that prints srun-like words does not choose the code."""
+    output = IMPORT_ERROR.replace("Exited with exit code 1", "Exited with exit code 9")
+    got = from_output(output, 137, launch=0, log="/l.log", srun="srun: error: node2: task 1: Exited with exit code 1\n")
+    assert (got.exit_code, got.line) == (1, "ModuleNotFoundError: No module named 'nonexistent_module'")

@@ -58,3 +58,16 @@ def test_a_step_that_lost_a_node_leaves_nothing(job: tuple[Path, Path, dict[str,
     result = CliRunner().invoke(launch_failure, ["--log", str(log), "--rc", "1"], env=env)
     assert result.exit_code == 0 and result.output == ""
     assert read_start_failures(heartbeat, 7) == []
+
+
+def test_a_supervisor_launch_reads_srun_apart_from_the_ranks(tmp_path: Path) -> None:
+    """What a rank printed (a fake node failure) is no report of srun's: the launch is still recorded."""
+    from slurm_omni.supervisor.launch_failure import read_failure
+
+    out, srun = tmp_path / "omni-7-launch-0.log", tmp_path / "omni-7-launch-0.srun.log"
+    out.write_text(LOG[1] + "srun: error: Node failure on node1\n")
+    srun.write_text("srun: error: node1: task 0: Exited with exit code 3\n")
+    got = read_failure(out, start=0, rc=137, launch=0, srun_log=srun)
+    assert got is not None and (got.exit_code, got.line) == (3, "ModuleNotFoundError: No module named 'tiktokn'")
+    srun.write_text("srun: error: Node failure on node1\n")
+    assert read_failure(out, start=0, rc=137, launch=0, srun_log=srun) is None
