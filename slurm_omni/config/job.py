@@ -105,12 +105,14 @@ class JobSection:
     """Slurm account; empty: the user's default."""
     qos: str = ""
     """Slurm QOS; empty: the default."""
-    recovery: Literal["", "resubmit", "in_allocation"] = ""
+    recovery: Literal["", "resubmit", "in_allocation", "allocation"] = ""
     """How a failure is recovered: ``resubmit`` (a heterogeneous job; the manager cancels it and
     submits the next incarnation), ``in_allocation`` (one homogeneous ``--no-kill`` allocation of
     every stage's nodes plus its spares; the step supervisor on the batch host relaunches the step on
-    the survivors and a spare, no trip through the queue); empty: the site's
-    ``elasticity.recovery``."""
+    the survivors and a spare, no trip through the queue), ``allocation`` (the same allocation
+    without a batch script, ``salloc --no-shell``; the step supervisor runs beside the manager and
+    launches with ``srun --jobid``, so no node is special: docs/allocation-mode.md; where the site
+    does not allow it, ``in_allocation``); empty: the site's ``elasticity.recovery``."""
 
     def __post_init__(self) -> None:
         check_slurm_name("job.name", self.name)

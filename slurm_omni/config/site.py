@@ -127,7 +127,7 @@ class DetectionSite:
 
 
 SparePolicy = Literal["same_switch", "any_switch", "none"]
-RecoveryPath = Literal["resubmit", "in_allocation"]
+RecoveryPath = Literal["resubmit", "in_allocation", "allocation"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,7 +148,13 @@ class ElasticitySite:
     recovery: RecoveryPath = "resubmit"
     """Default of the job file's ``[job] recovery``: ``resubmit`` (heterogeneous job, the manager
     resubmits) or ``in_allocation`` (one ``--no-kill`` allocation with spares; the step supervisor
-    relaunches inside it)."""
+    relaunches inside it) or ``allocation`` (that allocation without a batch script; the supervisor
+    runs beside the manager: ``allow_allocation`` must be true)."""
+    allow_allocation: bool = False
+    """Jobs may ask for ``recovery = "allocation"``: this site lets users run ``salloc --no-shell``,
+    ``srun --jobid`` and a long-running process of their own (the step supervisor) on the node where
+    they submit and run the manager (docs/allocation-mode.md). False: such a job runs
+    ``in_allocation`` (a supervisor in the batch script), with one logged line saying so."""
     default_spares: int = 0
     """Spare nodes per stage when a job file's stage gives no ``spares``."""
     max_spares: int = 4
@@ -168,6 +174,10 @@ class ElasticitySite:
             raise ConfigError(f"elasticity.min_data_parallel_size = {self.min_data_parallel_size} is "
                               f"not allowed (expected >= 1)")
         check_hostlist("elasticity.spare_nodes", self.spare_nodes)
+        if self.recovery == "allocation" and not self.allow_allocation:
+            raise ConfigError('elasticity.recovery = "allocation" is not allowed without '
+                              'elasticity.allow_allocation = true (the site must let users run salloc, srun '
+                              '--jobid and the step supervisor on their login node: docs/allocation-mode.md)')
         if self.spare_wait_s < 0 or self.quarantine_s < 0:
             raise ConfigError(f"elasticity.spare_wait_s = {self.spare_wait_s}, quarantine_s = {self.quarantine_s} "
                               f"are not allowed (expected >= 0)")

@@ -272,12 +272,16 @@ class HetJobRequest:
 
     @property
     def recovery(self) -> str:
-        """The recovery path asked for: the job file's ``[job] recovery``, else the site's default."""
-        return self.job.job.recovery or self.site.elasticity.recovery
+        """The recovery path asked for: the job file's ``[job] recovery``, else the site's default;
+        ``allocation`` where the site does not allow it is ``in_allocation`` (its fallback)."""
+        asked = self.job.job.recovery or self.site.elasticity.recovery
+        return "in_allocation" if asked == "allocation" and not self.site.elasticity.allow_allocation else asked
 
     def in_allocation(self) -> tuple[AllocationShape | None, str]:
-        """The allocation when this job runs in-allocation; None and why it is a heterogeneous job."""
-        if self.recovery != "in_allocation":
+        """The allocation when this job runs in-allocation (with or without a batch script); None and
+        why it is a heterogeneous job. A job in allocation mode renders the in-allocation script too:
+        it is what the manager resubmits when the allocation itself is lost."""
+        if self.recovery not in ("in_allocation", "allocation"):
             return None, "recovery = resubmit"
         return allocation_shape(plan_stages(self.job, self.site))
 
@@ -291,13 +295,13 @@ class HetJobRequest:
             template = IN_ALLOCATION_TEMPLATE
         elif shape is not None and self.template == DRILL_TEMPLATE:
             template = IN_ALLOCATION_DRILL_TEMPLATE
-        elif self.recovery == "in_allocation":
+        elif self.recovery in ("in_allocation", "allocation"):
             log.warning("render: %s runs as a heterogeneous job (recovery by resubmission): %s", j.name, why_not)
         return {
             "template": template,
             "supervised": template in (IN_ALLOCATION_TEMPLATE, IN_ALLOCATION_DRILL_TEMPLATE),
             "allocation": shape,
-            "recovery_note": why_not if self.recovery == "in_allocation" and shape is None else "",
+            "recovery_note": why_not if self.recovery in ("in_allocation", "allocation") and shape is None else "",
             "supervisor_stages": supervisor_stages_arg(plans),
             "min_dp": self.site.elasticity.min_data_parallel_size,
             "units_divide": _units_divide(self.job, plans),

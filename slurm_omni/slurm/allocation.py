@@ -5,11 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
 
-from slurm_omni.slurm.hostlist import compress
+from slurm_omni.slurm.hostlist import compress, expand
 from slurm_omni.slurm.parse_text import parse_nodes, parse_records, parse_topology
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.types import Node, Topology
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What ``scontrol show job`` says of an allocation the supervisor runs outside of."""
+
+    state: str
+    """JobState; empty when Slurm no longer knows the job."""
+    nodes: tuple[str, ...]
+    end_time: float | None
+    """EndTime as a Unix time (the time limit), None when Slurm gives none."""
+    user_id: int | None
 
 
 class AllocationView:
@@ -60,3 +74,28 @@ class AllocationView:
                               timeout_s=10)
         words = out.stdout.split()
         return words[0] if out.ok and words else ""
+
+    def job_record(self) -> JobRecord:
+        """``scontrol show job -o J``: its state, nodes now (a lost node is excised from a --no-kill
+        job) and end time; an empty state when Slurm no longer knows it."""
+        out = self.runner.run(["scontrol", "show", "job", "-o", self.job_id], check=False, timeout_s=10)
+        records = parse_records(out.stdout, "JobId") if out.ok else []
+        if not records:
+            return JobRecord("", (), None, None)
+        r = records[0]
+        nodes = r.get("NodeList", "")
+        uid = r.get("UserId", "").partition("(")[2].rstrip(")")
+        return JobRecord(r.get("JobState", ""), tuple(expand(nodes)) if nodes and nodes != "(null)" else (),
+                         _slurm_time(r.get("EndTime", "")), int(uid) if uid.isdigit() else None)
+
+    def release(self) -> None:
+        """End an allocation that has no batch script to end it (``scancel J``; training is done)."""
+        self.runner.run(["scancel", self.job_id], check=False, timeout_s=30)
+
+
+def _slurm_time(text: str) -> float | None:
+    """``2026-12-02T01:02:03`` (slurmctld's local time) as a Unix time; None for Unknown/None."""
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None

@@ -70,3 +70,13 @@ def parse_nodes(text: str, topology: Topology | None = None) -> list[Node]:
             switch_path=topology.switch_path(name) if topology else (),
         ))
     return nodes
+
+
+_SALLOC_JOB = re.compile(r"^salloc: (?:Pending|Granted) job allocation (\d+)\s*$", re.MULTILINE)
+
+
+def parse_salloc_job_id(text: str) -> int | None:
+    """The job id in what ``salloc`` printed ("salloc: Pending job allocation 2001", then "Granted
+    job allocation 2001" on 22.05 to 26.05; with ``--no-shell`` it leaves once granted), or None."""
+    m = _SALLOC_JOB.search(text)
+    return int(m[1]) if m else None

@@ -134,17 +134,18 @@ class CommandRunner:
         return result
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              stdout: int | None = None, stderr: int | None = None) -> subprocess.Popen[bytes]:
+              stdout: int | None = None, stderr: int | None = None, detach: bool = False) -> subprocess.Popen[bytes]:
         """Start a long-running command (an srun step) and return at once: argv list, never a shell,
         the call rate bounded like ``run``. ``env`` is merged over the runner's environment. The
-        caller waits for it (its exit code is the step's)."""
+        caller waits for it (its exit code is the step's). ``detach``: in a session of its own, so
+        that it outlives its caller and the caller's terminal (salloc, a step supervisor)."""
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise SlurmError(f"runner: couldn't start {argv!r}: argv must be a non-empty list of strings")
         self.limiter.acquire()
         self.calls += 1
         try:
             return subprocess.Popen(list(argv), env={**self.environment(), **(env or {})}, stdin=subprocess.DEVNULL,
-                                    stdout=stdout, stderr=stderr)
+                                    stdout=stdout, stderr=stderr, start_new_session=detach)
         except FileNotFoundError as e:
             raise SlurmError(f"{argv[0]}: couldn't start: command not found (install the Slurm client "
                              f"packages: scripts/setup.sh)") from e

@@ -56,15 +56,19 @@ def step_name(job_id: str, launch: int) -> str:
 
 
 def step_argv(components: Sequence[StepComponent], command: Sequence[str], *, name: str,
-              spank_stage: str = "", spank_ckpt: str = "", overlap: bool = False, chdir: str = "") -> list[str]:
+              spank_stage: str = "", spank_ckpt: str = "", overlap: bool = False, chdir: str = "",
+              job_id: str = "") -> list[str]:
     """``srun OPTS0 shim cmd : OPTS1 shim cmd ...``; ``spank_stage``/``spank_ckpt``: the plugin's
     ``--omni-stage``/``--omni-ckpt`` (its fault records), given to every component; ``chdir``: the
-    folder every task starts in (the job's workdir; empty: srun's own)."""
+    folder every task starts in (the job's workdir; empty: srun's own). ``job_id``: run in that
+    allocation from outside it (``--jobid``, allocation mode); empty: the one srun runs in."""
     argv = ["srun"]
     first = 0
     for i, c in enumerate(components):
         if i:
             argv.append(":")
+        if job_id:
+            argv.append(f"--jobid={job_id}")
         argv += [f"--job-name={name}", "--kill-on-bad-exit=1", f"--nodes={len(c.nodes)}",
                  f"--ntasks={c.ntasks}", f"--ntasks-per-node={c.tasks_per_node}",
                  f"--nodelist={compress(c.nodes)}"]

@@ -90,7 +90,9 @@ SITE_ERRORS = [
     ("default spares above the cap", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\ndefault_spares = 5"),
      "elasticity.default_spares = 5 is not allowed (expected 0 <= it <= elasticity.max_spares = 4)"),
     ("recovery path", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\nrecovery = \"restart\""),
-     "elasticity.recovery = 'restart' is not allowed (expected one of 'resubmit', 'in_allocation')"),
+     "elasticity.recovery = 'restart' is not allowed (expected one of 'resubmit', 'in_allocation', 'allocation')"),
+    ("allocation mode not allowed", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\nrecovery = \"allocation\""),
+     'elasticity.recovery = "allocation" is not allowed without elasticity.allow_allocation = true'),
     ("bad feature", ("gres = \"gpu:h100:4\"\n[stages.text]", "gres = \"gpu:h100:4\"\nfeature = \"a b\"\n[stages.text]"),
      "stages.feature 'a b' is not allowed"),
 ]

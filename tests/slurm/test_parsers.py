@@ -9,7 +9,7 @@ import pytest
 from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.gres import parse_gres
 from slurm_omni.slurm.parse_json import parse_sinfo_json, parse_squeue_json
-from slurm_omni.slurm.parse_text import parse_nodes, parse_topology
+from slurm_omni.slurm.parse_text import parse_nodes, parse_salloc_job_id, parse_topology
 from slurm_omni.slurm.states import job_state, node_state, split_node_state
 from slurm_omni.slurm.types import Gres, JobState, NodeState
 
@@ -108,3 +108,15 @@ def test_gres(text: str, gres: tuple[Gres, ...]) -> None:
 def test_bad_json(text: str) -> None:
     with pytest.raises(SlurmError, match="sinfo"):
         parse_sinfo_json(text)
+
+
+@pytest.mark.parametrize(("text", "job_id"), [
+    ("salloc: Pending job allocation 2001\nsalloc: job 2001 queued and waiting for resources\n", 2001),
+    ("salloc: Granted job allocation 8001\n", 8001),
+    ("salloc: Required node not available (down, drained or reserved)\nsalloc: Pending job allocation 12\n", 12),
+    ("salloc: error: Job submit/allocate failed: Invalid partition name specified\n", None),
+    ("", None),
+    ("salloc: Granted job allocation 12x\n", None),
+])
+def test_salloc_job_id(text: str, job_id: int | None) -> None:
+    assert parse_salloc_job_id(text) == job_id

@@ -49,6 +49,15 @@ def test_every_component_starts_in_the_jobs_workdir() -> None:
     assert [w for w in argv if w.startswith("--chdir")] == ["--chdir=/home/u/my job's dir"] * 2
 
 
+def test_step_argv_from_outside_the_allocation_names_its_job_in_every_component() -> None:
+    """Allocation mode: the supervisor runs outside the allocation, so srun says which one (--jobid)."""
+    comps = [StepComponent(0, ("node1",), 1), StepComponent(1, ("node3",), 1)]
+    argv = step_argv(comps, ["omni", "train"], name="omni-7-launch-0", job_id="7")
+    assert [a for a in argv if a.startswith("--jobid")] == ["--jobid=7", "--jobid=7"]
+    assert argv.index("--jobid=7") < argv.index("bash")
+    assert not any(a.startswith("--jobid") for a in step_argv(comps, ["omni", "train"], name="omni-7-launch-0"))
+
+
 def test_srun_stderr_of_a_node_failure() -> None:
     lines = (FIXTURES / "srun_node_failure.txt").read_text().splitlines()
     events = [e for e in (parse_srun_line(line, 1.0) for line in lines) if e is not None]

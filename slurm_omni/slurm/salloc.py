@@ -1,0 +1,49 @@
+"""An allocation without a batch script (``salloc --no-shell --no-kill``), for allocation mode.
+
+salloc waits until Slurm grants the allocation (hours at a busy centre), so it is started detached
+with its output in a file, and only its job id is waited for: it prints "Pending job allocation N"
+when the job is queued, "Granted job allocation N" when it starts at once. With ``--no-shell`` it
+leaves once granted; the allocation stays until the time limit or ``scancel``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_omni.errors import SlurmError
+from slurm_omni.fsio import one_line
+from slurm_omni.slurm.parse_text import parse_salloc_job_id
+from slurm_omni.slurm.runner import CommandRunner
+
+
+def request_allocation(runner: CommandRunner, argv: Sequence[str], output: Path, *, timeout_s: float = 120.0,
+                       poll_s: float = 0.1) -> int:
+    """Start ``salloc`` (``argv``) detached, its output appended to ``output``; its job id once it
+    printed one. A salloc that leaves first (a refused request) is a SlurmError with its first line."""
+    if not argv or os.path.basename(argv[0]) != "salloc" or "--no-shell" not in argv:
+        raise SlurmError(f"salloc: couldn't request an allocation with {list(argv)[:3]!r} (salloc --no-shell only)")
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        start = os.fstat(fd).st_size
+        proc = runner.spawn(argv, stdout=fd, stderr=fd, detach=True)
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(output, "rb") as f:
+            f.seek(start)
+            text = f.read(1 << 16).decode(errors="replace")
+        job_id = parse_salloc_job_id(text)
+        if job_id is not None:
+            return job_id
+        rc = proc.poll()
+        if rc is not None:
+            line = next((ln for ln in text.splitlines() if ln.strip()), f"exit {rc}")
+            raise SlurmError(f"salloc: couldn't get an allocation: {one_line(line)}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SlurmError(f"salloc: couldn't get a job id within {timeout_s:.0f}s (output in {output})")
+        time.sleep(poll_s)
