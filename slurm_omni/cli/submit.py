@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
+import subprocess
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,8 +20,12 @@ from slurm_omni.errors import ConfigError, SlurmError
 from slurm_omni.formats.registry import RegisteredTask
 from slurm_omni.ownership import current_user, ensure_own_dir
 from slurm_omni.render import ArrayJobRequest, HetJobRequest, plan_stages
+from slurm_omni.render.allocation import AllocationRequest, allocation_mode
 from slurm_omni.render.registry import RegistryRecord, register, registered_stages
 from slurm_omni.render.request import check_command, training_command
+
+if TYPE_CHECKING:
+    from slurm_omni.slurm.runner import CommandRunner
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +93,8 @@ def render(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
 @click.option("--hold", is_flag=True, help="Submit held (release with scontrol release).")
 def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max_parallel: int,
            hold: bool) -> None:
-    """Render, submit with sbatch and register the job with the manager."""
+    """Render, submit with sbatch and register the job with the manager (allocation mode: salloc, and
+    the step supervisor started here)."""
     from slurm_omni.slurm.runner import CommandRunner
 
     loaded, site = _load(job_files, site_file)
@@ -100,10 +109,16 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
             check_command(training_command(job, site, path), job.job.name, job.job.workdir)
     for _, job, _ in loaded:
         _make_log_dir(job.job.log_dir)
-    argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]
     runner = CommandRunner()
-    result = runner.run(argv, input_text=script, timeout_s=60)
-    job_id = parse_sbatch_id(result.stdout)
+    allocation = isinstance(request, HetJobRequest) and allocation_mode(request)
+    if allocation and hold:
+        raise ConfigError("submit: couldn't hold an allocation-mode job (salloc has no --hold; submit it "
+                          "without --hold, or with [job] recovery = \"in_allocation\")")
+    if isinstance(request, HetJobRequest) and allocation:
+        job_id = _allocate(runner, request)
+    else:
+        argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]
+        job_id = parse_sbatch_id(runner.run(argv, input_text=script, timeout_s=60).stdout)
     first_path, first, digest = loaded[0]
     script_path = _keep_script(first.job.log_dir, first.job.name, job_id, script)
     registration = RegistryRecord(
@@ -119,7 +134,35 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
         incarnation_base=request.incarnation_base if isinstance(request, HetJobRequest) else 0,
         environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it
     record = register(site.manager.registry_for(user), registration)
+    if isinstance(request, HetJobRequest) and allocation:
+        proc = _start_supervisor(runner, request, job_id)
+        click.echo(f"submitted job {job_id} ({first.job.name}) as an allocation without a batch script; its step "
+                   f"supervisor runs here as pid {proc.pid}; registered in {record}")
+        return
     click.echo(f"submitted job {job_id} ({first.job.name}); registered in {record}")
+
+
+def _allocate(runner: CommandRunner, request: HetJobRequest) -> int:
+    """Allocation mode: ``salloc --no-shell --no-kill`` (detached: it may wait in the queue); its job id."""
+    from slurm_omni.slurm.salloc import request_allocation
+
+    j = request.job.job
+    output = j.log_dir / f"{j.name}-salloc-{time.time_ns()}.out"
+    job_id = request_allocation(runner, AllocationRequest(request).salloc_argv(), output)
+    with contextlib.suppress(OSError):   # the id in the name, as sbatch's %j gives it
+        output.rename(j.log_dir / f"{j.name}-{job_id}.salloc.out")
+    return job_id
+
+
+def _start_supervisor(runner: CommandRunner, request: HetJobRequest, job_id: int) -> subprocess.Popen[bytes]:
+    """Allocation mode: the step supervisor, detached, here (it waits for the allocation to start);
+    the manager starts it again if it is gone."""
+    from slurm_omni.supervisor.outside import start_detached
+
+    alloc = AllocationRequest(request)
+    j = request.job.job
+    return start_detached(runner, alloc.supervisor_argv(job_id), alloc.supervisor_env(job_id),
+                          j.log_dir / f"{j.name}-{job_id}.supervisor.log")
 
 
 def first_incarnation(ckpt_dir: Path) -> int:

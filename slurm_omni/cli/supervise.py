@@ -1,8 +1,10 @@
-"""``omni supervise``: the step supervisor, started by an in-allocation batch script."""
+"""``omni supervise``: the step supervisor, started by an in-allocation batch script, or outside its
+allocation by ``omni submit`` and the manager (``--allocation``, docs/allocation-mode.md)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -26,9 +28,16 @@ from slurm_omni.errors import ConfigError
               "--omni-ckpt (its per-task fault records).")
 @click.option("--standby/--no-standby", default=True, show_default=True,
               help="A warm standby per node: relaunched ranks start with everything imported.")
+@click.option("--allocation", "allocation", type=click.IntRange(min=1), default=None,
+              help="Allocation mode: supervise this Slurm job (salloc --no-shell) from outside it, with srun --jobid.")
+@click.option("--stop-before", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Allocation mode: signal the step this many seconds before the job's time limit.")
+@click.option("--stop-signal", type=click.Choice(["USR1", "USR2"]), default="USR1", show_default=True,
+              help="Allocation mode: the signal the ranks checkpoint on (the job's requeue_signal).")
 @click.argument("command", nargs=-1, required=True)
 def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: str, max_relaunches: int,
-              heartbeat_interval: float, spank_ckpt: str, standby: bool, command: tuple[str, ...]) -> None:
+              heartbeat_interval: float, spank_ckpt: str, standby: bool, allocation: int | None, stop_before: int,
+              stop_signal: str, command: tuple[str, ...]) -> None:
     """Launch COMMAND as one heterogeneous step over the allocation's active nodes, and relaunch it
     inside the allocation on a confirmed failure (spares, then fewer replicas). Exits 0 when training
     is done, 75 when it stopped for requeue, 1 when the manager must take over."""
@@ -38,22 +47,25 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
     from slurm_omni.supervisor.run import CRASH_ENV, Supervisor, SupervisorOptions
 
     env = os.environ
-    missing = [k for k in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "OMNI_CKPT_DIR", "OMNI_HEARTBEAT_DIR", "OMNI_DP_SIZE")
+    needed = ("OMNI_CKPT_DIR", "OMNI_HEARTBEAT_DIR", "OMNI_DP_SIZE")
+    missing = [k for k in (needed if allocation else ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", *needed))
                if not env.get(k)]
     if missing:
         raise ConfigError(f"supervise: couldn't start: {', '.join(missing)} not set (the in-allocation batch "
-                          f"script sets them)")
+                          f"script sets them; in allocation mode omni submit does)")
     stages = parse_stages(stages_text)
     log_dir = env.get("OMNI_LOG_DIR")
     opts = SupervisorOptions(
-        stages=stages, command=command, job_id=env["SLURM_JOB_ID"],
-        allocation=tuple(expand(env["SLURM_JOB_NODELIST"])), data_parallel_size=int(env["OMNI_DP_SIZE"]),
+        stages=stages, command=command, job_id=str(allocation) if allocation else env["SLURM_JOB_ID"],
+        allocation=() if allocation else tuple(expand(env["SLURM_JOB_NODELIST"])), data_parallel_size=int(env["OMNI_DP_SIZE"]),
         ckpt_dir=Path(env["OMNI_CKPT_DIR"]), heartbeat_dir=Path(env["OMNI_HEARTBEAT_DIR"]),
         incarnation=int(env.get("OMNI_INCARNATION", "0") or 0), min_data_parallel_size=min_dp,
         units_divide=units_divide, spare_policy=spare_policy,  # type: ignore[arg-type]
         max_relaunches=max_relaunches, heartbeat_interval_s=heartbeat_interval, spank_ckpt=spank_ckpt,
         log_dir=Path(log_dir) if log_dir else None, crash_at=env.get(CRASH_ENV, ""),
-        restart_count=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-        standby=standby and env.get("OMNI_STANDBY", "1") != "0", batch_host=env.get("SLURMD_NODENAME", ""),
+        restart_count=0 if allocation else int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+        standby=standby and env.get("OMNI_STANDBY", "1") != "0",
+        batch_host="" if allocation else env.get("SLURMD_NODENAME", ""), outside=allocation is not None,
+        stop_before_s=stop_before, stop_signal=int(getattr(signal, f"SIG{stop_signal}")),
         workdir=Path(env.get("OMNI_WORKDIR") or os.getcwd()), job_name=env.get("OMNI_JOB_NAME", ""))
     sys.exit(Supervisor(opts, CommandRunner()).run())

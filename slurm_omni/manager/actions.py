@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,8 +26,11 @@ from slurm_omni.manager.registry import RegistryRecord
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.placement import Plan
 from slurm_omni.render import HetJobRequest
+from slurm_omni.render.allocation import AllocationRequest
 from slurm_omni.slurm.backend import SlurmBackend
 from slurm_omni.slurm.hostlist import compress
+from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.supervisor.outside import start_detached
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,22 @@ class Actions:
         self.backend = backend
         self.site = site
         self.scripts = state_dir / "scripts"
+        self._supervisors: list[subprocess.Popen[bytes]] = []
+
+    def start_supervisor(self, reg: RegistryRecord, slurm_job_id: int) -> int:
+        """Allocation mode: a new step supervisor for ``slurm_job_id``, detached, on this host (the one
+        that ran it is gone); it takes over its predecessor's journal. Its pid."""
+        job = self.job_file(reg)
+        request = HetJobRequest(job=job, site=self.site, job_file=reg.job_file, job_sha256=reg.job_sha256,
+                                incarnation_base=reg.incarnation_base)
+        alloc = AllocationRequest(request)
+        runner: CommandRunner = getattr(self.backend, "runner", None) or CommandRunner()
+        self._supervisors = [p for p in self._supervisors if p.poll() is None]   # reap the ones that left
+        proc = start_detached(runner, alloc.supervisor_argv(slurm_job_id),
+                              {**(reg.environment or {}), **alloc.supervisor_env(slurm_job_id)},
+                              job.job.log_dir / f"{job.job.name}-{slurm_job_id}.supervisor.log")
+        self._supervisors.append(proc)
+        return proc.pid
 
     def cancel(self, slurm_job_id: int) -> str:
         """End what is left of an incarnation (the runner bounds scancel with its timeout)."""

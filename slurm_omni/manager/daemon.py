@@ -68,13 +68,22 @@ from slurm_omni.policy.recovery_events import (
     Tick,
     first_step_seen,
 )
+from slurm_omni.policy.supervision import supervisor_gone
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 from slurm_omni.slurm.types import Job, JobState, Node
+from slurm_omni.supervisor.journal import read_status, status_path
+from slurm_omni.supervisor.outside import process_alive, read_process
 
 log = logging.getLogger(__name__)
 
 _ALIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.REQUEUED})
 _BUSY = frozenset({JobState.RUNNING, JobState.COMPLETING})
+SUPERVISOR_RESTART_S = 10.0
+"""Allocation mode: at most one new step supervisor per job this often (one that failed to start
+is tried again after it)."""
+SUPERVISOR_STALE_S = 30.0
+"""Allocation mode: a supervisor on another host is taken as gone when its status file (rewritten
+every node poll, 3 s) is this old."""
 UNMATCHED_TTL_S = 120.0
 """A spool event that concerns none of the watched jobs stays this long before it is journaled
 (under no job) and removed."""
@@ -115,6 +124,7 @@ class Manager:
         self._seen_shared: set[str] = set()   # node events read from <spool>/nodes (not ours to remove)
         self._timeline_dirty = True
         self._barrier_logged: dict[str, float] = {}
+        self._supervisor_started: dict[str, float] = {}
 
     def close(self) -> None:
         self.journal.close()
@@ -346,6 +356,7 @@ class Manager:
             w.recovery_config = replace(w.recovery_config, supervised=present)
             log.info("manager: %s: Slurm job %d %s a step supervisor", w.key, w.slurm_id,
                      "has" if present else "no longer has")
+        self._keep_supervisor(w, now)
         if not present:
             return
         for report in read_reports(w.reg.ckpt_dir, w.slurm_id):
@@ -353,6 +364,34 @@ class Manager:
             if lost:   # a node the job lost is never used again by it
                 w.quarantine = w.quarantine.add(lost, now, w.placement.quarantine_s)
             recovery.feed(self, w, report.observation, now)
+
+    def _keep_supervisor(self, w: Watch, now: float) -> None:
+        """Allocation mode (the supervisor runs outside the allocation, its process record is there):
+        start a new supervisor when the last one is gone while its allocation runs; it picks up what
+        its predecessor journaled (docs/allocation-mode.md)."""
+        if w.slurm_id is None or w.state in ENDED_STATES:
+            return
+        record = read_process(w.reg.ckpt_dir, str(w.slurm_id))
+        if record is None or now - self._supervisor_started.get(w.key, 0.0) < SUPERVISOR_RESTART_S:
+            return
+        status = read_status(status_path(w.reg.ckpt_dir, str(w.slurm_id)))
+        updated = status.get("updated_at") if status else None
+        if not supervisor_gone(phase=str(status.get("phase", "")) if status else "launching", job_state=w.slurm_state,
+                               alive=process_alive(record),
+                               status_age_s=now - updated if isinstance(updated, (int, float)) else None,
+                               stale_after_s=SUPERVISOR_STALE_S):
+            return
+        self._supervisor_started[w.key] = now
+        try:
+            pid = self.actions.start_supervisor(w.reg, w.slurm_id)
+        except OmniError as e:
+            log.error("manager: %s: couldn't start a new step supervisor: %s", w.key, e)
+            return
+        self.journal.record_decision(w.key, w.incarnation, now, "supervisor_started", "supervisor_gone",
+                                     {"slurm_job_id": w.slurm_id, "pid": pid, "was": {"host": record.host,
+                                                                                       "pid": record.pid}})
+        log.warning("manager: %s: the step supervisor of Slurm job %d (pid %d on %s) is gone; started another "
+                    "(pid %d)", w.key, w.slurm_id, record.pid, record.host, pid)
 
     def _observe_poll(self, w: Watch, snap: ClusterSnapshot, nodes: dict[str, Node], now: float) -> None:
         if w.slurm_id is None:

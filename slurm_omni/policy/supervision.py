@@ -242,3 +242,27 @@ def recovery_road(first: FailureConfirmed | MigrationRequested, plan: Relaunch |
             queue.append(Tick(quiet=True, running=False, stopped=True, state="ENDED"))
     raise ValueError(f"recovery table: no launch and no hand-over after {first!r} (phases "
                      f"{', '.join(p.value for p in phases)})")
+
+
+LIVE_PHASES = frozenset({"launching", "running", "relaunching"})
+"""Status phases of a supervisor that has work left (not done, stopped or handed over)."""
+
+
+def supervisor_gone(*, phase: str, job_state: str, alive: bool | None, status_age_s: float | None,
+                    stale_after_s: float) -> bool:
+    """Allocation mode: must a new supervisor be started for this job? Only while its allocation
+    runs and its last status says there is work left, when its process is gone (``alive`` False) or,
+    on another host (``alive`` None), when its status file is older than ``stale_after_s`` (it
+    rewrites it every node poll). Starting one too many is harmless: the second waits for nothing
+    and leaves (the job's supervisor lock)."""
+    if job_state not in ("RUNNING", "PENDING", "CONFIGURING") or phase not in LIVE_PHASES:
+        return False
+    if alive is not None:
+        return not alive
+    return status_age_s is None or status_age_s > stale_after_s
+
+
+def stop_due(end_time: float | None, now: float, before_s: float) -> bool:
+    """Allocation mode: is it time to stop the step for the time limit (no batch shell gets Slurm's
+    ``--signal``)? Never without an end time or a lead."""
+    return end_time is not None and before_s > 0 and now >= end_time - before_s

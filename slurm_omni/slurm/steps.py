@@ -203,10 +203,12 @@ def kill_step(runner: CommandRunner, job_id: str, name: str, step_id: str = "") 
             for step in steps]
 
 
-def pick_port_on(runner: CommandRunner, node: str, candidates: Sequence[int], *, name: str, python: str) -> str:
+def pick_port_on(runner: CommandRunner, node: str, candidates: Sequence[int], *, name: str, python: str,
+                 job_id: str = "") -> str:
     """The rendezvous port check (``supervisor/ports.py``) run on ``node`` as a one-task step of the
-    allocation (``--overlap``: beside a step still dying); what it printed, empty when it failed."""
-    argv = ["srun", f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+    allocation (``--overlap``: beside a step still dying); what it printed, empty when it failed.
+    ``job_id``: from outside the allocation (``--jobid``, allocation mode)."""
+    argv = ["srun", *([f"--jobid={job_id}"] if job_id else []), f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
             python, "-m", "slurm_omni.supervisor.ports", *map(str, candidates)]
     try:
         out = runner.run(argv, check=False, timeout_s=60)

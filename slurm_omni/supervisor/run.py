@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ from slurm_omni.policy.supervision import (
     recovery_road,
     rendezvous_ports,
     request_outcome,
+    stop_due,
 )
 from slurm_omni.slurm.allocation import AllocationView
 from slurm_omni.slurm.hostlist import compress
@@ -84,7 +85,7 @@ from slurm_omni.slurm.steps import (
 )
 from slurm_omni.slurm.types import Node
 from slurm_omni.standby import through_standby
-from slurm_omni.supervisor import ports
+from slurm_omni.supervisor import outside, ports
 from slurm_omni.supervisor.journal import (
     Launch,
     SupervisorJournal,
@@ -148,6 +149,16 @@ class SupervisorOptions:
     """The job's working folder (OMNI_WORKDIR): every launch's tasks start there (``srun --chdir``)."""
     job_name: str = ""
     """OMNI_JOB_NAME, for the lines the user reads."""
+    outside: bool = False
+    """Allocation mode: this supervisor runs outside its allocation (``salloc --no-shell``, no batch
+    script): every srun names ``--jobid``, no node is its host, it waits for the allocation to start,
+    stops the step ``stop_before_s`` before the time limit, and ends the allocation once training is
+    done (docs/allocation-mode.md)."""
+    stop_before_s: float = 0.0
+    stop_signal: int = signal.SIGUSR1
+    """Allocation mode: what the ranks get ``stop_before_s`` before the time limit (the job's
+    requeue signal: they checkpoint and exit 75)."""
+    wait_poll_s: float = 2.0
 
     @property
     def replicas_per_unit(self) -> int:
@@ -185,11 +196,21 @@ class Supervisor:
         """We asked the step to checkpoint and stop (a planned replacement): its end is no failure."""
         self.limits = SupervisionLimits(max_fruitless=opts.max_fruitless, max_relaunches=opts.max_relaunches)
         self._ephemeral = ports.ephemeral_range()
+        self._end_time: float | None = None
+        """Allocation mode: the allocation's time limit (Unix time), read when it started."""
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
         for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
+        if self.opts.outside:
+            if outside.hold_lock(self.opts.ckpt_dir, self.opts.job_id) is None:
+                log.warning("supervisor: job %s already has a supervisor (its lock is held): leaving",
+                            self.opts.job_id)
+                return EXIT_DONE
+            outside.write_process(self.opts.ckpt_dir, self.opts.job_id)
+            if not self._await_allocation():
+                return EXIT_FAILED
         st = self.journal.state
         if st.outcome == "done":
             return EXIT_DONE
@@ -214,6 +235,27 @@ class Supervisor:
                 for proc in self._standbys:
                     proc.terminate()
                 return code
+
+    def _await_allocation(self) -> bool:
+        """Allocation mode: wait until the allocation runs, and take its nodes as Slurm lists them now
+        (a lost node is already excised: a restarted supervisor starts no standby there). False: it
+        ended, or is not this user's."""
+        while True:
+            rec = self.slurm.job_record()
+            if rec.user_id is not None and rec.user_id != os.geteuid():
+                log.error("supervisor: couldn't supervise job %s: it belongs to uid %d, not %d",
+                          self.opts.job_id, rec.user_id, os.geteuid())
+                return False
+            if rec.state == "RUNNING" and rec.nodes:
+                self.opts = replace(self.opts, allocation=rec.nodes)
+                self._end_time = rec.end_time
+                return True
+            if rec.state not in ("PENDING", "CONFIGURING"):
+                log.error("supervisor: job %s is %s: nothing to supervise", self.opts.job_id, rec.state or "gone")
+                return False
+            if self.stop_signal is not None:
+                return False
+            time.sleep(self.opts.wait_poll_s)
 
     def _forward(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
@@ -248,7 +290,8 @@ class Supervisor:
         if ports.is_local(self.slurm.address(master)):
             return ports.pick(candidates)
         name = f"omni-{self.opts.job_id}-port-{number + REQUEUE_LIFE_STRIDE * self.opts.restart_count}"
-        picked = ports.parse_pick(pick_port_on(self.runner, master, candidates, name=name, python=sys.executable))
+        picked = ports.parse_pick(pick_port_on(self.runner, master, candidates, name=name, python=sys.executable,
+                                               job_id=self.opts.job_id if self.opts.outside else ""))
         if picked is None:
             log.warning("supervisor: launch %d: couldn't check the rendezvous ports on %s: MASTER_PORT %d "
                         "unchecked", number, master, candidates[0])
@@ -296,13 +339,16 @@ class Supervisor:
             name = f"omni-{self.opts.job_id}-standby-{node}"
             if self._own_step(name, None) is not None:
                 continue
-            argv = ["srun", f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            argv = ["srun", *self._jobid(), f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                     sys.executable, "-m", "slurm_omni.cli.main", "standby", "serve"]   # no PATH needed
             fd = os.open(self._log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
                 self._standbys.append(self.runner.spawn(argv, stdout=fd, stderr=fd))
             finally:
                 os.close(fd)
+
+    def _jobid(self) -> list[str]:
+        return [f"--jobid={self.opts.job_id}"] if self.opts.outside else []
 
     def _log_path(self, name: str, *, srun: bool = False) -> str:
         """``NAME.log``: the step's output (its ranks'); ``NAME.srun.log``: srun's own stderr."""
@@ -315,7 +361,7 @@ class Supervisor:
                  for k, nodes in enumerate(cur.layout.components)]
         spank_stage = ",".join(f"{s.name}:{c.ntasks}" for s, c in zip(self.opts.stages, comps, strict=True))
         command = through_standby(self.opts.command) if self.opts.standby else self.opts.command
-        argv = step_argv(comps, command, name=name, overlap=True,
+        argv = step_argv(comps, command, name=name, overlap=True, job_id=self.opts.job_id if self.opts.outside else "",
                          spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt,
                          chdir=str(self.opts.workdir) if self.opts.workdir is not None else "")
         env = {
@@ -362,6 +408,10 @@ class Supervisor:
                 next_nodes = now + self.opts.node_poll_s
                 self._observe_nodes(cur, observer)
                 self._write_status()
+                if stop_due(self._end_time, now, self.opts.stop_before_s) and self.stop_signal is None:
+                    log.warning("supervisor: the allocation ends in %.0f s: SIG%s to the step (the ranks "
+                                "checkpoint)", (self._end_time or now) - now, signal.Signals(self.opts.stop_signal).name)
+                    self._forward(self.opts.stop_signal, None)
                 if self._take_request(cur):
                     self._stopping = True
                     self._stop_step(signal.SIGUSR1)
@@ -421,6 +471,8 @@ class Supervisor:
         if isinstance(what, Finish):
             if what.phase == "done":
                 self.journal.append("done", launch=cur.number)
+                if self.opts.outside:   # no batch script ends this allocation
+                    self.slurm.release()
             elif what.reason:
                 log.warning("supervisor: launch %d ended (%s): no relaunch", cur.number, what.reason)
             self.phase = what.phase

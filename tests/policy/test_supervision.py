@@ -30,6 +30,8 @@ from slurm_omni.policy.supervision import (
     recovery_road,
     rendezvous_ports,
     request_outcome,
+    stop_due,
+    supervisor_gone,
 )
 
 LIMITS = SupervisionLimits(max_fruitless=3, max_relaunches=2)
@@ -172,3 +174,47 @@ def test_a_requested_replacement_goes_through_the_checkpoint_stop_then_launches(
     assert phases == (Phase.STOPPING, Phase.STOPPING, Phase.LAUNCHING)
     assert isinstance(effect, Launch) and effect.path is RecoveryPath.PLANNED_MIGRATION
     assert effect.plan == as_plan(replaced, BEFORE, 1)
+
+
+def test_allocation_mode_the_first_nodes_loss_is_recovered_in_the_allocation_like_any_other() -> None:
+    """With no batch host (allocation mode) the first node of the allocation is one node among the
+    others: its end means a recovery, and the table's road launches on a spare in the same job."""
+    assert isinstance(after_launch(_end(137, host=""), LIMITS), Recover)
+    first = FailureConfirmed(decision=Decision(Verdict.CONFIRMED, 10.0, cause="down", nodes=("node1",),
+                                               first_signal_at=9.5, confirmed_at=10.0))
+    layout = StepLayout((("node5", "node4"), ("node2", "node3")), ("node6",), ("node1",), 2, {})
+    relaunch = Relaunch(layout, ("node1",), ("node5",), 2, ("component 0: 1 node(s) on the same leaf",))
+    effect, phases = recovery_road(first, relaunch, incarnation=3, slurm_job_id=42, before=BEFORE,
+                                   replicas_per_unit=1, now=11.0)
+    assert phases == (Phase.PLANNING, Phase.STOPPING, Phase.LAUNCHING)
+    assert isinstance(effect, Launch) and effect.path is RecoveryPath.IN_ALLOCATION and effect.plan is not None
+    assert effect.plan.components[0].removed == ("node1",) and effect.plan.components[0].added == ("node5",)
+
+
+@pytest.mark.parametrize(("end_time", "now", "before", "due"), [
+    (None, 100.0, 300, False),        # Slurm gave no end time
+    (1000.0, 100.0, 0, False),        # no lead asked for
+    (1000.0, 699.0, 300, False),
+    (1000.0, 700.0, 300, True),
+    (1000.0, 1200.0, 300, True),      # late: still stop
+])
+def test_allocation_mode_stops_the_step_its_lead_before_the_time_limit(end_time: float | None, now: float,
+                                                                       before: int, due: bool) -> None:
+    assert stop_due(end_time, now, before) is due
+
+
+@pytest.mark.parametrize(("phase", "state", "alive", "age", "gone"), [
+    ("running", "RUNNING", False, 1.0, True),          # its process is gone on this host
+    ("running", "RUNNING", True, 500.0, False),        # alive, however old its status
+    ("relaunching", "RUNNING", None, 31.0, True),      # on another host, its status stale
+    ("running", "RUNNING", None, 5.0, False),          # on another host, its status fresh
+    ("launching", "PENDING", None, None, True),        # never wrote a status, from another host
+    ("done", "RUNNING", False, 1.0, False),            # nothing left to do
+    ("fallback", "RUNNING", False, 1.0, False),        # handed over to the manager
+    ("stopped", "RUNNING", False, 1.0, False),         # stopped for the time limit
+    ("running", "COMPLETED", False, 1.0, False),       # its allocation ended
+    ("running", "", False, 1.0, False),                # Slurm does not know the job (yet or any more)
+])
+def test_allocation_mode_a_new_supervisor_only_for_a_gone_one_with_work_left(
+        phase: str, state: str, alive: bool | None, age: float | None, gone: bool) -> None:
+    assert supervisor_gone(phase=phase, job_state=state, alive=alive, status_age_s=age, stale_after_s=30.0) is gone
