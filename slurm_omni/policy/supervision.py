@@ -7,8 +7,9 @@ confirmation rule (``policy.confirm``) and, once that confirms, kills the step a
 in this order:
 
 1. the ranks said done -> :class:`Finish` (the job is done);
-2. the batch shell forwarded a signal (time limit, scancel, a requeue) -> :class:`Finish` with the
-   step's checkpointed code: nothing failed;
+2. the supervisor was signalled to stop (the batch shell forwarded the time limit's signal, scancel
+   or a requeue; in allocation mode it signals itself its lead before the time limit:
+   :func:`stop_due`) -> :class:`Finish` with the step's checkpointed code: nothing failed;
 3. Slurm shows the job other than RUNNING (its allocation is ending) -> :class:`Finish`, no relaunch;
 4. the node the supervisor runs on (the batch host) failed: no step can start from it (26.05
    keeps such a --no-kill job RUNNING without it) -> :class:`HandOver`;
@@ -61,7 +62,8 @@ class LaunchEnd:
     rc: int
     """The srun's exit code (an adopted step's from its ranks' last heartbeats: :func:`adopted_rc`)."""
     asked_to_stop: bool
-    """The batch shell forwarded a signal to the supervisor (time limit, scancel, requeue)."""
+    """The supervisor was signalled to stop (by the batch shell: time limit, scancel, requeue; or by
+    itself before the time limit in allocation mode)."""
     job_state: str
     """Slurm's state of the job just now; empty when it could not tell."""
     fruitless: int
@@ -108,7 +110,7 @@ def after_launch(end: LaunchEnd, limits: SupervisionLimits) -> Finish | HandOver
         return Finish(EXIT_DONE, "done")
     if end.asked_to_stop:
         code = EXIT_CHECKPOINTED if end.rc in (EXIT_CHECKPOINTED, SIGTERM_CODE) else end.rc
-        return Finish(code, "stopped", "the batch script was signalled")
+        return Finish(code, "stopped", "the supervisor was signalled to stop")
     if end.job_state not in ("RUNNING", ""):
         return Finish(EXIT_CHECKPOINTED if end.rc == EXIT_CHECKPOINTED else EXIT_FAILED, "stopped",
                       f"Slurm shows the job {end.job_state}")

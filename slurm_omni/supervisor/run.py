@@ -159,6 +159,7 @@ class SupervisorOptions:
     """Allocation mode: what the ranks get ``stop_before_s`` before the time limit (the job's
     requeue signal: they checkpoint and exit 75)."""
     wait_poll_s: float = 2.0
+    wait_poll_max_s: float = 30.0
 
     @property
     def replicas_per_unit(self) -> int:
@@ -213,6 +214,8 @@ class Supervisor:
                 return EXIT_FAILED
         st = self.journal.state
         if st.outcome == "done":
+            if self.opts.outside:   # its predecessor may have died before it gave the allocation back
+                self.slurm.release()
             return EXIT_DONE
         if st.outcome == "fallback":
             return EXIT_FAILED
@@ -239,7 +242,9 @@ class Supervisor:
     def _await_allocation(self) -> bool:
         """Allocation mode: wait until the allocation runs, and take its nodes as Slurm lists them now
         (a lost node is already excised: a restarted supervisor starts no standby there). False: it
-        ended, or is not this user's."""
+        ended, or is not this user's. While it waits in the queue (hours at a centre) the polls space
+        out to ``wait_poll_max_s``: polling slurmctld in a loop hurts it."""
+        poll = self.opts.wait_poll_s
         while True:
             rec = self.slurm.job_record()
             if rec.user_id is not None and rec.user_id != os.geteuid():
@@ -255,7 +260,8 @@ class Supervisor:
                 return False
             if self.stop_signal is not None:
                 return False
-            time.sleep(self.opts.wait_poll_s)
+            time.sleep(poll)
+            poll = min(poll * 1.5, max(self.opts.wait_poll_max_s, self.opts.wait_poll_s))
 
     def _forward(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
@@ -409,7 +415,7 @@ class Supervisor:
                 self._observe_nodes(cur, observer)
                 self._write_status()
                 if stop_due(self._end_time, now, self.opts.stop_before_s) and self.stop_signal is None:
-                    log.warning("supervisor: the allocation ends in %.0f s: SIG%s to the step (the ranks "
+                    log.warning("supervisor: the allocation ends in %.0f s: %s to the step (the ranks "
                                 "checkpoint)", (self._end_time or now) - now, signal.Signals(self.opts.stop_signal).name)
                     self._forward(self.opts.stop_signal, None)
                 if self._take_request(cur):

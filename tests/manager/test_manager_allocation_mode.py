@@ -1,12 +1,15 @@
 """Allocation mode on the embedded cluster with the real trainer (docs/allocation-mode.md): the job's
 nodes come from ``salloc --no-shell --no-kill`` and its step supervisor runs outside the allocation,
 beside the manager, launching with ``srun --jobid``. The allocation's first node (the one that would
-be the batch host) is lost and replaced by a spare in the same Slurm job; then the supervisor is
-SIGKILLed, the manager starts another, which picks up its journal: at most one relaunch, and
-training runs to its last step."""
+be the batch host) is lost and replaced by a spare in the same Slurm job, with the supervisor
+SIGKILLed in the middle of that relaunch (the drill point after the launch's intent is journaled):
+the manager starts another, which makes the launch exactly once. Then the supervisor is SIGKILLed
+while that launch trains: the next one adopts the running step (at most one relaunch), and training
+runs to its last step."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -40,6 +43,10 @@ def _site(tmp: Path, spool: Path) -> str:
                                                                                 'partition = "debug"')
 
 
+def journal_records(ckpt: Path, job_id: int) -> list[dict[str, object]]:
+    return [json.loads(line) for line in journal_path(ckpt, str(job_id)).read_text().splitlines() if line.strip()]
+
+
 def _resumed(log: Path) -> dict[int, int]:
     """Rank -> the step it resumed at, from a launch's log (runtime/loop.py's line)."""
     text = log.read_text(errors="replace") if log.exists() else ""
@@ -51,7 +58,7 @@ def test_allocation_mode_recovers_the_first_node_in_the_job_and_survives_its_sup
     with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-alloc",
                      max_steps=MAX_STEPS) as run:
         run.site.write_text(_site(tmp_path, slurm_cluster.spool))
-        job_id = run.submit()
+        job_id = run.submit(extra_env={"OMNI_SUPERVISOR_CRASH_AT": "relaunch:after_intent"})
         run.start_manager()
         run.wait_watching(job_id)
         ckpt = run.heartbeat_dir.parent
@@ -73,6 +80,9 @@ def test_allocation_mode_recovers_the_first_node_in_the_job_and_survives_its_sup
         assert rec.path == "in_allocation" and first in rec.nodes, rec
         (inc0, inc1) = run.incarnations()
         assert inc0["slurm_job_id"] == inc1["slurm_job_id"] == str(job_id)
+        assert (ckpt / "supervisor" / f"{job_id}.crashed").exists()      # the drill killed it mid-relaunch
+        wait_until(lambda: len(_resumed(ckpt / "supervisor" / f"omni-{job_id}-launch-1.log")) == 2, 60,
+                   "both ranks of launch 1 to log their resume")
         state = run.runner().run(["squeue", "-h", "-j", str(job_id), "-o", "%T"]).stdout.strip()
         assert state == "RUNNING"
         resumed = _resumed(ckpt / "supervisor" / f"omni-{job_id}-launch-1.log")
@@ -96,7 +106,9 @@ def test_allocation_mode_recovers_the_first_node_in_the_job_and_survives_its_sup
         journal = SupervisorJournal(journal_path(ckpt, str(job_id))).state
         assert journal.outcome == "done" and len(journal.launches) - launches_before <= 1, journal.launches
         assert journal.launches[1].removed == (first,)
+        launched = [r for r in journal_records(ckpt, job_id) if r["kind"] == "launched" and r["launch"] == 1]
+        assert len(launched) == 1, launched                  # the relaunch the drill interrupted: made once
         wait_until(lambda: run.rows("SELECT state FROM jobs WHERE name = ?", run.key) == [("done",)], 60,
                    f"the manager to close the job\n{run.manager_log()}")
         restarts = run.rows("SELECT payload FROM decisions WHERE job = ? AND verdict = 'supervisor_started'", run.key)
-        assert len(restarts) == 1, run.manager_log()
+        assert len(restarts) == 2, run.manager_log()         # after the drill's kill, after the test's

@@ -45,9 +45,9 @@ def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int 
 
 @pytest.mark.parametrize(("end", "expected"), [
     (_end(EXIT_DONE, stop=True, state="COMPLETING"), Finish(EXIT_DONE, "done")),   # done wins over all
-    (_end(143, stop=True), Finish(EXIT_CHECKPOINTED, "stopped", "the batch script was signalled")),
-    (_end(EXIT_CHECKPOINTED, stop=True), Finish(EXIT_CHECKPOINTED, "stopped", "the batch script was signalled")),
-    (_end(137, stop=True), Finish(137, "stopped", "the batch script was signalled")),
+    (_end(143, stop=True), Finish(EXIT_CHECKPOINTED, "stopped", "the supervisor was signalled to stop")),
+    (_end(EXIT_CHECKPOINTED, stop=True), Finish(EXIT_CHECKPOINTED, "stopped", "the supervisor was signalled to stop")),
+    (_end(137, stop=True), Finish(137, "stopped", "the supervisor was signalled to stop")),
     (_end(137, state="COMPLETING"), Finish(EXIT_FAILED, "stopped", "Slurm shows the job COMPLETING")),
     (_end(EXIT_CHECKPOINTED, state="PENDING"), Finish(EXIT_CHECKPOINTED, "stopped", "Slurm shows the job PENDING")),
     (_end(1, fruitless=4), HandOver(("4 launches in a row ended before their first step",))),
