@@ -36,9 +36,9 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_shards(tmp_path_factory.mktemp("manager-allocation-data"))
 
 
-def _site(tmp: Path, spool: Path) -> str:
+def _site(tmp: Path, spool: Path, spares: int = 1) -> str:
     text = site_toml(tmp, spool_dir=spool, tables='[elasticity]\nrecovery = "allocation"\nallow_allocation = true\n'
-                                                  'default_spares = 1\n')
+                                                  f'default_spares = {spares}\n')
     return text.replace('partition = "vision"', 'partition = "debug"').replace('partition = "text"',
                                                                                 'partition = "debug"')
 
@@ -112,3 +112,31 @@ def test_allocation_mode_recovers_the_first_node_in_the_job_and_survives_its_sup
                    f"the manager to close the job\n{run.manager_log()}")
         restarts = run.rows("SELECT payload FROM decisions WHERE job = ? AND verdict = 'supervisor_started'", run.key)
         assert len(restarts) == 2, run.manager_log()         # after the drill's kill, after the test's
+
+
+def test_allocation_mode_hands_a_lost_allocation_to_the_managers_resubmission_with_a_batch_script(
+        slurm_cluster, shards: Path, tmp_path: Path) -> None:
+    """No spare and one replica: a lost node leaves no launch that fits, the supervisor hands over
+    (gave_up), and the manager resubmits the job as an in-allocation batch job (the fallback), which
+    trains in a new Slurm job without the lost node."""
+    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name="mgr-alloc-gone") as run:
+        run.site.write_text(_site(tmp_path, slurm_cluster.spool, spares=0))
+        job_id = run.submit()
+        run.start_manager()
+        run.wait_watching(job_id)
+        ckpt = run.heartbeat_dir.parent
+        wait_until(lambda: read_status(status_path(ckpt, str(job_id))), 120, "the supervisor's status", interval_s=0.5)
+        run.wait_steps(job_id, 2, 6)
+        status = read_status(status_path(ckpt, str(job_id)))
+        assert status is not None
+        lost = status["components"][1][0]
+        run.set_node(lost, "DOWN")
+        (rec,) = run.wait_recovery(1, "first_step", timeout_s=240)
+        assert rec.path == "resubmitted" and lost in rec.nodes, (rec, run.manager_log())
+        (inc0, inc1) = run.incarnations()
+        assert inc0["slurm_job_id"] == str(job_id) and inc1["slurm_job_id"] != str(job_id)
+        new = inc1["slurm_job_id"]
+        shown = run.runner().run(["scontrol", "show", "job", "-o", new]).stdout
+        assert "BatchFlag=1" in shown and lost not in {n for nodes in inc1["layout"]["nodes"].values() for n in nodes}
+        assert SupervisorJournal(journal_path(ckpt, str(job_id))).state.outcome == "fallback"
+        run.wait_steps(int(new), 2, (rec.plan or {}).get("restore_step") or 7)
