@@ -53,6 +53,8 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
     if missing:
         raise ConfigError(f"supervise: couldn't start: {', '.join(missing)} not set (the in-allocation batch "
                           f"script sets them; in allocation mode omni submit does)")
+    if allocation:   # any srun of ours that does not name --jobid still runs in this allocation
+        os.environ["SLURM_JOB_ID"] = os.environ["SLURM_JOBID"] = str(allocation)
     stages = parse_stages(stages_text)
     log_dir = env.get("OMNI_LOG_DIR")
     opts = SupervisorOptions(

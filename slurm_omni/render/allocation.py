@@ -86,8 +86,10 @@ class AllocationRequest:
         return [*argv, "--", *command]
 
     def supervisor_env(self, job_id: int) -> dict[str, str]:
-        """What the batch script would export (the ranks inherit it through ``srun --jobid``)."""
+        """What the batch script would export (the ranks inherit it through ``srun --jobid``), and
+        SLURM_JOB_ID: an srun that does not name ``--jobid`` still runs in the allocation (22.05
+        takes the variable for it) instead of asking for a new one."""
         r = self.request
         env = _job_env(r.job, r.site, r.job_file, plan_stages(r.job, r.site), r.user)
         return {**env, "OMNI_INCARNATION_BASE": str(r.incarnation_base), "OMNI_INCARNATION": str(r.incarnation_base),
-                "OMNI_HET_JOB_ID": str(job_id), "OMNI_RECOVERY": RECOVERY}
+                "OMNI_HET_JOB_ID": str(job_id), "OMNI_RECOVERY": RECOVERY, "SLURM_JOB_ID": str(job_id)}

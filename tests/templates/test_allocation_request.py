@@ -54,7 +54,7 @@ def test_the_supervisor_gets_the_batch_scripts_options_and_exports(job: JobFile,
     assert argv[argv.index("--") + 1:][-2:] == ["--config", str(JOB_FILE)]
     env = alloc.supervisor_env(2001)
     assert env["OMNI_INCARNATION"] == env["OMNI_INCARNATION_BASE"] == "4" and env["OMNI_RECOVERY"] == "allocation"
-    assert env["OMNI_HET_JOB_ID"] == "2001" and env["OMNI_CKPT_DIR"].endswith("/alice/omni-tiny")
+    assert env["OMNI_HET_JOB_ID"] == env["SLURM_JOB_ID"] == "2001" and env["OMNI_CKPT_DIR"].endswith("/alice/omni-tiny")
 
 
 def test_a_site_that_does_not_allow_it_runs_the_job_in_allocation_with_a_batch_script(
