@@ -82,7 +82,12 @@ _files_argument = click.argument("job_files", nargs=-1, required=True,
 def render(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max_parallel: int) -> None:
     """Print the batch script for JOB_FILES (one: a heterogeneous job; several: a sweep)."""
     loaded, site = _load(job_files, site_file)
-    click.echo(_request(loaded, site, max_parallel, sweep).materialize(), nl=False)
+    request = _request(loaded, site, max_parallel, sweep)
+    script = request.materialize()
+    if isinstance(request, HetJobRequest) and allocation_mode(request):
+        first, rest = script.split("\n", 1)
+        script = f"{first}\n{AllocationRequest(request).dry_run()}{rest}"
+    click.echo(script, nl=False)
 
 
 @click.command()

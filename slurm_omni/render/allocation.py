@@ -10,6 +10,8 @@ manager's restart of a dead supervisor run them. Nothing here runs a command.
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import dataclass
 
 from slurm_omni.errors import ConfigError
@@ -93,3 +95,16 @@ class AllocationRequest:
         env = _job_env(r.job, r.site, r.job_file, plan_stages(r.job, r.site), r.user)
         return {**env, "OMNI_INCARNATION_BASE": str(r.incarnation_base), "OMNI_INCARNATION": str(r.incarnation_base),
                 "OMNI_HET_JOB_ID": str(job_id), "OMNI_RECOVERY": RECOVERY, "SLURM_JOB_ID": str(job_id)}
+
+    def dry_run(self) -> str:
+        """``omni render``'s account of what ``omni submit`` will run instead of sbatch (comment lines,
+        for after the script's first line: the script itself is the manager's fallback)."""
+        words = self.supervisor_argv(0)
+        words[words.index("--allocation=0")] = "--allocation=J"
+        # a path may hold a newline: it must not end the comment and start a line of bash
+        return "".join(f"# {line if line.isprintable() else json.dumps(line)}\n" for line in (
+            "Allocation mode (recovery = \"allocation\"): omni submit does not sbatch this script; it runs",
+            "  " + shlex.join(self.salloc_argv()),
+            "and, with the job id J salloc prints, beside the submitting shell (detached):",
+            "  " + shlex.join(words),
+            "This script is what the manager resubmits when the allocation itself is lost."))

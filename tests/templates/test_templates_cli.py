@@ -31,6 +31,24 @@ def test_render_prints_the_script(capsys: pytest.CaptureFixture[str]) -> None:
     assert "#SBATCH hetjob" in out
 
 
+def test_render_in_allocation_mode_says_what_submit_runs_instead(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    site = tmp_path / "site.toml"
+    site.write_text((DATA / "site.toml").read_text().replace('partition = "text"', 'partition = "vision"')
+                    + '\n[elasticity]\nrecovery = "allocation"\nallow_allocation = true\n')
+    code, out, _ = _omni(capsys, "render", str(DATA / "job.toml"), "--site", str(site))
+    assert code == 0 and out.startswith("#!/bin/bash\n# Allocation mode")
+    assert "#   salloc --no-shell --no-kill --job-name=omni-tiny" in out and " supervise --allocation=J " in out
+    assert "#SBATCH --no-kill" in out and "hetjob" not in out          # the in-allocation fallback script
+    odd = tmp_path / "a\nrm -rf x" / "job.toml"                          # a newline in a path stays in the comment
+    odd.parent.mkdir()
+    odd.write_text((DATA / "job.toml").read_text())
+    code, out, _ = _omni(capsys, "render", str(odd), "--site", str(site))
+    lines = out.splitlines()
+    head = lines[1:next(i for i, ln in enumerate(lines) if ln.startswith("# Rendered by"))]
+    assert code == 0 and len(head) == 5 and all(ln.startswith("# ") for ln in head)
+
+
 def test_render_sweep(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     second = tmp_path / "job-b.toml"
     second.write_text((DATA / "job.toml").read_text().replace('name = "omni-tiny"', 'name = "omni-b"'))
