@@ -246,8 +246,9 @@ def recovery_road(first: FailureConfirmed | MigrationRequested, plan: Relaunch |
                      f"{', '.join(p.value for p in phases)})")
 
 
-LIVE_PHASES = frozenset({"launching", "running", "relaunching"})
-"""Status phases of a supervisor that has work left (not done, stopped or handed over)."""
+LIVE_PHASES = frozenset({"waiting", "launching", "running", "relaunching"})
+"""Status phases of a supervisor that has work left (not done, stopped or handed over); ``waiting``:
+for its allocation to start."""
 
 
 def supervisor_gone(*, phase: str, job_state: str, alive: bool | None, status_age_s: float | None,

@@ -159,7 +159,8 @@ class SupervisorOptions:
     """Allocation mode: what the ranks get ``stop_before_s`` before the time limit (the job's
     requeue signal: they checkpoint and exit 75)."""
     wait_poll_s: float = 2.0
-    wait_poll_max_s: float = 30.0
+    wait_poll_max_s: float = 20.0
+    """Below the manager's staleness limit (30 s): each poll rewrites the status file."""
 
     @property
     def replicas_per_unit(self) -> int:
@@ -245,7 +246,9 @@ class Supervisor:
         ended, or is not this user's. While it waits in the queue (hours at a centre) the polls space
         out to ``wait_poll_max_s``: polling slurmctld in a loop hurts it."""
         poll = self.opts.wait_poll_s
+        self.phase = "waiting"
         while True:
+            self._write_status()   # alive while it waits: the manager tells a gone supervisor by its age
             rec = self.slurm.job_record()
             if rec.user_id is not None and rec.user_id != os.geteuid():
                 log.error("supervisor: couldn't supervise job %s: it belongs to uid %d, not %d",
@@ -254,6 +257,7 @@ class Supervisor:
             if rec.state == "RUNNING" and rec.nodes:
                 self.opts = replace(self.opts, allocation=rec.nodes)
                 self._end_time = rec.end_time
+                self.phase = "launching"
                 return True
             if rec.state not in ("PENDING", "CONFIGURING"):
                 log.error("supervisor: job %s is %s: nothing to supervise", self.opts.job_id, rec.state or "gone")

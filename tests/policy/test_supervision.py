@@ -209,6 +209,8 @@ def test_allocation_mode_stops_the_step_its_lead_before_the_time_limit(end_time:
     ("relaunching", "RUNNING", None, 31.0, True),      # on another host, its status stale
     ("running", "RUNNING", None, 5.0, False),          # on another host, its status fresh
     ("launching", "PENDING", None, None, True),        # never wrote a status, from another host
+    ("waiting", "PENDING", None, 12.0, False),         # waits in the queue, its status fresh
+    ("waiting", "PENDING", False, 12.0, True),         # its process gone while the job waits
     ("done", "RUNNING", False, 1.0, False),            # nothing left to do
     ("fallback", "RUNNING", False, 1.0, False),        # handed over to the manager
     ("stopped", "RUNNING", False, 1.0, False),         # stopped for the time limit

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support import wait_until
 
 from slurm_omni.formats.supervisor_process import SupervisorProcess, encode_process
 from slurm_omni.supervisor.outside import hold_lock, process_alive, process_path, read_process, write_process
@@ -50,6 +51,8 @@ def _record(pid: int, host: str = "", job: str = "2001") -> SupervisorProcess:
 def test_alive_means_this_users_omni_supervise_of_that_job_on_this_host(tmp_path: Path) -> None:
     fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "supervise", "--allocation=2001"])
     try:
+        # until it has exec'd: right after fork its /proc cmdline is still this test's
+        wait_until(lambda: b"--allocation=2001" in Path(f"/proc/{fake.pid}/cmdline").read_bytes(), 30, "the exec")
         assert process_alive(_record(fake.pid)) is True
         assert process_alive(_record(fake.pid, job="2002")) is False     # another job's supervisor
         assert process_alive(_record(os.getpid())) is False               # a reused pid running something else
