@@ -58,7 +58,7 @@ def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int 
     # the same failure before the first heartbeat twice: bad input, before the fruitless hand-over
     (_end(137, fruitless=4, repeated="job 7 (x): ... twice"), Finish(EXIT_BAD_INPUT, "stopped", "job 7 (x): ... twice")),
     (_end(1, fruitless=2, repeated="the line"), Finish(EXIT_BAD_INPUT, "stopped", "the line")),
-    (_end(1, stop=True, repeated="the line"), Finish(1, "stopped", "the batch script was signalled")),
+    (_end(1, stop=True, repeated="the line"), Finish(1, "stopped", "the supervisor was signalled to stop")),
 ])
 def test_what_the_end_of_a_launch_means(end: LaunchEnd, expected: object) -> None:
     assert after_launch(end, LIMITS) == expected
