@@ -61,9 +61,15 @@ def init_process_groups(layout: Layout, backend: str, device: torch.device) -> G
     """Join the job's rendezvous (MASTER_ADDR:MASTER_PORT) and build the pipeline and data-parallel groups."""
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=float(os.environ.get("OMNI_COLLECTIVE_TIMEOUT", "300")))
-        dist.init_process_group(
-            backend, init_method=f"tcp://{layout.master_addr}:{layout.master_port}", rank=layout.rank,
-            world_size=layout.world_size, timeout=timeout, device_id=device if device.type == "cuda" else None)
+        device_id = device if device.type == "cuda" else None
+        store = _agent_store(layout, timeout)
+        if store is not None:
+            dist.init_process_group(backend, store=store, rank=layout.rank, world_size=layout.world_size,
+                                    timeout=timeout, device_id=device_id)
+        else:
+            dist.init_process_group(
+                backend, init_method=f"tcp://{layout.master_addr}:{layout.master_port}", rank=layout.rank,
+                world_size=layout.world_size, timeout=timeout, device_id=device_id)
     dp, stages = layout.data_parallel_size, range(layout.num_stages)
     pipeline = [dist.new_group(sorted({layout.global_rank_of(s, r) for s in stages})) for r in range(dp)]
     data_parallel = [dist.new_group([layout.global_rank_of(s, r) for r in range(dp)])
@@ -73,6 +79,23 @@ def init_process_groups(layout: Layout, backend: str, device: torch.device) -> G
         raise RuntimeLayoutError("layout: couldn't join the process group")
     return Groups(world=world, pipeline=pipeline[layout.data_parallel_rank],
                   data_parallel=data_parallel[0 if layout.colocated else layout.stage])
+
+
+def _agent_store(layout: Layout, timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun's shared store (``TORCHELASTIC_USE_AGENT_STORE=True``, its default): a client of
+    the agent's store with this restart's own key prefix; None elsewhere (rank 0 hosts the store).
+
+    torchrun's agent keeps one store server for all its restarts and torch's own ``tcp://`` and
+    ``env://`` set-up write every restart's keys under the same names, so the ranks of a restart read
+    the gloo addresses of the ranks that died and hang or fail in ``connectFullMesh``. Keys under
+    ``slurm_omni/<run id>/restart-<TORCHELASTIC_RESTART_COUNT>/`` are fresh for every restart."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    client = dist.TCPStore(layout.master_addr, layout.master_port, layout.world_size, is_master=False,
+                           timeout=timeout)
+    return dist.PrefixStore(f"slurm_omni/{run_id}/restart-{restart}", client)
 
 
 class Run:
