@@ -227,6 +227,8 @@ _FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """Set by slurm-omni for every rank; a job file cannot override them (nor OMNI_* and SLURM_*)."""
+USER_OMNI_ENV = ("OMNI_STEP_DELAY_S", "OMNI_TRACE_SAMPLES", "OMNI_DEVICE", "OMNI_COLLECTIVE_TIMEOUT")
+"""The OMNI_* knobs of the training API (``slurm_omni/elastic/layout.py``) a job file may set."""
 
 
 def substitute(text: str, values: dict[str, str], *, where: str) -> str:
@@ -283,9 +285,11 @@ class TrainingConfig:
         for i, word in enumerate(self.command):
             substitute(word, probe, where=f"training.command[{i}]")
         for name, value in self.env.items():
-            if not _ENV_NAME.fullmatch(name) or name in RESERVED_ENV or name.startswith(("OMNI_", "SLURM_")):
+            if not _ENV_NAME.fullmatch(name) or name in RESERVED_ENV or (
+                    name.startswith(("OMNI_", "SLURM_")) and name not in USER_OMNI_ENV):
                 raise ConfigError(f"training.env.{name} is not allowed (expected a variable name; RANK, "
-                                  "WORLD_SIZE, LOCAL_RANK, MASTER_*, OMNI_* and SLURM_* are slurm-omni's)")
+                                  "WORLD_SIZE, LOCAL_RANK, MASTER_*, OMNI_* and SLURM_* are slurm-omni's, "
+                                  f"but {', '.join(USER_OMNI_ENV)})")
             substitute(value, probe, where=f"training.env.{name}")
 
     @property

@@ -74,6 +74,12 @@ def test_bad_command_is_one_line(tmp_path: Path, training: str, needle: str) -> 
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_the_training_apis_knobs_may_be_set_in_training_env(tmp_path: Path) -> None:
+    job, _ = _files(tmp_path, '[training]\ncommand = ["python3"]\n[training.env]\nOMNI_STEP_DELAY_S = "0.3"\n'
+                              'OMNI_TRACE_SAMPLES = "1"\n')
+    assert load_job(job).training.env == {"OMNI_STEP_DELAY_S": "0.3", "OMNI_TRACE_SAMPLES": "1"}
+
+
 def test_config_check_names_the_missing_program(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job, site = _files(tmp_path, '[training]\ncommand = ["no-such-trainer", "--fast"]\n')
     assert main(["config", "check", str(job), "--site", str(site)]) == 2
