@@ -35,5 +35,12 @@ class CheckpointError(OmniError):
     """A checkpoint is missing, incomplete or corrupt."""
 
 
+class StorageFull(CheckpointError):
+    """The checkpoint file system is full (or over quota): no restart helps until space is freed, so a
+    training rank exits 78 (``slurm_omni.elastic.codes.EXIT_BAD_INPUT``) and the job stops."""
+
+    exit_code = 78
+
+
 class RuntimeLayoutError(OmniError):
     """The training runtime's environment does not describe a valid layout."""

@@ -8,8 +8,10 @@ collectively (``persist_in_flight`` on every rank, then an all-reduce), never pe
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -25,7 +27,7 @@ from slurm_omni.checkpoint.fence import await_raise, raise_fence
 from slurm_omni.checkpoint.persist import PersistStats, persist
 from slurm_omni.checkpoint.restore import Restore, open_restore
 from slurm_omni.checkpoint.snapshot import HostArena, ShardLayout, ShardState, take
-from slurm_omni.errors import CheckpointError
+from slurm_omni.errors import CheckpointError, StorageFull
 from slurm_omni.ownership import NotOwnedError, check_own_dir
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class CheckpointEngine:
         self._last_step: int | None = None
         self._closed = False
         self._warned_wait = False
+        self._abort = threading.Event()
+        """Set by ``close(abandon=True)``: a commit waiting for the other ranks' shards gives up."""
         try:
             config.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             check_own_dir(config.root, "checkpoint")   # someone else's folder could hold a planted FENCE
@@ -160,17 +164,31 @@ class CheckpointEngine:
             if self.layout.rank == 0:
                 self._raise_fence()   # a run that saves before (or without) a restore
             stats = persist(self.config.root, snap, self.layout, incarnation=self.incarnation,
-                            keep_last=self.config.keep_last, commit_timeout_s=timeout, number=self.number)
+                            keep_last=self.config.keep_last, commit_timeout_s=timeout, number=self.number,
+                            abort=self._abort)
         except CheckpointError as e:
-            log.error("%s", e)
+            log.debug("%s", e)    # raised to the training loop, which says it once
             raise
         except OSError as e:
-            log.error("checkpoint: couldn't persist step %d: %s", snap.step, e)
-            raise CheckpointError(f"checkpoint: couldn't persist step {snap.step}: {e}") from e
+            error = self._persist_error(snap.step, e)
+            log.debug("%s", error)   # raised to the training loop, which says it once
+            raise error from e
         if not stats.fenced:
             log.info("checkpoint: step %d persisted: %.1f MiB in %.2f s%s", stats.step, stats.bytes / 2**20,
                      stats.persist_s, " (committed)" if stats.committed else "")
         return stats
+
+    def _persist_error(self, step: int, e: OSError) -> CheckpointError:
+        """One line for a failed write; a full file system (or quota) is :class:`StorageFull`."""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            newest = fmt.latest_step(self.config.root)
+            kept = f"step-{newest}, the newest complete checkpoint, is intact" if newest is not None else \
+                "no complete checkpoint yet"
+            return StorageFull(f"checkpoint: couldn't persist step {step} in {self.config.root}: "
+                               f"{os.strerror(e.errno)} (free space there or keep fewer checkpoints, then "
+                               f"submit again; {kept})")
+        detail = " ".join(str(e).split())[:300]   # h5py's messages span lines
+        return CheckpointError(f"checkpoint: couldn't persist step {step} in {self.config.root}: {detail}")
 
     def _raise_fence(self) -> None:
         """Rank 0, once: shut older incarnations out of the root before reading or writing it."""
@@ -231,8 +249,13 @@ class CheckpointEngine:
     def latest_step(self) -> int | None:
         return fmt.latest_step(self.config.root)
 
-    def close(self) -> None:
-        """Wait for the persist in flight, then stop the writer. Its error, if any, is raised here."""
+    def close(self, *, abandon: bool = False) -> None:
+        """Wait for the persist in flight, then stop the writer. Its error, if any, is raised here.
+
+        ``abandon`` (a run that is failing): rank 0's commit stops waiting for the other ranks' shards,
+        so the wait is only for the writes under way (the checkpoint in flight is not committed)."""
+        if abandon:
+            self._abort.set()
         if self._closed:
             return
         self._closed = True

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,8 +59,10 @@ class PersistStats:
 
 
 def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str, keep_last: int,
-            commit_timeout_s: float, number: int | None = None) -> PersistStats:
-    """``number``: this incarnation's OMNI_INCARNATION, checked against the root's fence (None: unfenced)."""
+            commit_timeout_s: float, number: int | None = None,
+            abort: threading.Event | None = None) -> PersistStats:
+    """``number``: this incarnation's OMNI_INCARNATION, checked against the root's fence (None: unfenced);
+    ``abort``: once set, rank 0 stops waiting for the other ranks' shards (the run is ending)."""
     started = time.monotonic()
     if _fenced(root, snap.step, number, "before writing"):
         return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
@@ -72,17 +75,35 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
         if not _fenced(root, snap.step, number, "while writing its shard"):
             raise
         written = False
+    except OSError:
+        _mark_failed(tmp, layout.rank, incarnation)
+        raise
     if not written:
         return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
     committed = False
     if layout.rank == 0:
-        if commit(root, snap.step, layout.world_size, incarnation, commit_timeout_s, number=number) is None:
+        if commit(root, snap.step, layout.world_size, incarnation, commit_timeout_s, number=number,
+                  abort=abort) is None:
             return PersistStats(snap.step, snap.nbytes, time.monotonic() - started, False, fenced=True)
         committed = True
     persist_s = time.monotonic() - started   # durable and complete: what the figure means
     if committed:
         retire(root, keep_last=keep_last, newest=snap.step, number=number)
     return PersistStats(snap.step, snap.nbytes, persist_s, committed)
+
+
+def _failed_name(rank: int, incarnation: str) -> str:
+    return f"{fmt.shard_name(rank)}.{fmt.safe_name(incarnation)}.failed"
+
+
+def _mark_failed(tmp: Path, rank: int, incarnation: str) -> None:
+    """An empty file that tells rank 0's commit this rank's shard is not coming (no block is needed:
+    it can be made on a full file system), so that the commit fails at once instead of waiting for it
+    until ``commit_timeout_s``."""
+    try:
+        os.close(os.open(tmp / _failed_name(rank, incarnation), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    except OSError as e:
+        log.debug("checkpoint: couldn't mark rank %d's shard failed in %s: %s", rank, tmp, e)
 
 
 def _fenced(root: Path, step: int, number: int | None, when: str) -> bool:
@@ -103,7 +124,11 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
         file_name = f"{name}.h5"
         # named by incarnation: two incarnations saving the same step never write the same file
         partial = tmp / f"{file_name}.{fmt.safe_name(incarnation)}.partial"
-        file_bytes = _write_file(partial, snap, owned, offsets, sums, layout, incarnation)
+        try:
+            file_bytes = _write_file(partial, snap, owned, offsets, sums, layout, incarnation)
+        except BaseException:
+            partial.unlink(missing_ok=True)   # a full file system gets its space back
+            raise
         if root is not None and _fenced(root, snap.step, number, "after writing its shard"):
             partial.unlink(missing_ok=True)
             return False
@@ -197,10 +222,10 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: float, *,
-           number: int | None = None) -> fmt.Manifest | None:
+           number: int | None = None, abort: threading.Event | None = None) -> fmt.Manifest | None:
     """Rank 0: the manifest, the rename, the marker; None when fenced (its own staging folder removed)."""
     tmp = fmt.staging_dir(root, step, incarnation, number)
-    records = _await_records(tmp, step, world_size, incarnation, timeout_s)
+    records = _await_records(tmp, step, world_size, incarnation, timeout_s, abort)
     if _fenced(root, step, number, "at its commit"):
         shutil.rmtree(tmp, ignore_errors=True)   # this incarnation's folder: nobody else's shards
         return None
@@ -276,7 +301,7 @@ def _writer(path: Path) -> int | None:
 
 
 def _await_records(tmp: Path, step: int, world_size: int, incarnation: str,
-                   timeout_s: float) -> list[dict[str, Any]]:
+                   timeout_s: float, abort: threading.Event | None = None) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     found: dict[int, dict[str, Any]] = {}
     delay = 0.01
@@ -292,12 +317,22 @@ def _await_records(tmp: Path, step: int, world_size: int, incarnation: str,
                 found[rank] = record
         if len(found) == world_size:
             return [found[r] for r in range(world_size)]
+        failed = [r for r in range(world_size) if r not in found and (tmp / _failed_name(r, incarnation)).exists()]
+        if failed:
+            raise CheckpointError(f"checkpoint: couldn't commit step {step}: rank(s) {_ranges(failed)} couldn't "
+                                  "write their shards (the previous checkpoint stays in use)")
+        if abort is not None and abort.is_set():
+            raise CheckpointError(f"checkpoint: couldn't commit step {step}: the run is ending (not committed; "
+                                  "the previous checkpoint stays in use)")
         if time.monotonic() > deadline:
             missing = sorted(set(range(world_size)) - set(found))
             raise CheckpointError(
                 f"checkpoint: couldn't commit step {step}: no shard from rank(s) {_ranges(missing)} after "
                 f"{timeout_s:.0f} s (those ranks died or are slow; the previous checkpoint stays in use)")
-        time.sleep(delay)
+        if abort is not None:
+            abort.wait(delay)
+        else:
+            time.sleep(delay)
         delay = min(delay * 2, 0.5)
 
 

@@ -66,6 +66,8 @@ class ShardState:
     """Module name -> that module's optimizer state (any nesting of dicts, lists, tensors, numbers)."""
     state: Any = None
     """JSON-able: each data source's iterator position, scheduler counters, anything small."""
+    rng: Any = None
+    """The process random streams to save (``rng.capture()`` output); None captures them now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +194,8 @@ def take(arena: HostArena, step: int, shard: ShardState, layout: ShardLayout,
     order += tuple(m for m in modules if m not in order)
     snap = Snapshot(step=step, items=placed, arena=arena.buffer, skeletons=skeletons,
                     stages={u: layout.stage for u in skeletons}, spec_digest=_digests(items),
-                    load_order=order, state_json=state_json, rng=rng.capture())
+                    load_order=order, state_json=state_json,
+                    rng=shard.rng if shard.rng is not None else rng.capture())
     snap.blocking_s = time.monotonic() - started
     return snap
 

@@ -23,18 +23,27 @@ the layout is unchanged.
 A data loader in ``state`` with worker processes (``num_workers > 0``, not yet iterated) gets a
 ``worker_init_fn`` that makes its workers ignore SIGTERM and SIGUSR1: torch's workers die of SIGTERM,
 which Slurm sends every process of the step, and the main process would then fail in the middle of
-the checkpoint the signal asked for.
+the checkpoint the signal asked for. Those workers then ignore multiprocessing's own SIGTERM at exit
+too, so every way out of the process ends them first (:func:`end_quiet_workers`, at exit and before
+``Run.exit(fast=True)``): joined forever otherwise.
+
+Everything handed over must have ``state_dict()`` (and, but modules, ``load_state_dict()``): anything
+else is refused at once with one line (:class:`NotStateful`, exit 78), not at the first save.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol
 
 from slurm_omni.checkpoint import format as fmt
@@ -43,6 +52,7 @@ from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, Sav
 from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
 from slurm_omni.elastic import statecodec
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT
+from slurm_omni.elastic.draws import Draws
 from slurm_omni.elastic.layout import Layout, accumulation_for
 from slurm_omni.errors import CheckpointError
 
@@ -56,6 +66,13 @@ class Stateful(Protocol):
 
 Recut = Callable[[list[Any], Layout], Any]
 """``(states of the old replicas, in replica order, new layout) -> this replica's state``."""
+
+
+class NotStateful(CheckpointError):
+    """An object handed to the checkpointer has no ``state_dict()``/``load_state_dict()``: its state
+    cannot be saved. Restarting would fail the same way."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class CheckpointMismatch(CheckpointError):
@@ -78,6 +95,10 @@ class Resume:
     load_s: float
     extra: Any
     """What the script's ``extra()`` returned at save time (None when it gave none)."""
+    draws_ahead: int | None = None
+    """How many draws the saving script was ahead of its steps (``elastic/draws.py``; None: unknown)."""
+    source: str = ""
+    """The checkpoint folder it came from."""
 
     def accumulation(self, global_batch_size: int, micro_batch_size: int) -> int:
         """Micro-batches per replica per step now, keeping the global batch."""
@@ -89,16 +110,56 @@ class Resume:
 
 class QuietWorkers:
     """A data loader's ``worker_init_fn`` that first makes the worker ignore the stop signals (the main
-    process handles them; the worker goes when the main process does)."""
+    process handles them; the worker goes when the main process does).
+
+    Ignored until the main process is exiting: then (:func:`end_quiet_workers` sets the shared flag)
+    a SIGTERM ends the worker at once, as multiprocessing's exit hook expects; it would otherwise
+    join the worker forever."""
 
     def __init__(self, inner: Callable[[int], Any] | None) -> None:
         self.inner = inner
+        self.exiting = _exiting_flag()
 
     def __call__(self, worker_id: int) -> None:
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_term)
         if self.inner is not None:
             self.inner(worker_id)
+
+    def _on_term(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.exiting.value:
+            os._exit(0)   # nothing to flush; exit code 0 keeps torch's SIGCHLD check quiet
+
+
+_EXITING: list[Any] = []
+
+
+def _exiting_flag() -> Any:
+    """One shared byte, created in the main process before the workers start (they inherit it)."""
+    if not _EXITING:
+        _EXITING.append(multiprocessing.RawValue("b", 0))
+        atexit.register(end_quiet_workers)   # after multiprocessing's own hook: so it runs before it
+    return _EXITING[0]
+
+
+def end_quiet_workers(timeout_s: float = 5.0) -> None:
+    """End this process's daemonic children (data-loader workers) within ``timeout_s``: the flag that
+    lets :class:`QuietWorkers` honour SIGTERM, then SIGTERM, a bounded join, SIGKILL for any left.
+    The main process runs it at exit (before multiprocessing's hook, which would join them without
+    a bound) and before ``os._exit``. Nothing is lost: a worker only prefetches batches the
+    loader's state has not counted yet."""
+    if _EXITING:
+        _EXITING[0].value = 1
+    children = [p for p in multiprocessing.active_children() if p.daemon]
+    for p in children:
+        p.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in children:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in children:
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
 
 
 def shard_layout(layout: Layout) -> ShardLayout:
@@ -117,7 +178,8 @@ class Checkpointer:
     def __init__(self, layout: Layout, *, modules: Mapping[str, Stateful], critical: Iterable[str] = (),
                  optimizers: Mapping[str, Stateful] | None = None, state: Mapping[str, Stateful] | None = None,
                  recut: Mapping[str, Recut] | None = None, extra: Callable[[], Any] | None = None,
-                 keep_last: int = 3, script: str | None = None, root: Path | None = None) -> None:
+                 keep_last: int = 3, script: str | None = None, root: Path | None = None,
+                 data: Iterable[str] = ()) -> None:
         self.layout = layout
         self.modules = dict(modules)
         self.optimizers = dict(optimizers or {})
@@ -126,6 +188,13 @@ class Checkpointer:
         self.extra = extra
         self.script = script if script is not None else script_name()
         self.critical = tuple(critical) or tuple(self.modules)[:1]
+        _check_stateful(layout, self.modules, self.optimizers, self.objects)
+        self.data_objects = {name: obj for name, obj in self.objects.items() if name in set(data) or _iterable(obj)}
+        """The ``state`` objects that hold the data position: the iterables (loaders, samplers) and
+        those ``data`` names."""
+        self.draws: Draws | None = None
+        """The run's draw counter: a save takes the data objects and random streams as of the step's
+        own draw (``elastic/draws.py``)."""
         for obj in self.objects.values():
             workers = int(getattr(obj, "num_workers", 0) or 0)
             if workers > 0 and not isinstance(getattr(obj, "worker_init_fn", QuietWorkers(None)), QuietWorkers):
@@ -136,6 +205,8 @@ class Checkpointer:
                              ("has no recut object", [n for n in self.recut if n not in self.objects])):
             if bad:
                 raise CheckpointError(f"checkpoint: couldn't set up: {bad[0]!r} {problem}")
+        if unknown := [n for n in data if n not in self.objects]:
+            raise CheckpointError(f"checkpoint: couldn't set up: data names {unknown[0]!r}, not a state object")
         self.engine = CheckpointEngine(
             CheckpointConfig(root=root or layout.ckpt_dir, keep_last=keep_last, load_order=tuple(self.modules),
                              critical=self.critical, incarnation=f"{layout.job_id}.{layout.incarnation}",
@@ -152,13 +223,17 @@ class Checkpointer:
     # -- saving -----------------------------------------------------------------------------------
 
     def _state(self, step: int) -> ShardState:
-        objects = {name: statecodec.encode(obj.state_dict(), name) for name, obj in self.objects.items()}
+        rng, drawn = self.draws.for_save() if self.draws is not None else (None, {})
+        objects = {name: drawn[name] if name in drawn else statecodec.encode(obj.state_dict(), name)
+                   for name, obj in self.objects.items()}
         return ShardState(
+            rng=rng,
             modules={name: m.state_dict() for name, m in self.modules.items()},
             optimizer={self._unit(name): o.state_dict() for name, o in self.optimizers.items()},
             state={"global_step": step, "script": self.script, "modules": sorted(self.modules),
                    "optimizers": sorted(self.optimizers), "objects": objects,
                    "extra": self.extra() if self.extra is not None else None,
+                   "draws_ahead": self.draws.lookahead if self.draws is not None else None,
                    "layout": {"data_parallel_size": self.layout.data_parallel_size,
                               "stage": self.layout.stage_name, "incarnation": self.layout.incarnation}})
 
@@ -179,9 +254,14 @@ class Checkpointer:
         return result
 
     def poll(self) -> None:
-        """Pick up the outcome of a finished background save (its error is raised here)."""
+        """Pick up the outcome of a finished background save (its error is raised here, once)."""
         if self._pending is not None and self._pending.persisted.done():
-            stats = self._pending.persisted.result()
+            if self._pending.persisted.exception() is not None:
+                self._pending = None
+                self.engine.wait()   # takes the failed persist off the engine and raises its error
+            stats = self._pending.persisted.result() if self._pending is not None else None
+            if stats is None:
+                return
             if not stats.fenced:   # a newer incarnation started on the root: nothing was saved
                 self.last_persist_s = stats.persist_s
                 self.last_persisted_step = stats.step
@@ -248,7 +328,9 @@ class Checkpointer:
             session.close()
         return Loaded(session.step, Resume(step=session.step, previous_data_parallel_size=previous,
                                            data_parallel_size=self.layout.data_parallel_size, layout_changed=changed,
-                                           load_s=time.monotonic() - t0, extra=saved.get("extra")),
+                                           load_s=time.monotonic() - t0, extra=saved.get("extra"),
+                                           draws_ahead=saved.get("draws_ahead"),
+                                           source=str(fmt.step_dir(self.engine.config.root, session.step))),
                       session.fallbacks)
 
     def _object_state(self, name: str, own: dict[str, Any] | None, states: list[dict[str, Any]], step: int) -> Any:
@@ -267,6 +349,11 @@ class Checkpointer:
         return old[self.layout.data_parallel_rank % len(old)]
 
     def _load(self, name: str, obj: Stateful, value: Any, step: int) -> None:
+        if isinstance(value, dict) and not value and name in self.objects:
+            # saved empty: a disabled GradScaler (torch's refuses {} once enabled), a stateless object
+            log.info("checkpoint: state %r was saved empty at step-%d (a disabled GradScaler saves {}): "
+                     "nothing to restore, left as it is", name, step)
+            return
         try:
             obj.load_state_dict(value)
         except CheckpointError:
@@ -306,7 +393,29 @@ class Checkpointer:
             f"checkpoint: job {self.layout.job_name}: couldn't resume from {root}: {what} (another script's "
             "or model's checkpoint: give this job its own checkpoint folder, or move the old one away)")
 
-    def close(self) -> None:
-        """Wait for the save in flight and stop the writer."""
-        self.engine.close()
+    def close(self, *, abandon: bool = False) -> None:
+        """Wait for the save in flight and stop the writer; ``abandon`` (the run is failing): rank 0
+        stops waiting for the other ranks' shards of the checkpoint in flight."""
+        self.engine.close(abandon=abandon)
         self.poll()
+
+
+_WHAT_IS_STATEFUL = ("an object with state_dict() and load_state_dict(), such as torchdata's StatefulDataLoader "
+                     "(torchdata.stateful_dataloader) for a data loader")
+
+
+def _iterable(obj: Any) -> bool:
+    return callable(getattr(obj, "__iter__", None)) or callable(getattr(obj, "__next__", None))
+
+
+def _check_stateful(layout: Layout, modules: Mapping[str, Any], optimizers: Mapping[str, Any],
+                    objects: Mapping[str, Any]) -> None:
+    """Refuse, when it is handed over, anything whose state cannot be saved and put back."""
+    for kind, named in (("modules", modules), ("optimizers", optimizers), ("state", objects)):
+        for name, obj in named.items():
+            missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
+            if missing:
+                raise NotStateful(
+                    f"checkpoint: job {layout.job_name}: couldn't take {kind}[{name!r}]: "
+                    f"{type(obj).__module__}.{type(obj).__qualname__} has no {' or '.join(m + '()' for m in missing)} "
+                    f"(give {_WHAT_IS_STATEFUL}, or leave it out and save its position another way)")

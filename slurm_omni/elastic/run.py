@@ -7,6 +7,7 @@ code and its last heartbeat.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -21,8 +22,9 @@ from typing import Any, NoReturn, Self
 import torch
 import torch.distributed as dist
 
-from slurm_omni.elastic.checkpointer import Checkpointer, Recut, Resume, Stateful
+from slurm_omni.elastic.checkpointer import Checkpointer, Recut, Resume, Stateful, end_quiet_workers
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.elastic.draws import Draws
 from slurm_omni.elastic.heartbeat import Heartbeat
 from slurm_omni.elastic.layout import Layout
 from slurm_omni.elastic.metrics import MetricsLog
@@ -110,6 +112,13 @@ class Run:
         self.stop = stop
         self.max_steps = max_steps
         self.timer = StepTimer()
+        self.draws = Draws()
+        """The draws of each step (``with run.timer.data():``), for checkpoints taken as of the
+        step's own draw (``elastic/draws.py``)."""
+        self.timer.on_draw = self.draws
+        self._life_steps = 0
+        self._pending: list[tuple[dict[str, Any], dict[str, Any], Any]] = []
+        """Metrics lines whose tensors are still on their way from the device (step, values, event)."""
         self.heartbeat = Heartbeat(layout.heartbeat_dir, rank=layout.rank, stage=layout.stage,
                                    dp_rank=layout.data_parallel_rank, incarnation=layout.incarnation,
                                    job_id=layout.job_id, interval_s=layout.heartbeat_interval_s)
@@ -151,15 +160,26 @@ class Run:
                      recut: Mapping[str, Recut] | None = None, keep_last: int = 3, script: str | None = None,
                      **kwargs: Any) -> Checkpointer:
         """A :class:`Checkpointer` on this job's checkpoint folder (one per run)."""
-        self.checkpoints = Checkpointer(self.layout, modules=modules, critical=critical, optimizers=optimizers,
-                                        state=state, recut=recut, keep_last=keep_last, script=script, **kwargs)
-        return self.checkpoints
+        ckpt = Checkpointer(self.layout, modules=modules, critical=critical, optimizers=optimizers,
+                            state=state, recut=recut, keep_last=keep_last, script=script, **kwargs)
+        ckpt.draws = self.draws
+        self.draws.data_objects = lambda: ckpt.data_objects
+        self.checkpoints = ckpt
+        return ckpt
 
     def restore(self) -> int:
         """Restore the newest checkpoint (if any); the step to train on from (0 for a fresh start)."""
+        started = time.monotonic()
         resume = self._ckpt().restore(self._min_over_ranks if self._groups is not None else None)
         self.step = resume.step if resume else 0
         self.resume = resume
+        if resume is not None:
+            self.draws.resumed(resume.draws_ahead)
+            if self.layout.rank == 0:
+                print(f"elastic: job {self.layout.job_name}: resumed from step {resume.step} ({resume.source}, "
+                      f"data-parallel size {resume.previous_data_parallel_size} -> {resume.data_parallel_size}) "
+                      f"in {time.monotonic() - started:.2f} s, incarnation {self.layout.incarnation}",
+                      file=sys.stderr, flush=True)
         # ready to train: the first beat in "training" says the step it resumes from (the step
         # supervisor times the first new step of a relaunch from it)
         self.heartbeat.update(step=self.step, phase="training",
@@ -200,18 +220,62 @@ class Run:
         step_s, self._step_started = now - self._step_started, now
         compute_s, data_s, cpu_wait = self.timer.take_times()
         self.last_step_time_s, self._last_times = step_s, (compute_s, data_s)
-        values = _numbers(metrics)
+        self._life_steps += 1
+        self._judge_draws()
+        values, event = _lazy_numbers(metrics)
         if self.checkpoints is not None:
             self.checkpoints.poll()
         self.step = step
         self.heartbeat.update(step=step, step_time_s=step_s, compute_s=compute_s, data_s=data_s,
-                              cpu_wait_s=cpu_wait, phase="training", metrics=values,
+                              cpu_wait_s=cpu_wait, phase="training", metrics=values if event is None else None,
                               last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
         if log_metrics:
-            self.log_metrics(step, **values)
+            if event is None and not self._pending:
+                self.log_metrics(step, **values)
+            else:   # device tensors: the line waits until their copy is done (no sync of the step)
+                self._pending.append((values, self._standard(step), event))
+        self._flush_pending()
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
             self._step_started = time.monotonic()
+
+    def _judge_draws(self) -> None:
+        """The life's first steps: say once (rank 0) when the script draws ahead, or when nothing saves
+        its data position."""
+        ahead = self.draws.step_done()
+        if self.layout.rank != 0:
+            return
+        if ahead:
+            log.warning("elastic: job %s draws %d batch(es) ahead of its steps (before end_step, or before its "
+                        "loop): checkpoints take the random streams and the data position as of the step's own "
+                        "draw (docs/own-script.md, pitfalls)", self.layout.job_name, ahead)
+        ckpt = self.checkpoints
+        if self._life_steps == 1 and ckpt is not None and not ckpt.data_objects and not self.draws.rng_moved:
+            print(f"elastic: job {self.layout.job_name}: nothing handed to the checkpointer saves the data position "
+                  "(no loader or sampler in state=, no draw in run.timer.data() that uses the saved random "
+                  "streams): a resume starts the data over (docs/own-script.md, pitfalls)", file=sys.stderr, flush=True)
+
+    def _standard(self, step: int) -> dict[str, Any]:
+        ckpt = self.checkpoints
+        compute_s, data_s = self._last_times
+        return {"step": step, "step_time_seconds": self.last_step_time_s, "compute_seconds": compute_s,
+                "data_seconds": data_s, "data_parallel_size": self.layout.data_parallel_size,
+                "ckpt_blocking_seconds": ckpt.last_blocking_s if ckpt else None,
+                "ckpt_persist_seconds": ckpt.last_persist_s if ckpt else None}
+
+    def _flush_pending(self, wait: bool = False) -> None:
+        """Write the waiting metrics lines whose device copies are done (all of them: ``wait``)."""
+        while self._pending:
+            values, standard, event = self._pending[0]
+            if event is not None and not wait and not event.query():
+                return
+            if event is not None:
+                event.synchronize()
+            self._pending.pop(0)
+            numbers = _numbers(values)
+            self.heartbeat.update(metrics=numbers)
+            self.metrics.log_step({**standard, **numbers}, line_only=self._startup)
+            self._startup = {}
 
     def log_metrics(self, step: int, **values: Any) -> None:
         """One metrics line for ``step``: ``values`` (numbers or None; the keys of
@@ -267,36 +331,77 @@ class Run:
         ``SystemExit``, skipping the interpreter's teardown of torch and gloo, which takes seconds on
         a loaded machine: longer than Slurm's KillWait, after which a cancelled rank that has saved
         is SIGKILLed, and its batch shell with it. Only where nothing after the loop must run (no
-        ``finally`` or ``with`` of the script's own is left to end)."""
-        self.close(code)
+        ``finally`` or ``with`` of the script's own is left to end). The data-loader workers the
+        checkpointer quieted are ended first either way (they would outlive ``os._exit``)."""
+        code = self.close(code)
         if fast:
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            _leave(code)
         raise SystemExit(code)
 
-    def close(self, code: int = EXIT_DONE, error: str | None = None) -> None:
-        """Wait for the save in flight, write the final heartbeat, leave the process group."""
+    def close(self, code: int = EXIT_DONE, error: str | None = None) -> int:
+        """Wait for the save in flight, write the final heartbeat, leave the process group; the exit
+        code the process must end with (``code``, unless the save in flight failed: then its one line
+        is printed and the code is 78 for a full checkpoint file system, else 1).
+
+        A failing run (``code`` neither 0 nor 75) does not wait for the other ranks' shards of the
+        checkpoint in flight: its writes end, nothing is committed, the newest complete checkpoint
+        stays. A flat script (no ``with``) may call it at its end, or leave it to the exit hook."""
         if self._closed:
-            return
+            return code
         self._closed = True
-        if code in (EXIT_DONE, EXIT_CHECKPOINTED):
+        ok = code in (EXIT_DONE, EXIT_CHECKPOINTED)
+        if ok:
             self.stop.ignore_while_exiting()   # a TERM during teardown would otherwise kill a saved rank
         try:
             if self.checkpoints is not None:
-                self.checkpoints.close()
+                self.checkpoints.close(abandon=not ok)
         except OmniError as e:
-            code, error = EXIT_FAILED, str(e)
+            if ok:
+                code = EXIT_BAD_INPUT if e.exit_code == EXIT_BAD_INPUT else EXIT_FAILED
+                error = _say(str(e))
+            else:
+                log.debug("elastic: while failing: %s", e)
+        self._flush_pending(wait=True)
         phase = {EXIT_DONE: "done", EXIT_CHECKPOINTED: "stopping"}.get(code, "failed")
         self.heartbeat.update(last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
         self.heartbeat.stop(phase, error=error, exit_code=code if 0 <= code <= 255 else None)
         self.metrics.close()
         if self._groups is not None and dist.is_initialized() and code in (EXIT_DONE, EXIT_CHECKPOINTED):
             dist.destroy_process_group()
+        return code
 
     def __enter__(self) -> Self:
         return self
+
+    # -- a flat script (no ``with``) ----------------------------------------------------------------
+
+    def _hook_exit(self) -> None:
+        """End the run as leaving ``with run:`` would, for a script that never enters it: at the
+        interpreter's exit (the loop's end: 78 when short of ``max_steps``) and on an uncaught
+        exception (its traceback, then the exit code ``with`` would give: 78 for bad input, else 1)."""
+        atexit.register(self._at_exit)
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            if self._closed or not isinstance(exc, Exception):
+                previous(kind, exc, tb)
+                return
+            try:
+                self.__exit__(kind, exc, tb)   # closes the run; an OmniError says its one line and exits
+            except SystemExit as end:
+                _leave(end.code if isinstance(end.code, int) else EXIT_FAILED)
+            previous(kind, exc, tb)
+            _leave(EXIT_FAILED)
+
+        sys.excepthook = hook
+
+    def _at_exit(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.__exit__(None, None, None)
+        except SystemExit as end:
+            _leave(end.code if isinstance(end.code, int) else EXIT_FAILED)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  _tb: TracebackType | None) -> None:
@@ -323,10 +428,24 @@ class Run:
         self.close(EXIT_FAILED, error=f"{type(exc).__name__}: {exc}")
 
     def _fail(self, message: str, code: int) -> NoReturn:
-        log.error("%s", message)
-        print(message, file=sys.stderr, flush=True)
-        self.close(code, error=message)
+        self.close(code, error=_say(message))
         raise SystemExit(code)
+
+
+def _say(message: str) -> str:
+    """The one line a rank that stops on purpose prints (stderr: the job's output), once."""
+    line = " ".join(message.split())
+    print(line, file=sys.stderr, flush=True)
+    return line
+
+
+def _leave(code: int) -> NoReturn:
+    """``os._exit(code)``, logs and stdio flushed, quieted data-loader workers ended first."""
+    end_quiet_workers()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _env_time(name: str) -> float | None:
@@ -341,6 +460,20 @@ def _env_time(name: str) -> float | None:
 def _numbers(values: Mapping[str, Any]) -> dict[str, Any]:
     """One-element tensors and numpy numbers as Python numbers."""
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in values.items()}
+
+
+def _lazy_numbers(values: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Python numbers now, but device tensors: copied to host without waiting (their values are read
+    once the copy's event is done: no device sync in the step); (values, that event or None)."""
+    device = [k for k, v in values.items() if isinstance(v, torch.Tensor) and v.device.type == "cuda"]
+    if not device:
+        return _numbers(values), None
+    out = {k: (v.item() if hasattr(v, "item") and k not in device else v) for k, v in values.items()}
+    for k in device:
+        out[k] = values[k].detach().reshape(()).to("cpu", non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return out, event
 
 
 def init(stages: Sequence[str] | None = None, *, max_steps: int | None = None, backend: str = "auto",
@@ -366,6 +499,8 @@ def init(stages: Sequence[str] | None = None, *, max_steps: int | None = None, b
     groups_ready_at = time.time() if distributed else None
     log.info("elastic: rank %d stage %s replica %d/%d incarnation %d (%s)", layout.rank, layout.stage_name,
              layout.data_parallel_rank, layout.data_parallel_size, layout.incarnation, layout.launcher)
-    return Run(layout, device=dev, groups=groups, stop=stop, max_steps=max_steps,
-               trace=os.environ.get("OMNI_TRACE_SAMPLES", "") == "1", metric_help=metric_help,
-               groups_ready_at=groups_ready_at)
+    run = Run(layout, device=dev, groups=groups, stop=stop, max_steps=max_steps,
+              trace=os.environ.get("OMNI_TRACE_SAMPLES", "") == "1", metric_help=metric_help,
+              groups_ready_at=groups_ready_at)
+    run._hook_exit()
+    return run

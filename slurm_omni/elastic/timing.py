@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:   # torch only for the hooks' types: the drill and the manager import cpu_wait_s cheaply
@@ -69,6 +69,8 @@ class StepTimer:
     """Accumulates compute and data time until :meth:`take` reads and resets them."""
 
     def __init__(self) -> None:
+        self.on_draw: Callable[[bool], None] | None = None
+        """Called with True when a :meth:`data` region begins and False when it ends."""
         self._lock = threading.Lock()
         self._compute = 0.0
         self._data = 0.0
@@ -110,7 +112,10 @@ class StepTimer:
 
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:
-        """``with timer.data(): batch = next(it)``: reading and preparing the step's samples."""
+        """``with timer.data(): batch = next(it)``: reading and preparing the step's samples. Each
+        region is one draw for :attr:`on_draw` (the run counts them: ``elastic/draws.py``)."""
+        if self.on_draw is not None:
+            self.on_draw(True)
         started, waited = time.monotonic(), cpu_wait_s()
         try:
             yield
@@ -118,6 +123,8 @@ class StepTimer:
             with self._lock:
                 self._data += time.monotonic() - started
                 self._wait += max(0.0, cpu_wait_s() - waited)
+            if self.on_draw is not None:
+                self.on_draw(False)
 
     def watch(self, module: nn.Module, *, synchronize: bool = False) -> list[RemovableHandle]:
         """Count ``module``'s forward and backward as compute (hooks; remove them with the handles)."""

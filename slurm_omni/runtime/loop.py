@@ -157,8 +157,8 @@ class Trainer:
         reader = ShardReader(cfg.model, sources)
         names = sorted(parts, key=LOAD_ORDER.index)
         ckpt = run.checkpointer(modules={n: parts[n] for n in names}, critical=names[:1], optimizers=optimizers,
-                                state={"data": plan}, extra=self._extra, keep_last=cfg.checkpoint.keep_last,
-                                script=SCRIPT)
+                                state={"data": plan}, data=("data",), extra=self._extra,
+                                keep_last=cfg.checkpoint.keep_last, script=SCRIPT)
         # every rank resumes from the same step: the newest one all ranks' shards verify
         start = run.restore()
         if run.resume is not None:
