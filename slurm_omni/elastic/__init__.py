@@ -15,6 +15,9 @@ A plain torch script adopts it with a few lines (``docs/own-script.md``; ``examp
             ...                                                   # forward, backward, optimizer
             run.end_step(step + 1, checkpoint_every=10, loss=loss, samples=n)  # beats, saves, exits 75
 
+A flat script need not re-indent: ``run = elastic.init(...)`` at the top, ``run.end_step(...)`` in
+the loop; the run ends itself at exit (or ``run.close()``) as ``with`` would (docs/own-script.md).
+
 The same script runs under slurm-omni's batch script (``[training] command = [...]`` in the job
 file), under ``torchrun`` (one stage per rank... or all of them: every rank runs every stage) and as
 one plain process. Exit codes (:mod:`~slurm_omni.elastic.codes`): 0 done, 75 checkpointed on a stop
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "Layout": "layout", "accumulation_for": "layout",
     "Checkpointer": "checkpointer", "CheckpointMismatch": "checkpointer", "Resume": "checkpointer",
-    "Stateful": "checkpointer",
+    "Stateful": "checkpointer", "NotStateful": "checkpointer",
     "Heartbeat": "heartbeat", "MetricsLog": "metrics", "StepTimer": "timing", "StopSignals": "stop",
     "TimedStage": "pipelining",
     "Run": "run", "Groups": "run", "init": "run", "init_process_groups": "run", "device_for": "run",
@@ -39,7 +42,13 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from slurm_omni.elastic.checkpointer import Checkpointer, CheckpointMismatch, Resume, Stateful
+    from slurm_omni.elastic.checkpointer import (
+        Checkpointer,
+        CheckpointMismatch,
+        NotStateful,
+        Resume,
+        Stateful,
+    )
     from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
     from slurm_omni.elastic.heartbeat import Heartbeat
     from slurm_omni.elastic.layout import Layout, accumulation_for
@@ -66,6 +75,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "EXIT_BAD_INPUT", "EXIT_CHECKPOINTED", "EXIT_DONE", "EXIT_FAILED", "CheckpointMismatch", "Checkpointer",
-    "Groups", "Heartbeat", "Layout", "MetricsLog", "Resume", "Run", "Stateful", "StepTimer", "StopSignals",
+    "Groups", "Heartbeat", "Layout", "MetricsLog", "NotStateful", "Resume", "Run", "Stateful", "StepTimer", "StopSignals",
     "TimedStage", "accumulation_for", "device_for", "init", "init_process_groups", "preload",
 ]
