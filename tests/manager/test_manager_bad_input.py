@@ -5,7 +5,8 @@ step, one that never writes a heartbeat (``detection.first_heartbeat_s`` is shor
 state_dict refuses the checkpoint after a real recovery (the exit-78 close path), one whose next
 life is another script (other modules) that finds the first one's checkpoint in its folder, and one
 that crashes at import (its traceback's last line in the job's output and in ``omni status``, one
-resubmission, stopped after the second identical failure)."""
+resubmission, stopped after the second identical failure), and one that hands the checkpointer a
+plain DataLoader (no state_dict: 78 at once, issue 21)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,9 @@ if mode == "early":
     time.sleep(3 * run.layout.heartbeat_interval_s)   # the heartbeat thread writes step 3
     os._exit(0)
 with elastic.init(max_steps=10) as run:
+    if mode == "loader":   # refused when handed over: exit 78, one line
+        loader = torch.utils.data.DataLoader(range(64), batch_size=4, shuffle=True, num_workers=2)
+        run.checkpointer(modules={run.layout.stage_name: torch.nn.Linear(1, 1)}, state={"loader": loader})
     counter = Counter() if mode == "refuse" else None
     name = run.layout.stage_name if mode == "refuse" or run.layout.incarnation == 0 else "head"
     run.checkpointer(modules={name: torch.nn.Linear(1, 1)}, state={"counter": counter} if counter else {})
@@ -123,7 +127,8 @@ def bad_jobs(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     commands = {"notfound": ["trainer"], "early": ["{python}", str(tmp / "script.py"), "early"],
                 "silent": ["/bin/sleep", "600"], "refuse": ["{python}", str(tmp / "script.py"), "refuse"],
                 "other": ["{python}", str(tmp / "script.py"), "other"],
-                "crash": ["{python}", "crash.py"]}                      # relative: found in the workdir
+                "crash": ["{python}", "crash.py"],                      # relative: found in the workdir
+                "loader": ["{python}", str(tmp / "script.py"), "loader"]}
     (tmp / "crash.py").write_text("import nonexistent_module_for_omni_test\n")
     env = {**os.environ, **slurm_cluster.env, **JOB_ENV, "PATH": f"{trainer.parent}:{BIN}:{os.environ['PATH']}"}
     run = ManagerRun(tmp, env, "bad-input")
@@ -248,3 +253,11 @@ def test_a_crash_at_import_is_shown_resubmitted_once_and_stopped_after_the_secon
     assert f"failed before its first heartbeat (incarnation 1, Slurm job {second}, exit 1): {error}" in text
     (job,) = [j for j in json.loads(_status(run, "--json"))["jobs"] if j["name"] == key]
     assert job["start_failure"]["line"] == error and job["start_failure"]["count"] == 2
+
+
+def test_a_plain_data_loader_handed_to_the_checkpointer_is_one_line_and_no_restart(
+        bad_jobs: tuple[ManagerRun, dict[str, int]]) -> None:
+    run, ids = bad_jobs
+    line = _check_closed_once(run, "loader", ids["loader"])
+    assert "couldn't take state['loader']: torch.utils.data.dataloader.DataLoader has no state_dict()" in line
+    assert "StatefulDataLoader" in line
