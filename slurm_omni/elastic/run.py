@@ -117,7 +117,7 @@ class Run:
         step's own draw (``elastic/draws.py``)."""
         self.timer.on_draw = self.draws
         self._life_steps = 0
-        self._pending: list[tuple[dict[str, Any], dict[str, Any], Any]] = []
+        self._pending: list[tuple[dict[str, Any], dict[str, Any] | None, Any]] = []
         """Metrics lines whose tensors are still on their way from the device (step, values, event)."""
         self.heartbeat = Heartbeat(layout.heartbeat_dir, rank=layout.rank, stage=layout.stage,
                                    dp_rank=layout.data_parallel_rank, incarnation=layout.incarnation,
@@ -229,11 +229,10 @@ class Run:
         self.heartbeat.update(step=step, step_time_s=step_s, compute_s=compute_s, data_s=data_s,
                               cpu_wait_s=cpu_wait, phase="training", metrics=values if event is None else None,
                               last_checkpoint_step=self.checkpoints.last_persisted_step if self.checkpoints else None)
-        if log_metrics:
-            if event is None and not self._pending:
-                self.log_metrics(step, **values)
-            else:   # device tensors: the line waits until their copy is done (no sync of the step)
-                self._pending.append((values, self._standard(step), event))
+        if event is not None or self._pending:   # device tensors: read once their copy is done (no sync)
+            self._pending.append((values, self._standard(step) if log_metrics else None, event))
+        elif log_metrics:
+            self.log_metrics(step, **values)
         self._flush_pending()
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
@@ -274,8 +273,9 @@ class Run:
             self._pending.pop(0)
             numbers = _numbers(values)
             self.heartbeat.update(metrics=numbers)
-            self.metrics.log_step({**standard, **numbers}, line_only=self._startup)
-            self._startup = {}
+            if standard is not None:
+                self.metrics.log_step({**standard, **numbers}, line_only=self._startup)
+                self._startup = {}
 
     def log_metrics(self, step: int, **values: Any) -> None:
         """One metrics line for ``step``: ``values`` (numbers or None; the keys of
