@@ -378,12 +378,15 @@ class Run:
     def _hook_exit(self) -> None:
         """End the run as leaving ``with run:`` would, for a script that never enters it: at the
         interpreter's exit (the loop's end: 78 when short of ``max_steps``) and on an uncaught
-        exception (its traceback, then the exit code ``with`` would give: 78 for bad input, else 1)."""
+        exception (its traceback, then the exit code ``with`` would give: 78 for bad input, else 1).
+        A flat script that leaves with a code of its own says so with ``run.exit(code)``: a bare
+        ``sys.exit(n)`` is judged like the loop's end."""
         atexit.register(self._at_exit)
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-            if self._closed or not isinstance(exc, Exception):
+            if self._closed or not isinstance(exc, Exception):   # KeyboardInterrupt: failed, not bad input
+                self.close(EXIT_FAILED, error=f"{kind.__name__}: {exc}")
                 previous(kind, exc, tb)
                 return
             try:
