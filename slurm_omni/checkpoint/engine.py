@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any, Self
 import torch
 
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import memtier
 from slurm_omni.checkpoint.fence import await_raise, raise_fence
 from slurm_omni.checkpoint.persist import PersistStats, persist
 from slurm_omni.checkpoint.restore import Restore, open_restore
@@ -62,6 +63,15 @@ class CheckpointConfig:
     not fenced."""
     fence_wait_s: float = 120.0
     """How long ranks other than 0 wait, before a restore, for rank 0 to raise the fence."""
+    memory_tier: bool = False
+    """Also keep each rank's shard of the newest steps in node-local shared memory, and restore from
+    there where this node holds it (``memtier.py``); the file system is written as without it."""
+    memory_dir: Path = field(default=memtier.DEFAULT_DIR)
+    """The node-local tmpfs of the memory tier."""
+    memory_cap_bytes: int | None = None
+    """The most the job keeps in the memory tier per node (None: what the tmpfs holds)."""
+    memory_job: str | None = None
+    """The job the memory tier's folder belongs to (freed at its end); None reads SLURM_JOB_ID."""
 
     def __post_init__(self) -> None:
         if self.keep_last < 0:
@@ -106,6 +116,13 @@ class CheckpointEngine:
         self._warned_wait = False
         self._abort = threading.Event()
         """Set by ``close(abandon=True)``: a commit waiting for the other ranks' shards gives up."""
+        self.memory: memtier.MemoryTier | None = None
+        if config.memory_tier:
+            job = config.memory_job or os.environ.get("SLURM_JOB_ID", "")
+            try:
+                self.memory = memtier.MemoryTier(job, base=config.memory_dir, cap_bytes=config.memory_cap_bytes)
+            except CheckpointError as e:   # the tier is a speed-up: the file system still holds everything
+                log.warning("%s; checkpoints go to the file system only", e)
         try:
             config.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             check_own_dir(config.root, "checkpoint")   # someone else's folder could hold a planted FENCE
@@ -165,7 +182,7 @@ class CheckpointEngine:
                 self._raise_fence()   # a run that saves before (or without) a restore
             stats = persist(self.config.root, snap, self.layout, incarnation=self.incarnation,
                             keep_last=self.config.keep_last, commit_timeout_s=timeout, number=self.number,
-                            abort=self._abort)
+                            abort=self._abort, on_shard=self._keeper(snap.step))
         except CheckpointError as e:
             log.debug("%s", e)    # raised to the training loop, which says it once
             raise
@@ -189,6 +206,13 @@ class CheckpointEngine:
                                f"submit again; {kept})")
         detail = " ".join(str(e).split())[:300]   # h5py's messages span lines
         return CheckpointError(f"checkpoint: couldn't persist step {step} in {self.config.root}: {detail}")
+
+    def _keeper(self, step: int) -> Callable[[Path], object] | None:
+        memory = self.memory
+        if memory is None:
+            return None
+        return lambda path: memory.publish(path, step=step, rank=self.layout.rank, incarnation=self.incarnation,
+                                           root=self.config.root, number=self.number)
 
     def _raise_fence(self) -> None:
         """Rank 0, once: shut older incarnations out of the root before reading or writing it."""
@@ -241,7 +265,7 @@ class CheckpointEngine:
                                critical=critical if critical is not None else self.config.critical,
                                modules=modules, into=into, device=device,
                                threads=self.config.restore_threads, direct_io=self.config.direct_io,
-                               apply_rng=apply_rng)
+                               apply_rng=apply_rng, memory=self.memory)
         if session is not None:
             self._last_step = session.step
         return session

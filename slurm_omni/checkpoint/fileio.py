@@ -20,7 +20,7 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,9 +175,12 @@ class Job:
 class ShardFiles:
     """The open shard files of one checkpoint: descriptors per thread, page-cache residency, buffers."""
 
-    def __init__(self, path: Path, manifest: fmt.Manifest, *, direct_io: bool) -> None:
+    def __init__(self, path: Path, manifest: fmt.Manifest, *, direct_io: bool,
+                 sources: Mapping[str, Path] | None = None) -> None:
         self.path = path
         self.manifest = manifest
+        self.sources = dict(sources or {})
+        """Shards read from another copy than ``path``'s file (the memory tier: ``memtier.py``)."""
         self.read_bytes = {"buffered": 0, "direct": 0}
         """Bytes read through the page cache and with O_DIRECT so far (gaps between datasets included)."""
         self._lock = threading.Lock()
@@ -198,7 +201,7 @@ class ShardFiles:
         with self._lock:
             known = self._direct.get(shard)
         if known is None:
-            known = self._direct_io and self._can_direct(shard)
+            known = self._direct_io and shard not in self.sources and self._can_direct(shard)
             with self._lock:
                 known = self._direct.setdefault(shard, known)
         return known
@@ -230,6 +233,8 @@ class ShardFiles:
             return self._fds[key]
 
     def _file(self, shard: str) -> Path:
+        if shard in self.sources:
+            return self.sources[shard]
         return self.path / str(self.manifest.shards[shard].file)
 
     def _can_direct(self, shard: str) -> bool:

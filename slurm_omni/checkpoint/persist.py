@@ -27,6 +27,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,16 +61,18 @@ class PersistStats:
 
 def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str, keep_last: int,
             commit_timeout_s: float, number: int | None = None,
-            abort: threading.Event | None = None) -> PersistStats:
+            abort: threading.Event | None = None,
+            on_shard: Callable[[Path], object] | None = None) -> PersistStats:
     """``number``: this incarnation's OMNI_INCARNATION, checked against the root's fence (None: unfenced);
-    ``abort``: once set, rank 0 stops waiting for the other ranks' shards (the run is ending)."""
+    ``abort``: once set, rank 0 stops waiting for the other ranks' shards (the run is ending);
+    ``on_shard``: called with this rank's shard file once it is durable (the memory tier copies it)."""
     started = time.monotonic()
     if _fenced(root, snap.step, number, "before writing"):
         return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
     tmp = fmt.staging_dir(root, snap.step, incarnation, number)
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        written = write_shard(tmp, snap, layout, incarnation, root=root, number=number)
+        written = write_shard(tmp, snap, layout, incarnation, root=root, number=number, on_shard=on_shard)
     except FileNotFoundError:
         # a newer incarnation swept this one's staging folder: fenced, not a failure of this node
         if not _fenced(root, snap.step, number, "while writing its shard"):
@@ -115,7 +118,7 @@ def _fenced(root: Path, step: int, number: int | None, when: str) -> bool:
 
 
 def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str, *, root: Path | None = None,
-                number: int | None = None) -> bool:
+                number: int | None = None, on_shard: Callable[[Path], object] | None = None) -> bool:
     """This rank's shard file and record in ``tmp``; False (nothing left behind) when fenced out of ``root``."""
     name = fmt.shard_name(layout.rank)
     owned = [i for i in snap.items if i.owned]
@@ -132,6 +135,8 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
         if root is not None and _fenced(root, snap.step, number, "after writing its shard"):
             partial.unlink(missing_ok=True)
             return False
+        if on_shard is not None:
+            on_shard(partial)   # before the rename: once the record is there, rank 0 may move the folder
         os.replace(partial, tmp / file_name)
     units: dict[str, Any] = {}
     for unit in snap.skeletons:

@@ -39,8 +39,12 @@ class Restore:
 
     def __init__(self, path: Path, manifest: fmt.Manifest, layout: ShardLayout, *,
                  units: list[fmt.Unit], into: Mapping[str, Mapping[str, Any]], device: torch.device,
-                 threads: int, direct_io: bool = True) -> None:
+                 threads: int, direct_io: bool = True, sources: Mapping[str, Path] | None = None) -> None:
         self.path = path
+        self.sources = dict(sources or {})
+        """Shards read from the memory tier instead of ``path`` (their bytes checked the same way)."""
+        self.source = "file system"
+        """Where this rank's bytes came from: "memory", "file system", or "memory and file system"."""
         self.manifest = manifest
         self.step = manifest.step
         self.fallbacks: tuple[str, ...] = ()
@@ -58,7 +62,7 @@ class Restore:
         self._values: dict[str, Any] = {}
         self._error: CheckpointError | None = None
         self._lock = threading.Lock()
-        self._files = fileio.ShardFiles(path, manifest, direct_io=direct_io)
+        self._files = fileio.ShardFiles(path, manifest, direct_io=direct_io, sources=self.sources)
         self._local = threading.local()
         self._closed = False
         self._handed_out = False   # set by open_restore once it hands the session out
@@ -324,7 +328,7 @@ class Restore:
         with self._lock:
             first, self._error = self._error is None, self._error or error
             handed_out = self._handed_out
-        if first and isinstance(error, CheckpointCorrupt) and handed_out:
+        if first and isinstance(error, CheckpointCorrupt) and handed_out and not self.sources:
             # Training already runs on this checkpoint's critical units; the next restore must skip it.
             fmt.mark_corrupt(self.path, str(error))
             log.error("%s; marked it CORRUPT (restart to restore the previous checkpoint)", error)

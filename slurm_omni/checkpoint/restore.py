@@ -20,6 +20,7 @@ import torch
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
+from slurm_omni.checkpoint.memtier import MemoryTier
 from slurm_omni.checkpoint.reader import Restore
 from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
 from slurm_omni.errors import CheckpointError
@@ -32,13 +33,18 @@ __all__ = ["Restore", "open_restore"]
 def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, max_step: int | None = None,
                  critical: Iterable[str] | None = None, modules: Iterable[str] | None = None,
                  into: Mapping[str, Mapping[str, Any]] | None = None, device: torch.device | str = "cpu",
-                 threads: int = 4, direct_io: bool = True, apply_rng: bool = True) -> Restore | None:
+                 threads: int = 4, direct_io: bool = True, apply_rng: bool = True,
+                 memory: MemoryTier | None = None) -> Restore | None:
     """Load the newest complete checkpoint that verifies; None when there is none at all.
 
     A truncated file or a checksum mismatch in the manifest or a critical unit marks that checkpoint
     CORRUPT, logs one line, and the previous complete checkpoint is tried. A mismatch found later, while
     the rest streams in, surfaces as CheckpointCorrupt on first use of that unit (and the mark makes the
     next attempt skip the checkpoint).
+
+    ``memory``: this node's memory tier; the shards it holds a copy of (by the committing incarnation)
+    are read from there, checked the same way; a bad copy is dropped (one line) and the step read again
+    from the files, so a bad copy never fails a restore nor marks the checkpoint.
     """
     candidates = fmt.complete(root)
     if max_step is not None:   # the ranks agreed on no newer step (checkpoint/agree.py)
@@ -53,24 +59,32 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     reasons: list[str] = []
     for entry in candidates:
         session = None
+        sources: dict[str, Path] = {}
         try:
             manifest = fmt.read_manifest(entry.path)
-            _check_files(entry.path, manifest)
             units, wanted = _select(manifest, layout, critical, modules)
-            session = Restore(entry.path, manifest, layout, units=units, into=into or {},
-                              device=torch.device(device), threads=threads, direct_io=direct_io)
-            session.wait(wanted)
-            early = session.hand_out()
-            if isinstance(early, CheckpointCorrupt):
-                raise early   # found while the critical units loaded: still time to fall back
+            sources = _memory_sources(memory, manifest, units)
+            session = _open(entry.path, manifest, layout, units, wanted, sources, into=into, device=device,
+                            threads=threads, direct_io=direct_io)
         except CheckpointCorrupt as e:
             if session is not None:
                 session.close()
-            fmt.mark_corrupt(entry.path, str(e))
-            log.warning("%s; marked it CORRUPT and trying the previous checkpoint", e)
-            skipped.append(f"step-{entry.step}")
-            reasons.append(str(e))
-            continue
+            if sources and memory is not None:
+                # the copy in memory, not the checkpoint, may be what is bad: drop it, read the files
+                memory.drop(sources)
+                log.warning("%s (read from this node's memory); dropped the copy and reading step-%d from the "
+                            "file system", e, entry.step)
+                try:
+                    session = _open(entry.path, manifest, layout, units, wanted, {}, into=into,
+                                    device=device, threads=threads, direct_io=direct_io)
+                except CheckpointCorrupt as again:
+                    e, session = again, None
+            if session is None:
+                fmt.mark_corrupt(entry.path, str(e))
+                log.warning("%s; marked it CORRUPT and trying the previous checkpoint", e)
+                skipped.append(f"step-{entry.step}")
+                reasons.append(str(e))
+                continue
         except BaseException:
             if session is not None:
                 session.close()
@@ -78,20 +92,50 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
         session.fallbacks = tuple(reasons)
         if apply_rng:
             session.apply_rng()
-        log.info("checkpoint: restoring step-%d (%s ready in %.2f s; %d units streaming)%s", session.step,
-                 ", ".join(wanted) or "nothing critical", time.monotonic() - session.started,
+        log.info("checkpoint: restoring step-%d from %s (%s ready in %.2f s; %d units streaming)%s", session.step,
+                 session.source, ", ".join(wanted) or "nothing critical", time.monotonic() - session.started,
                  len(units) - len(wanted), f"; skipped {', '.join(skipped)}" if skipped else "")
         return session
     raise CheckpointError(f"checkpoint: couldn't restore from {root}: every complete checkpoint is corrupt "
                           f"({', '.join(skipped)}; see the CORRUPT file in each)")
 
 
-def _check_files(path: Path, manifest: fmt.Manifest) -> None:
-    for shard in manifest.shards.values():
+def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[fmt.Unit], wanted: list[str],
+          sources: dict[str, Path], *, into: Mapping[str, Mapping[str, Any]] | None, device: torch.device | str,
+          threads: int, direct_io: bool) -> Restore:
+    """A session whose critical units are in memory (all units when some come from the memory tier:
+    reading them is fast, and a bad copy must be found before training starts on it)."""
+    _check_files(path, manifest, sources)
+    session = Restore(path, manifest, layout, units=units, into=into or {}, device=torch.device(device),
+                      threads=threads, direct_io=direct_io, sources=sources)
+    try:
+        needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces}
+        if sources:
+            session.source = "memory" if needed <= set(sources) else "memory and file system"
+        session.wait(session.units if sources else wanted)
+        early = session.hand_out()
+        if isinstance(early, CheckpointCorrupt):
+            raise early   # found while the critical units loaded: still time to fall back
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
+def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: list[fmt.Unit]) -> dict[str, Path]:
+    """The shards this rank reads that its node's memory holds a copy of."""
+    if memory is None:
+        return {}
+    needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces}
+    return {shard: path for shard, path in memory.sources(manifest).items() if shard in needed}
+
+
+def _check_files(path: Path, manifest: fmt.Manifest, sources: Mapping[str, Path] | None = None) -> None:
+    for name, shard in manifest.shards.items():
         if shard.file is None:
             continue
         try:
-            st = os.lstat(path / shard.file)
+            st = os.lstat((sources or {}).get(name) or path / shard.file)
         except FileNotFoundError as e:
             raise CheckpointCorrupt(f"checkpoint: {path.name}: {shard.file} is missing") from e
         if not stat.S_ISREG(st.st_mode):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import click
 
@@ -24,4 +25,19 @@ def serve() -> None:
     if not job or not node:
         raise ConfigError("standby: couldn't start: SLURM_JOB_ID or SLURMD_NODENAME not set (run it with srun)")
     folder = private_dir(standby_dir(job))
+
+    def stop(_signum: int, _frame: object) -> None:
+        # the job's end (the supervisor stops its standbys, or Slurm its steps): free its memory tier here
+        from pathlib import Path
+
+        from slurm_omni.checkpoint.memtier import DEFAULT_DIR, free_job
+
+        base = Path(os.environ.get("OMNI_MEMORY_DIR") or DEFAULT_DIR)
+        try:
+            free_job(job, base=base)
+        finally:
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     run_server(socket_path(folder, job, node))

@@ -83,9 +83,13 @@ class CheckpointSite:
     root: Path
     """Shared storage that every node mounts; each job writes under ``root/<user>/<job name>``
     (0700 folders of the user's, docs/deployment.md)."""
+    memory_gib: float | None = None
+    """The most a job keeps in the memory tier (``/dev/shm``) per node; None: what the tmpfs holds."""
 
     def __post_init__(self) -> None:
         _check_absolute("checkpoint.root", self.root)
+        if self.memory_gib is not None and not self.memory_gib >= 0:
+            raise ConfigError(f"checkpoint: memory_gib = {self.memory_gib} (GiB per node, 0 or more)")
 
     def job_dir(self, user: str, name: str) -> Path:
         """A job's checkpoints and heartbeats: per user, so that nobody else can make them first."""

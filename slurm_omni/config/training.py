@@ -209,6 +209,10 @@ class CheckpointCadence:
     """Asynchronous checkpoint every this many global steps; 0 only on signals and at the end."""
     keep_last: int = 3
     """Complete checkpoints kept; older ones are removed by the checkpoint engine."""
+    memory_tier: bool = False
+    """Also keep each rank's shard of the two newest checkpoints in node-local shared memory and restore
+    from there where a rank's node holds it (docs/checkpoint.md, "The memory tier"); in-allocation jobs
+    only (their standby frees it at the job's end). The site's ``[checkpoint] memory_gib`` caps it."""
 
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.keep_last < 1:

@@ -47,6 +47,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import memtier
 from slurm_omni.checkpoint.agree import Loaded, restore_agreed
 from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, SaveResult
 from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
@@ -210,7 +211,7 @@ class Checkpointer:
         self.engine = CheckpointEngine(
             CheckpointConfig(root=root or layout.ckpt_dir, keep_last=keep_last, load_order=tuple(self.modules),
                              critical=self.critical, incarnation=f"{layout.job_id}.{layout.incarnation}",
-                             incarnation_number=layout.incarnation),
+                             incarnation_number=layout.incarnation, **memtier.from_env()),
             shard_layout(layout))
         self.last_step: int | None = None
         """Newest step saved or being saved."""

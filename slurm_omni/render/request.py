@@ -237,8 +237,17 @@ def _job_env(job: JobFile, site: SiteConfig, job_file: Path, plans: Sequence[Sta
         "OMNI_METRICS_DIR": str(site.manager.metrics_for(owner) / job.job.name),
         "OMNI_HEARTBEAT_INTERVAL": f"{site.detection.heartbeat_interval_s:g}",
         "OMNI_MAX_STEPS": str(job.training.max_steps),
+        **_memory_env(job, site),
         **user,
     }
+
+
+def _memory_env(job: JobFile, site: SiteConfig) -> dict[str, str]:
+    """The memory tier's switch and cap (checkpoint/memtier.py), only where the job turns it on."""
+    if not job.training.checkpoint.memory_tier:
+        return {}
+    cap = site.checkpoint.memory_gib
+    return {"OMNI_MEMORY_TIER": "1", **({"OMNI_MEMORY_GIB": f"{cap:g}"} if cap is not None else {})}
 
 
 def _quoted_env(env: dict[str, str]) -> list[tuple[quoting.Quoted, quoting.Quoted]]:

@@ -147,6 +147,7 @@ def _become_trainer(hello: dict[str, object], fds: list[int], srv: socket.socket
             os._exit(2)
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in env.items()})
+        os.environ["OMNI_MEMORY_KEEPER"] = str(os.getppid())   # this server frees the memory tier at the end
         os.chdir(str(hello["cwd"]))
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)

@@ -1,0 +1,278 @@
+"""The memory tier: each rank's shard of a recent step kept in node-local shared memory, so that a
+restart on the same node reads it from memory instead of the shared file system.
+
+Opt-in (``CheckpointConfig.memory_tier``). Layout, on a tmpfs (``/dev/shm``)::
+
+    /dev/shm/omni-<uid>/                         0700, ours (checked)
+        <job id>/                                0700, ours (checked): the job's objects, freed at its end
+            step-120.rank-00003.<incarnation>.h5  0600: a byte copy of rank 3's shard file of step 120
+
+The copy is published by the persist thread once the shard file is written and fsynced (it comes from
+the page cache: one memcpy in the kernel; nothing more blocks training), first under a ``.partial``
+name, then renamed after checking the root's fence: an older incarnation publishes nothing once a
+newer one started (``fence.py``). Its name carries the incarnation that wrote it, so two incarnations
+never write one path, and a restore uses a copy only when that incarnation is the one that committed
+the step on the file system (the manifest's): the manifest, the fence and the agreement stay those of
+the file system tier; only the shard bytes come from memory, and they are checked by the same per-tensor
+xxh3 as from the files (``restore.open_restore`` falls back to the files, one line, on any mismatch).
+
+A per-node cap (``memory_cap_bytes``) and a full tmpfs each give one line and leave that step to the
+file system. ``free_job`` removes the job's folder: the standby server calls it when it is stopped
+at the job's end (``cli/standby.py``).
+
+This is the seam for a second, remote source (a peer's memory): ``sources`` answers, per shard, a
+path that the reader opens; a peer copy would be fetched into this folder (or read from a socket by a
+reader of its own) and verified the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.fence import fenced_by
+from slurm_omni.errors import CheckpointError
+from slurm_omni.ownership import NotOwnedError, ensure_own_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIR = Path("/dev/shm")
+PARTIAL = ".partial"
+_COPY = 64 << 20
+_NAME = re.compile(r"^step-(\d+)\.(rank-\d{5})\.(.+)\.h5$")
+
+
+KEEPER_ENV = "OMNI_MEMORY_KEEPER"
+"""Set by the process that frees the job's memory tier at its end (the standby server) in each trainer
+it starts: without one, nothing would free it, so the tier stays off."""
+
+
+def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The memory tier's ``CheckpointConfig`` settings from the job's environment: ``OMNI_MEMORY_TIER=1``
+    turns it on where a keeper runs (``OMNI_MEMORY_KEEPER``), ``OMNI_MEMORY_GIB`` caps it per node,
+    ``OMNI_MEMORY_DIR`` moves it off /dev/shm."""
+    env = os.environ if env is None else env
+    if env.get("OMNI_MEMORY_TIER", "") not in ("1", "true", "yes"):
+        return {}
+    if not env.get(KEEPER_ENV):
+        log.warning("checkpoint: memory tier off: no process on this node frees it at the job's end "
+                    "(it runs with the in-allocation standby)")
+        return {}
+    out: dict[str, Any] = {"memory_tier": True}
+    gib = env.get("OMNI_MEMORY_GIB", "")
+    if gib:
+        try:
+            out["memory_cap_bytes"] = int(float(gib) * 2**30)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint: couldn't read OMNI_MEMORY_GIB: {gib!r} (GiB per node, "
+                                  f"a number)") from e
+    if env.get("OMNI_MEMORY_DIR"):
+        out["memory_dir"] = Path(env["OMNI_MEMORY_DIR"])
+    return out
+
+
+def job_dir(base: Path, job: str) -> Path:
+    return base / f"omni-{os.geteuid()}" / fmt.safe_name(job)
+
+
+class MemoryTier:
+    """This process's view of the node's memory tier for one job."""
+
+    def __init__(self, job: str, *, base: Path = DEFAULT_DIR, cap_bytes: int | None = None, keep: int = 2) -> None:
+        if not job:
+            raise CheckpointError("checkpoint: couldn't use the memory tier: no job id (set memory_job or SLURM_JOB_ID)")
+        if cap_bytes is not None and cap_bytes < 0:
+            raise CheckpointError(f"checkpoint: memory cap = {cap_bytes} bytes (0 or more)")
+        if keep < 1:
+            raise CheckpointError(f"checkpoint: memory tier keep = {keep} (at least 1)")
+        self.base = base
+        self.job = job
+        self.cap_bytes = cap_bytes
+        self.keep = keep
+        self.path = job_dir(base, job)
+        self._said: set[str] = set()
+        try:
+            ensure_own_dir(self.path, below=base, what="checkpoint memory tier")
+        except NotOwnedError as e:
+            raise CheckpointError(str(e)) from e
+
+    # -- publishing -----------------------------------------------------------------------------------
+
+    def publish(self, shard_file: Path, *, step: int, rank: int, incarnation: str, root: Path | None = None,
+                number: int | None = None) -> Path | None:
+        """Copy ``shard_file`` (this rank's shard of ``step``, written and durable) into the tier; the
+        copy's path, or None when it was not kept (fenced, over the cap, no room: one line each)."""
+        shard = fmt.shard_name(rank)
+        final = self.path / f"step-{step}.{shard}.{fmt.safe_name(incarnation)}.h5"
+        partial = final.with_name(final.name + PARTIAL)
+        try:
+            src = os.open(shard_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            self._say("open", f"checkpoint: couldn't keep step {step} in memory: {shard_file}: {e.strerror}")
+            return None
+        try:
+            size = os.fstat(src).st_size
+            self._retire(shard, step)
+            if not self._fits(step, size):
+                return None
+            dst = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.fchmod(dst, 0o600)
+                _copy(src, dst, size)
+            finally:
+                os.close(dst)
+        except OSError as e:
+            _unlink(partial)
+            if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+                self._say("full", f"checkpoint: couldn't keep step {step} in memory: {self.base} is full "
+                                  f"({size / 2**30:.2f} GiB for this shard); the file system has it")
+            else:
+                self._say("copy", f"checkpoint: couldn't keep step {step} in memory: {e}; the file system has it")
+            return None
+        finally:
+            os.close(src)
+        fence = fenced_by(root, number) if root is not None else None
+        if fence is not None:
+            _unlink(partial)
+            log.warning("checkpoint: step %d of incarnation %s not kept in memory: incarnation %d started since",
+                        step, number, fence.incarnation)
+            return None
+        os.replace(partial, final)
+        return final
+
+    def _fits(self, step: int, size: int) -> bool:
+        if self.cap_bytes is not None:
+            used = self.used_bytes()
+            if used + size > self.cap_bytes:
+                self._say("cap", f"checkpoint: couldn't keep step {step} in memory: {(used + size) / 2**30:.2f} GiB "
+                                 f"on this node would pass the cap of {self.cap_bytes / 2**30:.2f} GiB "
+                                 f"(raise [checkpoint] memory_gib); the file system has it")
+                return False
+        try:
+            vfs = os.statvfs(self.path)
+        except OSError:
+            return True
+        if vfs.f_bavail * vfs.f_frsize < size:
+            self._say("full", f"checkpoint: couldn't keep step {step} in memory: {self.base} has "
+                              f"{vfs.f_bavail * vfs.f_frsize / 2**30:.2f} GiB free, the shard needs "
+                              f"{size / 2**30:.2f}; the file system has it")
+            return False
+        return True
+
+    def used_bytes(self) -> int:
+        total = 0
+        for entry in os.scandir(self.path):
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+        return total
+
+    def _retire(self, shard: str, step: int) -> None:
+        """Leave room for ``step``: this rank's copies of all but the ``keep - 1`` newest older steps go,
+        and any partial copy of its own (a crash mid-copy)."""
+        mine: list[tuple[int, str]] = []
+        for name in os.listdir(self.path):
+            if name.endswith(PARTIAL) and f".{shard}." in name:
+                _unlink(self.path / name)
+                continue
+            m = _NAME.match(name)
+            if m and m.group(2) == shard:
+                mine.append((int(m.group(1)), name))
+        steps = sorted({s for s, _ in mine if s < step}, reverse=True)[:self.keep - 1]
+        for s, name in mine:
+            if s not in steps:
+                _unlink(self.path / name)
+
+    # -- restoring ------------------------------------------------------------------------------------
+
+    def sources(self, manifest: fmt.Manifest) -> dict[str, Path]:
+        """The shards of ``manifest`` this node holds a sound-looking copy of: written by the incarnation
+        that committed the step, ours, 0600, a regular file of the recorded size. Their bytes are checked
+        by the reader, tensor by tensor."""
+        found: dict[str, Path] = {}
+        uid = os.geteuid()
+        for name, shard in manifest.shards.items():
+            if shard.file is None:
+                continue
+            path = self.path / f"step-{manifest.step}.{name}.{fmt.safe_name(manifest.incarnation)}.h5"
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
+                self._say("mode", f"checkpoint: not reading {path}: not a 0600 file of uid {uid}")
+                continue
+            if st.st_size != shard.file_bytes:
+                self._say("size", f"checkpoint: not reading {path}: {st.st_size} bytes, the shard has "
+                                  f"{shard.file_bytes}")
+                continue
+            found[name] = path
+        return found
+
+    def drop(self, paths: dict[str, Path]) -> None:
+        for path in paths.values():
+            _unlink(path)
+
+    def _say(self, kind: str, line: str) -> None:
+        """One warning per kind of trouble; later ones only at debug (a cap or a full tmpfs each step)."""
+        log.log(logging.DEBUG if kind in self._said else logging.WARNING, "%s", line)
+        self._said.add(kind)
+
+
+def free_job(job: str, *, base: Path = DEFAULT_DIR) -> int:
+    """Remove the job's folder of the memory tier on this node (ours only); the bytes freed."""
+    path = job_dir(base, job)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        log.warning("checkpoint: not freeing %s: not a folder of ours", path)
+        return 0
+    freed = 0
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(fd):
+            try:
+                freed += os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
+                os.unlink(name, dir_fd=fd)
+            except IsADirectoryError:
+                log.warning("checkpoint: left %s/%s (a folder: nothing the tier writes)", path, name)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError as e:
+        log.warning("checkpoint: couldn't remove %s: %s", path, e.strerror)
+    return freed
+
+
+def _copy(src: int, dst: int, size: int) -> None:
+    at = 0
+    while at < size:
+        try:
+            n = os.sendfile(dst, src, at, min(_COPY, size - at))
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                raise
+            n = os.write(dst, os.pread(src, min(_COPY, size - at), at))
+        if n == 0:
+            raise OSError(errno.EIO, f"the shard file ended at {at} of {size} bytes")
+        at += n
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
