@@ -14,6 +14,9 @@ turns so that the page cache and the allocator see the same history. Bars (from 
   persist throughput       >= 0.8 x a raw write + fsync of the same bytes to the same disk
   time to training start   <= 0.35 x a full restore (critical set <= 1/4 of the bytes)
   full restore throughput  >= 0.9 x a raw read of the same files (warm page cache, and cold; issue 13)
+  memory restore           >= 0.9 x a warm memcpy of the same bytes (issue 22: the node's own copy in
+                           /dev/shm, checked by the same xxh3; also shown against one preadv of the
+                           /dev/shm copies, the least work that gets those bytes out)
 
 "Cold" drops the files' pages with posix_fadvise(DONTNEED) before each read (the pages are clean after
 fsync), for the raw read and the restore alike. The raw read is one buffered ``preadv`` per file into
@@ -58,7 +61,7 @@ from typing import Any
 
 import torch
 
-from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardState
+from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardState, memtier
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.fsio import fsync_dir
 
@@ -291,7 +294,61 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         reader.close()
         return start, full
 
-    memcpy(), dcp_save(-1), omni_save()   # warm-up: allocator, thread pools, first-call costs
+    # -- the memory tier (issue 22): the same saves kept in /dev/shm too, restored from there -----------
+    mem_job = f"bench-{os.getpid()}"
+    mem_root = work / "omni-mem"
+    mem_engine = CheckpointEngine(CheckpointConfig(root=mem_root, keep_last=1, load_order=tuple(SHARES),
+                                                   memory_tier=True, memory_job=mem_job))
+    mem_engine.prepare(state)
+    mem_step = [0]
+
+    def mem_save() -> tuple[float, float]:
+        mem_step[0] += 1
+        result = mem_engine.save(mem_step[0], state)
+        stats = result.persisted.result()
+        return result.blocking_s, stats.persist_s
+
+    def mem_copies() -> list[Path]:
+        return sorted(memtier.job_dir(memtier.DEFAULT_DIR, mem_job).glob(f"step-{mem_step[0]}.*.h5"))
+
+    def raw_shm_read() -> float:
+        """The least work that gets the same bytes out of /dev/shm: one preadv per copy (the kernel's
+        memcpy from the tmpfs pages) into the touched buffer, no checksum, one thread."""
+        t = time.perf_counter()
+        at = 0
+        for f in mem_copies():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                done = 0
+                while done < size:
+                    n = os.preadv(fd, [read_view[at + done:at + size]], done)
+                    if n <= 0:
+                        break
+                    done += n
+            finally:
+                os.close(fd)
+            at += size
+        return time.perf_counter() - t
+
+    def mem_restore() -> tuple[float, str]:
+        reader = CheckpointEngine(CheckpointConfig(root=mem_root, memory_tier=True, memory_job=mem_job))
+        c = cpu_s()
+        t = time.perf_counter()
+        session = reader.restore(into=into, apply_rng=False)
+        if session is None:
+            raise SystemExit("bench: nothing to restore from memory")
+        session.wait()
+        sync(device)
+        full = time.perf_counter() - t
+        add("memory_restore_cpu_s", cpu_s() - c)
+        source = session.source
+        session.close()
+        reader.close()
+        return full, source
+
+    memcpy(), dcp_save(-1), omni_save(), mem_save()   # warm-up: allocator, thread pools, first-call costs
+    mem_sources: set[str] = set()
     for i in range(args.repeat):
         add("memcpy_s", memcpy())
         add("dcp_blocking_s", dcp_save(i))
@@ -309,7 +366,17 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             add(f"full_restore_{tag}_s", full)
             start, _ = omni_restore(cold, CRITICAL)
             add(f"train_start_{tag}_s", start)
+        blocking, persist_s = mem_save()
+        add("save_blocking_memtier_s", blocking)
+        add("persist_memtier_s", persist_s)
+        add("raw_shm_read_s", raw_shm_read())
+        full, source = mem_restore()
+        add("memory_restore_s", full)
+        mem_sources.add(source)
     engine.close()
+    mem_engine.close()
+    mem_bytes = sum(f.stat().st_size for f in mem_copies())
+    memtier.free_job(mem_job)
     med = {k: statistics.median(v) for k, v in rows.items()}
     file_bytes = sum(f.stat().st_size for f in shard_files(fmt.step_dir(root, step[0])))
     ratios: list[tuple[str, float, str, float]] = [
@@ -326,12 +393,17 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ]
     ratios.append(("full restore / raw O_DIRECT read (cold)",
                    med["raw_read_direct_cold_s"] / med["full_restore_cold_s"], "", 0.0))
+    ratios += [
+        ("memory restore / warm memcpy", med["memcpy_s"] / med["memory_restore_s"], ">=", 0.9),
+        ("memory restore / raw read of /dev/shm", med["raw_shm_read_s"] / med["memory_restore_s"], "", 0.0),
+        ("memory restore / full restore (warm)", med["full_restore_warm_s"] / med["memory_restore_s"], "", 0.0),
+    ]
     for tag in ("warm", "cold"):
         ratios.append((f"raw read CPU s / full restore CPU s ({tag})",
                        med[f"raw_read_{tag}_cpu_s"] / med[f"full_restore_{tag}_cpu_s"], "", 0.0))
     print(f"\n{'figure':<28}{'median s':>10}{'GiB/s':>8}   all runs")
     for k, v in med.items():
-        size = file_bytes if "read" in k or "restore" in k else total
+        size = mem_bytes if "shm" in k or "memory" in k else file_bytes if "read" in k or "restore" in k else total
         rate = f"{size / 2**30 / v:8.2f}" if "train_start" not in k and "cpu" not in k else f"{'':>8}"
         print(f"{k:<28}{v:>10.4f}{rate}   {', '.join(f'{x:.4f}' for x in rows[k])}")
     print(f"{'dcp first call (s)':<28}{dcp_first[0]:>10.4f}")
@@ -343,6 +415,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             continue
         ok = value <= bar if op == "<=" else value >= bar
         print(f"{name:<46}{value:>8.3f}   {op} {bar}  {'PASS' if ok else 'MISS'}")
+    print(f"\nper-step snapshot (blocking) {med['save_blocking_s']:.4f} s, with the memory tier "
+          f"{med['save_blocking_memtier_s']:.4f} s (the copy into /dev/shm is the persist thread's: "
+          f"{med['persist_memtier_s']:.3f} s against {med['persist_s']:.3f}); memory restores read from "
+          f"{', '.join(sorted(mem_sources))}")
     print(f"\nrestore bytes by path: {', '.join(f'{k} {v / 2**30:.2f} GiB' for k, v in read_paths.items())}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return {"device": device, "torch": torch.__version__, "bytes": total, "tensors": n_tensors,
