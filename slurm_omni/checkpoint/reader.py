@@ -227,8 +227,8 @@ class Restore:
                         lo, hi = spans.get(p.shard, (p.offset, p.offset + p.nbytes))
                         spans[p.shard] = (min(lo, p.offset), max(hi, p.offset + p.nbytes))
             for shard, (lo, hi) in spans.items():
-                if self._files.direct(shard):
-                    continue   # WILLNEED would fill the page cache behind the direct reads' back
+                if shard in self._files.sources or self._files.direct(shard):
+                    continue   # in memory already; or WILLNEED would fill the page cache behind the direct reads' back
                 if self._closed or self._error is not None:
                     return
                 try:
