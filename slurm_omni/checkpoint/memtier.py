@@ -50,8 +50,9 @@ _NAME = re.compile(r"^step-(\d+)\.(rank-\d{5})\.(.+)\.h5$")
 
 
 KEEPER_ENV = "OMNI_MEMORY_KEEPER"
-"""Set by the process that frees the job's memory tier at its end (the standby server) in each trainer
-it starts: without one, nothing would free it, so the tier stays off."""
+"""Set in a trainer's environment where a process frees the job's memory tier at its end: the standby
+client sets it (the supervisor runs a standby server on every node, which frees it when stopped).
+Without one, nothing would free it, so the tier stays off."""
 
 
 def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:

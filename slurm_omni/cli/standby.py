@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 
 import click
 
@@ -26,18 +25,13 @@ def serve() -> None:
         raise ConfigError("standby: couldn't start: SLURM_JOB_ID or SLURMD_NODENAME not set (run it with srun)")
     folder = private_dir(standby_dir(job))
 
-    def stop(_signum: int, _frame: object) -> None:
-        # the job's end (the supervisor stops its standbys, or Slurm its steps): free its memory tier here
+    def stop() -> None:
+        # the job's end (the supervisor stops its standbys with SIGUSR2, Slurm a step with SIGTERM):
+        # free the job's memory tier on this node (checkpoint/memtier.py)
         from pathlib import Path
 
         from slurm_omni.checkpoint.memtier import DEFAULT_DIR, free_job
 
-        base = Path(os.environ.get("OMNI_MEMORY_DIR") or DEFAULT_DIR)
-        try:
-            free_job(job, base=base)
-        finally:
-            os._exit(0)
+        free_job(job, base=Path(os.environ.get("OMNI_MEMORY_DIR") or DEFAULT_DIR))
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    run_server(socket_path(folder, job, node))
+    run_server(socket_path(folder, job, node), on_stop=stop)

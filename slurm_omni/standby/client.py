@@ -58,6 +58,9 @@ def main(argv: list[str]) -> int:
     path, args = (node_socket() if argv[0] == "node" else argv[0]), argv[2:]
     # when srun started this task: the trainer writes it into its first metrics line (startup times)
     os.environ["OMNI_TASK_STARTED_AT"] = repr(time.time())
+    # this node's standby server (the supervisor starts one per node, this task runs with or without it)
+    # frees the job's memory tier at the job's end: the trainer may keep one (checkpoint/memtier.py)
+    os.environ["OMNI_MEMORY_KEEPER"] = "standby"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)

@@ -22,6 +22,7 @@ import struct
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,19 @@ def warm_up() -> None:
     elastic.preload()
 
 
-def serve(path: Path, *, ready: Path | None = None) -> None:
+def serve(path: Path, *, ready: Path | None = None, on_stop: Callable[[], None] | None = None) -> None:
+    """``on_stop``: run on SIGUSR2, SIGTERM or SIGINT (the job's end), then the server exits 0; set after
+    the imports, so that nothing they set up replaces it."""
     warm_up()
+    if on_stop is not None:
+        def stop(_signum: int, _frame: object) -> None:
+            try:
+                on_stop()
+            finally:
+                os._exit(0)
+
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
     if path.exists():
         path.unlink()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -147,7 +159,6 @@ def _become_trainer(hello: dict[str, object], fds: list[int], srv: socket.socket
             os._exit(2)
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in env.items()})
-        os.environ["OMNI_MEMORY_KEEPER"] = str(os.getppid())   # this server frees the memory tier at the end
         os.chdir(str(hello["cwd"]))
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)

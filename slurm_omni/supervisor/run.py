@@ -236,8 +236,7 @@ class Supervisor:
             code = self._after(cur, rc)
             if code is not None:
                 self._write_status()
-                for proc in self._standbys:
-                    proc.terminate()
+                self._stop_standbys()
                 return code
 
     def _await_allocation(self) -> bool:
@@ -359,6 +358,20 @@ class Supervisor:
 
     def _jobid(self) -> list[str]:
         return [f"--jobid={self.opts.job_id}"] if self.opts.outside else []
+
+    def _stop_standbys(self) -> None:
+        """SIGUSR2 first (srun forwards it to the task; its SIGTERM kills the step with SIGKILL): each
+        standby frees its node's memory tier of the job and exits; whatever still runs after a few
+        seconds is terminated."""
+        for proc in self._standbys:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 10.0
+        for proc in self._standbys:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.terminate()
 
     def _log_path(self, name: str, *, srun: bool = False) -> str:
         """``NAME.log``: the step's output (its ranks'); ``NAME.srun.log``: srun's own stderr."""
