@@ -98,8 +98,10 @@ class Resume:
     """What the script's ``extra()`` returned at save time (None when it gave none)."""
     draws_ahead: int | None = None
     """How many draws the saving script was ahead of its steps (``elastic/draws.py``; None: unknown)."""
-    source: str = ""
+    folder: str = ""
     """The checkpoint folder it came from."""
+    source: str = "file system"
+    """Where this rank's bytes came from: "memory" (its node's memory tier), "file system", or both."""
 
     def accumulation(self, global_batch_size: int, micro_batch_size: int) -> int:
         """Micro-batches per replica per step now, keeping the global batch."""
@@ -289,9 +291,9 @@ class Checkpointer:
                                 rank=self.layout.rank)
         if resume is not None:
             self.last_step = self.last_persisted_step = resume.step
-            log.info("checkpoint: rank %d restored step-%d (data-parallel size %d, was %d) in %.2fs",
-                     self.layout.rank, resume.step, resume.data_parallel_size, resume.previous_data_parallel_size,
-                     resume.load_s)
+            log.info("checkpoint: rank %d restored step-%d from %s (%s; data-parallel size %d, was %d) in %.2fs",
+                     self.layout.rank, resume.step, resume.folder, resume.source, resume.data_parallel_size,
+                     resume.previous_data_parallel_size, resume.load_s)
         return resume
 
     def _restore(self, bound: int | None, t0: float) -> Loaded[Resume] | None:
@@ -331,7 +333,8 @@ class Checkpointer:
                                            data_parallel_size=self.layout.data_parallel_size, layout_changed=changed,
                                            load_s=time.monotonic() - t0, extra=saved.get("extra"),
                                            draws_ahead=saved.get("draws_ahead"),
-                                           source=str(fmt.step_dir(self.engine.config.root, session.step))),
+                                           folder=str(fmt.step_dir(self.engine.config.root, session.step)),
+                                           source=session.source),
                       session.fallbacks)
 
     def _object_state(self, name: str, own: dict[str, Any] | None, states: list[dict[str, Any]], step: int) -> Any:

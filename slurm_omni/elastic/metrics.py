@@ -55,7 +55,7 @@ class MetricsLog:
             open(self.trace_path, "a", buffering=1) if trace else None)  # noqa: SIM115
 
     def log_step(self, values: Mapping[str, float | int | None], *,
-                 line_only: Mapping[str, float | None] | None = None) -> None:
+                 line_only: Mapping[str, float | str | None] | None = None) -> None:
         """One line; ``line_only`` values go into the line but not into the textfile's gauges (the
         startup times of a life, on its first line)."""
         record = {"time": time.time(), **self.labels, **values, **(line_only or {})}

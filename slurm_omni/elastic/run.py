@@ -137,7 +137,7 @@ class Run:
         """Wall time of the last step :meth:`step_done` reported (from the end of the step before, or
         from the restore): what the heartbeat's ``step_time_s`` averages."""
         self._last_times: tuple[float, float] = (0.0, 0.0)
-        self._startup: dict[str, float | None] = {
+        self._startup: dict[str, float | str | None] = {
             "task_started_at": _env_time("OMNI_TASK_STARTED_AT"), "groups_ready_at": groups_ready_at}
         """The life's startup times, written once into its first metrics line (:meth:`log_metrics`)."""
         self.step_delay_s = float(os.environ.get("OMNI_STEP_DELAY_S") or 0.0)
@@ -176,8 +176,8 @@ class Run:
         if resume is not None:
             self.draws.resumed(resume.draws_ahead)
             if self.layout.rank == 0:
-                print(f"elastic: job {self.layout.job_name}: resumed from step {resume.step} ({resume.source}, "
-                      f"data-parallel size {resume.previous_data_parallel_size} -> {resume.data_parallel_size}) "
+                print(f"elastic: job {self.layout.job_name}: resumed from step {resume.step} ({resume.folder}, "
+                      f"read from {resume.source}, data-parallel size {resume.previous_data_parallel_size} -> {resume.data_parallel_size}) "
                       f"in {time.monotonic() - started:.2f} s, incarnation {self.layout.incarnation}",
                       file=sys.stderr, flush=True)
         # ready to train: the first beat in "training" says the step it resumes from (the step
@@ -186,6 +186,8 @@ class Run:
                               last_checkpoint_step=self._ckpt().last_persisted_step)
         self._step_started = time.monotonic()
         self._startup["restored_at"] = time.time()
+        if resume is not None:
+            self._startup["restore_source"] = resume.source
         return self.step
 
     def _min_over_ranks(self, value: int) -> int:

@@ -21,7 +21,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -65,6 +65,9 @@ class MetricsLine(msgspec.Struct, frozen=True, kw_only=True):
     restored_at: _Seconds | None = None
     """...and its checkpoint restored (all ranks agreed on the step). Recovery benchmarks split a
     relaunch's time with them."""
+    restore_source: Literal["memory", "file system", "memory and file system"] | None = None
+    """First line of a life that restored: where this rank's checkpoint bytes came from (its node's
+    memory tier, docs/checkpoint.md, or the file system)."""
 
 
 _AT = re.compile(r"^(?P<what>.*?) - at `\$\.(?P<key>[^`]*)`$")
