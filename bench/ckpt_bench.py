@@ -42,6 +42,17 @@ Figures on the 2-core shared machine (1 GiB, 400 tensors, ``--repeat 5``, median
   cold: full restore / raw read 0.58-0.83 over seven runs, the restore's own time 0.96-1.39 s (1.31
         before), the raw reads' 0.64-1.09 (buffered) and 0.69-1.12 (O_DIRECT): the disk and the load
         move the raw reads more than anything the restore does.
+
+Memory tier (issue 22; 1 GiB, 400 tensors, ``--repeat 3``, 2026-12-02, the machine shared by 8 sessions):
+  load 8-20: restore from /dev/shm 0.34-0.42 s (2.8 GiB/s), a warm memcpy (torch ``copy_``, two threads)
+        0.16-0.41 s: ratio 0.47 (bar 0.9: MISS); against one ``preadv`` of the same /dev/shm copies 3.4 x
+        faster, against the warm file restore 1.6 x. Blocking per step unchanged (0.35 s with the tier,
+        0.38 without: the copy is the persist thread's). Before the mapped reads (preadv from /dev/shm), 0.25 GiB at load 20: 0.38.
+  Where the time goes (a 1 GiB micro-run at load 8-18): copying and hashing from a mapping of the copy
+  costs what the memcpy does (0.15-0.27 s); ``MAP_POPULATE`` of 1 GiB of 4 KiB pages costs 0.16-0.28 s
+  more, as do the page faults without it: the restore pays for the page tables of a mapping made per
+  process. A tmpfs with huge pages (``huge=within_size``, a site's mount option) would cut that 512-fold;
+  not measured here. Runs at load 100-500 (other sessions) gave 0.12-0.33 and are not figures.
 """
 
 from __future__ import annotations
