@@ -85,13 +85,15 @@ def _name_piece(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:64]
 
 
-def read_bounded(path: Path, limit: int, *, what: str = "", follow: bool = False) -> bytes:
+def read_bounded(path: Path, limit: int, *, what: str = "", follow: bool = False, dir_fd: int | None = None) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them; a symlink (unless
     ``follow``: a path a user named on the command line), a fifo, a folder or a larger file is a
-    ``FileRejected`` naming ``what`` (default: the file's name)."""
+    ``FileRejected`` naming ``what`` (default: the file's name). ``dir_fd``: ``path``'s name is read
+    in that (checked) folder."""
     what = one_line(what or path.name)
     try:
-        fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path.name if dir_fd is not None else path,
+                     os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError as e:
         raise FileRejected(f"couldn't read {what}: no such file") from e
     except OSError as e:
