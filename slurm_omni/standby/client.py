@@ -5,6 +5,11 @@ descriptors) to the node's standby server, which forks an already-imported train
 relays signals to that trainer and exits with its status. When no server answers, it execs
 ``omni ARGS...`` itself (a cold start).
 
+It hands all that only to its own user's server: the socket's folder must be ours and private
+(opened without following links and checked by its descriptor, ``slurm_omni.ownership``, the one
+check every folder goes through), the connection is made through that descriptor, and the server's
+uid (SO_PEERCRED) must be ours. Anything else is one line on the task's stderr and a cold start.
+
 Wire format (one Unix stream connection): the client sends one JSON line ``{"env", "cwd", "argv"}``
 with its three fds attached (SCM_RIGHTS); the server answers ``{"pid": N}\\n`` then, when the trainer
 ends, ``{"status": S}\\n`` (``os.waitpid`` status). The client closing the connection (it was
@@ -18,8 +23,14 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 import time
+from pathlib import Path
+
+# ``python -S``: no site-packages; the package is the folder two above this file (one small import)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from slurm_omni.ownership import NotOwnedError, open_own_dir
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 
@@ -51,6 +62,35 @@ def node_socket() -> str:
                                 f"{os.environ.get('SLURMD_NODENAME', '')}.sock")
 
 
+def _connect(path: str) -> socket.socket | None:
+    """A connection to our own user's server at ``path``; None (after one line when something is not
+    ours) for a cold start."""
+    folder, name = os.path.split(path)
+    if not os.path.lexists(folder or "."):   # no standby on this node
+        return None
+    try:
+        own = open_own_dir(Path(folder or "."), "omni standby client", private=True)
+    except NotOwnedError as e:
+        print(f"{e}; starting cold", file=sys.stderr)
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(own.proc_path(name))
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        sock.close()
+        return None
+    finally:
+        own.close()
+    server_uid = struct.unpack("3i", creds)[1]
+    if server_uid != os.geteuid():
+        sock.close()
+        print(f"omni standby client: couldn't use the standby server at {path}: it runs as uid {server_uid}, "
+              f"not ours ({os.geteuid()}); starting cold", file=sys.stderr)
+        return None
+    return sock
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("omni standby client: usage: client.py SOCKET|node -- OMNI_ARGS...", file=sys.stderr)
@@ -61,12 +101,10 @@ def main(argv: list[str]) -> int:
     # this node's standby server (the supervisor starts one per node, this task runs with or without it)
     # frees the job's memory tier at the job's end: the trainer may keep one (checkpoint/memtier.py)
     os.environ["OMNI_MEMORY_KEEPER"] = "standby"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except OSError:
-        sock.close()
+    sock = _connect(path)
+    if sock is None:
         _cold(args)
+        return 1   # not reached: exec
     hello = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "argv": args}).encode() + b"\n"
     fds = array.array("i", [0, 1, 2])
     sock.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])

@@ -4,9 +4,11 @@ socket; each task of a (re)launched step runs the tiny ``client.py``, which hand
 and file descriptors, and the server forks a trainer that starts with everything imported already
 (about 2.8 s of imports on an idle 2-core machine, far more under load, saved per relaunch).
 
-Only the job's owner may connect: the socket lives in a 0700 folder of ours, and the peer's uid
-(SO_PEERCRED) must be ours. The server does no torch work itself (no threads, no CUDA), so forking it
-is safe; every trainer is a fresh child. A client that goes away (its task was killed) takes its
+Only the job's owner may connect, and only to its own server: the socket lives in a 0700 folder of
+ours (checked by its descriptor, ``slurm_omni.ownership``; a folder another user made first is
+refused with one line and the ranks start cold), and each end checks the other's uid (SO_PEERCRED).
+The server does no torch work itself (no threads, no CUDA), so forking it is safe; every trainer is
+a fresh child. A client that goes away (its task was killed) takes its
 trainer with it (SIGKILL).
 """
 
@@ -25,6 +27,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from slurm_omni.ownership import OwnDir, ensure_dir, open_own_dir
+
 log = logging.getLogger(__name__)
 
 MAX_HELLO = 1 << 20
@@ -35,17 +39,14 @@ def socket_path(folder: Path, job_id: str, node: str) -> Path:
 
 
 def standby_dir(job_id: str) -> Path:
-    """Node-local, one per job and user: ``$TMPDIR/omni-standby-<uid>-<job>`` (0700, checked)."""
+    """Node-local, one per job and user: ``$TMPDIR/omni-standby-<uid>-<job>`` (0700, checked by its
+    descriptor: ``slurm_omni.ownership``)."""
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"omni-standby-{os.geteuid()}-{job_id}"
 
 
-def private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    import stat as stat_mod
-    if not stat_mod.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise PermissionError(f"standby: couldn't use {path}: expected a 0700 folder of uid {os.geteuid()}")
-    return path
+def open_standby_dir(job_id: str, what: str = "standby") -> OwnDir:
+    """The standby folder of ``job_id``, made when missing, ours and private; else one line naming it."""
+    return ensure_dir(standby_dir(job_id), what=what, private=True)
 
 
 def warm_up() -> None:
@@ -62,8 +63,11 @@ def warm_up() -> None:
 
 
 def serve(path: Path, *, ready: Path | None = None, on_stop: Callable[[], None] | None = None) -> None:
-    """``on_stop``: run on SIGUSR2, SIGTERM or SIGINT (the job's end), then the server exits 0; set after
+    """Serve on the socket ``path``, whose folder must be ours and private: bound through the
+    folder's checked descriptor, so a folder swapped after the check is not where we listen.
+    ``on_stop``: run on SIGUSR2, SIGTERM or SIGINT (the job's end), then the server exits 0; set after
     the imports, so that nothing they set up replaces it."""
+    folder = open_own_dir(path.parent, "standby", private=True)
     warm_up()
     if on_stop is not None:
         def stop(_signum: int, _frame: object) -> None:
@@ -74,11 +78,17 @@ def serve(path: Path, *, ready: Path | None = None, on_stop: Callable[[], None] 
 
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
-    if path.exists():
-        path.unlink()
+    try:
+        os.unlink(path.name, dir_fd=folder.fd)
+    except FileNotFoundError:
+        pass
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    os.chmod(path, 0o600)
+    old = os.umask(0o177)
+    try:
+        srv.bind(folder.proc_path(path.name))
+    finally:
+        os.umask(old)
+    folder.close()
     srv.listen(64)
     if ready is not None:
         ready.write_text(str(os.getpid()))

@@ -29,6 +29,7 @@ from typing import Any
 
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
+from slurm_omni.ownership import NotOwnedError
 from slurm_omni.policy.confirm import (
     Decision,
     StepEnded,
@@ -85,6 +86,7 @@ from slurm_omni.slurm.steps import (
 )
 from slurm_omni.slurm.types import Node
 from slurm_omni.standby import through_standby
+from slurm_omni.standby.server import open_standby_dir
 from slurm_omni.supervisor import outside, ports
 from slurm_omni.supervisor.journal import (
     Launch,
@@ -200,6 +202,8 @@ class Supervisor:
         self._ephemeral = ports.ephemeral_range()
         self._end_time: float | None = None
         """Allocation mode: the allocation's time limit (Unix time), read when it started."""
+        self._standby = opts.standby
+        """Ranks start through warm standbys (off when their folder is not ours)."""
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -220,7 +224,8 @@ class Supervisor:
             return EXIT_DONE
         if st.outcome == "fallback":
             return EXIT_FAILED
-        if self.opts.standby:
+        self._standby = self.opts.standby and self._standby_folder_is_ours()
+        if self._standby:
             self._start_standbys()
         if st.current is None:
             nodes, feats, _ = self.slurm.node_info(self.opts.allocation)
@@ -341,6 +346,16 @@ class Supervisor:
         return find_step_process(name, uid=os.getuid(), journaled=journaled,
                                  slurm_steps=lambda: job_step_names(self.runner, self.opts.job_id))
 
+    def _standby_folder_is_ours(self) -> bool:
+        """The standbys' folder on this node is made (or found) ours and private; one that another user
+        made first turns the standbys off for the whole job, in one line: the ranks start cold."""
+        try:
+            open_standby_dir(self.opts.job_id, "supervisor: standby folder").close()
+        except NotOwnedError as e:
+            log.warning("%s; the ranks start cold, without warm standbys", e)
+            return False
+        return True
+
     def _start_standbys(self) -> None:
         """One ``omni standby serve`` step per node (its own srun, so that a lost node ends only its
         own); a restarted supervisor starts only those it does not find running."""
@@ -383,7 +398,7 @@ class Supervisor:
         comps = [StepComponent(k, nodes, self.opts.stages[k].tasks_per_node)
                  for k, nodes in enumerate(cur.layout.components)]
         spank_stage = ",".join(f"{s.name}:{c.ntasks}" for s, c in zip(self.opts.stages, comps, strict=True))
-        command = through_standby(self.opts.command) if self.opts.standby else self.opts.command
+        command = through_standby(self.opts.command) if self._standby else self.opts.command
         argv = step_argv(comps, command, name=name, overlap=True, job_id=self.opts.job_id if self.opts.outside else "",
                          spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt,
                          chdir=str(self.opts.workdir) if self.opts.workdir is not None else "")
