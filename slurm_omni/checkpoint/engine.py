@@ -29,7 +29,7 @@ from slurm_omni.checkpoint.persist import PersistStats, persist
 from slurm_omni.checkpoint.restore import Restore, open_restore
 from slurm_omni.checkpoint.snapshot import HostArena, ShardLayout, ShardState, take
 from slurm_omni.errors import CheckpointError, StorageFull
-from slurm_omni.ownership import NotOwnedError, check_own_dir
+from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,8 @@ class CheckpointEngine:
             except CheckpointError as e:   # the tier is a speed-up: the file system still holds everything
                 log.warning("%s; checkpoints go to the file system only", e)
         try:
-            config.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            check_own_dir(config.root, "checkpoint")   # someone else's folder could hold a planted FENCE
+            # someone else's folder could hold a planted FENCE
+            ensure_own_dir(config.root, what="checkpoint")
         except NotOwnedError as e:
             raise CheckpointError(str(e)) from e
         except OSError as e:

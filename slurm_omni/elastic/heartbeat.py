@@ -38,7 +38,7 @@ from typing import Any
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import MAX_ERROR_CHARS, MAX_METRICS, PHASES, HeartbeatRecord
 from slurm_omni.fsio import write_atomic
-from slurm_omni.ownership import check_own_dir
+from slurm_omni.ownership import ensure_own_dir
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ class Heartbeat:
             self._state["node"] = node
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
-        heartbeat_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_own_dir(heartbeat_dir, "heartbeat")   # the manager trusts only its own user's beats
+        # the manager trusts only its own user's beats, in a folder only they can use
+        ensure_own_dir(heartbeat_dir, what="heartbeat", private=True)
 
     def start(self) -> None:
         self._write()

@@ -13,12 +13,18 @@ textfile collector convention). Replica 0 removes the textfiles of replicas that
 ``<OMNI_METRICS_DIR>/samples-<stage>-<dp_rank>.jsonl`` (with OMNI_TRACE_SAMPLES=1): the sample ids of
 every step, ``{"step", "ids", "dp_rank", "incarnation"}``; ``omni demo`` checks them against a run
 that never failed (every sample once, both stages in step).
+
+The folder goes through the one ownership check (``slurm_omni.ownership``: ours, nobody else can
+write it; made 0755 when missing so that node_exporter can read it) and is held open: every file is
+opened relative to its descriptor without following links, and a file appended to must be a regular
+file of ours with one name. A folder or file another user planted is one line and exit 78.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -29,6 +35,7 @@ from slurm_omni.errors import RuntimeLayoutError
 from slurm_omni.formats import RecordRejected
 from slurm_omni.formats.metrics import check_line, dumps
 from slurm_omni.fsio import write_atomic
+from slurm_omni.ownership import NotOwnedError, ensure_dir
 
 _GAUGE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -37,7 +44,10 @@ class MetricsLog:
     def __init__(self, metrics_dir: Path, *, stage_name: str, stage: int, rank: int, dp_rank: int,
                  dp_size: int, incarnation: int, job_id: str, trace: bool = False,
                  help_text: Mapping[str, str] | None = None) -> None:
-        metrics_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._dir = ensure_dir(metrics_dir, what="metrics", mode=0o755)
+        except NotOwnedError as e:   # exit 78: no restart makes another user's folder ours
+            raise NotOwnedError(f"elastic: {e} (OMNI_METRICS_DIR)") from None
         self.labels = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "incarnation": incarnation}
         self.help = dict(help_text or {})
         self._prom_labels = f'job="{job_id}",rank="{rank}",stage="{stage_name}",dp_rank="{dp_rank}"'
@@ -46,13 +56,20 @@ class MetricsLog:
         self.prom_path = metrics_dir / f"omni-{name}.prom"
         self.trace_path = metrics_dir / f"samples-{name}.jsonl"
         if dp_rank == 0:
-            for old in metrics_dir.glob(f"omni-{stage_name}-*.prom"):
-                suffix = old.stem.rsplit("-", 1)[1]
-                if suffix.isdigit() and int(suffix) >= dp_size:
-                    old.unlink(missing_ok=True)
-        self._jsonl: IO[str] = open(self.jsonl_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
-        self._trace: IO[str] | None = (
-            open(self.trace_path, "a", buffering=1) if trace else None)  # noqa: SIM115
+            for old in os.listdir(self._dir.fd):
+                stem, _, suffix = old.removesuffix(".prom").rpartition("-")
+                if old.endswith(".prom") and stem == f"omni-{stage_name}" and suffix.isdigit() \
+                        and int(suffix) >= dp_size:
+                    os.unlink(old, dir_fd=self._dir.fd)
+        self._jsonl = self._append(self.jsonl_path.name)
+        self._trace = self._append(self.trace_path.name) if trace else None
+
+    def _append(self, name: str) -> IO[str]:
+        try:
+            fd = self._dir.open_append(name)
+        except NotOwnedError as e:
+            raise NotOwnedError(f"elastic: metrics: {e} (someone else put it there: remove it)") from None
+        return open(fd, "a", buffering=1)
 
     def log_step(self, values: Mapping[str, float | int | None], *,
                  line_only: Mapping[str, float | str | None] | None = None) -> None:
@@ -83,12 +100,14 @@ class MetricsLog:
                 continue
             lines += [f"# HELP omni_{key} {self.help.get(key, 'Logged by the training script.')}",
                       f"# TYPE omni_{key} gauge", f"omni_{key}{{{self._prom_labels}}} {float(value)!r}"]
-        write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), mode=0o644, durable=False)
+        write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), mode=0o644, durable=False,
+                     dir_fd=self._dir.fd)
 
     def close(self) -> None:
         self._jsonl.close()
         if self._trace is not None:
             self._trace.close()
+        self._dir.close()
 
 
 def read_jsonl(path: Path) -> list[dict[str, object]]:

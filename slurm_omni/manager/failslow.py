@@ -27,6 +27,7 @@ from slurm_omni.manager.events import HeartbeatRecord
 from slurm_omni.manager.status import FAILSLOW_VERDICT as VERDICT
 from slurm_omni.manager.supervisor_reports import read_status_view, request_outcome, write_request
 from slurm_omni.manager.watch import Watch
+from slurm_omni.ownership import NotOwnedError, ensure_dir, user_folder
 from slurm_omni.policy.cluster_index import ClusterIndex
 from slurm_omni.policy.failslow import (
     Estimate,
@@ -77,6 +78,7 @@ class FailSlowWatch:
         self._prom_text = ""
         self._prom_at = float("-inf")
         self._broken: set[str] = set()
+        self._prom_refused: set[str] = set()
 
     def _job(self, w: Watch) -> FailSlowJob:
         fs = self.jobs.get(w.key)
@@ -292,11 +294,15 @@ class FailSlowWatch:
         text = "\n".join(lines) + "\n"
         if text == self._prom_text:
             return
-        directory = self.m.config.site.manager.metrics_for(self.m.user)
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            write_atomic(directory / PROM_NAME, text.encode(), durable=False)
+        below, directory = user_folder(self.m.config.site.manager.metrics_dir, self.m.user)
+        try:   # node_exporter (another user) reads it: ours, nobody else may write it, 0755
+            with ensure_dir(directory, below=below, what="manager: metrics", mode=0o755) as folder:
+                write_atomic(directory / PROM_NAME, text.encode(), mode=0o644, durable=False, dir_fd=folder.fd)
             self._prom_text = text
+        except NotOwnedError as e:
+            if str(e) not in self._prom_refused:   # once per reason: it is retried every poll
+                self._prom_refused.add(str(e))
+                log.warning("%s", e)
         except OSError as e:
             log.warning("manager: couldn't write %s: %s", directory / PROM_NAME, e)
 
