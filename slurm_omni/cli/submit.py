@@ -18,10 +18,10 @@ from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.config.site import SiteConfig, load_site, site_path
 from slurm_omni.errors import ConfigError, SlurmError
 from slurm_omni.formats.registry import RegisteredTask
-from slurm_omni.ownership import current_user, ensure_own_dir
+from slurm_omni.ownership import current_user, ensure_own_dir, user_folder
 from slurm_omni.render import ArrayJobRequest, HetJobRequest, plan_stages
 from slurm_omni.render.allocation import AllocationRequest, allocation_mode
-from slurm_omni.render.registry import RegistryRecord, register, registered_stages
+from slurm_omni.render.registry import RegistryRecord, open_registry, register, registered_stages
 from slurm_omni.render.request import check_command, training_command
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
     for _, job, _ in loaded:   # before the fence is read: a folder someone else made is never trusted
         ensure_own_dir(site.checkpoint.job_dir(user, job.job.name), below=site.checkpoint.root,
                        what="submit: checkpoint folder")
+    # before sbatch: a job the manager would never read the registration of must not start
+    registry_below, registry = user_folder(site.manager.registry_dir, user)
+    open_registry(registry, below=registry_below).close()
     request = _request(loaded, site, max_parallel, sweep)
     script = request.materialize()
     for path, job, _ in loaded:
@@ -138,7 +141,7 @@ def submit(job_files: tuple[Path, ...], site_file: Path | None, sweep: bool, max
             for i, (p, j, d) in enumerate(loaded)),
         incarnation_base=request.incarnation_base if isinstance(request, HetJobRequest) else 0,
         environment=runner.environment())   # what sbatch gave the job: the manager resubmits with it
-    record = register(site.manager.registry_for(user), registration)
+    record = register(registry, registration, below=registry_below)
     if isinstance(request, HetJobRequest) and allocation:
         proc = _start_supervisor(runner, request, job_id)
         click.echo(f"submitted job {job_id} ({first.job.name}) as an allocation without a batch script; its step "

@@ -45,6 +45,7 @@ from slurm_omni.manager.status import START_FAILURE_VERDICT as START_FAILURE
 from slurm_omni.manager.status import write_timeline
 from slurm_omni.manager.supervisor_reports import read_reports, supervised
 from slurm_omni.manager.watch import Watch, new_watch, restore_watch
+from slurm_omni.ownership import NotOwnedError, ensure_own_dir, user_folder
 from slurm_omni.policy.bad_input import (
     BadInput,
     RankEnd,
@@ -112,7 +113,12 @@ class Manager:
         self.clock = clock
         self.uid = os.geteuid()
         self.user = user_name(self.uid)
-        config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # the registry (when the state is in it) and the state folder, made 0700 and checked: a manager
+        # that made its own registry 0755 refused it on every tick after
+        below, registry = user_folder(config.site.manager.registry_dir, self.user)
+        if config.state_dir.is_relative_to(registry):
+            ensure_own_dir(registry, below=below, what="manager: registry", private=True)
+        ensure_own_dir(config.state_dir, what="manager: state folder", private=True)
         self.journal = Journal(config.journal_path)
         self.poller = Poller(backend, config.poll_interval_s)
         self.actions = Actions(backend, config.site, config.state_dir)
@@ -125,6 +131,8 @@ class Manager:
         self._timeline_dirty = True
         self._barrier_logged: dict[str, float] = {}
         self._supervisor_started: dict[str, float] = {}
+        self._registry_refused = ""
+        """The registry folder's refusal last logged (empty while it is usable)."""
 
     def close(self) -> None:
         self.journal.close()
@@ -199,7 +207,18 @@ class Manager:
 
     # -- registry -------------------------------------------------------------------------------
     def _sync_registry(self, now: float, snap: ClusterSnapshot | None) -> None:
-        for reg in read_registry(self.config.site.manager.registry_for(self.user), uid=self.uid):
+        registry = self.config.site.manager.registry_for(self.user)
+        try:
+            records = read_registry(registry, uid=self.uid)
+        except NotOwnedError as e:   # one line, again only when it changes; the watched jobs go on
+            if str(e) != self._registry_refused:
+                log.error("%s (jobs already watched are still handled; new ones wait)", e)
+                self._registry_refused = str(e)
+            return
+        if self._registry_refused:
+            log.info("manager: registry %s is usable again", registry)
+            self._registry_refused = ""
+        for reg in records:
             try:
                 if reg.kind == "het":
                     self._ensure_watch(reg, None, reg.key, now)

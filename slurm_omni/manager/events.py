@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from slurm_omni.formats.spool import (
     SpoolEvent,
 )
 from slurm_omni.fsio import FileRejected, one_line, read_bounded, write_atomic
+from slurm_omni.ownership import NotOwnedError, ensure_dir
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,7 +59,6 @@ __all__ = [
     "HeartbeatRecord",
     "NodeEvent",
     "SpoolEvent",
-    "check_private_dir",
     "consume",
     "format_node_event",
     "parse_fault_record",
@@ -110,21 +109,6 @@ def parse_heartbeat(data: bytes, what: str = "heartbeat") -> HeartbeatRecord:
 
 # -- spool ------------------------------------------------------------------------------------------
 
-def check_private_dir(path: Path, *, create: bool = False) -> Path:
-    """A spool directory must be ours and 0700: anything else could inject events."""
-    if create:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        raise EventRejected(f"events: couldn't use spool {path}: {e.strerror}") from e
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise EventRejected(f"events: couldn't use spool {path}: expected a directory of uid {os.geteuid()} "
-                            f"with mode 0700, found uid {st.st_uid} mode {stat.S_IMODE(st.st_mode):04o} "
-                            f"(chmod 700 it)")
-    return path
-
-
 def reject(path: Path, reason: str) -> Path:
     """Log ``reason`` in one line and move ``path`` into ``rejected/`` beside it (the newest copy of
     a name wins); where it cannot be moved (``rejected`` is not our folder, say), delete it, so that
@@ -132,14 +116,12 @@ def reject(path: Path, reason: str) -> Path:
     target_dir = path.parent / REJECTED
     target = target_dir / path.name
     try:
-        target_dir.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(target_dir)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(0, f"{target_dir} is not a folder of uid {os.geteuid()}")
-        os.replace(path, target)
-    except OSError as e:
+        with ensure_dir(target_dir, below=path.parent, what="events: rejected", private=True) as rejected:
+            os.replace(path, path.name, dst_dir_fd=rejected.fd)
+    except (NotOwnedError, OSError) as e:
+        why = str(e) if isinstance(e, NotOwnedError) else e.strerror
         log.warning("events: rejected %s: %s (couldn't move it aside: %s; deleted)", one_line(str(path)),
-                    one_line(reason), e.strerror)
+                    one_line(reason), one_line(str(why)))
         try:
             path.unlink(missing_ok=True)
         except OSError:
@@ -150,10 +132,11 @@ def reject(path: Path, reason: str) -> Path:
     return target
 
 
-def _read_one(path: Path, limit: int, parse: Callable[[bytes, str], T]) -> T:
-    """``parse`` of the file at ``path``; every failure, foreseen or not, is one EventRejected."""
+def _read_one(path: Path, limit: int, parse: Callable[[bytes, str], T], dir_fd: int | None = None) -> T:
+    """``parse`` of the file at ``path`` (its name in ``dir_fd``, when given); every failure, foreseen
+    or not, is one EventRejected."""
     try:
-        return parse(read_bounded(path, limit), path.name)
+        return parse(read_bounded(path, limit, dir_fd=dir_fd), path.name)
     except FileRejected as e:
         raise EventRejected(str(e) if str(e).startswith("events:") else f"events: {e}") from None
     except Exception as e:   # a bug in a check must not let one file stop the daemon tick after tick
@@ -167,23 +150,24 @@ _SPOOL_PARSERS: dict[str, tuple[int, Callable[[bytes, str], SpoolEvent]]] = {
 }
 
 
-def scan_spool(spool: Path, *, shared: bool = False) -> list[tuple[Path, SpoolEvent]]:
+def scan_spool(spool: Path, *, shared: bool = False, dir_fd: int | None = None) -> list[tuple[Path, SpoolEvent]]:
     """Valid node events and fault records in ``spool``, oldest first; bad ones are set aside.
     The caller journals each and then calls ``consume``; temporary (dot) files are left alone.
     ``shared``: ``<spool>/nodes``, which is not ours: node events only, and a bad file is skipped
-    with one log line (never moved)."""
+    with one log line (never moved). ``dir_fd``: ``spool`` held open and checked by the caller
+    (``slurm_omni.ownership``): its files are read through it."""
     out: list[tuple[Path, SpoolEvent]] = []
     parsers = {"node-": _SPOOL_PARSERS["node-"]} if shared else _SPOOL_PARSERS
-    for entry in sorted(os.scandir(spool), key=lambda e: e.name):
+    for entry in sorted(os.scandir(spool if dir_fd is None else dir_fd), key=lambda e: e.name):
         if entry.name.startswith(".") or entry.name == REJECTED or (not shared and entry.name == NODES_SUBDIR):
             continue
-        path = Path(entry.path)
+        path = spool / entry.name
         kind = next((k for k in parsers if entry.name.startswith(k)), None)
         try:
             if kind is None or not entry.name.endswith(".json"):
                 raise EventRejected(f"unknown file name (expected {' or '.join(k + '*.json' for k in parsers)})")
             limit, parse = parsers[kind]
-            out.append((path, _read_one(path, limit, parse)))
+            out.append((path, _read_one(path, limit, parse, dir_fd)))
         except EventRejected as e:
             if shared:
                 _skip_once(path, str(e))
@@ -207,19 +191,20 @@ def consume(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def read_heartbeats(heartbeat_dir: Path) -> list[HeartbeatRecord]:
-    """Every rank's current heartbeat; a malformed file is set aside (the rank rewrites it)."""
+def read_heartbeats(heartbeat_dir: Path, *, dir_fd: int | None = None) -> list[HeartbeatRecord]:
+    """Every rank's current heartbeat; a malformed file is set aside (the rank rewrites it).
+    ``dir_fd``: the folder held open and checked by the caller: its files are read through it."""
     out = []
     try:
-        entries = sorted(os.scandir(heartbeat_dir), key=lambda e: e.name)
+        entries = sorted(os.scandir(heartbeat_dir if dir_fd is None else dir_fd), key=lambda e: e.name)
     except FileNotFoundError:
         return []
     for entry in entries:
         if not (entry.name.startswith("rank-") and entry.name.endswith(".json")):
             continue
-        path = Path(entry.path)
+        path = heartbeat_dir / entry.name
         try:
-            out.append(_read_one(path, MAX_HEARTBEAT_BYTES, parse_heartbeat))
+            out.append(_read_one(path, MAX_HEARTBEAT_BYTES, parse_heartbeat, dir_fd))
         except EventRejected as e:
             if not path.exists():   # replaced between scandir and open: the next scan sees it
                 continue

@@ -22,10 +22,10 @@ from slurm_omni.manager.events import (
     FaultRecord,
     HeartbeatRecord,
     SpoolEvent,
-    check_private_dir,
     read_heartbeats,
     scan_spool,
 )
+from slurm_omni.ownership import NotOwnedError, open_own_dir
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 
 log = logging.getLogger(__name__)
@@ -94,9 +94,9 @@ def read_spool(spool: Path, user: str) -> list[SpoolItem]:
     own = spool / user
     if os.path.lexists(own):
         try:
-            check_private_dir(own)
-            items += [SpoolItem(path, event) for path, event in scan_spool(own)]
-        except (EventRejected, OSError) as e:
+            with open_own_dir(own, "events: spool", private=True) as folder:
+                items += [SpoolItem(path, event) for path, event in scan_spool(own, dir_fd=folder.fd)]
+        except (EventRejected, NotOwnedError, OSError) as e:
             _log_once(str(e))
     nodes = spool / NODES_SUBDIR
     if os.path.lexists(nodes):
@@ -130,32 +130,32 @@ def _log_once(message: str) -> None:
 
 def read_job_heartbeats(heartbeat_dir: Path, slurm_job_id: int) -> list[HeartbeatRecord]:
     """Heartbeats of one Slurm job: ranks of earlier incarnations (a larger world before a
-    shrink) stay in the folder and are ignored. The folder must be ours and 0700; one we own that
-    nobody else can write into is tightened to 0700 (the runtime creates it with the umask)."""
+    shrink) stay in the folder and are ignored. They feed failure confirmation and the fail-slow
+    detector, so they are trusted only in a folder of the job's user (ours: each user runs their own
+    manager) that nobody else can use, read through its checked descriptor (slurm_omni.ownership)."""
     if not heartbeat_dir.is_dir():
         return []
     try:
-        st = heartbeat_dir.lstat()
-        if st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o022 and stat.S_IMODE(st.st_mode) & 0o077:
-            heartbeat_dir.chmod(0o700)
-        check_private_dir(heartbeat_dir)
-    except (EventRejected, OSError) as e:
-        _log_once(f"manager: couldn't read heartbeats in {heartbeat_dir}: {e}")
+        with open_own_dir(heartbeat_dir, "manager: heartbeats", private=True) as folder:
+            wanted = str(slurm_job_id)
+            return [hb for hb in read_heartbeats(heartbeat_dir, dir_fd=folder.fd) if hb.job_id == wanted]
+    except (NotOwnedError, OSError) as e:
+        _log_once(str(e) if isinstance(e, NotOwnedError) else f"manager: couldn't read heartbeats in "
+                  f"{heartbeat_dir}: {e.strerror}")
         return []
-    wanted = str(slurm_job_id)
-    return [hb for hb in read_heartbeats(heartbeat_dir) if hb.job_id == wanted]
 
 
 def read_refusal(heartbeat_dir: Path, slurm_job_id: int, incarnation: int) -> str | None:
     """The batch script's one line when it could not start the step (formats/refusal.py), or None.
     Read like a heartbeat: in our own 0700 folder, bounded, no symlink."""
     path = heartbeat_dir / refusal_name(slurm_job_id, incarnation)
+    if not os.path.lexists(path):
+        return None
     try:
-        check_private_dir(heartbeat_dir)
-        return decode_refusal(read_bounded(path, MAX_REFUSAL_BYTES), path.name)
-    except FileRejected as e:
-        if path.exists():
-            _log_once(f"manager: couldn't read {path}: {e}")
+        with open_own_dir(heartbeat_dir, "manager: heartbeats", private=True) as folder:
+            return decode_refusal(read_bounded(path, MAX_REFUSAL_BYTES, dir_fd=folder.fd), path.name)
+    except (FileRejected, NotOwnedError) as e:
+        _log_once(str(e) if isinstance(e, NotOwnedError) else f"manager: couldn't read {path}: {e}")
         return None
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import logging
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from slurm_omni.formats.registry import (
     encode_record,
 )
 from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
+from slurm_omni.ownership import NotOwnedError, OwnDir, ensure_dir
 from slurm_omni.render.request import StagePlan
 
 log = logging.getLogger(__name__)
@@ -63,24 +62,31 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def register(registry_dir: Path, record: RegistryRecord) -> Path:
+def register(registry_dir: Path, record: RegistryRecord, *, below: Path | None = None) -> Path:
     """Write ``record`` atomically (its user and submission time filled in when empty, its
-    environment bounded); returns its path."""
+    environment bounded) into ``registry_dir``, made or found ours and 0700 (``below``: the site's
+    folder above it, ``slurm_omni.ownership.ensure_dir``) and written through its checked
+    descriptor; returns its path."""
     bounded = bounded_environment(record.environment) if record.environment is not None else {}
     record = msgspec.structs.replace(record, user=record.user or getpass.getuser(),
                                      submitted_at=record.submitted_at or _now(),
                                      environment=bounded.get("environment"),
                                      environment_dropped=tuple(bounded.get("environment_dropped", ())))
-    try:
-        registry_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(registry_dir)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-            registry_dir.chmod(0o700)   # the record holds the submitter's environment
-        path = write_atomic(registry_dir / f"{record.job_id}.json", encode_record(record))
+    try:   # the record holds the submitter's environment: a private folder of ours
+        with open_registry(registry_dir, below=below) as folder:
+            path = write_atomic(registry_dir / f"{record.job_id}.json", encode_record(record), dir_fd=folder.fd)
     except OSError as e:
         raise OmniError(f"submit: couldn't register job {record.job_id} in {registry_dir}: "
                         f"{e.strerror} (check manager.registry_dir in the site config)") from e
     return path
+
+
+def open_registry(registry_dir: Path, *, below: Path | None = None) -> OwnDir:
+    """The user's registry folder, made or found ours and 0700; else one line naming it and the fix."""
+    try:
+        return ensure_dir(registry_dir, below=below, what="submit: registry folder", private=True)
+    except NotOwnedError as e:
+        raise NotOwnedError(f"{e} (manager.registry_dir in the site config; the manager would not read it)") from None
 
 
 def read_registrations(registry_dir: Path) -> list[dict[str, Any]]:

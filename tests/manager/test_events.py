@@ -12,6 +12,7 @@ import pytest
 
 from slurm_omni.manager import events
 from slurm_omni.manager.events import EventRejected
+from slurm_omni.ownership import NotOwnedError, check_own_dir, ensure_own_dir
 from slurm_omni.policy.confirm import TaskExit
 from slurm_omni.slurm.types import NodeState
 
@@ -130,7 +131,7 @@ def test_runtime_heartbeat_file_parses(tmp_path: Path) -> None:
 
 
 def private(tmp_path: Path) -> Path:
-    return events.check_private_dir(tmp_path / "spool", create=True)
+    return ensure_own_dir(tmp_path / "spool", private=True)
 
 
 def test_scan_spool_accepts_rejects_and_orders(tmp_path: Path) -> None:
@@ -168,8 +169,8 @@ def test_spool_must_be_private(tmp_path: Path, mode: int) -> None:
     spool = tmp_path / "spool"
     spool.mkdir(mode=0o700)
     spool.chmod(mode)
-    with pytest.raises(EventRejected, match="0700"):
-        events.check_private_dir(spool)
+    with pytest.raises(NotOwnedError, match=r"with mode 0\d\d\d \(expected a directory of uid \d+ that only it can use; chmod 700 it\)"):
+        check_own_dir(spool, "events: spool", private=True)
 
 
 def test_trigger_program_writes_a_valid_event(tmp_path: Path) -> None:
@@ -237,7 +238,7 @@ def test_read_spool_takes_the_users_records_and_everyones_node_events(tmp_path: 
     root.mkdir(mode=0o755)
     assert read_spool(root, "me") == []                         # no record yet: the plugin makes <spool>/me
     assert events.trigger_main([str(root), "down", "n3"]) == 0
-    own = events.check_private_dir(root / "me", create=True)
+    own = ensure_own_dir(root / "me", private=True)
     (own / "fault-43.0-n3-5-1.json").write_bytes(dumps(FAULT))
     items = read_spool(root, "me")
     assert [(i.shared, type(i.event).__name__) for i in items] == [(False, "FaultRecord"), (True, "NodeEvent")]

@@ -19,7 +19,8 @@ from omni_configs import site_toml
 
 from slurm_omni.config.site import load_site
 from slurm_omni.manager.daemon import Manager, ManagerConfig
-from slurm_omni.manager.events import NODES_SUBDIR, REJECTED, check_private_dir, write_event_file
+from slurm_omni.manager.events import NODES_SUBDIR, REJECTED, write_event_file
+from slurm_omni.ownership import ensure_own_dir
 from slurm_omni.render.registry import RegistryRecord, register, registered_stages
 from slurm_omni.render.request import StagePlan
 
@@ -61,7 +62,7 @@ def manager(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         job_sha256=hashlib.sha256(job_file.read_bytes()).hexdigest(), script=None,
         ckpt_dir=site.checkpoint.root / "fuzz", data_parallel_size=1, max_requeues=3, stages=registered_stages(stages)))
     m = Manager(ManagerConfig(site=site, state_dir=tmp / "state", poll_interval_s=3600.0), slurm_cluster.backend())
-    check_private_dir(spool / m.user, create=True)
+    ensure_own_dir(spool / m.user, private=True)
     m.tick(force_poll=True)
     (w,) = m.watches.values()
     w.heartbeat_dir.mkdir(mode=0o700, parents=True)
