@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.checkpoint.format import write_atomic
+from slurm_omni.ownership import ensure_own_dir
 from slurm_omni.policy.in_allocation import StepLayout
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class SupervisorState:
 class SupervisorJournal:
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_own_dir(path.parent, what="supervisor: journal folder", private=True)
         self.state = SupervisorState()
         for rec in self._read():
             self.state.apply(rec)

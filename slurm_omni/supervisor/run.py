@@ -29,7 +29,7 @@ from typing import Any
 
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
-from slurm_omni.ownership import NotOwnedError
+from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 from slurm_omni.policy.confirm import (
     Decision,
     StepEnded,
@@ -365,7 +365,8 @@ class Supervisor:
                 continue
             argv = ["srun", *self._jobid(), f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                     sys.executable, "-m", "slurm_omni.cli.main", "standby", "serve"]   # no PATH needed
-            fd = os.open(self._log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            fd = os.open(self._log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
             try:
                 self._standbys.append(self.runner.spawn(argv, stdout=fd, stderr=fd))
             finally:
@@ -391,7 +392,7 @@ class Supervisor:
     def _log_path(self, name: str, *, srun: bool = False) -> str:
         """``NAME.log``: the step's output (its ranks'); ``NAME.srun.log``: srun's own stderr."""
         folder = self.opts.log_dir or self.journal.path.parent
-        folder.mkdir(parents=True, exist_ok=True)
+        ensure_own_dir(folder, what="supervisor: log folder")
         return str(folder / f"{name}{'.srun' if srun else ''}.log")
 
     def _start(self, cur: Launch, name: str) -> tuple[subprocess.Popen[bytes], StepLog]:
