@@ -75,7 +75,8 @@ def _check_parent(fd: int, path: Path, what: str) -> None:
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid not in (0, os.geteuid()) or (mode & 0o022 and not mode & stat.S_ISVTX):
         raise _refuse(what, path, st, "a folder of root or uid {uid} that nobody else can write, or a sticky one",
-                      "chmod go-w or +t it, or use another folder")
+                      "chmod go-w or +t it, or use another folder" if st.st_uid == os.geteuid()
+                      else "someone else made it: ask the admin to remove it, or use another folder")
 
 
 def _open_at(parent: int, name: str, path: Path, what: str) -> int:
