@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.checkpoint.format import write_atomic
-from slurm_omni.ownership import ensure_own_dir
 from slurm_omni.policy.in_allocation import StepLayout
 
 log = logging.getLogger(__name__)
@@ -132,7 +131,7 @@ class SupervisorState:
 class SupervisorJournal:
     def __init__(self, path: Path) -> None:
         self.path = path
-        ensure_own_dir(path.parent, what="supervisor: journal folder", private=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.state = SupervisorState()
         for rec in self._read():
             self.state.apply(rec)

@@ -184,6 +184,8 @@ class Supervisor:
         self.runner = runner
         self.clock = clock
         life = opts.job_id if not opts.restart_count else f"{opts.job_id}.{opts.restart_count}"
+        # the journal's folder (<ckpt>/supervisor) through the one ownership check before it is written
+        ensure_own_dir(journal_path(opts.ckpt_dir, life).parent, what="supervisor: journal folder", private=True)
         self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, life))
         self.status_file = status_path(opts.ckpt_dir, life)
         self.request_file = request_path(opts.ckpt_dir, opts.job_id)
