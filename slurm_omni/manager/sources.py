@@ -164,16 +164,20 @@ def read_start_failures(heartbeat_dir: Path, slurm_job_id: int) -> list[StartFai
     (``failed-<job>-<incarnation>.json``, formats/start_failure.py), oldest life first. Read like a
     heartbeat: in our own 0700 folder, bounded, no symlink; a bad file is logged once and skipped."""
     prefix = f"failed-{slurm_job_id}-"
-    try:
-        check_private_dir(heartbeat_dir)
-        names = sorted(e.name for e in os.scandir(heartbeat_dir) if e.name.startswith(prefix) and e.name.endswith(".json"))
-    except (EventRejected, OSError):
+    if not os.path.lexists(heartbeat_dir):
         return []
     out = []
-    for name in names:
-        path = heartbeat_dir / name
-        try:
-            out.append(decode_start_failure(read_bounded(path, MAX_START_FAILURE_BYTES), name))
-        except FileRejected as e:
-            _log_once(f"manager: couldn't read {path}: {e}")
+    try:
+        with open_own_dir(heartbeat_dir, "manager: heartbeats", private=True) as folder:
+            names = sorted(e.name for e in os.scandir(folder.fd) if e.name.startswith(prefix) and e.name.endswith(".json"))
+            for name in names:
+                path = heartbeat_dir / name
+                try:
+                    out.append(decode_start_failure(read_bounded(path, MAX_START_FAILURE_BYTES, dir_fd=folder.fd),
+                                                    name))
+                except FileRejected as e:
+                    _log_once(f"manager: couldn't read {path}: {e}")
+    except (NotOwnedError, OSError) as e:
+        _log_once(str(e) if isinstance(e, NotOwnedError) else f"manager: couldn't read {heartbeat_dir}: {e.strerror}")
+        return []
     return sorted(out, key=lambda r: r.incarnation)
