@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from multiuser.multiuser_support import User, lookup
+from multiuser.multiuser_support import User
 from support import wait_until
 
 from slurm_omni.cli.submit import parse_sbatch_id
@@ -99,29 +99,6 @@ class AliceJob:
             return wait_until(lambda: len(self.launches().get(0, [])) == 2 and self.launches()[0], 90, what)
         except AssertionError as e:
             raise AssertionError(f"{e}\n--- the job's log:\n{self.batch_log()[-3000:]}") from None
-
-
-@pytest.fixture(scope="module")
-def users() -> dict[str, User]:
-    if os.geteuid() != 0:
-        pytest.skip("multiuser tests switch users: run them as root")
-    try:
-        found = {name: lookup(name) for name in ("alice", "bob")}
-    except KeyError:
-        pytest.skip("users alice and bob are missing: run scripts/setup.sh as root")
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv (util-linux) is missing")
-    return found
-
-
-@pytest.fixture
-def alice(users: dict[str, User]) -> User:
-    return users["alice"]
-
-
-@pytest.fixture
-def bob(users: dict[str, User]) -> User:
-    return users["bob"]
 
 
 @pytest.fixture
