@@ -87,6 +87,32 @@ def test_het_job_runs_both_stages_on_matching_nodes(slurm_cluster, plugin_built,
     assert "step finished: training done" in log
 
 
+def test_one_stage_job_runs_as_an_ordinary_job(slurm_cluster, plugin_built, tmp_path: Path) -> None:
+    """One stage of the user's name (most LLM jobs): an ordinary job whose step places every rank in
+    that stage; it failed before with "couldn't expand SLURM_JOB_NODELIST_HET_GROUP_0=''"."""
+    runner = CommandRunner(slurm_cluster.env)
+    out_dir = tmp_path / "ranks"
+    out_dir.mkdir()
+    job = _job(tmp_path)
+    probe = ["bash", "-c", PROBE, str(out_dir)]
+    job = replace(job, stages=[replace(job.stages[1], name="gpt", nodes=2, tasks_per_node=1,
+                                       partition="text", gres="gpu:h100:4")],
+                  training=replace(job.training, command=["/bin/true"]))    # one's own script: any stage names
+    request = HetJobRequest(job=job, site=_site(tmp_path, slurm_cluster.spool), job_file=tmp_path / "job.toml",
+                            job_sha256="0" * 64, command=tuple(probe))
+    script = request.materialize()
+    assert "#SBATCH hetjob" not in script and "--het-group" not in script
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=script).stdout)
+    _wait_gone(runner, job_id)
+
+    log = next((tmp_path / "logs").glob(f"omni-tiny-{job_id}.out")).read_text()
+    ranks = sorted(line.split() for path in out_dir.iterdir() for line in path.read_text().splitlines())
+    assert [(stage, stage_rank, rank, world) for stage, _, stage_rank, rank, world, _, _ in ranks] == [
+        ("gpt", "0", "0", "2"), ("gpt", "1", "1", "2")], log
+    assert len({node for _, node, *_ in ranks}) == 2
+    assert "step finished: training done" in log
+
+
 def test_hostile_output_path_reaches_slurm_unchanged(slurm_cluster, plugin_built, tmp_path: Path) -> None:
     runner = CommandRunner(slurm_cluster.env)
     log_dir = tmp_path / "logs with space" / "it's \"quoted\" $(x) `y` #hash 100%"
