@@ -360,7 +360,8 @@ class Manager:
                             lost=bool(w.lost_kinds()),
                             ranks=[_rank_end(hb) for hb in beats if hb.incarnation == newest],
                             max_steps=w.max_steps, refusal=read_refusal(w.heartbeat_dir, w.slurm_id, w.life),
-                            ever_beat=self._ever_beat(w), slurm_state=job.slurm_state if job is not None else "")
+                            ever_beat=self._ever_beat(w), slurm_state=job.slurm_state if job is not None else "",
+                            output=str(w.output(w.slurm_id) or ""))
         if bad is not None and bad.cause == "no_heartbeat" and self.start_failures.of_life(w) is not None:
             return None   # it failed at start with a line: one more life, and a second such failure stops it
         return bad

@@ -62,6 +62,14 @@ class Watch:
     batch_host: str = ""                     # the incarnation's batch host, once running
     running_since: float | None = None       # when a poll first showed the judged life RUNNING
     max_steps: int | None = None             # the job file's [training] max_steps (None: unreadable)
+    log_dir: Path | None = None              # the job file's [job] log_dir (None: unreadable)
+
+    def output(self, slurm_id: int) -> Path | None:
+        """The batch script's output file of Slurm job ``slurm_id`` (``--output=<log_dir>/%x-%j.out``);
+        None for a sweep's task or an unreadable job file."""
+        if self.log_dir is None or self.array_task is not None:
+            return None
+        return self.log_dir / f"{self.reg.name}-{slurm_id}.out"
 
     @property
     def node_set(self) -> frozenset[str]:
@@ -212,6 +220,7 @@ def new_watch(m: ManagerContext, reg: RegistryRecord, key: str, task_job: Job | 
     job = _job_file(reg, next((t.job_file for t in reg.tasks if t.task_id == task), None) or reg.job_file)
     return Watch(key=key, reg=reg, shape=shape, placement=shape.placement_config(m.config.site, job),
                  max_steps=job.training.max_steps if job is not None else None,
+                 log_dir=job.job.log_dir if job is not None else None,
                  confirmer=Confirmer(m.confirm_config, {}), heartbeat_dir=heartbeat_dir, incarnation=incarnation,
                  slurm_id=slurm_id, units=shape.units, array_task=task, recovery=initial(incarnation, slurm_id),
                  allocation_base=incarnation,

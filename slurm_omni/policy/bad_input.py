@@ -76,14 +76,16 @@ def refused_by_rank(label: str, ranks: Sequence[RankEnd]) -> BadInput | None:
 
 
 def classify_end(*, label: str, completed: bool, cancelled: bool, lost: bool, ranks: Sequence[RankEnd],
-                 max_steps: int | None, refusal: str | None, ever_beat: bool, slurm_state: str = "") -> BadInput | None:
+                 max_steps: int | None, refusal: str | None, ever_beat: bool, slurm_state: str = "",
+                 output: str = "") -> BadInput | None:
     """The life ended (Slurm shows it ended): bad input, or None for an end the recovery judges
     (done, cancelled, a node lost, a failure worth a restart).
 
     ``completed``: Slurm's COMPLETED (every task exited 0); ``lost``: a node of the life failed;
     ``ranks``: the last heartbeat of each rank of this life; ``refusal``: the batch script's line when
     it could not start the step; ``ever_beat``: some life of the job wrote a heartbeat before;
-    ``slurm_state``: how Slurm ended it, for the line."""
+    ``slurm_state``: how Slurm ended it, for the line; ``output``: the job's output file (the batch
+    script's and the ranks' stderr), named in the line when no rank said why."""
     if cancelled or lost:
         return None
     if refusal is not None and refusal.startswith("couldn't enter the working folder"):
@@ -110,10 +112,14 @@ def classify_end(*, label: str, completed: bool, cancelled: bool, lost: bool, ra
                         line=f"{label}: the training command {what}: a script must run to its last step or exit 75 "
                              f"after a checkpoint ({DOC})")
     if not ranks and not ever_beat:
+        # Slurm's end and the job's output come first: the batch script may have failed before any
+        # rank started (then no elastic.init() could have helped), or the command failed at start.
+        where = f"the job's output {output}" if output else "the job's output (its [job] log_dir)"
         return BadInput(cause="no_heartbeat",
-                        line=f"{label}: the training command ended ({slurm_state or 'left the queue'}) before any rank "
-                             f"wrote a heartbeat: its log says why; a script must call slurm_omni.elastic.init() on "
-                             f"every rank ({DOC})")
+                        line=f"{label}: Slurm ended it {slurm_state or 'without a state (it left the queue)'} before "
+                             f"any rank wrote a heartbeat: {where} says why (the batch script or the training "
+                             f"command failed at start; a command that runs must call "
+                             f"slurm_omni.elastic.init() on every rank, {DOC})")
     return None
 
 

@@ -91,13 +91,17 @@ def test_done_at_the_last_step_is_done(max_steps: int | None) -> None:
     assert end(completed=True, ranks=DONE, max_steps=max_steps) is None
 
 
-def test_a_failure_before_any_heartbeat_ever_names_the_missing_init() -> None:
-    bad = end(slurm_state="FAILED")
+def test_a_failure_before_any_heartbeat_ever_names_slurms_end_and_the_output() -> None:
+    """The batch script may fail before any rank starts (a one-stage job's HET_GROUP_0 nodelist did):
+    the line leads with Slurm's end and the job's output, not with a missing elastic.init()."""
+    bad = end(slurm_state="FAILED", output="/home/u/logs/own-2001.out")
     assert bad is not None and bad.cause == "no_heartbeat"
-    assert bad.line == ("job 2001 (own): the training command ended (FAILED) before any rank wrote a heartbeat: "
-                        "its log says why; a script must call slurm_omni.elastic.init() on every rank "
-                        "(docs/own-script.md)")
-    assert "ended (left the queue)" in end().line
+    assert bad.line == ("job 2001 (own): Slurm ended it FAILED before any rank wrote a heartbeat: the job's output "
+                        "/home/u/logs/own-2001.out says why (the batch script or the training command failed at "
+                        "start; a command that runs must call slurm_omni.elastic.init() on every rank, "
+                        "docs/own-script.md)")
+    assert "ended it without a state (it left the queue)" in end().line
+    assert "the job's output (its [job] log_dir) says why" in end().line
     assert end(ever_beat=True) is None                       # an earlier life beat: the recovery judges it
 
 
