@@ -21,8 +21,10 @@ named in the compare's line (:meth:`Equivalence.summary`):
   replaying an earlier step's batch (a sampler restarted instead of restored), and, when the
   reference consumed no id twice (sampling without replacement inside one epoch), no id twice.
 
-The data check also makes sure that the stages of a pair (vision and text) saw the same ids in the
-same slots (a misaligned pair trains images against the wrong text while the loss can look fine).
+The data check also makes sure that every stage that traced its ids saw the same ids in the same
+slots as the loss-reporting stage (in a vision-language job a misaligned pair trains images against
+the wrong text while the loss can look fine). No stage name is assumed: the loss-reporting stage is
+the job's last (``RunHistory.main_stage``).
 
 Pure: takes histories, returns findings.
 """
@@ -36,7 +38,6 @@ from typing import Literal
 from slurm_omni.drill.history import RunHistory
 
 DEFAULT_RTOL = 1e-3
-PAIRED_STAGES = ("vision", "text")
 MAX_LISTED = 8
 
 DataOrder = Literal["global", "per_replica"]
@@ -77,7 +78,7 @@ class DataCheck:
     reordered_steps: tuple[int, ...]
     """Steps holding other ids (or another order) than the reference's same step."""
     misaligned: tuple[tuple[int, int, int, int], ...]
-    """(step, slot, vision id, text id) where the two stages disagree."""
+    """(step, slot, main stage's id, other stage's id) where two stages disagree."""
     paired: bool
     """Both stages traced their ids (a colocated run checks its pairs inside the model)."""
     replayed_steps: tuple[int, ...] = ()
@@ -86,6 +87,8 @@ class DataCheck:
     """Per-replica draws: steps after the resize with another number of ids than the reference's step."""
     once_checked: bool = True
     """Per-replica draws: whether "no id twice" applied (the reference repeats none)."""
+    pair: tuple[str, str] = ("", "")
+    """(main stage, other stage) of the first misaligned slot."""
 
     @property
     def ok(self) -> bool:
@@ -184,30 +187,29 @@ def compare_losses(run: dict[int, float], reference: dict[int, float], *, bitwis
     return LossCheck(mode, compared, worst, first, missing, rtol, resized_at)
 
 
-def _main_stage(stages: tuple[str, ...]) -> str:
-    return "text" if "text" in stages else stages[0]
-
-
 def check_data(run: RunHistory, reference: RunHistory | None, *, per_replica_from: int | None = None) -> DataCheck | None:
     """Exactly-once and pairing; None when the run traced no sample ids. ``per_replica_from``: the
     first resized step of a run whose replicas draw their own batches (per-replica draws): from it
     on a step is checked for a full global batch, no replay of an earlier batch and, while the
     reference repeats no id, no id twice; before it, as the reference's."""
-    stages = run.stages
-    if not stages:
+    main = run.main_stage
+    if main is None:
         return None
-    ids = run.ids(_main_stage(stages))
+    ids = run.ids(main)
     misaligned: list[tuple[int, int, int, int]] = []
-    paired = all(s in stages for s in PAIRED_STAGES)
-    if paired:
-        vision, text = run.ids("vision"), run.ids("text")
-        for step in sorted(set(vision) | set(text)):
-            v, t = vision.get(step, []), text.get(step, [])
-            for slot in range(max(len(v), len(t))):
-                vid = v[slot] if slot < len(v) else -1
-                tid = t[slot] if slot < len(t) else -1
-                if vid != tid:
-                    misaligned.append((step, slot, vid, tid))
+    pair = ("", "")
+    others = [s for s in run.stages if s != main]
+    for other in others:
+        theirs = run.ids(other)
+        for step in sorted(set(ids) | set(theirs)):
+            m, o = ids.get(step, []), theirs.get(step, [])
+            for slot in range(max(len(m), len(o))):
+                mid = m[slot] if slot < len(m) else -1
+                oid = o[slot] if slot < len(o) else -1
+                if mid != oid:
+                    if not misaligned:
+                        pair = (main, other)
+                    misaligned.append((step, slot, mid, oid))
     skipped: list[int] = []
     repeated: list[int] = []
     reordered: list[int] = []
@@ -216,7 +218,8 @@ def check_data(run: RunHistory, reference: RunHistory | None, *, per_replica_fro
     once = True
     compared = len(ids)
     if reference is not None and reference.stages:
-        ref_ids = reference.ids(_main_stage(reference.stages))
+        ref_main = main if main in reference.stages else reference.main_stage
+        ref_ids = reference.ids(ref_main) if ref_main is not None else {}
         steps = sorted(set(ids) & set(ref_ids))
         compared = len(steps)
         same = [s for s in steps if per_replica_from is None or s < per_replica_from]
@@ -238,8 +241,8 @@ def check_data(run: RunHistory, reference: RunHistory | None, *, per_replica_fro
         # Without a reference only repeats inside the run can be seen (within one epoch of data).
         counts = collections.Counter(i for s in ids for i in ids[s])
         repeated = sorted(i for i, n in counts.items() if n > 1)
-    return DataCheck(compared, tuple(skipped), tuple(repeated), tuple(reordered), tuple(misaligned), paired,
-                     tuple(replayed), tuple(short), once)
+    return DataCheck(compared, tuple(skipped), tuple(repeated), tuple(reordered), tuple(misaligned), bool(others),
+                     tuple(replayed), tuple(short), once, pair)
 
 
 def _replayed(ids: dict[int, list[int]], since: int) -> list[int]:
@@ -324,9 +327,10 @@ def check_equivalence(run: RunHistory, reference: RunHistory, *, rtol: float = D
             problems.append(f"{len(data.short_steps)} steps after the resize hold another number of samples than "
                             f"the reference's (first step {data.short_steps[0]}: the global batch not kept)")
         if data.misaligned:
-            step, slot, v, t = data.misaligned[0]
+            step, slot, m, o = data.misaligned[0]
+            main, other = data.pair
             problems.append(f"{len(data.misaligned)} misaligned pairs (first: step {step} slot {slot}: "
-                            f"image of sample {v} with text of sample {t})")
+                            f"{other} read sample {o} where {main} read sample {m})")
     return Equivalence(loss, data, tuple(problems), contract, _resize_text(run, reference, resized_at))
 
 

@@ -11,6 +11,7 @@ what the model was trained on. Pure file reading: no Slurm, no torch.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,51 @@ from slurm_omni.fsio import FileRejected, read_text
 
 MAX_HISTORY_BYTES = 1 << 30
 
-LOSS_STAGES = ("text", "vision+text")
-"""Stages whose replica 0 logs the job's loss (already averaged over replicas)."""
+
+
+def loss_stages(stages: Sequence[str]) -> tuple[str, ...]:
+    """The names under which replica 0 logs the job's loss (already averaged over replicas), for a
+    job of ``stages`` in pipeline order: the last stage, or every stage joined by ``+`` when one rank
+    runs them all (``metrics-<name>-0.jsonl``, slurm_omni.elastic.metrics). One stage: its name."""
+    if not stages:
+        return ()
+    return tuple(dict.fromkeys((stages[-1], "+".join(stages))))
+
+
+def loss_file(folder: Path, stages: Sequence[str] = ()) -> Path | None:
+    """The loss-reporting rank's metrics file in ``folder``: by the job's stage names when given, else
+    found from the files themselves (the colocated one, else the one of the highest stage index)."""
+    for name in loss_stages(stages):
+        path = folder / f"metrics-{name}-0.jsonl"
+        if path.exists():
+            return path
+    if stages:
+        return None
+    best: tuple[int, Path] | None = None
+    for path in sorted(folder.glob("metrics-*-0.jsonl")):
+        index = _first_stage_index(path)
+        if index is None:
+            continue
+        rank = 1 << 30 if index < 0 else index      # stage -1: one rank runs every stage
+        if best is None or rank > best[0]:
+            best = (rank, path)
+    return best[1] if best else None
+
+
+def _first_stage_index(path: Path) -> int | None:
+    """``stage`` of the first line of a metrics file (None: unreadable or empty)."""
+    try:
+        lines = _lines(path)
+    except HistoryError:
+        return None
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            return parse_line(line, f"{path} line {n}").stage
+        except RecordRejected:
+            return None
+    return None
 
 
 class HistoryError(OmniError):
@@ -51,6 +95,8 @@ class RunHistory:
     """Every logged step of the loss-reporting rank, in the order written."""
     samples: dict[str, dict[int, dict[int, dict[int, list[int]]]]]
     """stage -> step -> incarnation -> dp_rank -> sample ids, as traced."""
+    pipeline: tuple[str, ...] = ()
+    """The job's stage names in pipeline order, when the reader was told them."""
 
     def effective(self) -> dict[int, StepRecord]:
         """Step -> the record of the latest incarnation that ran it."""
@@ -75,6 +121,15 @@ class RunHistory:
     @property
     def stages(self) -> tuple[str, ...]:
         return tuple(sorted(self.samples))
+
+    @property
+    def main_stage(self) -> str | None:
+        """The traced stage whose ids stand for the run's: the loss-reporting one (the last stage of
+        the pipeline, or the colocated ``a+b``) when known, else the first traced name."""
+        for name in loss_stages(self.pipeline):
+            if name in self.samples:
+                return name
+        return self.stages[0] if self.stages else None
 
     def incarnation_records(self, incarnation: int) -> list[StepRecord]:
         return [r for r in self.records if r.incarnation == incarnation]
@@ -137,21 +192,15 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and -1e308 < value < 1e308 else None   # a diverged loss: none
 
 
-def _loss_file(folder: Path) -> Path | None:
-    for stage in LOSS_STAGES:
-        path = folder / f"metrics-{stage}-0.jsonl"
-        if path.exists():
-            return path
-    return None
-
-
-def load_history(folder: Path) -> RunHistory:
-    """The history in ``folder`` (a run's OMNI_METRICS_DIR)."""
+def load_history(folder: Path, stages: Sequence[str] = ()) -> RunHistory:
+    """The history in ``folder`` (a run's OMNI_METRICS_DIR); ``stages``: the job's stage names in
+    pipeline order (empty: the loss file is found from the files)."""
     if not folder.is_dir():
         raise HistoryError(f"drill: couldn't read metrics folder {folder}: no such folder")
-    path = _loss_file(folder)
+    path = loss_file(folder, stages)
     if path is None:
-        raise HistoryError(f"drill: couldn't find the loss in {folder}: no metrics-text-0.jsonl "
+        names = " or ".join(f"metrics-{n}-0.jsonl" for n in loss_stages(stages)) or "metrics-<stage>-0.jsonl"
+        raise HistoryError(f"drill: couldn't find the loss in {folder}: no {names} "
                            "(did the run start? OMNI_METRICS_DIR)")
     records = [StepRecord(step=m.step, incarnation=m.incarnation, time=m.time, loss=_finite(m.loss),
                           samples_per_s=m.global_samples_per_second, data_parallel_size=m.data_parallel_size)
@@ -166,4 +215,4 @@ def load_history(folder: Path) -> RunHistory:
                 raise HistoryError(f"drill: couldn't read {where}: ids = {ids!r} (expected integers)")
             step, inc, dp_rank = (_int(obj, k, where) for k in ("step", "incarnation", "dp_rank"))
             samples.setdefault(stage, {}).setdefault(step, {}).setdefault(inc, {})[dp_rank] = ids
-    return RunHistory(folder, tuple(records), samples)
+    return RunHistory(folder, tuple(records), samples, tuple(stages))

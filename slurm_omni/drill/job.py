@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import SiteConfig
+from slurm_omni.drill.history import loss_file
 from slurm_omni.drill.inject import DrillError, DrillRefused, TaskPid
+from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.ownership import current_user
 from slurm_omni.render.registry import read_registrations
 from slurm_omni.slurm.types import HetComponent, Job, JobState
@@ -24,6 +27,8 @@ class JobHandle:
     """Slurm job id it was submitted as."""
     stage_tasks: tuple[int, ...]
     """Ranks per heterogeneous component, in component order (ranks are component-major)."""
+    stages: tuple[str, ...] = ()
+    """The job's stage names in pipeline order, as registered (any names, any number)."""
     ckpt_dir: Path
     metrics_dir: Path
     heartbeat_dir: Path
@@ -42,9 +47,21 @@ class JobHandle:
         job_file = load_job(Path(record["job_file"]))
         return cls(name=name, job_id=int(record["job_id"]),
                    stage_tasks=tuple(int(s["nodes"]) * int(s["tasks_per_node"]) for s in stages),
+                   stages=tuple(str(s["name"]) for s in stages),
                    ckpt_dir=ckpt, metrics_dir=site.manager.metrics_for(str(record.get("user") or current_user())) / name, heartbeat_dir=ckpt / "heartbeat",
                    max_steps=job_file.training.max_steps, user=str(record.get("user") or ""),
                    data_order=job_file.training.parallel.data_order)
+
+    def rank_nodes(self, job: Job) -> tuple[str, ...]:
+        """Nodes where ranks of Slurm job ``job`` run now, by its newest life's heartbeats (rank order).
+        An in-allocation job's allocation also holds spares, which run no rank: a drill that takes
+        one hits nothing."""
+        beats = [hb for hb in read_heartbeats(self.heartbeat_dir) if hb.job_id == str(job.job_id) and hb.node]
+        if not beats:
+            return ()
+        newest = max(hb.incarnation for hb in beats)
+        return tuple(dict.fromkeys(hb.node for hb in sorted(beats, key=lambda hb: hb.rank)
+                                   if hb.incarnation == newest))
 
     def rank_offset(self, het_offset: int) -> int:
         return sum(self.stage_tasks[:het_offset])
@@ -69,9 +86,11 @@ def find_registration(site: SiteConfig, job: str) -> dict[str, Any]:
     return max(found, key=lambda r: int(r["job_id"]))
 
 
-def pick_node(job: Job, allowed: tuple[str, ...], wanted: str, site: str) -> tuple[HetComponent, str]:
+def pick_node(job: Job, allowed: tuple[str, ...], wanted: str, site: str,
+              ranked: tuple[str, ...] = ()) -> tuple[HetComponent, str]:
     """The component and node to drill: ``wanted`` if given, else the job's last node that drills may
-    touch (the text stage's, usually). Refused when none is allowed."""
+    touch among those that run ranks (``ranked``, from the heartbeats; empty: every node of the job):
+    the last stage's, usually. Refused when none is allowed."""
     if job.state is not JobState.RUNNING:
         raise DrillError(f"drill: couldn't pick a node: job {job.job_id} is {job.state.value}, not running")
     placed = [(c, n) for c in job.components for n in c.nodes]
@@ -84,6 +103,11 @@ def pick_node(job: Job, allowed: tuple[str, ...], wanted: str, site: str) -> tup
                              f"{', '.join(n for _, n in placed)} (pick one of them, or omit --node)")
         return hit[0]
     ok = [(c, n) for c, n in placed if n in allowed]
+    running = [(c, n) for c, n in ok if n in set(ranked)]
+    if ranked and not running:
+        raise DrillRefused(f"drill: couldn't drill job {job.job_id}: its ranks run on {', '.join(ranked)}, "
+                           f"none in drills.allowed_nodes of {site} (its other nodes are spares)")
+    ok = running or ok
     if not ok:
         raise DrillRefused(f"drill: couldn't drill job {job.job_id}: it runs on {', '.join(n for _, n in placed)}, "
                            f"none in drills.allowed_nodes of {site}")
@@ -107,20 +131,22 @@ def pick_task(tasks: list[TaskPid], component: HetComponent, handle: JobHandle,
     return rank, by_rank[rank]
 
 
-def latest_incarnation_step(metrics_dir: Path) -> tuple[int, int] | None:
-    """(incarnation, step) of the last line the loss-reporting rank wrote, without parsing the file."""
-    for name in ("metrics-text-0.jsonl", "metrics-vision+text-0.jsonl"):
-        path = metrics_dir / name
+def latest_incarnation_step(metrics_dir: Path, stages: Sequence[str] = ()) -> tuple[int, int] | None:
+    """(incarnation, step) of the last line the loss-reporting rank wrote, without parsing the file;
+    ``stages``: the job's stage names in pipeline order (empty: the loss file found from the files)."""
+    path = loss_file(metrics_dir, stages) if metrics_dir.is_dir() else None
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 4096))
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return None
+    for line in reversed(lines):
         try:
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - 4096))
-                lines = [ln for ln in f.read().splitlines() if ln.strip()]
-        except OSError:
+            obj = json.loads(line)
+            return int(obj["incarnation"]), int(obj["step"])
+        except (ValueError, KeyError, TypeError):
             continue
-        for line in reversed(lines):
-            try:
-                obj = json.loads(line)
-                return int(obj["incarnation"]), int(obj["step"])
-            except (ValueError, KeyError, TypeError):
-                continue
     return None

@@ -41,7 +41,7 @@ GONE_GRACE_S = 30.0
 class DrillSpec:
     kind: DrillKind
     node: str = ""
-    """Node to drill; empty: the job's last node inside drills.allowed_nodes."""
+    """Node to drill; empty: the job's last node inside drills.allowed_nodes that runs ranks (not a spare)."""
     rank: int | None = None
     """Global rank for the rank drills; None: the lowest rank on the node."""
     stall_s: float = 10.0
@@ -77,12 +77,12 @@ class DrillRunner:
         """(job, incarnation, step) once the job is RUNNING and has logged ``after_steps`` steps more
         than when this was called (a matrix waits for the previous drill's recovery to train on)."""
         deadline = time.monotonic() + timeout_s
-        start = latest_incarnation_step(self.handle.metrics_dir)
+        start = latest_incarnation_step(self.handle.metrics_dir, self.handle.stages)
         base = start[1] if start is not None else 0
         announced: int | None = None
         while time.monotonic() < deadline:
             job = self.handle.current(self.backend.jobs())
-            seen = latest_incarnation_step(self.handle.metrics_dir)
+            seen = latest_incarnation_step(self.handle.metrics_dir, self.handle.stages)
             if job is not None and job.state is JobState.RUNNING and announced != job.job_id:
                 announced = job.job_id
                 where = "; ".join(f"component {c.het_offset} on {','.join(c.nodes)}" for c in job.components)
@@ -116,7 +116,8 @@ class DrillRunner:
             self.injector.check(spec.node)
         job, incarnation, step = self.wait_for_progress(spec.after_steps, spec.timeout_s)
         wanted = spec.node or self._committer_node(spec, job)
-        component, node = pick_node(job, self.injector.allowed, wanted, self.injector.site)
+        component, node = pick_node(job, self.injector.allowed, wanted, self.injector.site,
+                                    ranked=() if wanted else self.handle.rank_nodes(job))
         rank: int | None = None
         pids: tuple[int, ...] = ()
         if spec.kind in RANK_KINDS:
@@ -163,10 +164,10 @@ class DrillRunner:
         checkpoint once every shard is durable, so killing it mid-persist abandons the commit."""
         if spec.kind != "ckpt-crash" or spec.rank not in (None, 0):
             return ""
+        ranked = self.handle.rank_nodes(job)     # rank order: rank 0's node first (never a spare)
         first = next((c for c in job.components if c.het_offset == 0), None)
-        if first is None or not first.nodes or first.nodes[0] not in self.injector.allowed:
-            return ""
-        return first.nodes[0]
+        node = ranked[0] if ranked else (first.nodes[0] if first is not None and first.nodes else "")
+        return node if node in self.injector.allowed else ""
 
     def latest_complete(self) -> int:
         step = ckpt_format.latest_step(self.handle.ckpt_dir)
@@ -191,7 +192,7 @@ class DrillRunner:
 
     def _history(self) -> RunHistory | None:
         try:
-            return load_history(self.handle.metrics_dir)
+            return load_history(self.handle.metrics_dir, self.handle.stages)
         except HistoryError as e:
             log.info("drill: no history yet: %s", e)
             return None
@@ -205,7 +206,7 @@ class DrillRunner:
         gone_at: float | None = None
         running_at: float | None = None
         first_step: float | None = None
-        step_at_fault = (latest_incarnation_step(self.handle.metrics_dir) or (incarnation, -1))[1]
+        step_at_fault = (latest_incarnation_step(self.handle.metrics_dir, self.handle.stages) or (incarnation, -1))[1]
         next_slurm = 0.0
         error = ""
         recovery: Recovery | None = None
@@ -234,7 +235,7 @@ class DrillRunner:
                     error = f"job {self.handle.name} ended without a recovery (is the manager running?)"
                     break
             recovery = self._timeline_recovery(fault) or recovery
-            seen = latest_incarnation_step(self.handle.metrics_dir)
+            seen = latest_incarnation_step(self.handle.metrics_dir, self.handle.stages)
             if first_step is None and seen is not None:
                 first_step = self._first_step_time(incarnation, fault)
                 if first_step is not None:

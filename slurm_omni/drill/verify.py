@@ -17,11 +17,11 @@ def wait_done(runner: DrillRunner, timeout_s: float) -> None:
     handle = runner.handle
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        seen = latest_incarnation_step(handle.metrics_dir)
+        seen = latest_incarnation_step(handle.metrics_dir, handle.stages)
         if seen is not None and seen[1] >= handle.max_steps and handle.current(runner.backend.jobs()) is None:
             return
         time.sleep(runner.slurm_poll_s * 2)
-    seen = latest_incarnation_step(handle.metrics_dir)
+    seen = latest_incarnation_step(handle.metrics_dir, handle.stages)
     raise DrillError(f"drill: couldn't see job {handle.name} finish within {timeout_s:.0f}s: last step "
                      f"{seen[1] if seen else '-'} of {handle.max_steps} (squeue; omni status)")
 
@@ -29,5 +29,6 @@ def wait_done(runner: DrillRunner, timeout_s: float) -> None:
 def verify_run(runner: DrillRunner, reference: Path, *, rtol: float = DEFAULT_RTOL,
                timeout_s: float = 600.0) -> Equivalence:
     wait_done(runner, timeout_s)
-    return check_equivalence(load_history(runner.handle.metrics_dir), load_history(reference), rtol=rtol,
+    return check_equivalence(load_history(runner.handle.metrics_dir, runner.handle.stages),
+                             load_history(reference, runner.handle.stages), rtol=rtol,
                              data_order="per_replica" if runner.handle.data_order == "per_replica" else "global")

@@ -88,11 +88,32 @@ def test_misaligned_pair_is_found(tmp_path: Path) -> None:
     ids = batches(N)
     shifted = {(s, 1): ids[s - 1][1:] + ids[s][:1] for s in range(6, N)}
     run = resumed(tmp_path, vision_ids=shifted)
-    eq = check_equivalence(load_history(run), load_history(reference(tmp_path)))
+    eq = check_equivalence(load_history(run, ("vision", "text")), load_history(reference(tmp_path)))
     assert not eq.ok and eq.data is not None
     assert not eq.data.skipped and not eq.data.repeated   # the text side alone looks perfect
-    assert eq.data.misaligned[0] == (6, 0, 21, 20)
-    assert "misaligned pairs (first: step 6 slot 0: image of sample 21 with text of sample 20)" in eq.summary()
+    assert eq.data.misaligned[0] == (6, 0, 20, 21) and eq.data.pair == ("text", "vision")
+    assert "misaligned pairs (first: step 6 slot 0: vision read sample 21 where text read sample 20)" in eq.summary()
+
+
+@pytest.mark.parametrize("stages", [("gpt",), ("speech", "image", "lm"), ("audio", "vision", "text")])
+def test_any_stage_names_and_counts(tmp_path: Path, stages: tuple[str, ...]) -> None:
+    """No stage name is assumed: the loss is the last stage's (by the job's names or found from the files),
+    and every stage's ids are checked against it. Before, a stage named gpt had "no metrics-text-0.jsonl"."""
+    ids, loss = batches(N), losses(N)
+    ref = write_run(tmp_path / "ref", [(s + 1, 0, loss[s], ids[s]) for s in range(N)], stages=stages)
+    run = resumed(tmp_path, stages=stages)
+    for names in (stages, ()):
+        eq = check_equivalence(load_history(run, names), load_history(ref, names))
+        assert eq.ok, eq.problems
+        assert eq.loss.steps_compared == N and eq.data is not None and eq.data.paired == (len(stages) > 1)
+    if len(stages) > 1:
+        shifted = {(s, 1): ids[s - 1][1:] + ids[s][:1] for s in range(6, N)}
+        eq = check_equivalence(load_history(resumed(tmp_path / "bad", vision_ids=shifted, stages=stages), stages),
+                               load_history(ref, stages))
+        assert not eq.ok and eq.data is not None and eq.data.pair[0] == stages[-1]
+        assert eq.data.misaligned[0] == (6, 0, 20, 21)
+    with pytest.raises(HistoryError, match="no metrics-absent-0.jsonl or metrics-other[+](.*[+])?absent-0.jsonl"):
+        load_history(ref, ("other", *stages[:-1], "absent"))
 
 
 def test_superseded_incarnation_does_not_count(tmp_path: Path) -> None:
@@ -130,8 +151,10 @@ def test_missing_folder_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(HistoryError, match="no such folder"):
         load_history(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(HistoryError, match="no metrics-text-0.jsonl"):
+    with pytest.raises(HistoryError, match="no metrics-<stage>-0.jsonl"):
         load_history(tmp_path / "empty")
+    with pytest.raises(HistoryError, match="no metrics-text-0.jsonl or metrics-vision[+]text-0.jsonl"):
+        load_history(tmp_path / "empty", ("vision", "text"))
 
 
 # -- the data contract named in the compare's line --------------------------------------------------

@@ -126,6 +126,34 @@ def test_pick_node_and_rank() -> None:
         pick_task(tasks, comp, handle(), 0)
 
 
+def _beat(folder: Path, rank: int, node: str, incarnation: int, job_id: int = 92) -> None:
+    folder.mkdir(mode=0o700, exist_ok=True)
+    (folder / f"rank-{rank}.json").write_text(json.dumps({
+        "rank": rank, "stage": 0, "dp_rank": rank, "pid": 100 + rank, "incarnation": incarnation,
+        "job_id": str(job_id), "step": 5, "phase": "training", "time": 1764460000.0, "node": node}))
+
+
+def test_an_in_allocation_jobs_spare_is_never_the_default_target(tmp_path: Path) -> None:
+    """One allocation of node1..node3, ranks on node1 and node2 (node3 a spare): the drill takes the last
+    node that runs ranks. Before, it took node3 and the run ended "without a recovery"."""
+    alloc = Job(92, "j", "u", JobState.RUNNING, "RUNNING",
+                (HetComponent(92, 92, 0, JobState.RUNNING, ("node1", "node2", "node3")),))
+    hb = tmp_path / "heartbeat"
+    _beat(hb, 0, "node1", 4)
+    _beat(hb, 1, "node3", 3)            # an earlier life's rank, since moved: not counted
+    _beat(hb, 1, "node2", 4)
+    _beat(hb, 2, "node3", 1, job_id=91)  # another Slurm job's
+    h = JobHandle(name="j", job_id=92, stage_tasks=(2,), stages=("gpt",), ckpt_dir=tmp_path, metrics_dir=tmp_path,
+                  heartbeat_dir=hb, max_steps=10)
+    assert h.rank_nodes(alloc) == ("node1", "node2")
+    allowed = ("node1", "node2", "node3")
+    assert pick_node(alloc, allowed, "", "site.toml")[1] == "node3"          # what it chose before
+    assert pick_node(alloc, allowed, "", "site.toml", ranked=h.rank_nodes(alloc))[1] == "node2"
+    assert pick_node(alloc, allowed, "node3", "site.toml", ranked=h.rank_nodes(alloc))[1] == "node3"  # --node wins
+    with pytest.raises(DrillRefused, match="its ranks run on node1, node2, none in drills.allowed_nodes"):
+        pick_node(alloc, ("node3",), "", "site.toml", ranked=("node1", "node2"))
+
+
 @pytest.mark.parametrize(("allowed", "wanted", "message"), [
     ((), "", "drills.allowed_nodes is empty"),
     (("node1",), "", "it runs on node6, node7, none in drills.allowed_nodes"),
