@@ -37,8 +37,17 @@ def status_view(journal: Journal, uid: int, now: float) -> list[dict[str, Any]]:
         job["failslow"] = failslow_view(journal.decisions(job["name"], FAILSLOW_VERDICT))
         job["stopped"] = stopped_view(journal.decisions(job["name"], "refused"))
         job["start_failure"] = start_failure_view(journal.decisions(job["name"], START_FAILURE_VERDICT))
+        job["stages"] = stage_names(job.get("spec"))
         out.append(job)
     return out
+
+
+def stage_names(spec: Any) -> list[str]:
+    """The job's stages by their own names, in order, as registered (``RegistryRecord.stages``)."""
+    stages = spec.get("stages") if isinstance(spec, dict) else None
+    if not isinstance(stages, list):
+        return []
+    return [s["name"] for s in stages if isinstance(s, dict) and isinstance(s.get("name"), str)]
 
 
 def stopped_view(refusals: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -177,7 +186,11 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
     lines = []
     for job in jobs:
         lag = job["heartbeat_lag_s"]
-        lines.append(f"{job['name']}  {job['state']}  incarnation {job['current_incarnation']} "
+        stages = job.get("stages") or []
+        names = _component_names(job, stages)
+        lines.append(f"{job['name']}  {job['state']}  "
+                     + (f"{' | '.join(stages)} stage{'s' if len(stages) > 1 else ''}  " if stages else "")
+                     + f"incarnation {job['current_incarnation']} "
                      f"(Slurm job {job['slurm_job_id']}, dp {job['data_parallel_size']})  "
                      f"step {_n(job['global_step'])}  checkpoint {_n(job['last_checkpoint_step'])}  "
                      f"heartbeat lag {'-' if lag is None else f'{lag:.1f}s'}")
@@ -191,7 +204,7 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
                          f"(full log: {failed['log'] or '-'})")
         for inc in job["incarnations"]:
             nodes = (inc["layout"] or {}).get("nodes") or {}
-            where = " | ".join(f"{k}: {','.join(v)}" for k, v in sorted(nodes.items())) or "-"
+            where = " | ".join(f"{names.get(k, k)}: {','.join(v)}" for k, v in sorted(nodes.items())) or "-"
             lines.append(f"  incarnation {inc['number']}: Slurm job {_n(inc['slurm_job_id'])}  nodes {where}  "
                          f"{inc['end_reason'] or ''}".rstrip())
         lines.extend(_failslow_lines(job.get("failslow") or {}))
@@ -202,7 +215,7 @@ def format_status(jobs: list[dict[str, Any]]) -> str:
             lines.append(f"  recovery of incarnation {rec['incarnation']} ({rec['cause']} on "
                          f"{','.join(rec['nodes']) or '-'}): {steps}  total {total}"
                          f"{'' if rec['complete'] else '  (in progress)'}")
-            moved = "; ".join(f"{k}: -{','.join(rec['nodes_removed'].get(k, [])) or '0'} "
+            moved = "; ".join(f"{names.get(k, k)}: -{','.join(rec['nodes_removed'].get(k, [])) or '0'} "
                               f"+{','.join(rec['nodes_added'].get(k, [])) or '0'}"
                               for k in sorted({*rec["nodes_removed"], *rec["nodes_added"]}))
             spares = ("" if rec["spares_left"] is None else "  spares left "
@@ -231,6 +244,15 @@ def _failslow_lines(fs: dict[str, Any]) -> list[str]:
         lines.append(f"  fail-slow outcome: {out['step_measured_s']:.3f}s/step after the migration "
                      f"(estimated {out.get('step_estimated_s') or 0:.3f}, before {out.get('step_before_s') or 0:.3f})")
     return lines
+
+
+def _component_names(job: dict[str, Any], stages: list[str]) -> dict[str, str]:
+    """Component key -> its stage's own name, when component N runs stage N (a heterogeneous job, or
+    one stage); none when one allocation holds every stage (in-allocation: the key stays a number)."""
+    counts = {len((inc["layout"] or {}).get("nodes") or {}) for inc in job["incarnations"]}
+    if len(stages) == 1 or counts == {len(stages)}:
+        return {str(i): name for i, name in enumerate(stages)}
+    return {}
 
 
 def _n(value: object) -> str:

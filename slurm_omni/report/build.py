@@ -12,7 +12,7 @@ from pathlib import Path
 
 from slurm_omni.errors import OmniError
 from slurm_omni.fsio import write_atomic
-from slurm_omni.report.inputs import HeartbeatRecord, load_heartbeats, load_metrics
+from slurm_omni.report.inputs import HeartbeatRecord, load_heartbeats, load_metrics, stage_names
 from slurm_omni.report.render import html_page, prom_text, summary_json, text_table
 from slurm_omni.report.summary import ReportSummary, step_points, summarize_points
 from slurm_omni.report.timeline import Recovery, load_timeline
@@ -30,19 +30,21 @@ class Report:
 
 def build_report(metrics: Sequence[Path], *, reference: Sequence[Path] = (), heartbeats: Path | None = None,
                  timeline: Path | None = None, job_id: str = "", title: str = "") -> Report:
-    points = step_points(load_metrics(metrics))
+    records = load_metrics(metrics)
+    names = stage_names(records)
+    points = step_points(records)
     ref_points = step_points(load_metrics(reference)) if reference else []
     recoveries: list[Recovery] | None = list(load_timeline(timeline).recoveries) if timeline else None
     beats: list[HeartbeatRecord] = load_heartbeats(heartbeats) if heartbeats else []
     if not job_id and recoveries:
         job_id = recoveries[0].job_id
-    summary = summarize_points(points, reference=ref_points, recoveries=recoveries, job_id=job_id)
+    summary = summarize_points(points, reference=ref_points, recoveries=recoveries, job_id=job_id, stages=names)
     text = text_table(summary)
     title = title or f"slurm-omni run report: job {summary.job_id or '?'}"
     from slurm_omni.report.plot import render_png  # matplotlib takes a second to import
 
     png = render_png(points, ref_points,
-                     recoveries if recoveries is not None else [], beats, text, title=title)
+                     recoveries if recoveries is not None else [], beats, text, title=title, stage_names=names)
     return Report(summary, text, png, html_page(summary, png, title=title), prom_text(summary),
                   summary_json(summary))
 

@@ -2,8 +2,8 @@
 
 Metrics (``slurm_omni.elastic.metrics``): ``metrics-<stage>-<dp_rank>.jsonl`` (``metrics-text-0.jsonl``,
 ``metrics-vision+text-0.jsonl`` when colocated; older runs: ``metrics-rank-<RANK>.jsonl``), one object per logged step
-with ``time`` (unix), ``rank``, ``stage`` (0 vision, 1 text, -1 both colocated), ``dp_rank``, ``incarnation``, ``step``, ``loss`` (text
-stage only, else null), ``step_time_seconds``, ``samples_per_second``, ``tokens_per_second``,
+with ``time`` (unix), ``rank``, ``stage`` (the stage's index in the job's pipeline, -1 when one rank runs every
+stage; its name is the file's), ``dp_rank``, ``incarnation``, ``step``, ``loss`` (the last stage only, else null), ``step_time_seconds``, ``samples_per_second``, ``tokens_per_second``,
 ``global_samples_per_second``, ``ckpt_blocking_seconds``, ``ckpt_persist_seconds``,
 ``data_parallel_size``, ... Each line is checked strictly against
 :class:`slurm_omni.formats.metrics.MetricsLine` (``time``, ``rank`` and ``step`` required); keys it
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ class MetricRecord:
     rank: int
     step: int
     stage: int = 0
+    stage_name: str = ""
+    """The stage's own name, from the file's (``metrics-<name>-<dp_rank>.jsonl``; empty for older files)."""
     incarnation: int = 0
     loss: float | None = None
     step_time_s: float | None = None
@@ -121,12 +124,27 @@ def _finite_or_none(value: float | None) -> float | None:
     return value if value is not None and _finite(value) else None
 
 
+_STAGE_FILE = re.compile(r"^metrics-(?!rank-[0-9]+$)(.+)-[0-9]+$")
+
+
+def stage_name_of(file: Path) -> str:
+    """``gpt`` of ``metrics-gpt-0.jsonl``; empty for a file named otherwise (older runs' ``metrics-rank-N``)."""
+    m = _STAGE_FILE.match(file.name.removesuffix(".jsonl"))
+    return m[1] if m else ""
+
+
+def stage_names(records: Iterable[MetricRecord]) -> dict[int, str]:
+    """Stage index -> the stage's own name, as the run's files say it (-1: every stage on one rank)."""
+    return {r.stage: r.stage_name for r in records if r.stage_name}
+
+
 def load_metrics(paths: Iterable[Path]) -> list[MetricRecord]:
     records: list[MetricRecord] = []
     for path in paths:
         for file in metric_files(path):
+            name = stage_name_of(file)
             records.extend(MetricRecord(
-                time=m.time, rank=m.rank, step=m.step, stage=m.stage, incarnation=m.incarnation,
+                time=m.time, rank=m.rank, step=m.step, stage=m.stage, stage_name=name, incarnation=m.incarnation,
                 loss=_finite_or_none(m.loss), step_time_s=m.step_time_seconds, tokens_per_s=m.tokens_per_second,
                 global_samples_per_s=m.global_samples_per_second, ckpt_blocking_s=m.ckpt_blocking_seconds,
                 ckpt_persist_s=m.ckpt_persist_seconds, data_parallel_size=m.data_parallel_size)

@@ -20,7 +20,6 @@ from slurm_omni.report.inputs import HeartbeatRecord
 from slurm_omni.report.summary import StepPoint, loss_by_step
 from slurm_omni.report.timeline import Recovery
 
-STAGE_NAMES = {0: "vision", 1: "text", -1: "vision+text"}
 PHASES = (("fault", "detected", "fault -> detected", "#d62728"),
           ("detected", "confirmed", "detected -> confirmed", "#ff7f0e"),
           ("confirmed", "resubmitted", "confirmed -> resubmitted", "#9467bd"),
@@ -69,7 +68,8 @@ def _loss(ax: Axes, points: Sequence[StepPoint], reference: Sequence[StepPoint],
     ax.legend(fontsize=7)
 
 
-def _throughput(ax: Axes, points: Sequence[StepPoint], recoveries: Sequence[Recovery], t0: float) -> None:
+def _throughput(ax: Axes, points: Sequence[StepPoint], recoveries: Sequence[Recovery], t0: float,
+                names: dict[int, str]) -> None:
     if all(p.global_samples_per_s is None for p in points):
         _empty(ax, "throughput", "no global_samples_per_second in the metrics")
         return
@@ -88,7 +88,7 @@ def _throughput(ax: Axes, points: Sequence[StepPoint], recoveries: Sequence[Reco
             for n, inc in enumerate(incarnations):
                 ps = [p for p in points if p.incarnation == inc and stage in p.tokens_per_s_by_stage]
                 twin.plot([p.time - t0 for p in ps], [p.tokens_per_s_by_stage[stage] for p in ps], lw=0.8,
-                          alpha=0.7, color=color, label=f"{STAGE_NAMES.get(stage, stage)} tokens/s" if n == 0 else None)
+                          alpha=0.7, color=color, label=f"{names.get(stage, f'stage {stage}')} tokens/s" if n == 0 else None)
         twin.set_ylabel("tokens/s per stage")
         twin.legend(fontsize=7, loc="lower right")
     for rec in recoveries:
@@ -170,14 +170,16 @@ def _checkpoints(ax: Axes, points: Sequence[StepPoint]) -> None:
 
 
 def render_png(points: Sequence[StepPoint], reference: Sequence[StepPoint], recoveries: Sequence[Recovery],
-               beats: Sequence[HeartbeatRecord], summary_text: str, *, title: str) -> bytes:
+               beats: Sequence[HeartbeatRecord], summary_text: str, *, title: str,
+               stage_names: dict[int, str] | None = None) -> bytes:
+    """The six panels; ``stage_names``: stage index -> the job's own name for it (the legend's)."""
     fig = Figure(figsize=(15, 13), dpi=90, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(3, 2)
     t0 = min(p.time for p in points)
     t_end = max(p.time for p in points)
     _loss(axes[0][0], points, reference, recoveries)
-    _throughput(axes[0][1], points, recoveries, t0)
+    _throughput(axes[0][1], points, recoveries, t0, stage_names or {})
     _timeline(axes[1][0], recoveries)
     _heartbeats(axes[1][1], beats, t0, t_end)
     _checkpoints(axes[2][0], points)

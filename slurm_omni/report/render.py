@@ -30,7 +30,8 @@ def _fmt(fmt: str, value: float | None) -> str:
 
 
 def text_table(s: ReportSummary) -> str:
-    lines = [(f"omni report: job {s.job_id or '?'}, steps {s.first_step}..{s.last_step}, "
+    stages = f" ({' | '.join(s.stages)} stage{'s' if len(s.stages) > 1 else ''})" if s.stages else ""
+    lines = [(f"omni report: job {s.job_id or '?'}{stages}, steps {s.first_step}..{s.last_step}, "
              f"incarnations {', '.join(map(str, s.incarnations))}, {s.wall_s:.1f} s of metrics")]
     header = ["recovery", "job", "inc", "kind", "path"] + [name for name, *_ in FIELDS]
     rows = [[str(i + 1), r.job_id, str(r.incarnation), r.kind or "-", r.path or "-"]
@@ -77,7 +78,7 @@ def prom_text(s: ReportSummary) -> str:
 def summary_json(s: ReportSummary) -> str:
     return json.dumps({
         "job_id": s.job_id, "first_step": s.first_step, "last_step": s.last_step,
-        "incarnations": list(s.incarnations), "wall_s": s.wall_s,
+        "incarnations": list(s.incarnations), "wall_s": s.wall_s, "stages": list(s.stages),
         "max_loss_deviation": s.max_loss_deviation, "max_loss_deviation_step": s.max_loss_deviation_step,
         "loss_compared_steps": s.loss_compared_steps,
         "recoveries": [{"job_id": r.job_id, "incarnation": r.incarnation, "kind": r.kind, "path": r.path,

@@ -71,6 +71,8 @@ class ReportSummary:
     loss_compared_steps: int
     max_loss_deviation: float | None
     max_loss_deviation_step: int | None
+    stages: tuple[str, ...] = ()
+    """The job's stages by their own names, in pipeline order (from the metrics files' names)."""
 
 
 def _max(values: Sequence[float | None]) -> float | None:
@@ -163,7 +165,8 @@ def summarize(records: Sequence[MetricRecord], *, reference: Sequence[MetricReco
 
 
 def summarize_points(points: Sequence[StepPoint], *, reference: Sequence[StepPoint] | None = None,
-                     recoveries: Sequence[Recovery] | None = None, job_id: str = "") -> ReportSummary:
+                     recoveries: Sequence[Recovery] | None = None, job_id: str = "",
+                     stages: dict[int, str] | None = None) -> ReportSummary:
     """``summarize`` of records already folded by ``step_points`` (the report plots them too)."""
     every = log_interval(points)
     timeline = list(recoveries) if recoveries is not None else inferred_recoveries(points, job_id)
@@ -180,4 +183,12 @@ def summarize_points(points: Sequence[StepPoint], *, reference: Sequence[StepPoi
     return ReportSummary(
         job_id or (timeline[0].job_id if timeline else ""), min(steps), max(steps),
         tuple(sorted({p.incarnation for p in points})), points[-1].time - points[0].time, recs,
-        compared, deviation, at_step)
+        compared, deviation, at_step, _pipeline(stages or {}))
+
+
+def _pipeline(names: dict[int, str]) -> tuple[str, ...]:
+    """Stage names in pipeline order; a colocated run's ``a+b`` (stage -1) is split into its stages."""
+    ordered = [names[i] for i in sorted(i for i in names if i >= 0)]
+    if not ordered and -1 in names:
+        ordered = names[-1].split("+")
+    return tuple(ordered)

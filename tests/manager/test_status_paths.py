@@ -105,3 +105,26 @@ def test_status_shows_the_newest_launch_that_failed_before_its_first_heartbeat(t
     assert json.loads(json.dumps(job)) == job
     assert ("  failed before its first heartbeat (incarnation 2, Slurm job 57, exit 1): ModuleNotFoundError: No "
             "module named 'x' (full log: /logs/train-a-57.out)") in format_status([job])
+
+
+def test_status_shows_the_stages_by_their_own_names(tmp_path: Path) -> None:
+    """One stage named gpt, three of the user's naming: the header and the het components say their
+    names; an in-allocation job's one allocation keeps its number (it holds every stage)."""
+    def spec(*names: str) -> dict[str, object]:
+        return {"stages": [{"het_group": i, "name": n} for i, n in enumerate(names)]}
+
+    with Journal(tmp_path / "journal.sqlite") as j:
+        j.register_job("llm", UID, spec("gpt"), 0.0)
+        j.add_incarnation("llm", 0, {"nodes": {"0": ["node1", "node2"]}})
+        j.register_job("three", UID, spec("speech", "image", "lm"), 0.0)
+        j.add_incarnation("three", 0, {"nodes": {"0": ["node1"], "1": ["node2"], "2": ["node3"]}})
+        j.register_job("packed", UID, spec("enc", "dec"), 0.0)
+        j.add_incarnation("packed", 0, {"nodes": {"0": ["node1", "node2", "node3"]}})
+        jobs = {job["name"]: job for job in status_view(j, UID, now=1.0)}
+    assert jobs["llm"]["stages"] == ["gpt"] and jobs["three"]["stages"] == ["speech", "image", "lm"]
+    text = format_status(list(jobs.values()))
+    assert "llm  active  gpt stage  incarnation" in text
+    assert "nodes gpt: node1,node2" in text
+    assert "three  active  speech | image | lm stages  incarnation" in text
+    assert "nodes speech: node1 | image: node2 | lm: node3" in text
+    assert "packed  active  enc | dec stages" in text and "nodes 0: node1,node2,node3" in text

@@ -30,7 +30,7 @@ def record(rank: int, step: int, t: float, inc: int, samples_s: float, loss: flo
             "ckpt_persist_seconds": 0.3 if step >= 5 else None, "data_parallel_size": 2, "micro_batches": 2}
 
 
-def write_run(root: Path, *, failed: bool = True) -> dict[str, Path]:
+def write_run(root: Path, *, failed: bool = True, names: tuple[str, str] = ("vision", "text")) -> dict[str, Path]:
     metrics, ref, beats = root / "metrics", root / "reference", root / "heartbeats"
     for d in (metrics, ref, beats):
         d.mkdir(parents=True)
@@ -44,7 +44,7 @@ def write_run(root: Path, *, failed: bool = True) -> dict[str, Path]:
                                     ref_loss(s) + (0.001 if s == 25 else 0.0)))
         else:
             lines += [record(rank, s, T0 + s, 0, 100.0, ref_loss(s)) for s in range(1, 41)]
-        name = f"metrics-{('vision', 'text')[rank // 2]}-{rank % 2}.jsonl"  # the runtime's file names
+        name = f"metrics-{names[rank // 2]}-{rank % 2}.jsonl"  # the runtime's file names
         (metrics / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
         (ref / name).write_text("".join(
             json.dumps(record(rank, s, T0 + s, 0, 100.0, ref_loss(s))) + "\n" for s in range(1, 41)))

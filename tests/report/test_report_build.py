@@ -137,3 +137,22 @@ def test_colocated_ranks_and_heartbeat_history(run: dict[str, Path], tmp_path: P
     assert report.summary.recoveries == () and report.summary.last_step == 5
     assert report.png.startswith(b"\x89PNG")
     assert 'omni_report_last_step{job="7"} 5' in report.prom
+
+
+def test_the_stages_go_by_their_own_names(tmp_path: Path) -> None:
+    """The report names the stages as the job does (the metrics files' names): no name assumed."""
+    paths = write_run(tmp_path / "two", names=("speech", "lm"))
+    built = build_report([paths["metrics"]], reference=[paths["reference"]], job_id="42")
+    assert built.summary.stages == ("speech", "lm")
+    assert built.text.splitlines()[0].startswith("omni report: job 42 (speech | lm stages), steps 1..40")
+    assert json.loads(built.json)["stages"] == ["speech", "lm"]
+    one = tmp_path / "one"
+    one.mkdir()
+    for dp in (0, 1):
+        (one / f"metrics-gpt-{dp}.jsonl").write_text("".join(json.dumps(
+            {"time": 1000.0 + s, "rank": dp, "stage": 0, "dp_rank": dp, "incarnation": 0, "step": s,
+             "loss": 3.0 - 0.01 * s, "tokens_per_second": 500.0, "global_samples_per_second": 8.0}) + "\n"
+            for s in range(1, 11)))
+    built = build_report([one], job_id="7")
+    assert built.summary.stages == ("gpt",)
+    assert "omni report: job 7 (gpt stage), steps 1..10" in built.text
