@@ -129,13 +129,23 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
               "~USER/omni-demo), as a site runs them: Slurm, the plugin and the drill's node changes stay root's.")
 @click.option("--user-session", "session_fd", type=int, default=None, hidden=True,
               help="Internal: the user's side of --user, started by root (FD: its socket to root).")
+@click.option("--node", default="", help="The node to set DOWN mid-run (default: the job's last node that runs "
+              "ranks, never a spare of an in-allocation job).")
+@click.option("--recovery", type=click.Choice(["resubmit", "in_allocation"]), default=None,
+              help="The demo site's default recovery path (a job file's own [job] recovery wins): in_allocation "
+                   "puts every stage in one partition and keeps one spare node per stage.")
 def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None, busy: bool, user: str,
-         session_fd: int | None) -> None:
-    """Cluster up, a multimodal het job, a node failure drilled mid-run, automatic recovery, report."""
+         session_fd: int | None, node: str, recovery: str | None) -> None:
+    """Cluster up, your job (or a multimodal het job), a node failure drilled mid-run, automatic recovery,
+    report."""
     from slurm_omni.drill import story
 
+    if (busy or sample_only) and (node or recovery):
+        raise click.UsageError("--node and --recovery are for the full story (not with --busy or --sample-only)")
+    # one folder per job: a demo of another job file leaves the last one's files alone
+    suffix = f"-{_job_name(job_file)}" if job_file is not None else ""
     if session_fd is not None:
-        _user_side(session_fd, state_dir, timeout_s, sample_only, job_file)
+        _user_side(session_fd, state_dir, timeout_s, sample_only, job_file, suffix, node, recovery)
         return
     if user:
         import pwd
@@ -168,17 +178,20 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | 
 
         argv = story.omni_argv("demo", "--state-dir", str(lc.paths.root), "--timeout", str(timeout_s),
                                *(["--sample-only"] if sample_only else []),
-                               *(["--job-file", str(job_file.resolve())] if job_file else []))
+                               *(["--job-file", str(job_file.resolve())] if job_file else []),
+                               *(["--node", node] if node else []), *(["--recovery", recovery] if recovery else []))
         code = run_user_side(user, lc, argv, SessionStart(started=s.start, phases_done=s.n, total=s.total),
                              s.say)
         if code:
             sys.exit(code)     # the user's side said why, in one line
         return
     backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
-    _story(s, lc, backend, lc.paths.root.parent / "demo", timeout_s, sample_only, job_file)
+    _story(s, lc, backend, lc.paths.root.parent / f"demo{suffix}", timeout_s, sample_only, job_file,
+           node=node, recovery=recovery)
 
 
-def _user_side(fd: int, state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None) -> None:
+def _user_side(fd: int, state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None,
+               suffix: str = "", node: str = "", recovery: str | None = None) -> None:
     """The story after the cluster phase, in the process root started as the user (``--user``)."""
     import pwd
     import signal
@@ -195,11 +208,13 @@ def _user_side(fd: int, state_dir: Path, timeout_s: float, sample_only: bool, jo
     lc = LocalCluster(state_dir)
     backend = CliBackend(env=lc.env, timeout_s=20, retries=3)
     home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
-    _story(s, lc, backend, home / "omni-demo", timeout_s, sample_only, job_file, root)
+    _story(s, lc, backend, home / f"omni-demo{suffix}", timeout_s, sample_only, job_file, root, node=node,
+           recovery=recovery)
 
 
 def _story(s: Story, lc: LocalCluster, backend: CliBackend, work: Path, timeout_s: float, sample_only: bool,
-           job_file: Path | None, root: RootNodes | None = None) -> None:
+           job_file: Path | None, root: RootNodes | None = None, *, node: str = "",
+           recovery: str | None = None) -> None:
     from slurm_omni.drill import story
 
     lines = s.phase("placement", lambda: het_sample(backend, work / "sample"),
@@ -208,11 +223,13 @@ def _story(s: Story, lc: LocalCluster, backend: CliBackend, work: Path, timeout_
         s.say(line)
     if sample_only:
         return
-    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s, job_file.resolve() if job_file else None, root)
+    _full_story(s, lc, backend, story.DemoFiles(work), timeout_s, job_file.resolve() if job_file else None, root,
+                node=node, recovery=recovery)
 
 
 def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFiles, timeout_s: float,
-                job_file: Path | None = None, root: RootNodes | None = None) -> None:
+                job_file: Path | None = None, root: RootNodes | None = None, *, node: str = "",
+                recovery: str | None = None) -> None:
     from slurm_omni.config.site import load_site
     from slurm_omni.drill import story
     from slurm_omni.drill.faults import fill_faults
@@ -222,7 +239,7 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
     from slurm_omni.drill.run import DrillRunner, DrillSpec
     from slurm_omni.drill.verify import wait_done
 
-    s.phase("files", lambda: story.write_files(files, lc, job_file=job_file),
+    s.phase("files", lambda: story.write_files(files, lc, job_file=job_file, recovery=recovery),
             lambda _: f"job file{' and its script' if job_file else ''} and site config in {files.work}")
     s.phase("data", lambda: story.synthesize(files), lambda n: f"{n} synthetic samples (image-text pairs, text)")
     site = load_site(files.site)
@@ -240,11 +257,12 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         manager = s.phase("manager", lambda: story.start_manager(files, env),
                           lambda m: f"omni manager run{who} (pid {m.proc.pid}), journal in {files.manager_dir}")
         job_id = s.phase("submit", lambda: story.submit(files, env),
-                         lambda j: f"omni submit{who}: het job {j} (vision | text stages, 2 replicas each)")
+                         lambda j: f"omni submit{who}: job {j} ({story.describe_job(files, site)})")
         submitted.append(job_id)
         h = story.handle(files, job_id)
         runner = DrillRunner(injector, backend, h, timeline=files.manager_dir / "timeline.json", on_event=s.say)
-        result = s.phase("drill", lambda: runner.run(DrillSpec(kind="node-down", after_steps=30, timeout_s=timeout_s)),
+        spec = DrillSpec(kind="node-down", node=node, after_steps=30, timeout_s=timeout_s)
+        result = s.phase("drill", lambda: runner.run(spec),
                          lambda r: f"{r.node} DOWN at step {r.progress.last_step_before if r.progress else '?'}: "
                                    f"confirmed in {_s(r.detection_s)}, training again {_s(r.recovery_s)} later "
                                    f"({r.times.source}), {r.node} resumed; "
@@ -257,7 +275,7 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
                 lambda _: f"job {h.name} reached step {h.max_steps}; reference run alongside")
         ref_metrics = s.phase("reference", lambda: finish_reference(reference, files.reference, timeout_s),
                               lambda p: f"a run that never failed, in {p}")
-        eq = s.phase("compare", lambda: story.compare(files, h.metrics_dir, ref_metrics),
+        eq = s.phase("compare", lambda: story.compare(files, h.metrics_dir, ref_metrics, h.stages),
                      lambda e: ("equivalent: " if e.ok else "NOT equivalent: ") + e.summary())
         if not eq.ok:
             raise OmniError(f"demo: phase {s.n} (compare) failed: {eq.summary()}")

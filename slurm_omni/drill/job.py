@@ -90,7 +90,9 @@ def pick_node(job: Job, allowed: tuple[str, ...], wanted: str, site: str,
               ranked: tuple[str, ...] = ()) -> tuple[HetComponent, str]:
     """The component and node to drill: ``wanted`` if given, else the job's last node that drills may
     touch among those that run ranks (``ranked``, from the heartbeats; empty: every node of the job):
-    the last stage's, usually. Refused when none is allowed."""
+    the last stage's, usually, and the batch host only when no other node runs ranks (losing it ends
+    an in-allocation job's batch script: recovery by resubmission instead of in the allocation).
+    Refused when none is allowed."""
     if job.state is not JobState.RUNNING:
         raise DrillError(f"drill: couldn't pick a node: job {job.job_id} is {job.state.value}, not running")
     placed = [(c, n) for c in job.components for n in c.nodes]
@@ -108,6 +110,7 @@ def pick_node(job: Job, allowed: tuple[str, ...], wanted: str, site: str,
         raise DrillRefused(f"drill: couldn't drill job {job.job_id}: its ranks run on {', '.join(ranked)}, "
                            f"none in drills.allowed_nodes of {site} (its other nodes are spares)")
     ok = running or ok
+    ok = [(c, n) for c, n in ok if n != job.batch_host] or ok
     if not ok:
         raise DrillRefused(f"drill: couldn't drill job {job.job_id}: it runs on {', '.join(n for _, n in placed)}, "
                            f"none in drills.allowed_nodes of {site}")

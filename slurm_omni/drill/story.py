@@ -22,7 +22,7 @@ from pathlib import Path
 
 from slurm_omni.cli.submit import parse_sbatch_id
 from slurm_omni.cluster.local import LocalCluster
-from slurm_omni.config.site import load_site
+from slurm_omni.config.site import SiteConfig, load_site
 from slurm_omni.drill.equivalence import Equivalence, check_equivalence
 from slurm_omni.drill.history import load_history
 from slurm_omni.drill.inject import REASON, DrillError, Injector
@@ -75,9 +75,11 @@ def job_environment(cluster: LocalCluster) -> dict[str, str]:
 
 
 def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPLES,
-                job_file: Path | None = None) -> None:
+                job_file: Path | None = None, recovery: str | None = None) -> None:
     """A fresh demo folder with the example job file and site config filled in. ``job_file``: another
-    job (``omni demo --job-file``), copied with the files beside it (its script), in place of the demo's."""
+    job (``omni demo --job-file``), copied with the files beside it (its script), in place of the demo's.
+    ``recovery``: the site's default recovery path (``in_allocation``: every stage's default partition
+    the cluster's one shared partition, one spare node per stage; a job file's ``[job] recovery`` wins)."""
     if files.work.exists():
         shutil.rmtree(files.work)
     files.work.mkdir(parents=True)
@@ -89,6 +91,8 @@ def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPL
         copy_job_folder(job_file.parent, files.work)
     for src, dst in ((job_src, files.job), (examples / "omni.toml", files.site)):
         text = src.read_text()
+        if dst == files.site and recovery is not None:
+            text = _site_for(recovery, text, src)
         for key, value in values.items():
             text = text.replace(key, value)
         dst.write_text(text)
@@ -126,6 +130,41 @@ def copy_job_folder(src: Path, dst: Path, *, max_bytes: int = MAX_JOB_FOLDER_BYT
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target, follow_symlinks=False)
     return len(planned)
+
+
+def _site_for(recovery: str, text: str, src: Path) -> str:
+    """The demo's site config with ``recovery`` as its default path (the busy demo's edits for
+    in-allocation: one allocation needs one partition; a spare per stage takes a lost node's place)."""
+    from slurm_omni.drill.busy_demo import SITE_EDITS
+
+    if recovery == "resubmit":
+        return text          # the example site's default
+    for key, value in SITE_EDITS.items():
+        if key not in text:
+            raise DrillError(f"demo: couldn't adapt {src} for in-allocation recovery: {key!r} not found")
+        text = text.replace(key, value)
+    return text
+
+
+def describe_job(files: DemoFiles, site: SiteConfig) -> str:
+    """The submitted job in a few words, from its job file: its stages by their own names, the replicas,
+    the recovery path (``gpt stage, 2 replicas; ordinary job, recovery by resubmission``)."""
+    from slurm_omni.config.job import load_job
+    from slurm_omni.render import HetJobRequest, plan_stages
+
+    job = load_job(files.job)
+    plans = plan_stages(job, site)
+    names = " | ".join(p.name for p in plans)
+    many = len(plans) > 1
+    replicas = f"{job.job.data_parallel_size} replica{'s' if job.job.data_parallel_size > 1 else ''}" + (
+        " each" if many else "")
+    shape, _ = HetJobRequest(job=job, site=site, job_file=files.job, job_sha256="").in_allocation()
+    if shape is not None:
+        spares = sum(p.spares for p in plans)
+        road = f"one allocation of {shape.nodes} nodes ({spares} spare{'s' if spares != 1 else ''}), recovery in it"
+    else:
+        road = f"{'het' if many else 'ordinary'} job, recovery by resubmission"
+    return f"{names} stage{'s' if many else ''}, {replicas}; {road}"
 
 
 def synthesize(files: DemoFiles) -> int:
@@ -195,13 +234,14 @@ def handle(files: DemoFiles, job_id: int) -> JobHandle:
     return JobHandle.from_registration(find_registration(site, str(job_id)), site)
 
 
-def compare(files: DemoFiles, metrics: Path, reference_metrics: Path) -> Equivalence:
+def compare(files: DemoFiles, metrics: Path, reference_metrics: Path, stages: tuple[str, ...] = ()) -> Equivalence:
     """The run against the reference by the job's data contract (``[training.parallel] data_order``),
-    which the line names (drill/equivalence.py)."""
+    which the line names (drill/equivalence.py); ``stages``: the job's stage names in pipeline order."""
     from slurm_omni.config.job import load_job
 
     order = load_job(files.job).training.parallel.data_order
-    return check_equivalence(load_history(metrics), load_history(reference_metrics), data_order=order)
+    return check_equivalence(load_history(metrics, stages), load_history(reference_metrics, stages),
+                             data_order=order)
 
 
 def recovery_path(timeline: Path) -> str:

@@ -37,6 +37,38 @@ def test_files_fill_the_examples_and_render(tmp_path: Path) -> None:
     assert "#SBATCH hetjob" in script and "--omni-stage=vision:2,text:2" in script
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("example", "described"), [
+    ("demo", "vision | text stages, 2 replicas each; het job, recovery by resubmission"),
+    ("own-script", "vision | text stages, 2 replicas each; het job, recovery by resubmission"),
+    ("gpt", "gpt stage, 2 replicas; ordinary job, recovery by resubmission"),
+    ("speech-image-lm", "speech | image | lm stages, 2 replicas each; het job, recovery by resubmission"),
+])
+@pytest.mark.parametrize("recovery", [None, "in_allocation"])
+def test_the_demo_describes_each_example_by_its_own_stages(tmp_path: Path, example: str, described: str,
+                                                          recovery: str | None) -> None:
+    """Before, every job was "vision | text stages, 2 replicas each"; --recovery in_allocation gives the demo's
+    site one partition and a spare per stage, so that every example gets one allocation."""
+    cluster = LocalCluster(tmp_path / "cluster", ClusterSpec(nodes=8))
+    files = story.DemoFiles(tmp_path / "demo")
+    job_file = None if example == "demo" else REPO / "examples" / example / "job.toml"
+    story.write_files(files, cluster, job_file=job_file, recovery=recovery)
+    site = load_site(files.site)
+    text = story.describe_job(files, site)
+    if recovery is None:
+        assert text == described
+    else:
+        job = load_job(files.job)
+        stages, nodes = len(job.stages), sum(st.nodes for st in job.stages)
+        assert text.startswith(described.split(";")[0] + "; ")
+        assert text.endswith(f"one allocation of {nodes + stages} nodes ({stages} spare{'s' if stages > 1 else ''}), "
+                             "recovery in it")
+    if job_file is not None:
+        assert (files.work / "train.py").is_file()
+
+
 def test_job_environment_puts_this_omni_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin")
     env = story.job_environment(LocalCluster(tmp_path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,10 @@ def test_an_in_allocation_jobs_spare_is_never_the_default_target(tmp_path: Path)
     assert pick_node(alloc, allowed, "node3", "site.toml", ranked=h.rank_nodes(alloc))[1] == "node3"  # --node wins
     with pytest.raises(DrillRefused, match="its ranks run on node1, node2, none in drills.allowed_nodes"):
         pick_node(alloc, ("node3",), "", "site.toml", ranked=("node1", "node2"))
+    # the batch host only when no other node runs ranks: losing it ends the allocation's batch script
+    on_host = replace(alloc, batch_host="node2")
+    assert pick_node(on_host, allowed, "", "site.toml", ranked=("node1", "node2"))[1] == "node1"
+    assert pick_node(on_host, allowed, "", "site.toml", ranked=("node2",))[1] == "node2"
 
 
 @pytest.mark.parametrize(("allowed", "wanted", "message"), [
