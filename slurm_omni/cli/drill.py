@@ -49,7 +49,8 @@ def _kinds(kind: str | None, matrix: str) -> list[str]:
 @click.option("--site", "site_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Site config (default: $OMNI_SITE_CONFIG, else /etc/slurm-omni/omni.toml).")
 @click.option("--matrix", default="", help="Comma-separated kinds to run in a row, or 'all'.")
-@click.option("--node", default="", help="Node to drill (default: the job's last node drills may touch).")
+@click.option("--node", default="", help="Node to drill (default: the job's last node drills may touch that runs "
+              "ranks: never a spare, the batch host only when no other node runs ranks).")
 @click.option("--rank", type=int, help="Global rank for the rank drills (default: lowest on the node).")
 @click.option("--stall-s", type=float, default=10.0, show_default=True, help="stall-rank: SIGSTOP for this long.")
 @click.option("--after-steps", type=int, default=3, show_default=True,
