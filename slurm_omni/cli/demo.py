@@ -241,7 +241,9 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
 
     s.phase("files", lambda: story.write_files(files, lc, job_file=job_file, recovery=recovery),
             lambda _: f"job file{' and its script' if job_file else ''} and site config in {files.work}")
-    s.phase("data", lambda: story.synthesize(files), lambda n: f"{n} synthetic samples (image-text pairs, text)")
+    s.phase("data", lambda: story.synthesize(files) if story.builtin_trainer(files) else 0,
+            lambda n: f"{n} synthetic samples (image-text pairs, text)" if n else
+            "none synthesized: the job's [training] command reads its own")
     site = load_site(files.site)
     injector: Injector
     if root is not None:   # --user: the node changes through root, the rest as the user

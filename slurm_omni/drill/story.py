@@ -167,6 +167,13 @@ def describe_job(files: DemoFiles, site: SiteConfig) -> str:
     return f"{names} stage{'s' if many else ''}, {replicas}; {road}"
 
 
+def builtin_trainer(files: DemoFiles) -> bool:
+    """The job runs the built-in trainer (no ``[training] command``), which reads the demo's shards."""
+    from slurm_omni.config.job import load_job
+
+    return not load_job(files.job).training.command
+
+
 def synthesize(files: DemoFiles) -> int:
     """Image-text pairs and text-only samples for the job (``omni data synth``); returns the sample count."""
     from slurm_omni.runtime.synth import SynthSpec, write_shards

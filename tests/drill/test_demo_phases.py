@@ -67,6 +67,7 @@ def test_the_demo_describes_each_example_by_its_own_stages(tmp_path: Path, examp
                              "recovery in it")
     if job_file is not None:
         assert (files.work / "train.py").is_file()
+    assert story.builtin_trainer(files) == (job_file is None)     # only the built-in trainer reads the shards
 
 
 def test_job_environment_puts_this_omni_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
