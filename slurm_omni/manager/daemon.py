@@ -86,6 +86,8 @@ SUPERVISOR_STALE_S = 30.0
 """Allocation mode: a supervisor on another host is taken as gone when its status file (rewritten
 every node poll, 3 s) is this old."""
 UNMATCHED_TTL_S = 120.0
+SLURM_SPECIAL_STEPS = 0xFFFFFFF0
+"""Step ids from here up are Slurm's own (batch, extern, interactive): not launches of the job's step."""
 """A spool event that concerns none of the watched jobs stays this long before it is journaled
 (under no job) and removed."""
 
@@ -278,6 +280,13 @@ class Manager:
         elif isinstance(event, FaultRecord):
             if event.signal is None and event.exit_code in (EXIT_DONE, EXIT_CHECKPOINTED):
                 return   # the runtime's own "done" / "checkpointed for requeue": not a fault
+            if event.step_id < SLURM_SPECIAL_STEPS:
+                if event.step_id <= w.stale_step_max:
+                    log.info("manager: %s: a task of step %d.%d (an earlier launch) exited on %s after the "
+                             "relaunch: not counted against launch %s", w.key, event.job_id, event.step_id,
+                             event.node, w.relaunch_life)
+                    return
+                w.life_step_max = max(w.life_step_max, event.step_id)
             w.confirmer.observe(TaskExit(event.time, event.node, event.het_offset if w.array_task is None else 0,
                                          event.task_id, event.exit_code, event.signal))
 

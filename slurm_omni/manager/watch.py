@@ -59,6 +59,8 @@ class Watch:
     requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
     allocation_base: int | None = None       # in-allocation: the submission's incarnation (None: incarnation)
     relaunch_life: int | None = None         # in-allocation: the life the supervisor last relaunched, this requeue
+    life_step_max: int = -1                  # the highest step id of a fault record of this Slurm job, this life
+    stale_step_max: int = -1                 # in-allocation: fault records of steps up to it belong to earlier launches
     batch_host: str = ""                     # the incarnation's batch host, once running
     running_since: float | None = None       # when a poll first showed the judged life RUNNING
     max_steps: int | None = None             # the job file's [training] max_steps (None: unreadable)
@@ -152,6 +154,7 @@ class Watch:
         self.running_since = None
         self.requeue_settling = True
         self.relaunch_life = None      # the requeued allocation's supervisor starts again at launch 0
+        self.life_step_max = self.stale_step_max = -1   # and Slurm numbers its steps from 0 again
         self.phases.clear()
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.verdict = Verdict.NONE
@@ -168,6 +171,9 @@ class Watch:
         """The step supervisor relaunched inside the allocation: the same Slurm job, life ``life``."""
         self.incarnation = life - self.restart_count
         self.relaunch_life = life
+        # the killed step's ranks report their exits after the relaunch (slurmstepd is slow to reap them):
+        # its records must not count against the new launch, whose step has a higher id
+        self.stale_step_max = self.life_step_max
         self.phases.clear()
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.verdict = Verdict.NONE
@@ -179,6 +185,7 @@ class Watch:
             self.ended_ids.add(self.slurm_id)
         self.incarnation, self.slurm_id, self.units = incarnation, slurm_id, units
         self.allocation_base, self.relaunch_life = incarnation, None
+        self.life_step_max = self.stale_step_max = -1
         self.restore_step, self.quarantine = restore_step, quarantine
         self.nodes = {}
         self.batch_host = ""
