@@ -43,6 +43,7 @@ def test_demo_of_an_example_recovers_and_compares(slurm_cluster, example: str, r
     drill = next(line for line in out.splitlines() if "/11 drill:" in line)
     assert f"path {'in_allocation' if recovery == 'in_allocation' else 'resubmitted'}:" in drill, drill
     compare = next(line for line in out.splitlines() if "/11 compare:" in line)
-    assert "compare: equivalent: loss bitwise over " in compare, compare
+    # a spare took the lost node's place, or the resubmission got as many: every step at the reference's size
+    assert "compare: equivalent: contract bitwise" in compare and "loss bitwise over " in compare, compare
     report = next(line for line in out.splitlines() if "omni report: job " in line)
     assert f"({STAGES[example]})" in report, report
