@@ -94,7 +94,7 @@ def main() -> None:
             1 + math.cos(math.pi * min(1.0, s / steps))))
         sampler = RandomWindows(len(data), args.global_batch, seed=1234)
         run.checkpointer(modules={"gpt": model}, optimizers={"adamw": opt},       # slurm-omni
-                         state={"sched": sched, "sampler": sampler})               # slurm-omni
+                         state={"sched": sched, "sampler": sampler}, data=("sampler",))  # slurm-omni
         start = run.restore()                                                      # slurm-omni
         replica, replicas = dist.get_rank(dp), dist.get_world_size(dp)
         share = args.global_batch // replicas

@@ -154,7 +154,7 @@ def main() -> None:
         data = SpokenDigits()
         sampler = EpochBatches(len(data), args.global_batch, seed=1234)
         run.checkpointer(modules=stages, optimizers={"adamw": opt},                 # slurm-omni
-                         state={"sched": sched, "sampler": sampler})                # slurm-omni
+                         state={"sched": sched, "sampler": sampler}, data=("sampler",))  # slurm-omni
         start = run.restore()                                                       # slurm-omni
         replica, replicas = dist.get_rank(dp), dist.get_world_size(dp)
         share = args.global_batch // replicas
