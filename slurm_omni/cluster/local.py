@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import secrets
 import shlex
 import shutil
@@ -52,6 +53,10 @@ REQUIRED_COMMANDS = {
 SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 PROJECT = Path(__file__).resolve().parents[2]
 DEFAULT_PLUGIN = PROJECT / "spank" / "omni_spank.so"
+START_BATCH = 32
+"""slurmd started together, then checked, before the next batch."""
+WAIT_PER_NODE_S = 0.5
+"""More time for the nodes to become idle, per node (512 slurmd register on two shared cores)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,16 +205,25 @@ class LocalCluster:
         elif view is not None and self._plugin is None:
             self.build_plugin()
         self._write_files()
+        _raise_open_files()
         restarted = []
+        batch: list[subprocess.Popen[bytes]] = []
         for daemon in self.daemons():
             if alive.get(daemon.name) is None:
                 # A fresh cluster starts clean (-c: no jobs or node states from an earlier run); a
                 # slurmctld restarted under live slurmds keeps its state.
-                self._start(daemon, extra=("-c",) if fresh and daemon.name == "slurmctld" else ())
+                batch.append(self._start(daemon, extra=("-c",) if fresh and daemon.name == "slurmctld" else ()))
                 restarted.append(daemon.name.removeprefix("slurmd:"))
                 if daemon.name == "munged":
                     self._wait_for(lambda: self.paths.munge_socket.exists(), 10, "munged's socket")
+            # slurmd start in batches, each checked before the next: hundreds at once on two cores
+            # would all register with slurmctld in the same second
+            if len(batch) >= START_BATCH or not daemon.name.startswith("slurmd:"):
+                self._settle(batch)
+                batch = []
+        self._settle(batch)
         self._link_system_conf()
+        wait_s += WAIT_PER_NODE_S * self.spec.nodes
         if fresh:
             self.wait_idle(wait_s)
         else:
@@ -275,7 +289,7 @@ class LocalCluster:
         plugin = self.plugin if self.plugin.exists() else None
         write_atomic(self.paths.etc / "plugstack.conf", render_plugstack_conf(plugin, self.paths), mode=0o644, durable=False)
 
-    def _start(self, daemon: Daemon, extra: tuple[str, ...] = ()) -> None:
+    def _start(self, daemon: Daemon, extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
         daemon.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(daemon.log_file, "ab") as out:
             prefix = ["/usr/sbin/chroot", str(daemon.root)] if daemon.root else []
@@ -283,11 +297,20 @@ class LocalCluster:
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**os.environ, **self.env})
         write_atomic(daemon.pid_file, f"{proc.pid}\n", mode=0o644, durable=False)
-        time.sleep(0.05)
-        if proc.poll() is not None:
-            raise ClusterError(f"cluster: couldn't start {daemon.name}: exited {proc.returncode} "
-                               f"(see {daemon.log_file})")
         log.info("started %s (pid %d)", daemon.name, proc.pid)
+        return proc
+
+    def _settle(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        """A moment for the daemons just started, then every one must still run."""
+        if not procs:
+            return
+        time.sleep(0.05 + 0.01 * len(procs))
+        by_pid = {int(d.pid_file.read_text()): d for d in self.daemons() if d.pid_file.exists()}
+        for proc in procs:
+            if proc.poll() is not None:
+                d = by_pid.get(proc.pid)
+                name, where = (d.name, d.log_file) if d else (str(proc.args), self.paths.root)
+                raise ClusterError(f"cluster: couldn't start {name}: exited {proc.returncode} (see {where})")
 
     def _link_system_conf(self) -> None:
         # Plain `sinfo` reads /etc/slurm/slurm.conf; point it at us only where no system Slurm is configured,
@@ -425,6 +448,17 @@ class LocalCluster:
                                f"{', '.join(d.name for d in self.daemons())})")
         os.kill(pid, sig)
         return pid
+
+
+def _raise_open_files() -> None:
+    """The soft open-file limit up to the hard one, for the daemons started from here: slurmctld
+    holds a connection per node while it talks to hundreds of slurmd at once."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as e:
+        log.info("open-file limit unchanged: %s", e)
 
 
 def _ours(link: Path) -> bool:

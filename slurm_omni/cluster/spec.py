@@ -11,6 +11,10 @@ from slurm_omni.errors import ConfigError
 from slurm_omni.slurm.hostlist import compress
 
 DEFAULT_STATE_DIR = Path(".omni/cluster")
+MAX_NODES = 512
+"""The most slurmd one machine runs here (24 GiB, 2 cores: docs/in-allocation.md, "Scale")."""
+LARGE = 64
+"""Above this many nodes the config gives the one host's daemons more time (``large_cluster_lines``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,7 +51,7 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         checks = [
-            (1 <= self.nodes <= 64, f"nodes = {self.nodes} (allowed: 1..64 on one machine)"),
+            (1 <= self.nodes <= MAX_NODES, f"nodes = {self.nodes} (allowed: 1..{MAX_NODES} on one machine)"),
             (1 <= self.nodes_per_switch <= self.nodes,
              f"nodes_per_switch = {self.nodes_per_switch} (allowed: 1..nodes)"),
             (0 <= self.gpus_per_node <= 16, f"gpus_per_node = {self.gpus_per_node} (allowed: 0..16)"),
@@ -173,6 +177,9 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
     ]
+    override = dict(line.split("=", 1) for line in large_cluster_lines(spec))
+    lines = [f"{k}={override.pop(k)}" if (k := line.split("=", 1)[0]) in override else line for line in lines]
+    lines += [f"{k}={v}" for k, v in override.items()]
     for name in spec.node_names:
         lines.append(
             f"NodeName={name} NodeHostname={spec.hostname} NodeAddr=127.0.0.1 "
@@ -183,6 +190,21 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
     for part in spec.partitions:
         lines.append(f"PartitionName={part} Nodes={nodes} MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def large_cluster_lines(spec: ClusterSpec) -> list[str]:
+    """Settings for many slurmd on one host (more than :data:`LARGE`), over the defaults above.
+
+    Every slurmd, slurmstepd and task shares the same few cores: a message that takes 5 s to be
+    answered is load there, not a lost node, so MessageTimeout and TCPTimeout grow, and a slurmd
+    answers a ping late without being set DOWN (SlurmdTimeout at least 60 s: the scale lane sets a
+    node DOWN itself, it does not wait for a silent slurmd). Logs at error only: 512 slurmd write
+    them on the disk the job's files are on. TreeWidth stays Slurm's (messages to the nodes fan out
+    through slurmd's tree)."""
+    if spec.nodes <= LARGE:
+        return []
+    return ["MessageTimeout=30", "TCPTimeout=10", f"SlurmdTimeout={max(60, spec.slurmd_timeout_s)}",
+            "SlurmctldDebug=error", "SlurmdDebug=error"]
 
 
 def render_cgroup_conf() -> str:

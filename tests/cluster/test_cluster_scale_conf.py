@@ -1,0 +1,49 @@
+"""The embedded cluster's config for many slurmd on one host (issue 19's scale lane), pure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.cluster.spec import (
+    MAX_NODES,
+    ClusterPaths,
+    ClusterSpec,
+    render_slurm_conf,
+    render_topology_conf,
+)
+from slurm_omni.errors import ConfigError
+
+
+def _keys(conf: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in conf.splitlines():
+        if "=" in line and not line.startswith(("#", "NodeName", "PartitionName")):
+            key, value = line.split("=", 1)
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_a_large_cluster_gets_each_setting_once_with_more_time() -> None:
+    spec = ClusterSpec(nodes=MAX_NODES, nodes_per_switch=16, hostname="h")
+    conf = render_slurm_conf(spec, ClusterPaths(Path("/x")))
+    keys = _keys(conf)
+    assert all(len(v) == 1 for v in keys.values()), {k: v for k, v in keys.items() if len(v) > 1}
+    assert (keys["MessageTimeout"], keys["SlurmdTimeout"], keys["SlurmdDebug"]) == (["30"], ["60"], ["error"])
+    assert sum(line.startswith("NodeName=") for line in conf.splitlines()) == MAX_NODES
+    ports = {int(line.split("Port=")[1].split()[0]) for line in conf.splitlines() if line.startswith("NodeName=")}
+    assert ports == set(range(spec.slurmd_base_port, spec.slurmd_base_port + MAX_NODES))
+    topo = render_topology_conf(spec).splitlines()
+    assert sum(line.startswith("SwitchName=leaf") for line in topo) == MAX_NODES // 16
+    assert topo[-1] == f"SwitchName=root Switches=leaf[1-{MAX_NODES // 16}]"
+
+
+def test_a_small_cluster_keeps_its_settings() -> None:
+    keys = _keys(render_slurm_conf(ClusterSpec(hostname="h"), ClusterPaths(Path("/x"))))
+    assert (keys["MessageTimeout"], keys["SlurmdTimeout"], keys["SlurmdDebug"]) == (["5"], ["10"], ["info"])
+
+
+def test_more_nodes_than_one_machine_runs_is_refused() -> None:
+    with pytest.raises(ConfigError, match=f"nodes = {MAX_NODES + 1} \\(allowed: 1..{MAX_NODES}"):
+        ClusterSpec(nodes=MAX_NODES + 1, hostname="h")
