@@ -1,0 +1,372 @@
+"""A light training rank for the scale lane (issue 19): the runtime's contract without torch.
+
+    python -S bench/light_rank.py          # as a task of the step supervisor's srun
+
+Standard library only (its C modules, not their Python wrappers) and run with ``-S`` (no site
+packages, as the standby client is), so that 2,048 of them fit on one machine (private memory per
+rank measured in docs/in-allocation.md, "Scale"). What it keeps of ``slurm_omni.elastic`` (a test decodes its files
+with the package's own schemas, tests/supervisor/test_light_rank.py):
+
+- the environment of ``elastic/layout.py``: RANK (or SLURM_PROCID), WORLD_SIZE, OMNI_STAGES,
+  OMNI_STAGE, OMNI_DP_SIZE, OMNI_DP_RANK, OMNI_INCARNATION, OMNI_JOB_ID / SLURM_JOB_ID,
+  MASTER_ADDR / MASTER_PORT, OMNI_CKPT_DIR, OMNI_HEARTBEAT_DIR, OMNI_METRICS_DIR,
+  OMNI_HEARTBEAT_INTERVAL, OMNI_MAX_STEPS, OMNI_STEP_DELAY_S (a step is this sleep), SLURMD_NODENAME;
+- the heartbeat file ``<OMNI_HEARTBEAT_DIR>/rank-<RANK>.json`` (``formats/heartbeat.HeartbeatRecord``:
+  phase starting, then training from the restored step, a beat every interval, the last beat with
+  the exit code), replaced atomically;
+- the metrics lines ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl`` (``formats/metrics``), the
+  life's first line with ``task_started_at``, ``groups_ready_at``, ``restored_at`` and this rank's
+  ``restored_step``;
+- a checkpoint marker every OMNI_LIGHT_CKPT_EVERY steps (default 5) and at the last step:
+  ``<OMNI_CKPT_DIR>/light/rank-<RANK>/step-<N>.json`` (and on a stop signal), those older than
+  the step the life restored removed;
+- the restore's agreement: every rank sends the steps it holds to rank 0's store at
+  MASTER_ADDR:MASTER_PORT (the rendezvous) and all resume from the newest step every rank holds,
+  as ``Run.restore`` does with its all-reduce; ranks that hold markers but none in common exit 78
+  (a checkpoint that does not fit the job). Light ranks step without collectives, so under load
+  they drift apart by several checkpoints: the markers of a life are all kept until the next
+  life has agreed;
+- exit codes (``elastic/codes.py``): 0 at OMNI_MAX_STEPS, 75 after saving on SIGUSR1 or SIGTERM, 78
+  on an environment no restart can fix (with the heartbeat's ``error``), 1 when the rendezvous
+  fails.
+
+Between the restore and the end the ranks do not talk to each other (no collectives): a lost node
+ends the step through Slurm and the supervisor, as it does for the real trainer.
+"""
+
+from __future__ import annotations
+
+# The C modules under socket, signal, select and json: their Python wrappers import enum, re and
+# selectors, 1.5 MiB more per process (x 2,048 ranks).
+import _json
+import _signal
+import _socket
+import os
+import select
+import sys
+import time
+
+STARTED_AT = time.time()
+EXIT_DONE, EXIT_FAILED, EXIT_CHECKPOINTED, EXIT_BAD_INPUT = 0, 1, 75, 78
+MAX_ERROR_CHARS = 400
+
+
+class BadInput(Exception):
+    """The environment or the checkpoint cannot work: exit 78."""
+
+
+class Rank:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.rank = _int(env, "RANK", _int(env, "SLURM_PROCID", 0))
+        self.world = _int(env, "WORLD_SIZE", 1)
+        stages = [s for s in env.get("OMNI_STAGES", "").split(",") if s] or ["main"]
+        self.dp = _int(env, "OMNI_DP_SIZE", self.world if len(stages) == 1 else self.world // len(stages))
+        colocated = len(stages) == 1
+        self.stage = 0 if colocated else _int(env, "OMNI_STAGE", self.rank // max(1, self.dp))
+        self.dp_rank = _int(env, "OMNI_DP_RANK", self.rank % max(1, self.dp))
+        self.stage_name = "+".join(stages) if colocated else stages[self.stage] if self.stage < len(stages) else "?"
+        self.incarnation = _int(env, "OMNI_INCARNATION", _int(env, "SLURM_RESTART_COUNT", 0))
+        self.job_id = env.get("OMNI_JOB_ID") or env.get("SLURM_JOB_ID") or "local"
+        run_dir = env.get("OMNI_RUN_DIR") or "omni-run"
+        self.ckpt_dir = env.get("OMNI_CKPT_DIR") or os.path.join(run_dir, "ckpt")
+        self.hb_dir = env.get("OMNI_HEARTBEAT_DIR") or os.path.join(run_dir, "heartbeat")
+        self.metrics_dir = env.get("OMNI_METRICS_DIR") or os.path.join(run_dir, "metrics")
+        self.interval = _float(env, "OMNI_HEARTBEAT_INTERVAL", 2.0)
+        self.step_delay = _float(env, "OMNI_STEP_DELAY_S", 0.1)
+        self.max_steps = _int(env, "OMNI_MAX_STEPS", 100)
+        self.every = _int(env, "OMNI_LIGHT_CKPT_EVERY", 5)
+        self.master = (env.get("MASTER_ADDR", ""), _int(env, "MASTER_PORT", 0))
+        self.node = env.get("SLURMD_NODENAME", "")
+        self.mine = os.path.join(self.ckpt_dir, "light", f"rank-{self.rank}")
+        self.hb_path = os.path.join(self.hb_dir, f"rank-{self.rank}.json")
+        self.state: dict[str, object] = {
+            "rank": self.rank, "stage": self.stage, "dp_rank": self.dp_rank, "pid": os.getpid(),
+            "incarnation": self.incarnation, "job_id": self.job_id[:63], "step": -1, "phase": "starting",
+            "step_time_s": None, "last_checkpoint_step": None, "beats": 0}
+        if self.node:
+            self.state["node"] = self.node
+        self.stop_signal = 0
+        self.next_beat = 0.0
+        self.metrics = None
+
+    def check(self) -> None:
+        """What the layout checks: the same numbers a real rank would refuse."""
+        problems = []
+        if self.world < 1 or not 0 <= self.rank < self.world:
+            problems.append(f"RANK={self.rank} with WORLD_SIZE={self.world}")
+        if self.dp < 1 or not 0 <= self.dp_rank < self.dp:
+            problems.append(f"OMNI_DP_RANK={self.dp_rank} with OMNI_DP_SIZE={self.dp}")
+        if self.world > 1 and not (self.master[0] and self.master[1]):
+            problems.append(f"MASTER_ADDR and MASTER_PORT must be set for WORLD_SIZE={self.world}")
+        if self.max_steps < 1 or self.every < 1 or self.interval <= 0:
+            problems.append(f"OMNI_MAX_STEPS={self.max_steps}, OMNI_LIGHT_CKPT_EVERY={self.every}, "
+                            f"OMNI_HEARTBEAT_INTERVAL={self.interval} (all must be > 0)")
+        if problems:
+            raise BadInput("light rank: couldn't place rank: " + "; ".join(problems))
+
+    # -- files ------------------------------------------------------------------------------------
+    def beat(self, *, force: bool = False, **changes: object) -> None:
+        self.state.update(changes)
+        now = time.time()
+        if not force and now < self.next_beat:
+            return
+        self.next_beat = now + self.interval
+        self.state["beats"] = int(self.state["beats"]) + 1   # type: ignore[call-overload]
+        self.state["time"] = now
+        try:
+            _write_atomic(self.hb_path, _dumps(self.state))
+        except OSError as e:   # a flaky shared disk must not end training: the beat goes stale
+            print(f"light rank: couldn't write {self.hb_path}: {e}", file=sys.stderr, flush=True)
+
+    def log_metrics(self, step: int, step_time: float | None, **first: float) -> None:
+        if self.metrics is None:
+            os.makedirs(self.metrics_dir, exist_ok=True)
+            path = os.path.join(self.metrics_dir, f"metrics-{self.stage_name}-{self.dp_rank}.jsonl")
+            self.metrics = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in finish)
+        line = {"time": time.time(), "rank": self.rank, "stage": self.stage, "dp_rank": self.dp_rank,
+                "incarnation": self.incarnation, "step": step, "step_time_seconds": step_time,
+                "data_parallel_size": self.dp, **first}
+        self.metrics.write(_dumps(line))
+
+    def markers(self) -> list[int]:
+        """The steps this rank holds a marker of, oldest first."""
+        try:
+            return sorted(int(n[5:-5]) for n in os.listdir(self.mine)
+                          if n.startswith("step-") and n.endswith(".json") and n[5:-5].isdigit())
+        except FileNotFoundError:
+            return []
+
+    def prune(self, below: int) -> None:
+        """Markers older than the step every rank restored (complete everywhere, so never needed again)."""
+        for s in self.markers():
+            if s < below:
+                try:
+                    os.unlink(os.path.join(self.mine, f"step-{s}.json"))
+                except FileNotFoundError:
+                    pass
+
+    def save(self, step: int) -> None:
+        """This rank's marker of ``step``, durable before it counts."""
+        self.beat(force=True, phase="checkpointing")
+        os.makedirs(self.mine, exist_ok=True)
+        _write_atomic(os.path.join(self.mine, f"step-{step}.json"),
+                      _dumps({"rank": self.rank, "step": step, "incarnation": self.incarnation, "time": time.time()}),
+                      durable=True)
+        self.beat(force=True, phase="training", last_checkpoint_step=step)
+
+    # -- the rendezvous: the newest step every rank holds ------------------------------------------
+    def agree(self, mine: list[int], timeout_s: float) -> int:
+        """The newest step in every rank's ``mine`` (0: none anywhere, a fresh start; -1: ranks hold
+        markers but no step in common)."""
+        if self.world == 1:
+            return max(mine, default=0)
+        if self.rank == 0:
+            return self._serve(mine, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            try:
+                s.settimeout(5)
+                s.connect(self.master)
+                s.sendall(f"{self.rank} {','.join(map(str, mine)) or '-'}\n".encode())
+                s.settimeout(self.interval)
+                data = b""
+                while not data.endswith(b"\n"):
+                    try:
+                        chunk = s.recv(64)
+                    except TimeoutError:
+                        self.beat()
+                        if time.monotonic() > deadline:
+                            raise
+                        continue
+                    if not chunk:
+                        raise ConnectionError("the store closed the connection")
+                    data += chunk
+                return int(data)
+            except (ConnectionRefusedError, ConnectionResetError) as e:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: {e}") from e
+                self.beat()
+                time.sleep(0.1)
+            finally:
+                s.close()
+
+    def _serve(self, mine: list[int], timeout_s: float) -> int:
+        server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        server.bind(("" if self.master[0] not in ("127.0.0.1", "localhost") else self.master[0], self.master[1]))
+        server.listen(min(self.world, 4096))
+        server.setblocking(False)
+        poller = select.poll()
+        poller.register(server.fileno(), select.POLLIN)
+        steps: dict[int, set[int]] = {0: set(mine)}
+        peers: dict[int, tuple[_socket.socket, bytes]] = {}
+        done: list[_socket.socket] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(steps) < self.world:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"{len(steps)} of {self.world} ranks joined within {timeout_s:.0f}s")
+                self.beat()
+                for fd, _ in poller.poll(min(self.interval, 0.5) * 1000):
+                    if fd == server.fileno():
+                        try:
+                            cfd, _addr = server._accept()
+                        except BlockingIOError:
+                            continue
+                        conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, cfd)
+                        conn.setblocking(False)
+                        peers[cfd] = (conn, b"")
+                        poller.register(cfd, select.POLLIN)
+                        continue
+                    conn, data = peers[fd]
+                    try:
+                        chunk = conn.recv(4096)
+                    except BlockingIOError:
+                        continue
+                    data += chunk
+                    peers[fd] = (conn, data)
+                    if not chunk or data.endswith(b"\n"):
+                        poller.unregister(fd)
+                        del peers[fd]
+                        rank, held = data.split()
+                        steps[int(rank)] = {int(x) for x in held.split(b",") if x != b"-"}
+                        done.append(conn)
+            common = set.intersection(*steps.values())
+            agreed = max(common) if common else -1 if any(steps.values()) else 0
+            for conn in done:
+                conn.setblocking(True)
+                conn.sendall(f"{agreed}\n".encode())
+            return agreed
+        finally:
+            for conn in [*done, *(c for c, _ in peers.values())]:
+                conn.close()
+            server.close()
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        os.makedirs(self.hb_dir, mode=0o700, exist_ok=True)
+        self.beat(force=True)
+        self.check()
+        held = self.markers()
+        agreed = self.agree(held, _float(self.env, "OMNI_COLLECTIVE_TIMEOUT", 300.0))
+        groups_ready_at = time.time()
+        if agreed < 0 or (agreed and not os.path.exists(os.path.join(self.mine, f"step-{agreed}.json"))):
+            raise BadInput(f"light rank: couldn't restore: no step every rank holds a marker of (rank {self.rank} "
+                           f"holds {held[-5:]} in {self.mine})")
+        self.prune(agreed)
+        step = agreed
+        self.beat(force=True, step=step, phase="training", last_checkpoint_step=agreed or None)
+        first = {"task_started_at": STARTED_AT, "groups_ready_at": groups_ready_at, "restored_at": time.time(),
+                 "restored_step": agreed}
+        started = time.monotonic()
+        while step < self.max_steps:
+            self._sleep(self.step_delay)
+            step += 1
+            now = time.monotonic()
+            took, started = now - started, now
+            self.beat(step=step, step_time_s=took)
+            self.log_metrics(step, took, **first)
+            first = {}
+            if self.stop_signal:
+                self.save(step)
+                return self.finish(EXIT_CHECKPOINTED, "stopping")
+            if step % self.every == 0 or step == self.max_steps:
+                self.save(step)
+        return self.finish(EXIT_DONE, "done")
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, self.interval))
+            self.beat()
+
+    def finish(self, code: int, phase: str, error: str = "") -> int:
+        for sig in (_signal.SIGUSR1, _signal.SIGTERM):
+            _signal.signal(sig, _signal.SIG_IGN)   # the code is decided
+        if error:
+            self.state["error"] = " ".join(error.split())[:MAX_ERROR_CHARS]
+        self.beat(force=True, phase=phase, exit_code=code)
+        if self.metrics is not None:
+            self.metrics.close()
+        return code
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        self.stop_signal = signum
+
+
+def _int(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise BadInput(f"light rank: couldn't read {name}: {raw[:80]!r} is not an integer") from None
+
+
+def _float(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise BadInput(f"light rank: couldn't read {name}: {raw[:80]!r} is not a number") from None
+
+
+def _dumps(obj: dict[str, object]) -> bytes:
+    """One line of JSON, as ``json.dumps(obj, separators=(",", ":"))`` writes it (without importing
+    json and re): str, int, finite float, None, bool and dicts of them."""
+    return (_encode(obj) + "\n").encode()
+
+
+def _encode(value: object) -> str:
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if not -1e308 * 10 < value < 1e308 * 10:   # NaN and the infinities
+            raise ValueError(f"light rank: {value} is no JSON number")
+        return repr(value)
+    if isinstance(value, str):
+        return _json.encode_basestring_ascii(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json.encode_basestring_ascii(str(k))}:{_encode(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"light rank: can't write {type(value).__name__} as JSON")
+
+
+def _write_atomic(path: str, data: bytes, *, durable: bool = False) -> None:
+    """Like ``slurm_omni.fsio.write_atomic``: a temporary name in the same folder, then a rename."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    env = dict(os.environ)
+    try:
+        rank = Rank(env)
+    except BadInput as e:
+        print(e, file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    for sig in (_signal.SIGUSR1, _signal.SIGTERM):
+        _signal.signal(sig, rank.on_signal)
+    try:
+        return rank.run()
+    except BadInput as e:
+        print(e, file=sys.stderr, flush=True)
+        return rank.finish(EXIT_BAD_INPUT, "failed", str(e))
+    except Exception as e:  # noqa: BLE001 (a crash: exit 1, the last beat says why)
+        print(f"light rank {rank.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return rank.finish(EXIT_FAILED, "failed", f"{type(e).__name__}: {e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""bench/light_rank.py, the scale lane's rank without torch, speaks the runtime's contract: its files
+decode with the package's own schemas, every rank resumes from the newest step all of them hold,
+and its exit codes are the runtime's (0, 75, 78)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
+from slurm_omni.formats.metrics import parse_line
+from slurm_omni.manager.events import parse_heartbeat, read_heartbeats
+from slurm_omni.supervisor.ports import pick
+
+LIGHT_RANK = Path(__file__).resolve().parents[2] / "bench" / "light_rank.py"
+
+
+def _env(tmp_path: Path, rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMNI_", "SLURM_"))}
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), OMNI_DP_SIZE=str(world), OMNI_DP_RANK=str(rank),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMNI_CKPT_DIR=str(tmp_path / "ckpt"),
+               OMNI_HEARTBEAT_DIR=str(tmp_path / "hb"), OMNI_METRICS_DIR=str(tmp_path / "metrics"),
+               OMNI_JOB_ID="42", OMNI_HEARTBEAT_INTERVAL="0.05", OMNI_STEP_DELAY_S="0.01",
+               OMNI_COLLECTIVE_TIMEOUT="60", SLURMD_NODENAME=f"node{rank + 1}")
+    env.update(extra)
+    return env
+
+
+def _start(tmp_path: Path, world: int, **extra: str) -> list[subprocess.Popen[bytes]]:
+    port, _ = pick(range(41000, 41100))
+    return [subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=_env(tmp_path, r, world, port, **extra),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
+
+
+def _codes(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    return [p.wait(timeout=60) for p in procs]
+
+
+def _first_lines(tmp_path: Path, incarnation: int) -> dict[int, dict[str, object]]:
+    out: dict[int, dict[str, object]] = {}
+    for path in sorted((tmp_path / "metrics").glob("metrics-*.jsonl")):
+        for number, line in enumerate(path.read_text().splitlines()):
+            rec = parse_line(line, f"{path}:{number + 1}")   # the package's strict reader
+            if rec.incarnation == incarnation and rec.rank not in out:
+                out[rec.rank] = json.loads(line)
+    return out
+
+
+def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path) -> None:
+    assert _codes(_start(tmp_path, 3, OMNI_MAX_STEPS="12", OMNI_INCARNATION="0")) == [EXIT_DONE] * 3
+    beats = read_heartbeats(tmp_path / "hb")
+    assert sorted(b.rank for b in beats) == [0, 1, 2]
+    assert {(b.phase, b.step, b.exit_code, b.last_checkpoint_step) for b in beats} == {("done", 12, 0, 12)}
+    assert {b.node for b in beats} == {"node1", "node2", "node3"}
+    markers = sorted(p.name for p in (tmp_path / "ckpt" / "light" / "rank-1").iterdir())
+    assert markers == ["step-10.json", "step-12.json", "step-5.json"]   # every 5 and the last
+    # rank 2 lost its newest marker, rank 0 an older one: everyone resumes from step 10, the newest
+    # all hold, and markers older than it go
+    (tmp_path / "ckpt" / "light" / "rank-2" / "step-12.json").unlink()
+    (tmp_path / "ckpt" / "light" / "rank-0" / "step-5.json").unlink()
+    assert _codes(_start(tmp_path, 3, OMNI_MAX_STEPS="14", OMNI_INCARNATION="1")) == [EXIT_DONE] * 3
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "light" / "rank-1").iterdir()) == \
+        ["step-10.json", "step-12.json", "step-14.json"]
+    first = _first_lines(tmp_path, 1)
+    assert sorted(first) == [0, 1, 2]
+    assert {line["restored_step"] for line in first.values()} == {10}
+    assert {line["step"] for line in first.values()} == {11}
+    for line in first.values():
+        started, ready, restored = (float(line[k]) for k in ("task_started_at", "groups_ready_at", "restored_at"))
+        assert 0 < started <= ready <= restored
+
+
+def test_a_stop_signal_saves_and_exits_75(tmp_path: Path) -> None:
+    procs = _start(tmp_path, 2, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.05", OMNI_INCARNATION="3")
+    hb = tmp_path / "hb" / "rank-1.json"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if hb.exists() and parse_heartbeat(hb.read_bytes()).step >= 2:
+            break
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGUSR1)
+    assert _codes(procs) == [EXIT_CHECKPOINTED] * 2
+    for b in read_heartbeats(tmp_path / "hb"):
+        assert (b.phase, b.exit_code, b.incarnation) == ("stopping", EXIT_CHECKPOINTED, 3)
+        assert b.last_checkpoint_step == b.step
+        assert (tmp_path / "ckpt" / "light" / f"rank-{b.rank}" / f"step-{b.step}.json").exists()
+
+
+def test_ranks_with_no_step_in_common_exit_78(tmp_path: Path) -> None:
+    assert _codes(_start(tmp_path, 2, OMNI_MAX_STEPS="5")) == [EXIT_DONE] * 2
+    (tmp_path / "ckpt" / "light" / "rank-1" / "step-5.json").rename(tmp_path / "ckpt" / "light" / "rank-1" / "step-4.json")
+    assert _codes(_start(tmp_path, 2, OMNI_MAX_STEPS="10", OMNI_INCARNATION="1")) == [EXIT_BAD_INPUT] * 2
+    assert {(b.phase, b.exit_code) for b in read_heartbeats(tmp_path / "hb")} == {("failed", EXIT_BAD_INPUT)}
+
+
+@pytest.mark.parametrize("bad", [{"WORLD_SIZE": "two"}, {"OMNI_DP_RANK": "5"}, {"MASTER_PORT": ""}])
+def test_input_no_restart_can_fix_exits_78_with_one_line(tmp_path: Path, bad: dict[str, str]) -> None:
+    env = {**_env(tmp_path, 1, 2, 1), **bad}
+    proc = subprocess.run([sys.executable, "-S", str(LIGHT_RANK)], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("light rank: couldn't")
+    hb = tmp_path / "hb" / "rank-1.json"
+    if "WORLD_SIZE" not in bad:   # the rank knew who it was: its last beat says why
+        beat = parse_heartbeat(hb.read_bytes())
+        assert (beat.phase, beat.exit_code) == ("failed", EXIT_BAD_INPUT) and beat.error.startswith("light rank:")
