@@ -184,7 +184,7 @@ class Rank:
                         raise ConnectionError("the store closed the connection")
                     data += chunk
                 return int(data)
-            except (ConnectionRefusedError, ConnectionResetError) as e:
+            except OSError as e:   # refused (rank 0 not listening yet), its backlog full, reset: again
                 if time.monotonic() > deadline:
                     raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: {e}") from e
                 self.beat()
@@ -236,8 +236,11 @@ class Rank:
             common = set.intersection(*steps.values())
             agreed = max(common) if common else -1 if any(steps.values()) else 0
             for conn in done:
-                conn.setblocking(True)
-                conn.sendall(f"{agreed}\n".encode())
+                try:
+                    conn.setblocking(True)
+                    conn.sendall(f"{agreed}\n".encode())
+                except OSError:   # that rank is gone: the step ends without this one's help
+                    pass
             return agreed
         finally:
             for conn in [*done, *(c for c, _ in peers.values())]:

@@ -50,6 +50,8 @@ sys.path.insert(0, str(REPO))
 
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import ClusterSpec
+from slurm_omni.formats import encode
+from slurm_omni.formats.heartbeat import HeartbeatRecord
 from slurm_omni.formats.metrics import parse_line
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.runner import CommandRunner
@@ -79,6 +81,8 @@ class Result:
     """Mean private MiB: slurmd, slurmstepd, rank; idle slurmd CPU (ms per s)."""
     checks: list[str] = field(default_factory=list)
     load: float = 0.0
+    scan: tuple[float, float] | None = None
+    """One heartbeat scan over this many ranks' files: CPU and wall seconds."""
 
 
 # -- /proc ---------------------------------------------------------------------------------------
@@ -385,17 +389,49 @@ def report(results: list[Result]) -> None:
               f"x {int(m.get('slurmstepd_count', 0))}, light rank {m.get('rank_mib', 0):.1f} MiB "
               f"x {int(m.get('rank_count', 0))}")
     measured = [r for r in results if not r.na]
-    if len(measured) >= 2:
-        a, b = measured[0], measured[-1]
-        print(f"\nlog-log slope {a.nodes} -> {b.nodes} nodes (1: linear in nodes; 0: flat)")
+    pairs = [(measured[0], measured[-1])] if len(measured) >= 2 else []
+    from64 = [r for r in measured if r.nodes >= 64]
+    if len(from64) >= 2 and from64[0] is not measured[0]:   # the issue's: 64 to the largest
+        pairs.append((from64[0], from64[-1]))
+    if pairs:
+        print("\nlog-log slope (1: linear in nodes; 0: flat)")
+        print(f"  {'':<11} " + " ".join(f"{f'{a.nodes}->{b.nodes}':>10}" for a, b in pairs))
         for p in (*PHASES, "total", "cpu/poll"):
-            va = a.total if p == "total" else a.cpu_per_poll if p == "cpu/poll" else a.phases.get(p)
-            vb = b.total if p == "total" else b.cpu_per_poll if p == "cpu/poll" else b.phases.get(p)
-            print(f"  {p:<11} {slope((a.nodes, va), (b.nodes, vb))}")
+            def value(r: Result, p: str = p) -> float | None:
+                return r.total if p == "total" else r.cpu_per_poll if p == "cpu/poll" else r.phases.get(p)
+            print(f"  {p:<11} " + " ".join(f"{slope((a.nodes, value(a)), (b.nodes, value(b))):>10}" for a, b in pairs))
+    print("\none heartbeat scan (read_heartbeats, the supervisor's and the manager's per poll) over synthetic "
+          "files, CPU / wall, median of 5")
+    for r in results:
+        if r.scan is not None:
+            print(f"  {r.ranks:>5} ranks: {1000 * r.scan[0]:.1f} ms / {1000 * r.scan[1]:.1f} ms "
+                  f"({1e6 * r.scan[0] / max(1, r.ranks):.0f} us CPU per file)")
     print("\nchecks")
     for r in results:
         for line in r.checks or ([f"n/a: {r.na}"] if r.na else []):
             print(f"  {r.nodes:>4} nodes: {line}")
+
+
+def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
+    """CPU and wall seconds of one ``read_heartbeats`` (what the supervisor and the manager run per
+    poll) over ``ranks`` heartbeat files written here (the median of 5): the part of the poll that
+    grows with the ranks, measured without a cluster, so also for a size that cannot run."""
+    folder = work / f"scan-{ranks}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    now = time.time()
+    for r in range(ranks):
+        (folder / f"rank-{r}.json").write_bytes(encode(HeartbeatRecord(
+            rank=r, stage=0, dp_rank=r, pid=1000 + r, incarnation=1, job_id="1", step=17, phase="training",
+            time=now, step_time_s=0.5, last_checkpoint_step=15, beats=9, node=f"node{r // TASKS_PER_NODE + 1}")))
+    runs = []
+    for _ in range(5):
+        c0, w0 = time.process_time(), time.perf_counter()
+        read_heartbeats(folder)
+        runs.append((time.process_time() - c0, time.perf_counter() - w0))
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
+    return sorted(c for c, _ in runs)[2], sorted(w for _, w in runs)[2]
 
 
 def fits(nodes: int, measured: list[Result], reserve_mib: float) -> str:
@@ -435,12 +471,14 @@ def main() -> int:
     results: list[Result] = []
     try:
         for n in sizes:
+            scan = scan_cost(TASKS_PER_NODE * (n - 1), root)
             why = fits(n, results, args.reserve_gib * 1024)
             if why:
-                results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - 1), na=why))
+                results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - 1), na=why, scan=scan))
                 print(f"[n={n}] n/a: {why}", flush=True)
                 continue
             size = Size(args, n, root)
+            size.result.scan = scan
             try:
                 results.append(size.run())
             except Exception as e:  # noqa: BLE001 (one size's failure is its n/a, not the end of the table)
