@@ -61,8 +61,8 @@ from slurm_omni.supervisor.run import SupervisorOptions
 LIGHT_RANK = REPO / "bench" / "light_rank.py"
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
 TASKS_PER_NODE = 4
-HEARTBEAT_POLL_S = float(next(f.default for f in dataclasses.fields(SupervisorOptions)
-                              if f.name == "heartbeat_poll_s"))
+_POLL = next(f.default for f in dataclasses.fields(SupervisorOptions) if f.name == "heartbeat_poll_s")
+HEARTBEAT_POLL_S = _POLL if isinstance(_POLL, float) else 0.5
 """The supervisor reads the heartbeats this often."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -82,6 +82,8 @@ class Result:
     checks: list[str] = field(default_factory=list)
     load: float = 0.0
     scan: tuple[float, float] | None = None
+    step_s: float | None = None
+    """The ranks' median step time in steady state (their heartbeats' step_time_s), paced at --step-delay."""
     """One heartbeat scan over this many ranks' files: CPU and wall seconds."""
 
 
@@ -283,6 +285,8 @@ class Size:
             return r
         self.log("launch 0 steady: measuring the control plane")
         self.steady_state(inc0)
+        times = sorted(b.step_time_s for b in self.beats(inc0) if b.step_time_s is not None)
+        r.step_s = times[len(times) // 2] if times else None
         st = self.journal().state
         victim = st.launches[0].layout.components[0][-1]
         held = [x.last_checkpoint_step for x in self.beats(inc0)]
@@ -383,7 +387,7 @@ def report(results: list[Result]) -> None:
         m = r.memory
         if not m:
             continue
-        print(f"{r.nodes:>5} nodes: up {fmt(r.up_s, 's', 0)}; slurmd {m.get('slurmd_mib', 0):.1f} MiB "
+        print(f"{r.nodes:>5} nodes: up {fmt(r.up_s, 's', 0)}; ranks step in {fmt(r.step_s)}; slurmd {m.get('slurmd_mib', 0):.1f} MiB "
               f"(idle {m.get('slurmd_idle_cpu_ms_per_s', 0):.1f} ms CPU/s each), slurmctld "
               f"{m.get('slurmctld_mib', 0):.1f} MiB, slurmstepd {m.get('slurmstepd_mib', 0):.1f} MiB "
               f"x {int(m.get('slurmstepd_count', 0))}, light rank {m.get('rank_mib', 0):.1f} MiB "
@@ -434,6 +438,21 @@ def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
     return sorted(c for c, _ in runs)[2], sorted(w for _, w in runs)[2]
 
 
+SATURATED = 3.0
+"""The ranks step this many times slower than paced: the machine's cores are the limit."""
+
+
+def saturated(nodes: int, measured: list[Result], paced_s: float) -> str:
+    """Empty unless a smaller size already saturated the machine (its ranks stepped SATURATED x slower
+    than paced: every figure of a larger one would be the machine's, not the control plane's)."""
+    prev = next((r for r in reversed(measured) if r.step_s is not None), None)
+    if prev is None or prev.step_s is None or prev.step_s < SATURATED * paced_s:
+        return ""
+    return (f"the machine's own limit: at {prev.nodes} nodes the {prev.ranks} light ranks already stepped in "
+            f"{prev.step_s:.1f} s instead of the paced {paced_s:.1f} s (load {prev.load:.0f} on "
+            f"{os.cpu_count()} cores), and {TASKS_PER_NODE * (nodes - 1)} would need twice the CPU")
+
+
 def fits(nodes: int, measured: list[Result], reserve_mib: float) -> str:
     """Empty when the size fits in MemAvailable by the per-process figures measured so far."""
     got = [r.memory for r in measured if r.memory.get("rank_mib")]
@@ -472,7 +491,7 @@ def main() -> int:
     try:
         for n in sizes:
             scan = scan_cost(TASKS_PER_NODE * (n - 1), root)
-            why = fits(n, results, args.reserve_gib * 1024)
+            why = fits(n, results, args.reserve_gib * 1024) or saturated(n, results, args.step_delay)
             if why:
                 results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - 1), na=why, scan=scan))
                 print(f"[n={n}] n/a: {why}", flush=True)
