@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import ClusterSpec
+from slurm_omni.errors import SlurmError
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import HeartbeatRecord
 from slurm_omni.formats.metrics import parse_line
@@ -138,6 +139,8 @@ class Size:
                                 first_job_id=args.first_job_id, partitions=())
         self.cluster = LocalCluster(Path(args.state_dir), self.spec)
         self.runner = CommandRunner(self.cluster.env, timeout_s=60)
+        # the bench's own polls: one quick try (a slurmctld gone must not hold the table for minutes)
+        self.poller = CommandRunner(self.cluster.env, timeout_s=20, retries=1)
         self.result = Result(nodes=nodes, ranks=TASKS_PER_NODE * (nodes - 1))
         self.job_id = ""
 
@@ -214,7 +217,10 @@ class Size:
         return False
 
     def job_state(self) -> str:
-        proc = self.runner.run(["scontrol", "show", "job", "-o", self.job_id], check=False)
+        try:
+            proc = self.poller.run(["scontrol", "show", "job", "-o", self.job_id], check=False)
+        except SlurmError:
+            return "?"
         for part in proc.stdout.split():
             if part.startswith("JobState="):
                 return part.split("=", 1)[1]
