@@ -423,7 +423,7 @@ class LocalCluster:
     def _kill_strays(self) -> list[str]:
         """slurmstepd and job processes run in sessions of their own; find ours by their open files."""
         # Inside a root's view a job's files read as <view>/<host path> from out here.
-        prefixes = (str(self.paths.root), str(view_path(self.paths.root)) + "/")
+        prefixes = (str(self.paths.root), str(view_path(self.paths.root)))
         killed = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -434,7 +434,7 @@ class LocalCluster:
                 paths = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
             except OSError:
                 continue
-            if any(p.startswith(prefixes) for p in paths):
+            if any(_under(p, prefixes) for p in paths):
                 _signal_group(int(proc.name), signal.SIGKILL)
                 killed.append(f"slurmstepd:{proc.name}")
         return killed
@@ -448,6 +448,11 @@ class LocalCluster:
                                f"{', '.join(d.name for d in self.daemons())})")
         os.kill(pid, sig)
         return pid
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    """``path`` is one of ``roots`` or inside one (``/s/cluster-scale/x`` is not inside ``/s/cluster``)."""
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def _raise_open_files() -> None:

@@ -47,3 +47,14 @@ def test_a_small_cluster_keeps_its_settings() -> None:
 def test_more_nodes_than_one_machine_runs_is_refused() -> None:
     with pytest.raises(ConfigError, match=f"nodes = {MAX_NODES + 1} \\(allowed: 1..{MAX_NODES}"):
         ClusterSpec(nodes=MAX_NODES + 1, hostname="h")
+
+
+def test_down_finds_strays_of_its_own_state_dir_only() -> None:
+    # a cluster in .omni/cluster must not take the slurmstepd of .omni/cluster-scale for its own
+    from slurm_omni.cluster.local import _under
+
+    roots = ("/w/.omni/cluster", "/var/cache/roots/view/w/.omni/cluster")
+    assert _under("/w/.omni/cluster/nodes/node1/spool/x", roots)
+    assert _under("/var/cache/roots/view/w/.omni/cluster/etc/slurm.conf", roots)
+    assert not _under("/w/.omni/cluster-scale/nodes/node1/spool/x", roots)
+    assert not _under("/var/cache/roots/view/w/.omni/cluster-scale/x", roots)
