@@ -16,6 +16,9 @@ in this order:
 4a. the launch failed before its first heartbeat the same way as the launch before it
    (``policy.start_failure``: a crash at start that a relaunch repeats) -> :class:`Finish` with exit
    78 (bad input) and the one line: no relaunch, no hand-over;
+4b. a rank of the launch exited 78 (bad input: its last heartbeat says so, with its one line; srun
+   itself returns 137 when the others were killed for it) -> :class:`Finish` with exit 78 and that
+   line: no relaunch can fix the input;
 5. too many launches in a row ended before their first step (a crash at start-up that a relaunch
    repeats) -> :class:`HandOver` to the manager's resubmission;
 6. otherwise :class:`Recover`: a replacement that was asked for (a planned migration), else a
@@ -74,6 +77,9 @@ class LaunchEnd:
     repeated: str = ""
     """The stop line when this launch failed before its first heartbeat the same way as the one
     before it (``policy.start_failure.repeated_failure``)."""
+    refused: str = ""
+    """A rank's one line when it exited 78 (its last heartbeat's exit code; bad input that no relaunch
+    fixes): ``policy.bad_input.refused_by_rank``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +126,8 @@ def after_launch(end: LaunchEnd, limits: SupervisionLimits) -> Finish | HandOver
         return HandOver((f"the batch host {end.batch_host_lost} is lost (this supervisor runs there)",))
     if end.repeated:
         return Finish(EXIT_BAD_INPUT, "stopped", end.repeated)
+    if end.refused:
+        return Finish(EXIT_BAD_INPUT, "stopped", end.refused)
     if end.fruitless > limits.max_fruitless:
         return HandOver((f"{end.fruitless} launches in a row ended before their first step",))
     return Recover()

@@ -30,6 +30,7 @@ from typing import Any
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir
+from slurm_omni.policy.bad_input import RankEnd, refused_by_rank
 from slurm_omni.policy.confirm import (
     Decision,
     StepEnded,
@@ -503,11 +504,12 @@ class Supervisor:
         lost_here = (self._observer.lost if self._observer is not None else set()) | \
             {n.name for n in nodes if n.state.failed}
         repeated = "" if ending else self._start_failure(cur, rc, lost_here, state)
+        refused = "" if ending or rc == EXIT_CHECKPOINTED else self._refused(cur)
         end = LaunchEnd(number=cur.number, rc=rc, asked_to_stop=self.stop_signal is not None, job_state=state,
                         fruitless=fruitless_launches([(la.first_step_at, la.cause)
                                                       for la in self.journal.state.launches]),
                         batch_host_lost=self.opts.batch_host if self.opts.batch_host in lost_here else "",
-                        repeated=repeated)
+                        repeated=repeated, refused=refused)
         what = after_launch(end, self.limits)
         if isinstance(what, Finish):
             if what.phase == "done":
@@ -556,6 +558,14 @@ class Supervisor:
         self._report("relaunched", cur, nxt.incarnation, cause, relaunch.layout, relaunch.removed, relaunch.added,
                      "; ".join(relaunch.reasons), relaunched_at=nxt.started_at)
         return None
+
+    def _refused(self, cur: Launch) -> str:
+        """The one line of a rank of ``cur`` that exited 78 (bad input), from its last heartbeat; empty
+        when none did."""
+        ranks = [RankEnd(rank=hb.rank, phase=hb.phase, step=hb.step, exit_code=hb.exit_code, error=hb.error)
+                 for hb in (self._observer or self._observe(cur)).heartbeats()]
+        found = refused_by_rank(f"job {self.opts.job_id} ({self.opts.job_name or '?'})", ranks)
+        return "" if found is None else found.line
 
     def _start_failure(self, cur: Launch, rc: int, lost: set[str], job_state: str) -> str:
         """A launch that ended before any rank wrote a heartbeat, on its own (no node of it lost, no

@@ -38,9 +38,9 @@ LIMITS = SupervisionLimits(max_fruitless=3, max_relaunches=2)
 
 
 def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int = 0, host: str = "",
-         repeated: str = "") -> LaunchEnd:
+         repeated: str = "", refused: str = "") -> LaunchEnd:
     return LaunchEnd(number=0, rc=rc, asked_to_stop=stop, job_state=state, fruitless=fruitless, batch_host_lost=host,
-                     repeated=repeated)
+                     repeated=repeated, refused=refused)
 
 
 @pytest.mark.parametrize(("end", "expected"), [
@@ -59,6 +59,11 @@ def _end(rc: int, *, stop: bool = False, state: str = "RUNNING", fruitless: int 
     (_end(137, fruitless=4, repeated="job 7 (x): ... twice"), Finish(EXIT_BAD_INPUT, "stopped", "job 7 (x): ... twice")),
     (_end(1, fruitless=2, repeated="the line"), Finish(EXIT_BAD_INPUT, "stopped", "the line")),
     (_end(1, stop=True, repeated="the line"), Finish(1, "stopped", "the supervisor was signalled to stop")),
+    # a rank exited 78 after its first heartbeat (srun says 137: the others were killed for it): no relaunch
+    (_end(137, refused="job 7 (x): rank 1 refused its input: ..."),
+     Finish(EXIT_BAD_INPUT, "stopped", "job 7 (x): rank 1 refused its input: ...")),
+    (_end(137, fruitless=4, refused="r"), Finish(EXIT_BAD_INPUT, "stopped", "r")),
+    (_end(137, stop=True, refused="r"), Finish(137, "stopped", "the supervisor was signalled to stop")),
 ])
 def test_what_the_end_of_a_launch_means(end: LaunchEnd, expected: object) -> None:
     assert after_launch(end, LIMITS) == expected

@@ -203,3 +203,48 @@ def test_a_planned_request_moves_a_node_to_a_spare_or_drops_its_replica_at_a_che
     # a shrink drops the slow node's whole replica (its vision peer goes back to the spares)
     assert state.launches[1].cause == "planned" and slow in state.launches[1].removed
     assert len(state.launches[1].removed) == (1 if spares else 2)
+
+
+# A rank of the built-in contract that refuses its input after its first step (a plain DataLoader
+# handed to the checkpointer, say): its last beat says failed, exit code 78 and why; the others train
+# on until srun kills them for it (srun itself then returns 137, not 78).
+REFUSING_RANK = """
+import os, sys, time
+from pathlib import Path
+from slurm_omni.elastic.heartbeat import Heartbeat
+rank = int(os.environ["RANK"])
+hb = Heartbeat(Path(os.environ["OMNI_HEARTBEAT_DIR"]), rank=rank, stage=0, dp_rank=0,
+               incarnation=int(os.environ["OMNI_INCARNATION"]),
+               job_id=os.environ.get("OMNI_JOB_ID") or os.environ["SLURM_JOB_ID"], interval_s=0.5)
+hb.start()
+hb.update(step=1, phase="training")
+if rank == 0:
+    time.sleep(1.0)
+    hb.stop("failed", error="checkpoint: couldn't take 'data': a DataLoader has no state_dict()", exit_code=78)
+    sys.exit(78)
+while True:
+    hb.update(step=1, phase="training")
+    time.sleep(0.5)
+"""
+
+
+def test_a_rank_that_refuses_its_input_stops_the_job_with_no_relaunch(slurm_cluster, tmp_path: Path) -> None:
+    """Exit 78 after the first heartbeat (bad input no relaunch can fix): the supervisor ends with 78 and
+    the rank's line, after launch 0 only (before, srun's 137 read as a failure and it relaunched)."""
+    runner = CommandRunner(slurm_cluster.env)
+    request, _ = _request(tmp_path, slurm_cluster.spool)
+    request = replace(request, command=(sys.executable, "-c", REFUSING_RANK))
+    env = {**os.environ, **slurm_cluster.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    job_id = parse_sbatch_id(runner.run(["sbatch", "--parsable"], input_text=request.materialize(), env=env).stdout)
+    ckpt = request.site.checkpoint.job_dir(current_user(), request.job.job.name)
+    try:
+        wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(), 150,
+                   "the job to end")
+    finally:
+        runner.run(["scancel", str(job_id)], check=False)
+    state = SupervisorJournal(journal_path(ckpt, str(job_id))).state
+    assert [la.number for la in state.launches] == [0]
+    log = next((tmp_path / "logs").glob("*.out")).read_text()
+    assert "rank 0 refused its input: checkpoint: couldn't take 'data'" in log
+    out = runner.run(["sacct", "-n", "-X", "-P", "-o", "ExitCode", "-j", str(job_id)], check=False).stdout
+    assert not out.strip() or out.split()[0].startswith("78:")
