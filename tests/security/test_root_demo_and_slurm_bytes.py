@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from multiuser.multiuser_support import User, lookup
 from omni_configs import job_toml, site_toml
+from support import wait_until
 
 from slurm_omni.slurm.types import Job, JobState
 
@@ -84,7 +85,8 @@ class DemoRun:
 def demo_run(slurm_cluster, users: dict[str, User]) -> Iterator[DemoRun]:
     alice, bob = users["alice"], users["bob"]
     env = {**os.environ, **slurm_cluster.env}
-    work = alice.home / "omni-demo"
+    # a --job-file demo works in ~/omni-demo-<job name> (the job file below keeps the demo's name)
+    work = alice.home / f"omni-demo-{DEMO_NAME}"
     shutil.rmtree(work, ignore_errors=True)                 # an earlier demo's (the demo rebuilds it anyway)
     sample = work / "sample"
     assert alice.run("mkdir", "-p", str(sample), env=env).returncode == 0
@@ -118,6 +120,9 @@ def demo_run(slurm_cluster, users: dict[str, User]) -> Iterator[DemoRun]:
         proc = subprocess.run([str(BIN / "omni"), "demo", "--state-dir", str(slurm_cluster.state_dir),
                                "--user", "alice", "--timeout", "25", "--job-file", str(alice_job)],
                               env=root_env, capture_output=True, text=True, timeout=480, check=False)
+        # the demo's cleanup cancelled its job: wait until Slurm is done with it (COMPLETING, then CANCELLED)
+        wait_until(lambda: not any(j.state is JobState.COMPLETING for i, j in _jobs(env).items() if i > before),
+                   60, "the demo's cancelled jobs to leave COMPLETING")
         yield DemoRun(proc, before, _jobs(env), bobs, work)
     finally:
         if helper.poll() is None:
