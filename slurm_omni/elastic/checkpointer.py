@@ -252,14 +252,19 @@ class Checkpointer:
         self.last_blocking_s = result.blocking_s
         self.last_step = step
         self._pending = result
-        self.poll()
+        # a save that already ended is picked up now; its error waits for the next poll, which the
+        # ranks reach together (Run.should_stop agrees on it), not here, where only this rank is
+        self.poll(raise_error=False)
         log.info("checkpoint: step %d %s (blocked %.3fs)", step, "saved" if sync else "started", result.blocking_s)
         return result
 
-    def poll(self) -> None:
-        """Pick up the outcome of a finished background save (its error is raised here, once)."""
+    def poll(self, *, raise_error: bool = True) -> None:
+        """Pick up the outcome of a finished background save (its error is raised here, once;
+        ``raise_error=False`` leaves a failed one for the next poll)."""
         if self._pending is not None and self._pending.persisted.done():
             if self._pending.persisted.exception() is not None:
+                if not raise_error:
+                    return
                 self._pending = None
                 self.engine.wait()   # takes the failed persist off the engine and raises its error
             stats = self._pending.persisted.result() if self._pending is not None else None

@@ -30,7 +30,7 @@ from slurm_omni.elastic.layout import Layout
 from slurm_omni.elastic.metrics import MetricsLog
 from slurm_omni.elastic.stop import StopSignals
 from slurm_omni.elastic.timing import StepTimer
-from slurm_omni.errors import OmniError, RuntimeLayoutError
+from slurm_omni.errors import CheckpointError, OmniError, RuntimeLayoutError
 
 log = logging.getLogger(__name__)
 
@@ -225,8 +225,8 @@ class Run:
         self._life_steps += 1
         self._judge_draws()
         values, event = _lazy_numbers(metrics)
-        if self.checkpoints is not None:
-            self.checkpoints.poll()
+        if self.checkpoints is not None:   # a failed save is raised by should_stop, on every rank at once
+            self.checkpoints.poll(raise_error=False)
         self.step = step
         self.heartbeat.update(step=step, step_time_s=step_s, compute_s=compute_s, data_s=data_s,
                               cpu_wait_s=cpu_wait, phase="training", metrics=values if event is None else None,
@@ -304,22 +304,50 @@ class Run:
         """Record which sample ids this rank trained on at ``step`` (with OMNI_TRACE_SAMPLES=1)."""
         self.metrics.trace(step, [int(i) for i in sample_ids])
 
-    def should_stop(self) -> bool:
+    def should_stop(self, *, settle: bool = False) -> bool:
         """True on every rank once any rank got SIGUSR1 or SIGTERM (a collective: call it on every rank
-        at the same point of each step; signals reach the ranks at different times)."""
+        at the same point of each step; signals reach the ranks at different times).
+
+        A background save that failed on any rank (a full checkpoint file system) is agreed on here
+        too: every rank raises, the one whose save failed its own error, the others one naming it, with
+        its exit code, so no rank is left in a collective with a peer that has gone. ``settle``: wait
+        for this rank's save in flight first (a checkpoint is due: the next save would wait anyway)."""
+        failure = self._save_failure(wait=settle)
         if self._groups is None or self.layout.world_size == 1:
+            if failure is not None:
+                raise failure
             return self.stop.requested
-        flag = torch.tensor([1 if self.stop.requested else 0], dtype=torch.int32, device=self.device)
+        code = (failure.exit_code or EXIT_FAILED) if failure is not None else 0
+        flag = torch.tensor([1 if self.stop.requested else 0, code], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._groups.world)
-        return bool(flag.item())
+        if int(flag[1].item()):
+            if failure is not None:
+                raise failure
+            raise PeerSaveFailed(f"checkpoint: job {self.layout.job_name}: rank {self.layout.rank} stops: another "
+                                 "rank's checkpoint save failed (its line says why)", int(flag[1].item()))
+        return bool(flag[0].item())
+
+    def _save_failure(self, *, wait: bool) -> OmniError | None:
+        """This rank's background save that ended in an error (raised once by the checkpointer), or None."""
+        if self.checkpoints is None:
+            return None
+        try:
+            if wait:
+                self.checkpoints.wait()
+            else:
+                self.checkpoints.poll()
+        except CheckpointError as e:
+            return e
+        return None
 
     def end_step(self, step: int, *, checkpoint_every: int = 0, **metrics: Any) -> None:
         """:meth:`step_done`, then checkpoint every ``checkpoint_every`` steps and at ``max_steps``; on
         a stop signal save synchronously and exit 75 (checkpointed, requeue me)."""
         self.step_done(step, **metrics)
-        stop = self.should_stop()
         last = self.max_steps is not None and step >= self.max_steps
-        if stop or last or (checkpoint_every and step % checkpoint_every == 0):
+        due = last or bool(checkpoint_every and step % checkpoint_every == 0)
+        stop = self.should_stop(settle=due)
+        if stop or due:
             self.save(step, sync=stop or last)
         if stop:
             self.exit(EXIT_CHECKPOINTED)
@@ -435,6 +463,15 @@ class Run:
     def _fail(self, message: str, code: int) -> NoReturn:
         self.close(code, error=_say(message))
         raise SystemExit(code)
+
+
+
+class PeerSaveFailed(CheckpointError):
+    """Another rank's background checkpoint save failed; this rank stops with that rank's exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _say(message: str) -> str:
