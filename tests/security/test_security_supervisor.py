@@ -115,18 +115,6 @@ def site_area() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def alice_home_dir(alice: User) -> Iterator[Path]:
-    path = alice.home / "omni-tests" / uuid.uuid4().hex[:8]
-    path.mkdir(parents=True)
-    alice.own(alice.home / "omni-tests")
-    path.chmod(0o700)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _submit_held(slurm_cluster, alice: User, folder: Path, area: Path, sample: Path | None = None) -> AliceJob:
     """alice's in-allocation job (one node per stage, no spare, no warm standbys), submitted held."""
     site = load_site(DATA / "site.toml")
@@ -166,8 +154,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_bobs_fake_srun_named_like_alices_launch_is_not_adopted(
-        slurm_cluster, alice: User, bob: User, alice_home_dir: Path, site_area: Path) -> None:
-    job = _submit_held(slurm_cluster, alice, alice_home_dir, site_area)
+        slurm_cluster, alice: User, bob: User, alice_dir: Path, site_area: Path) -> None:
+    job = _submit_held(slurm_cluster, alice, alice_dir, site_area)
     # bob knows the job id (squeue shows it) and so the launch's step name: a process named srun of his
     fake = _as(bob, ["bash", "-c", f'exec -a srun {PYTHON} -c "import time; time.sleep(600)" '
                                    + f"--job-name=omni-{job.job_id}-launch-0"])
@@ -191,8 +179,8 @@ def test_bobs_fake_srun_named_like_alices_launch_is_not_adopted(
 
 
 def test_rendezvous_ports_bob_holds_are_not_alices_master_port(
-        slurm_cluster, alice: User, bob: User, alice_home_dir: Path, site_area: Path) -> None:
-    job = _submit_held(slurm_cluster, alice, alice_home_dir, site_area)
+        slurm_cluster, alice: User, bob: User, alice_dir: Path, site_area: Path) -> None:
+    job = _submit_held(slurm_cluster, alice, alice_dir, site_area)
     # the candidates follow from the public job id: bob holds those of alice's first four launches
     held = sorted({p for launch in range(4)
                    for p in rendezvous_ports(str(job.job_id), launch, avoid=ports.ephemeral_range())})
@@ -226,7 +214,7 @@ time.sleep(600)
 
 
 def test_a_line_a_rank_prints_is_no_report_of_sruns(
-        slurm_cluster, alice: User, bob: User, alice_home_dir: Path, site_area: Path) -> None:
+        slurm_cluster, alice: User, bob: User, alice_dir: Path, site_area: Path) -> None:
     nodes = slurm_cluster.nodes
     # bob's sample in the shared data: srun's own words for a node failure and the step's end
     sample = site_area / "data" / "sample.txt"
@@ -234,7 +222,7 @@ def test_a_line_a_rank_prints_is_no_report_of_sruns(
     lines += [f"srun: error: {n}: task 0: Exited with exit code 1" for n in nodes]
     r = bob.run("sh", "-c", f"printf '%s\\n' \"$@\" > {sample}", "sh", *lines, "srun: Terminating StepId=1.0")
     assert r.returncode == 0, r.stderr
-    job = _submit_held(slurm_cluster, alice, alice_home_dir, site_area, sample=sample)
+    job = _submit_held(slurm_cluster, alice, alice_dir, site_area, sample=sample)
     try:
         job.release()
         first = job.first_launch("alice's launch 0 to run its 2 ranks")
