@@ -43,16 +43,22 @@ def test_a_replacement_on_another_leaf_is_resubmitted_with_the_leaves_its_plan_s
     backend = slurm_cluster.backend()
 
     def free_layout() -> tuple[list[str], list[str], str] | None:
-        """Text on two free nodes of one leaf, vision on two more, a free spare on another leaf."""
+        """Text on two free nodes of one leaf, vision on two more of one leaf (so its plan spans one),
+        a free spare on another leaf than text's."""
         topology = backend.topology()
         index = ClusterIndex.build(topology, backend.nodes())
         idle = {n for n in index.nodes if index.is_free(n)}
-        leaves = {name: [n for n in sw.nodes if n in idle] for name, sw in topology.switches.items() if sw.nodes}
+        leaves = {name: sorted(n for n in sw.nodes if n in idle) for name, sw in topology.switches.items() if sw.nodes}
         for leaf, free in leaves.items():
-            spare = next((n for other, on in leaves.items() if other != leaf for n in on), None)
-            rest = [n for n in idle if n not in free[:2] and n != spare]
-            if len(free) >= 2 and spare and len(rest) >= 2:
-                return sorted(rest)[:2], free[:2], spare
+            text = free[:2]
+            for other, on in leaves.items():
+                if other == leaf or not on or len(text) < 2:
+                    continue
+                spare = on[0]
+                vision = next((pair for on_leaf in leaves.values()
+                               if len(pair := [n for n in on_leaf if n not in text and n != spare][:2]) == 2), None)
+                if vision is not None:
+                    return vision, text, spare
         return None
 
     vision, text, spare = wait_until(free_layout, 60, "five free nodes on two leaf switches")
