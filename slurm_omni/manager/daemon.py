@@ -358,7 +358,10 @@ class Manager:
         script's refusal), when that is bad input."""
         if w.slurm_id is None:
             return None
-        repeated = None if w.lost_kinds() else self.start_failures.repeated(w, self._label(w))
+        # the supervisor's own stop (it saw no node of the launch lost) is final; otherwise a start
+        # failure counts only when no node was lost
+        repeated = self.start_failures.stopped(w, self._label(w)) or (None if w.lost_kinds() else
+                                                      self.start_failures.repeated(w, self._label(w)))
         if repeated is not None:
             return repeated
         beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation >= w.life]

@@ -50,14 +50,20 @@ class StartFailures:
         return next((d["payload"] for d in self.journal.decisions(w.key, START_FAILURE_VERDICT)
                      if d["incarnation"] == w.life and (d["payload"] or {}).get("job_id") == str(w.slurm_id)), None)
 
+    def stopped(self, w: Watch, label: str) -> BadInput | None:
+        """The step supervisor stopped the Slurm job for a repeated start failure (its record's
+        ``stopped``): its line. The supervisor judged with the launch's nodes in view."""
+        self.observe(w, label)
+        stopped = [d["payload"] for d in self.journal.decisions(w.key, START_FAILURE_VERDICT)
+                   if (d["payload"] or {}).get("stopped") and d["payload"].get("job_id") == str(w.slurm_id)]
+        return BadInput(cause="repeated_failure", line=str(stopped[-1]["stopped"])) if stopped else None
+
     def repeated(self, w: Watch, label: str) -> BadInput | None:
         """The job failed the same way twice before its first heartbeat: the line to stop it with."""
-        self.observe(w, label)
+        stopped = self.stopped(w, label)
+        if stopped is not None:
+            return stopped
         decisions = self.journal.decisions(w.key, START_FAILURE_VERDICT)
-        stopped = [d["payload"] for d in decisions if (d["payload"] or {}).get("stopped")
-                   and d["payload"].get("job_id") == str(w.slurm_id)]
-        if stopped:
-            return BadInput(cause="repeated_failure", line=str(stopped[-1]["stopped"]))
         current = self.of_life(w)
         before = [d for d in decisions if d["incarnation"] is not None and d["incarnation"] < w.life]
         if current is None or not before:

@@ -72,7 +72,11 @@ def test_a_crash_at_import_in_the_allocation_is_shown_relaunched_once_and_stoppe
         launches = SupervisorJournal(journal_path(run.heartbeat_dir.parent, str(job_id))).state.launches
         assert [la.number for la in launches] == [0, 1]                         # relaunched once, no more
         assert "No module named" in launch_log.read_text()                      # ran in workdir: crash.py found
-        ((cause, payload),) = run.rows("SELECT cause, payload FROM decisions WHERE job = ? AND verdict = 'refused'", key)
+        refused = run.rows("SELECT cause, payload FROM decisions WHERE job = ? AND verdict = 'refused'", key)
+        assert len(refused) == 1, (run.rows("SELECT incarnation, verdict, cause, payload FROM decisions WHERE job = ?", key),
+                                   run.rows("SELECT number, end_reason FROM incarnations WHERE job = ?", key),
+                                   run.manager_log()[-4000:])
+        ((cause, payload),) = refused
         assert cause == "repeated_failure" and json.loads(payload)["line"] == stop
         assert not [j for j in list_jobs(run.env) if j.comment.startswith(f"omni.{key}.")]   # never resubmitted
         status = subprocess.run([str(BIN / "omni"), "status", "--site-config", str(run.site), "--state-dir",
