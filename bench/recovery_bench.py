@@ -52,11 +52,13 @@ from slurm_omni.cluster.busy import BusyCluster
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
+from slurm_omni.errors import OmniError
 from slurm_omni.render import HetJobRequest
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import expand
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.supervisor.journal import read_status
 
 PATHS = ("in_allocation", "resubmit", "requeue", "torchrun")
 FAULTS = ("node", "rank")
@@ -366,8 +368,10 @@ class Bench:
     def _fault_node(self, work: Path, path: str, job_id: int) -> str:
         """The node both faults hit: the last node of the last stage (never the batch host)."""
         if path == "in_allocation":
-            status = json.loads(next((work / "ckpt").rglob(f"{job_id}.status.json")).read_text())
-            return str(status["components"][-1][-1])
+            status = read_status(next((work / "ckpt").rglob(f"{job_id}.status.json")))
+            if status is None or not status.components:
+                raise OmniError(f"bench: couldn't read the supervisor's status of job {job_id}")
+            return status.components[-1][-1]
         out = self.runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
         lists = [expand(line.split(" NodeList=")[1].split()[0]) for line in out.splitlines() if " NodeList=" in line]
         if path == "torchrun":

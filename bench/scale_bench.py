@@ -323,12 +323,12 @@ class Size:
         r = self.result
         st = self.journal().state
         l0, l1 = st.launches[0], st.launches[1]
-        conf = l0.confirmed or {}
+        conf = l0.confirmed
         first = self.first_lines(l1.incarnation)
         started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
         ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]
         marks: list[tuple[str, float | None]] = [
-            ("detect", conf.get("detected_at")), ("confirm", conf.get("confirmed_at")), ("decide", l1.started_at),
+            ("detect", conf.detected_at if conf else None), ("confirm", conf.confirmed_at if conf else None), ("decide", l1.started_at),
             ("launch", max(started) if len(started) == r.ranks else None),
             ("rendezvous", max(ready) if len(ready) == r.ranks else None), ("first_step", l1.first_step_at)]
         prev: float | None = fault_at

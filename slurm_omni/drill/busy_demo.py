@@ -24,8 +24,10 @@ from typing import Any
 from slurm_omni.cluster.busy import BusyCluster
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.errors import OmniError
+from slurm_omni.formats import to_builtins
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress
+from slurm_omni.supervisor.journal import read_status, status_path
 
 REASON = "omni-demo-busy"
 
@@ -73,12 +75,8 @@ class BusyDemo:
         return self.work / "ckpt" / current_user() / "omni-demo-busy"
 
     def status(self, life: str = "") -> dict[str, Any]:
-        path = self.ckpt / "supervisor" / f"{life or self.job_id}.status.json"
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        status = read_status(status_path(self.ckpt, life or str(self.job_id)))
+        return {} if status is None else dict(to_builtins(status))
 
     def wait(self, what: str, probe: Callable[[], Any], timeout_s: float | None = None) -> Any:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)

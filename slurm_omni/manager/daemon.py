@@ -407,10 +407,9 @@ class Manager:
         if record is None or now - self._supervisor_started.get(w.key, 0.0) < SUPERVISOR_RESTART_S:
             return
         status = read_status(status_path(w.reg.ckpt_dir, str(w.slurm_id)))
-        updated = status.get("updated_at") if status else None
-        if not supervisor_gone(phase=str(status.get("phase", "")) if status else "launching", job_state=w.slurm_state,
+        if not supervisor_gone(phase=status.phase if status else "launching", job_state=w.slurm_state,
                                alive=process_alive(record),
-                               status_age_s=now - updated if isinstance(updated, (int, float)) else None,
+                               status_age_s=now - status.updated_at if status else None,
                                stale_after_s=SUPERVISOR_STALE_S):
             return
         self._supervisor_started[w.key] = now

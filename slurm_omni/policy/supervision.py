@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.policy.confirm import Decision, Verdict
@@ -87,8 +87,8 @@ class Finish:
     """The supervisor ends with ``code`` for the batch script; no relaunch."""
 
     code: int
-    phase: str
-    """``done`` or ``stopped`` (the status file's phase)."""
+    phase: Literal["done", "stopped"]
+    """The status file's phase."""
     reason: str = ""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
+from slurm_omni.formats.supervisor import ReportKind, SupervisorPhase
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 from slurm_omni.policy.bad_input import RankEnd, refused_by_rank
 from slurm_omni.policy.confirm import (
@@ -190,7 +191,7 @@ class Supervisor:
         self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, life))
         self.status_file = status_path(opts.ckpt_dir, life)
         self.request_file = request_path(opts.ckpt_dir, opts.job_id)
-        self.phase = "launching"
+        self.phase: SupervisorPhase = "launching"
         self.stop_signal: int | None = None
         self.slurm = AllocationView(runner, opts.job_id)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -587,13 +588,13 @@ class Supervisor:
                 return ""
             self.journal.append("start_failure", launch=cur.number, exit_code=failure.exit_code, line=failure.line,
                                 log=failure.log)
-        rec = cur.start_failure or {}
-        failure = StartFailure(launch=cur.number, exit_code=int(rec.get("exit_code", rc)), line=str(rec.get("line", "")),
-                               log=str(rec.get("log", "")))
+        rec = cur.start_failure
+        failure = StartFailure(launch=cur.number, exit_code=rec.exit_code if rec else rc, line=rec.line if rec else "",
+                               log=rec.log if rec else "")
         label = f"job {self.opts.job_id} ({self.opts.job_name or '?'})"
         history = [None if la.start_failure is None else StartFailure(
-            launch=la.number, exit_code=int(la.start_failure["exit_code"]), line=str(la.start_failure["line"]),
-            log=str(la.start_failure["log"])) for la in self.journal.state.launches]
+            launch=la.number, exit_code=la.start_failure.exit_code, line=la.start_failure.line,
+            log=la.start_failure.log) for la in self.journal.state.launches]
         repeated = repeated_failure(history)
         stop = stop_line(label, repeated) if repeated is not None else ""
         log.error("supervisor: %s", stop or first_line(label, failure))
@@ -604,23 +605,27 @@ class Supervisor:
             log.warning("supervisor: couldn't record the launch's failure in %s: %s", self.opts.heartbeat_dir, e)
         return stop
 
-    def _report(self, kind: str, cur: Launch, life_after: int, cause: str, layout: StepLayout,
+    def _report(self, kind: ReportKind, cur: Launch, incarnation_after: int, cause: str, layout: StepLayout,
                 removed: Sequence[str], added: Sequence[str], reason: str, *, relaunched_at: float | None) -> None:
-        """The manager's view of this recovery (notes/recovery-fsm.md): one file per event."""
-        conf = cur.confirmed or {}
+        """The manager's view of this recovery (notes/recovery-fsm.md): one file per event. A hand-over
+        that no confirmation preceded is dated when it happened (its ``detected_at``)."""
+        conf = cur.confirmed
+        detected_at = conf.detected_at if conf else None
+        if relaunched_at is None and detected_at is None and (conf is None or conf.confirmed_at is None):
+            detected_at = self.clock()
         def by_component(names: Sequence[str], where: StepLayout) -> dict[str, list[str]]:
             return {str(k): [n for n in names if n in comp] for k, comp in enumerate(where.components)
                     if any(n in comp for n in names)}
         doc = report_document(
-            kind, job_id=self.opts.job_id, life_before=cur.incarnation, life_after=life_after, cause=cause,
-            nodes=list(conf.get("nodes") or removed), removed=by_component(removed, cur.layout),
+            kind, job_id=self.opts.job_id, incarnation_before=cur.incarnation, incarnation_after=incarnation_after,
+            cause=cause, nodes=list((conf.nodes if conf else None) or removed), removed=by_component(removed, cur.layout),
             added=by_component(added, layout),
             spares_left={str(k): len(layout.spares_for(stage)) for k, stage in enumerate(self.opts.stages)},
-            data_parallel_size=layout.units * self.opts.replicas_per_unit, fault_at=conf.get("fault_at"),
-            detected_at=conf.get("detected_at"), confirmed_at=conf.get("confirmed_at"), relaunched_at=relaunched_at,
+            data_parallel_size=layout.units * self.opts.replicas_per_unit, fault_at=conf.fault_at if conf else None,
+            detected_at=detected_at, confirmed_at=conf.confirmed_at if conf else None, relaunched_at=relaunched_at,
             reason=reason, failed_nodes=list(layout.failed))
         try:
-            write_report(report_path(self.opts.ckpt_dir, kind, life_after), doc)
+            write_report(report_path(self.opts.ckpt_dir, kind, incarnation_after), doc)
         except OSError as e:
             log.warning("supervisor: couldn't write the %s report: %s", kind, e)
 
@@ -630,8 +635,8 @@ class Supervisor:
         supervisor reuses it)."""
         if cur.confirmed is not None:
             c = cur.confirmed
-            return Decision(Verdict.CONFIRMED, now, cause=str(c["cause"]), nodes=tuple(c["nodes"]),
-                            fault_at=c.get("fault_at"), confirmed_at=c.get("confirmed_at"))
+            return Decision(Verdict.CONFIRMED, now, cause=c.cause, nodes=tuple(c.nodes), fault_at=c.fault_at,
+                            confirmed_at=c.confirmed_at)
         observer = self._observer or self._observe(cur)
         self._heartbeats(cur, observer)
         confirmer = observer.confirmer
@@ -663,7 +668,7 @@ class Supervisor:
         self.journal.append("fallback", launch=cur.number, failed_nodes=sorted(failed), reasons=list(reasons))
         gone = StepLayout(cur.layout.components, cur.layout.spares, tuple(sorted(failed)), cur.layout.units,
                           cur.layout.kind_of)
-        self._report("gave_up", cur, cur.incarnation + 1, str((cur.confirmed or {}).get("cause", "")), gone,
+        self._report("gave_up", cur, cur.incarnation + 1, cur.confirmed.cause if cur.confirmed else "", gone,
                      (), (), "; ".join(reasons), relaunched_at=None)
         self.phase = "fallback"
         log.error("supervisor: no launch fits the allocation (%s): handing over to the manager's resubmission "
@@ -676,16 +681,16 @@ class Supervisor:
         when every named node runs this launch and has a spare of its kind, or, when the request
         allows a shrink, when a launch with fewer replicas without them fits."""
         req = read_request(self.request_file)
-        if req is None or req["id"] in self.journal.state.requests:
+        if req is None or req.id in self.journal.state.requests:
             return False
-        shrink = bool(req.get("shrink", False))
-        leaving = [n for n in req["replace"] if n in cur.layout.nodes]
-        plan = self._replacement(cur, leaving, shrink=shrink) if len(leaving) == len(req["replace"]) else None
-        outcome = request_outcome(req["replace"], cur.layout.nodes, plan, shrink=shrink)
-        self.journal.append("request", id=req["id"], replace=list(req["replace"]), shrink=shrink, outcome=outcome,
+        shrink = req.shrink
+        leaving = [n for n in req.replace if n in cur.layout.nodes]
+        plan = self._replacement(cur, leaving, shrink=shrink) if len(leaving) == len(req.replace) else None
+        outcome = request_outcome(req.replace, cur.layout.nodes, plan, shrink=shrink)
+        self.journal.append("request", id=req.id, replace=list(req.replace), shrink=shrink, outcome=outcome,
                             launch=cur.number)
-        log.warning("supervisor: request %s to %s %s: %s", req["id"], "leave (a shrink allowed)" if shrink else "replace",
-                    ",".join(req["replace"]), outcome)
+        log.warning("supervisor: request %s to %s %s: %s", req.id, "leave (a shrink allowed)" if shrink else "replace",
+                    ",".join(req.replace), outcome)
         return outcome == "accepted"
 
     def _replacement(self, cur: Launch, leaving: Sequence[str], *, shrink: bool) -> Relaunch | None:
@@ -698,12 +703,12 @@ class Supervisor:
     def _planned(self, cur: Launch) -> Relaunch | None:
         accepted = [rid for rid, outcome in self.journal.state.requests.items() if outcome == "accepted"]
         req = read_request(self.request_file)
-        if req is None or req["id"] not in accepted or self._request_done(req["id"]):
+        if req is None or req.id not in accepted or self._request_done(req.id):
             return None
-        leaving = [n for n in req["replace"] if n in cur.layout.nodes]
-        plan = self._replacement(cur, leaving, shrink=bool(req.get("shrink", False))) if leaving else None
+        leaving = [n for n in req.replace if n in cur.layout.nodes]
+        plan = self._replacement(cur, leaving, shrink=req.shrink) if leaving else None
         if plan is not None:
-            self.journal.append("request", id=req["id"], replace=list(req["replace"]), outcome="carried_out",
+            self.journal.append("request", id=req.id, replace=list(req.replace), outcome="carried_out",
                                 launch=cur.number + 1)
         return plan
 

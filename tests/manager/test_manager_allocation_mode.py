@@ -74,7 +74,7 @@ def test_allocation_mode_recovers_the_first_node_in_the_job_and_survives_its_sup
         assert "BatchFlag=0" in shown                                    # no batch script
         first = expand(shown.split(" NodeList=")[1].split()[0])[0]       # what would be the batch host
         status = read_status(status_path(ckpt, str(job_id)))
-        assert status is not None and first in {n for c in status["components"] for n in c}, status
+        assert status is not None and first in status.nodes, status
         run.set_node(first, "DOWN")
         (rec,) = run.wait_recovery(1, "first_step", timeout_s=180)
         assert rec.path == "in_allocation" and first in rec.nodes, rec
@@ -97,7 +97,7 @@ def test_allocation_mode_recovers_the_first_node_in_the_job_and_survives_its_sup
                          and process_alive(p) and p, 60, f"a new supervisor\n{run.manager_log()}")
         assert new.host == old.host
         # training to its end, in the same Slurm job; the allocation is given back when it is done
-        wait_until(lambda: (s := read_status(status_path(ckpt, str(job_id)))) is not None and s["phase"] == "done",
+        wait_until(lambda: (s := read_status(status_path(ckpt, str(job_id)))) is not None and s.phase == "done",
                    240, f"training to finish\n{say()}", interval_s=1.0)
         wait_until(lambda: not run.runner().run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(),
                    60, "the allocation to be released")
@@ -129,7 +129,7 @@ def test_allocation_mode_hands_a_lost_allocation_to_the_managers_resubmission_wi
         run.wait_steps(job_id, 2, 6)
         status = read_status(status_path(ckpt, str(job_id)))
         assert status is not None
-        lost = status["components"][1][0]
+        lost = status.components[1][0]
         run.set_node(lost, "DOWN")
         (rec,) = run.wait_recovery(1, "first_step", timeout_s=240)
         assert rec.path == "resubmitted" and lost in rec.nodes, (rec, run.manager_log())

@@ -48,8 +48,8 @@ def test_a_node_lost_in_the_allocation_is_the_supervisors_and_the_manager_shows_
                             f"the step supervisor's status file\n{run.job_log(job_id)}", interval_s=0.5)
         run.wait_steps(job_id, 2, 6)
         status = read_status(status_path(ckpt, str(job_id)))
-        assert status is not None and status["spares_left"] == 2
-        text_node = status["components"][1][0]
+        assert status is not None and status.spares_left == 2
+        text_node = status.components[1][0]
         run.set_node(text_node, "DOWN")
         (rec,) = run.wait_recovery(1, "first_step", timeout_s=180)
         assert rec.path == "in_allocation" and rec.new_incarnation == 1 and text_node in rec.nodes

@@ -38,33 +38,37 @@ def test_a_relaunch_report_becomes_the_state_machines_observation() -> None:
 
 
 def test_a_minimal_gave_up_report() -> None:
-    o = parse_report(json.dumps({"version": 1, "kind": "gave_up", "slurm_job_id": 42, "life_after": 3,
+    o = parse_report(json.dumps({"version": 1, "kind": "gave_up", "slurm_job_id": "42", "life_after": 3,
                                  "confirmed_at": 50.0, "reason": "below min dp"}).encode(), "g").observation
     assert (o.kind, o.at, o.life_after, o.reason, o.nodes) == ("gave_up", 50.0, 3, "below min dp", ())
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"version": 2}, "version = 2"),
-    ({"kind": "exploded"}, "kind = 'exploded'"),
-    ({"surprise": 1}, "unknown key 'surprise'"),
-    ({"slurm_job_id": "42; rm -rf /"}, "slurm_job_id"),
-    ({"life_after": -1}, "life_after = -1"),
-    ({"life_after": True}, "life_after = True"),
-    ({"relaunched_at": "soon"}, "relaunched_at = 'soon'"),
-    ({"nodes": "node3"}, "nodes must be a list"),
-    ({"removed": ["node3"]}, "removed must map"),
-    ({"spares_left": {"0": -1}}, "spares_left"),
+    ({"version": 2}, r"Invalid enum value 2 - at `\$.version`"),
+    ({"kind": "exploded"}, r"Invalid enum value 'exploded' - at `\$.kind`"),
+    ({"surprise": 1}, "unknown field `surprise`"),
+    ({"slurm_job_id": "42; rm -rf /"}, r"\$.slurm_job_id"),
+    ({"slurm_job_id": 42}, r"\$.slurm_job_id"),
+    ({"life_after": -1}, r"Expected `int` >= 0 - at `\$.life_after`"),
+    ({"life_after": True}, r"Expected `int`, got `bool` - at `\$.life_after`"),
+    ({"relaunched_at": "soon"}, r"got `str` - at `\$.relaunched_at`"),
+    ({"nodes": "node3"}, r"Expected `array \| null`, got `str` - at `\$.nodes`"),
+    ({"nodes": ["node\n3"]}, r"\$.nodes\[0\]"),
+    ({"removed": ["node3"]}, r"Expected `object \| null`, got `array` - at `\$.removed`"),
+    ({"spares_left": {"0": -1}}, r"\$.spares_left"),
     ({"relaunched_at": None, "confirmed_at": None, "detected_at": None}, "no time"),
 ])
 def test_a_bad_report_is_refused_naming_what_is_wrong(change: dict[str, Any], message: str) -> None:
-    with pytest.raises(EventRejected, match=message):
+    with pytest.raises(EventRejected, match=message) as refused:
         parse_report(json.dumps({**REPORT, **change}).encode(), "relaunched-1.json")
+    assert str(refused.value).startswith("manager: couldn't accept supervisor report relaunched-1.json: ")
+    assert "\n" not in str(refused.value)
 
 
 def test_not_json_and_nan_are_refused() -> None:
     with pytest.raises(EventRejected, match="couldn't parse"):
         parse_report(b"{", "r")
-    with pytest.raises(EventRejected, match="NaN is not a number"):
+    with pytest.raises(EventRejected, match="couldn't parse supervisor report r: JSON is malformed"):
         parse_report(json.dumps(REPORT).replace("103.5", "NaN").encode(), "r")
 
 
@@ -89,6 +93,7 @@ def test_a_replacement_request_is_what_the_supervisor_reads_and_its_answer_comes
         tmp_path: Path) -> None:
     """The manager's side of a fail-slow replacement inside the allocation, against the supervisor's
     own reader and journal writer (slurm_omni/supervisor/journal.py)."""
+    from slurm_omni.formats.supervisor import SupervisorRequest
     from slurm_omni.manager.supervisor_reports import read_status_view, request_outcome, write_request
     from slurm_omni.policy.in_allocation import StepLayout
     from slurm_omni.supervisor.journal import (
@@ -113,9 +118,10 @@ def test_a_replacement_request_is_what_the_supervisor_reads_and_its_answer_comes
 
     path = write_request(tmp_path, 42, "failslow-a", ["node1"])
     assert path == request_path(tmp_path, "42")
-    assert read_request(path) == {"id": "failslow-a", "replace": ["node1"], "at": "checkpoint", "shrink": False}
+    assert read_request(path) == SupervisorRequest(id="failslow-a", replace=["node1"], at="checkpoint", shrink=False)
     # a shrink by request (no spare left, and k-1 healthy replicas beat k with the slow one)
-    assert read_request(write_request(tmp_path, 43, "failslow-b", ["node3"], shrink=True))["shrink"] is True
+    shrink = read_request(write_request(tmp_path, 43, "failslow-b", ["node3"], shrink=True))
+    assert shrink is not None and shrink.shrink is True
     (tmp_path / "supervisor" / "44.request.json").write_text('{"id": "x", "replace": ["node1"], "shrink": "yes"}')
     assert read_request(request_path(tmp_path, "44")) is None          # shrink must be a bool: ignored, logged
     assert request_outcome(tmp_path, 42, "failslow-a") is None          # not answered yet

@@ -230,8 +230,8 @@ def test_a_line_a_rank_prints_is_no_report_of_sruns(
         # the supervisor reads its step's log as it grows; give it a few seconds of its own clock
         # (its status file, rewritten every few seconds) after the ranks printed, or its verdict
         def watched() -> bool:
-            status = read_status(status_path(job.ckpt, str(job.job_id))) or {}
-            return status.get("updated_at", 0) > printed + 4 or status.get("phase") != "running" \
+            status = read_status(status_path(job.ckpt, str(job.job_id)))
+            return status is not None and (status.updated_at > printed + 4 or status.phase != "running") \
                 or len(job.journal().state.launches) > 1
         wait_until(watched, 60, "the supervisor to go on watching the step, or to act")
         assert job.journal().state.launches[0].confirmed is None, job.batch_log()[-2000:]

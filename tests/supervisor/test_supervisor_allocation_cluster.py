@@ -94,7 +94,7 @@ def test_one_supervisor_per_allocation_and_it_stops_the_step_before_the_time_lim
     journal = SupervisorJournal(journal_path(ckpt, str(job_id))).state
     assert [la.number for la in journal.launches] == [0] and journal.outcome == ""
     status = read_status(status_path(ckpt, str(job_id)))
-    assert status is not None and status["phase"] == "stopped"
+    assert status is not None and status.phase == "stopped"
     text = (tmp_path / "logs" / "supervisor.log").read_text()
     assert "SIGUSR1 to the step" in text and "SIGSIG" not in text, text
 

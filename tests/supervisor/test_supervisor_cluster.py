@@ -70,7 +70,7 @@ def test_node_loss_and_rank_crash_relaunch_inside_the_same_job(slurm_cluster, tm
         first = wait_until(lambda: len(_launches(work).get(0, [])) == 4 and _launches(work)[0], 120,
                            "launch 0 to run its 4 ranks")
         status = read_status(status_path(ckpt, str(job_id)))
-        assert status is not None and status["phase"] == "running" and len(status["spares"]) == 2
+        assert status is not None and status.phase == "running" and len(status.spares) == 2
         lost = next(node for rank, stage, node in first if stage == 1)      # a text node
         runner.run(["scontrol", "update", f"nodename={lost}", "state=DOWN", "reason=omni-test"])
         second = wait_until(lambda: len(_launches(work).get(1, [])) == 4 and _launches(work)[1], 120,
@@ -136,8 +136,8 @@ def test_no_spare_shrinks_inside_the_job_and_a_lost_batch_host_ends_the_allocati
         shrunk = wait_until(lambda: len(lines("0.1")) == 2 and lines("0.1"), 120, "launch 1, shrunk to dp 1")
         assert {dp for dp, _, _, _ in shrunk} == {"1"} and text_node not in {n for *_, n in shrunk}
         status = read_status(status_path(ckpt, str(job_id)))
-        assert status is not None and status["data_parallel_size"] == 1 and status["path"] == "in_allocation"
-        assert status["recoveries"][0]["data_parallel_size_before"] == 2
+        assert status is not None and status.data_parallel_size == 1 and status.path == "in_allocation"
+        assert status.recoveries[0].data_parallel_size_before == 2
         report = json.loads((ckpt / "supervisor" / "relaunched-1.json").read_text())
         assert report["slurm_job_id"] == str(job_id) and report["data_parallel_size"] == 1
         batch_host = runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.split(" BatchHost=")[1].split()[0]

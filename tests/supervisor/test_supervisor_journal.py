@@ -52,28 +52,32 @@ def test_a_launchs_start_failure_is_replayed_for_a_restarted_supervisor(tmp_path
     j.append("start_failure", launch=0, exit_code=1, line="ModuleNotFoundError: No module named 'x'", log="/l0.log")
     again = SupervisorJournal(path)
     first, second = again.state.launches
-    assert first.start_failure is not None and first.start_failure["line"] == "ModuleNotFoundError: No module named 'x'"
-    assert first.start_failure["exit_code"] == 1 and second.start_failure is None
+    assert first.start_failure is not None and first.start_failure.line == "ModuleNotFoundError: No module named 'x'"
+    assert first.start_failure.exit_code == 1 and second.start_failure is None
 
 
 def test_status_lists_each_in_allocation_recovery(tmp_path: Path) -> None:
     j = _journal(tmp_path / "7.jsonl")
     j.append("first_step", launch=1, at=103.0, step=21)
     doc = status_document(j.state, job_id="7", phase="running", now=104.0)
-    assert doc["path"] == "in_allocation" and doc["spares_left"] == 1 and doc["failed_nodes"] == ["n4"]
-    (rec,) = doc["recoveries"]
-    assert rec["slurm_job_id"] == rec["slurm_job_id_after"] == "7"
-    assert (rec["removed"], rec["added"], rec["cause"]) == (["n4"], ["n5"], "down")
-    assert rec["fault_at"] == 101.0 and rec["first_step_at"] == 103.0
+    assert doc.path == "in_allocation" and doc.spares_left == 1 and doc.failed_nodes == ["n4"]
+    (rec,) = doc.recoveries
+    assert rec.slurm_job_id == rec.slurm_job_id_after == "7"
+    assert (rec.removed, rec.added, rec.cause) == (["n4"], ["n5"], "down")
+    assert rec.fault_at == 101.0 and rec.first_step_at == 103.0
     write_status(tmp_path / "7.status.json", doc)
-    assert read_status(tmp_path / "7.status.json") == json.loads(json.dumps(doc))
+    assert read_status(tmp_path / "7.status.json") == doc
+    assert json.loads((tmp_path / "7.status.json").read_text())["recoveries"][0]["data_parallel_size_after"] == 2
     assert read_status(tmp_path / "missing.json") is None
 
 
 def test_requests_must_name_an_id_and_nodes(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     path.write_text('{"id": "slow-1", "replace": ["n3"]}')
-    assert read_request(path) == {"id": "slow-1", "replace": ["n3"]}
-    for bad in ('{"replace": ["n3"]}', '{"id": "", "replace": ["n3"]}', '{"id": "x", "replace": "n3"}', "[", ""):
+    req = read_request(path)
+    assert req is not None and (req.id, req.replace, req.shrink) == ("slow-1", ["n3"], False)
+    for bad in ('{"replace": ["n3"]}', '{"id": "", "replace": ["n3"]}', '{"id": "x", "replace": "n3"}', "[", "",
+                '{"id": "x", "replace": []}', '{"id": "x", "replace": ["n3"], "shrink": "yes"}',
+                '{"id": "x", "replace": ["n3"], "now": true}', '{"id": "x", "id": "y", "replace": ["n3"]}'):
         path.write_text(bad)
         assert read_request(path) is None
