@@ -198,13 +198,19 @@ def decode_journal_line(data: bytes, what: str) -> JournalRecord:
 
 
 def journal_record(kind: str, time: float, fields: dict[str, object], what: str) -> JournalRecord:
-    """The record the journal writer appends, checked against its schema before it is written."""
+    """The record the journal writer appends, checked against its schema before it is written: a
+    kind or a key the schema does not have is refused too (the reader would drop the key)."""
+    def refused(why: str) -> RecordRejected:
+        return RecordRejected(f"couldn't journal {one_line(kind, 40)!r} in {what}: {one_line(why)} (records: "
+                              f"{', '.join(JOURNAL_KINDS)}; slurm_omni/formats/supervisor.py)")
     try:
-        return msgspec.convert({"kind": kind, "time": time, **fields}, JournalRecord, strict=True)
+        rec: JournalRecord = msgspec.convert({"kind": kind, "time": time, **fields}, JournalRecord, strict=True)
     except msgspec.ValidationError as e:
-        known = ", ".join(JOURNAL_KINDS)
-        raise RecordRejected(f"couldn't journal {one_line(kind, 40)!r} in {what}: {one_line(str(e))} (records: "
-                             f"{known}; slurm_omni/formats/supervisor.py)") from None
+        raise refused(str(e)) from None
+    unknown = sorted(set(fields) - set(type(rec).__struct_fields__))
+    if unknown:
+        raise refused(f"no key {unknown[0]!r} in a {kind} record")
+    return rec
 
 
 # -- the status file --------------------------------------------------------------------------------

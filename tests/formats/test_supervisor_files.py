@@ -134,7 +134,8 @@ def test_the_journal_writer_refuses_a_record_that_does_not_match_and_writes_noth
     journal.append("allocation", nodes=["n1"])
     before = journal.path.read_bytes()
     for kind, fields in [("launched", {"launch": 0, "pid": "123"}), ("ended", {"launch": 0}),
-                         ("pool_requested", {"nodes": ["n2"]}), ("allocation", {"nodes": ["bad name"]})]:
+                         ("pool_requested", {"nodes": ["n2"]}), ("allocation", {"nodes": ["bad name"]}),
+                         ("launched", {"launch": 0, "pid": 5, "extra": []})]:
         with pytest.raises(RecordRejected, match=r"couldn't journal .* in .*7\.jsonl") as refused:
             journal.append(kind, **fields)
         assert "\n" not in str(refused.value)
