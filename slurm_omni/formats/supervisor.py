@@ -59,13 +59,16 @@ RequestId = Annotated[str, msgspec.Meta(pattern=r"^[!-~]{1,128}$")]
 RequestOutcome = Literal["accepted", "no_spare", "below_minimum", "unknown_node", "carried_out"]
 REQUEST_OUTCOMES: tuple[RequestOutcome, ...] = ("accepted", "no_spare", "below_minimum", "unknown_node",
                                                 "carried_out")
-SupervisorPhase = Literal["waiting", "launching", "running", "relaunching", "done", "stopped", "fallback"]
-"""The status file's phase: ``waiting`` (allocation mode: for the allocation to start), ``launching``
-(a launch journaled, its srun not yet seen running), ``running``, ``relaunching`` (a recovery is
-planned), and the ends: ``done`` (training finished), ``stopped`` (asked to, the allocation ending,
-or bad input) and ``fallback`` (handed over to the manager's resubmission)."""
-SUPERVISOR_PHASES: tuple[SupervisorPhase, ...] = ("waiting", "launching", "running", "relaunching", "done",
-                                                  "stopped", "fallback")
+SupervisorPhase = Literal["waiting", "launching", "running", "stopping", "confirming", "ended", "relaunching",
+                          "done", "stopped", "fallback"]
+"""The status file's phase: the supervisor's lifecycle (``policy.supervisor_lifecycle.Phase``, where
+each is explained): ``waiting`` (allocation mode: for the allocation to start), ``launching``,
+``running``, ``stopping`` (the step asked to checkpoint), ``confirming`` (a failure confirmed, the
+step being killed), ``ended`` (planning the recovery), ``relaunching``, and the ends: ``done``
+(training finished), ``stopped`` (asked to, the allocation ending, or bad input) and ``fallback``
+(handed over to the manager's resubmission)."""
+SUPERVISOR_PHASES: tuple[SupervisorPhase, ...] = ("waiting", "launching", "running", "stopping", "confirming", "ended",
+                                                  "relaunching", "done", "stopped", "fallback")
 ReportKind = Literal["relaunched", "gave_up"]
 REPORT_KINDS: tuple[ReportKind, ...] = ("relaunched", "gave_up")
 

@@ -254,9 +254,10 @@ def recovery_road(first: FailureConfirmed | MigrationRequested, plan: Relaunch |
                      f"{', '.join(p.value for p in phases)})")
 
 
-LIVE_PHASES = frozenset({"waiting", "launching", "running", "relaunching"})
-"""Status phases of a supervisor that has work left (not done, stopped or handed over); ``waiting``:
-for its allocation to start."""
+LIVE_PHASES = frozenset({"waiting", "launching", "running", "stopping", "confirming", "ended", "relaunching"})
+"""Status phases of a supervisor that has work left (not done, stopped or handed over): the
+lifecycle's (``policy.supervisor_lifecycle.Phase``) but its ends; ``waiting``: for its allocation to
+start."""
 
 
 def supervisor_gone(*, phase: str, job_state: str, alive: bool | None, status_age_s: float | None,

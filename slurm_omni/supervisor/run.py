@@ -9,9 +9,12 @@ job, on the road of the one recovery state machine (``policy.recovery.step`` wit
 through ``policy.supervision.recovery_road``: confirmed, planned, stopped, launched; or handed over). Every decision is journaled before it is carried out (``supervisor/journal.py``), so a
 supervisor SIGKILLed anywhere and started again by the batch script makes each launch exactly once.
 
-This module decides nothing itself: what a launch's end means, when to kill a step, a request's
-outcome (``policy.supervision``), the rule and the plan are pure code; what a launch shows is
-gathered by ``supervisor/observe.py``; this module carries the decisions out.
+This module decides nothing itself: its phases and what follows each observation are one pure
+transition table (``policy.supervisor_lifecycle``: waiting, launching, running, stopping,
+confirming, ended, relaunching; done, stopped, fallback), fed through :meth:`Supervisor._feed`,
+which carries out the effects it returns; what a launch's end means, when to kill a step, a
+request's outcome (``policy.supervision``), the rule and the plan are pure code too; what a launch
+shows is gathered by ``supervisor/observe.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
@@ -49,25 +52,45 @@ from slurm_omni.policy.in_allocation import (
 )
 from slurm_omni.policy.placement import SpareScope
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
-from slurm_omni.policy.recovery_events import HandOver as TableHandOver
 from slurm_omni.policy.start_failure import StartFailure, first_line, repeated_failure, stop_line
 from slurm_omni.policy.supervision import (
     PLANNED,
-    Finish,
-    HandOver,
     LaunchEnd,
     SupervisionLimits,
     adopted_rc,
-    after_launch,
     as_plan,
     fruitless_launches,
-    kill_on,
-    next_launch,
-    recovery_road,
     rendezvous_ports,
     request_outcome,
-    stop_due,
 )
+from slurm_omni.policy.supervisor_lifecycle import (
+    AllocationPolled,
+    Exit,
+    FirstLaunch,
+    ForwardStop,
+    GiveUp,
+    IntendLaunch,
+    JournalDone,
+    KillStep,
+    LaunchEnded,
+    LaunchJournaled,
+    LaunchRunning,
+    LeaveStep,
+    LifecycleConfig,
+    Phase,
+    Plan,
+    Planned,
+    ReleaseAllocation,
+    Replayed,
+    SignalStep,
+    StartStandbys,
+    TakeAllocation,
+    Watched,
+    initial,
+)
+from slurm_omni.policy.supervisor_lifecycle import Effect as LifecycleEffect
+from slurm_omni.policy.supervisor_lifecycle import Event as LifecycleEvent
+from slurm_omni.policy.supervisor_lifecycle import step as lifecycle_step
 from slurm_omni.slurm.allocation import AllocationView
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
@@ -191,7 +214,12 @@ class Supervisor:
         self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, life))
         self.status_file = status_path(opts.ckpt_dir, life)
         self.request_file = request_path(opts.ckpt_dir, opts.job_id)
-        self.phase: SupervisorPhase = "launching"
+        self.lifecycle = LifecycleConfig(
+            limits=SupervisionLimits(max_fruitless=opts.max_fruitless, max_relaunches=opts.max_relaunches),
+            kill_grace_s=opts.kill_grace_s, stop_before_s=opts.stop_before_s, stop_signal=opts.stop_signal,
+            outside=opts.outside)
+        self.state = initial(outside=opts.outside)
+        """Where the lifecycle stands (``policy.supervisor_lifecycle``): only :meth:`_feed` changes it."""
         self.stop_signal: int | None = None
         self.slurm = AllocationView(runner, opts.job_id)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -200,12 +228,9 @@ class Supervisor:
         self._standbys: list[subprocess.Popen[bytes]] = []
         self._observer: LaunchObserver | None = None
         """What the current launch shows (fresh for every launch)."""
-        self._stopping = False
-        """We asked the step to checkpoint and stop (a planned replacement): its end is no failure."""
-        self.limits = SupervisionLimits(max_fruitless=opts.max_fruitless, max_relaunches=opts.max_relaunches)
         self._ephemeral = ports.ephemeral_range()
-        self._end_time: float | None = None
-        """Allocation mode: the allocation's time limit (Unix time), read when it started."""
+        self._ended: _Ended | None = None
+        """What the current launch's end left (for its plan and its hand-over)."""
         self._standby = opts.standby
         """Ranks start through warm standbys (off when their folder is not ours)."""
 
@@ -219,24 +244,13 @@ class Supervisor:
                             self.opts.job_id)
                 return EXIT_DONE
             outside.write_process(self.opts.ckpt_dir, self.opts.job_id)
-            if not self._await_allocation():
-                return EXIT_FAILED
+            code = self._await_allocation()
+            if code is not None:
+                return code
         st = self.journal.state
-        if st.outcome == "done":
-            if self.opts.outside:   # its predecessor may have died before it gave the allocation back
-                self.slurm.release()
-            return EXIT_DONE
-        if st.outcome == "fallback":
-            return EXIT_FAILED
-        self._standby = self.opts.standby and self._standby_folder_is_ours()
-        if self._standby:
-            self._start_standbys()
-        if st.current is None:
-            nodes, feats, _ = self.slurm.node_info(self.opts.allocation)
-            leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
-            layout = first_layout(self.opts.stages, self.opts.allocation, features=feats, leaf_of=leaf_of)
-            self.journal.append("allocation", nodes=list(self.opts.allocation))
-            self._intend(0, layout, cause="", removed=(), added=())
+        code = self._feed(Replayed(self.clock(), st.outcome, st.current.number if st.current else None))
+        if code is not None:
+            return code
         while True:
             cur = self.journal.state.current
             if cur is None:   # mypy: _intend always leaves one
@@ -248,30 +262,21 @@ class Supervisor:
                 self._stop_standbys()
                 return code
 
-    def _await_allocation(self) -> bool:
+    def _await_allocation(self) -> int | None:
         """Allocation mode: wait until the allocation runs, and take its nodes as Slurm lists them now
-        (a lost node is already excised: a restarted supervisor starts no standby there). False: it
-        ended, or is not this user's. While it waits in the queue (hours at a centre) the polls space
-        out to ``wait_poll_max_s``: polling slurmctld in a loop hurts it."""
+        (a lost node is already excised: a restarted supervisor starts no standby there). An exit
+        code: it ended, or is not this user's. While it waits in the queue (hours at a centre) the
+        polls space out to ``wait_poll_max_s``: polling slurmctld in a loop hurts it."""
         poll = self.opts.wait_poll_s
-        self.phase = "waiting"
         while True:
             self._write_status()   # alive while it waits: the manager tells a gone supervisor by its age
             rec = self.slurm.job_record()
-            if rec.user_id is not None and rec.user_id != os.geteuid():
-                log.error("supervisor: couldn't supervise job %s: it belongs to uid %d, not %d",
-                          self.opts.job_id, rec.user_id, os.geteuid())
-                return False
-            if rec.state == "RUNNING" and rec.nodes:
-                self.opts = replace(self.opts, allocation=rec.nodes)
-                self._end_time = rec.end_time
-                self.phase = "launching"
-                return True
-            if rec.state not in ("PENDING", "CONFIGURING"):
-                log.error("supervisor: job %s is %s: nothing to supervise", self.opts.job_id, rec.state or "gone")
-                return False
-            if self.stop_signal is not None:
-                return False
+            code = self._feed(AllocationPolled(self.clock(), rec.state, user_id=rec.user_id, my_uid=os.geteuid(),
+                                               has_nodes=bool(rec.nodes), end_time=rec.end_time,
+                                               signalled=self.stop_signal is not None),
+                              allocation=rec.nodes)
+            if code is not None or self.state.phase is not Phase.WAITING:
+                return code
             time.sleep(poll)
             poll = min(poll * 1.5, max(self.opts.wait_poll_max_s, self.opts.wait_poll_s))
 
@@ -296,7 +301,7 @@ class Supervisor:
         cur = self.journal.state.current
         if cur is None:
             raise OmniError("supervisor: couldn't journal the launch")
-        self.phase = "launching"
+        self._feed(LaunchJournaled(self.clock(), number))
         self._write_status()
         return cur
 
@@ -336,7 +341,7 @@ class Supervisor:
             self._step_log = StepLog.follow(self._log_path(name, srun=True))
         else:   # journaled as launched, its srun gone while no supervisor watched it
             log.warning("supervisor: launch %d ended while no supervisor watched it", cur.number)
-        self.phase = "running"
+        self._feed(LaunchRunning(self.clock()))
         self._write_status()
         return self._watch(cur, adopted)
 
@@ -426,46 +431,35 @@ class Supervisor:
         observer = self._observer or self._observe(cur)
         confirmer = observer.confirmer
         next_hb = next_nodes = 0.0
-        killed_at: float | None = None
-        self._stopping = False
         while True:
             now = self.clock()
             rc = self._poll(adopted)
             if rc is not False:
                 return rc if isinstance(rc, int) else None
             for event in self._step_log.drain() if self._step_log is not None else ():
-                observer.srun(event, ending_on_request=self._stopping or self.stop_signal is not None)
-            if killed_at is not None:
-                # its tasks are killed; srun itself may wait seconds for a lost node to answer:
-                # relaunch without it (the next step overlaps its CPUs) and reap it later
-                if self.clock() - killed_at >= self.opts.kill_grace_s:
-                    if self._proc is not None:
-                        self._dying.append(self._proc)
-                    return 128 + signal.SIGKILL
+                observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+            if self.state.phase is Phase.CONFIRMING:
+                # its tasks are killed; srun itself may wait seconds for a lost node to answer: the
+                # lifecycle relaunches without it after the grace (the next step overlaps its CPUs)
+                left = self._feed(Watched(at=self.clock()), cur=cur)
+                if left is not None:
+                    return left
                 time.sleep(self.opts.tick_s)
                 continue
+            polled = False
+            accepted = False
             if now >= next_hb:
                 next_hb = now + self.opts.heartbeat_poll_s
                 self._heartbeats(cur, observer)
             if now >= next_nodes:
                 next_nodes = now + self.opts.node_poll_s
+                polled = True
                 self._observe_nodes(cur, observer)
                 self._write_status()
-                if stop_due(self._end_time, now, self.opts.stop_before_s) and self.stop_signal is None:
-                    log.warning("supervisor: the allocation ends in %.0f s: %s to the step (the ranks "
-                                "checkpoint)", (self._end_time or now) - now, signal.Signals(self.opts.stop_signal).name)
-                    self._forward(self.opts.stop_signal, None)
-                if self._take_request(cur):
-                    self._stopping = True
-                    self._stop_step(signal.SIGUSR1)
-            if kill_on(confirmer.evaluate(now), asked_to_stop=self.stop_signal is not None, stopping=self._stopping):
-                log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
-                            cur.number, "; ".join(confirmer.evaluate(now).reasons))
-                killed_at = now
-                scancels = kill_step(self.runner, self.opts.job_id, self._step_name(cur), observer.step_id)
-                self._dying.extend(scancels)
-                if not scancels:
-                    self._stop_step(signal.SIGINT)
+                accepted = self._take_request(cur)
+            self._feed(Watched(at=now, decision=confirmer.evaluate(now), signalled=self.stop_signal is not None,
+                               request_accepted=accepted, check_time_limit=polled), cur=cur)
+            if self.state.phase is Phase.CONFIRMING:
                 continue   # straight to the grace check: with no grace, relaunch on this tick
             time.sleep(self.opts.tick_s)
 
@@ -511,53 +505,110 @@ class Supervisor:
                                                       for la in self.journal.state.launches]),
                         batch_host_lost=self.opts.batch_host if self.opts.batch_host in lost_here else "",
                         repeated=repeated, refused=refused)
-        what = after_launch(end, self.limits)
-        if isinstance(what, Finish):
-            if what.phase == "done":
-                self.journal.append("done", launch=cur.number)
-                if self.opts.outside:   # no batch script ends this allocation
-                    self.slurm.release()
-            elif what.reason:
-                log.warning("supervisor: launch %d ended (%s): no relaunch", cur.number, what.reason)
-            self.phase = what.phase
-            return what.code
-        if isinstance(what, HandOver):
-            failed = set(cur.layout.failed)
-            if end.batch_host_lost:   # journal what the launch left, and exclude its lost nodes
-                self._confirm(cur, rc, now, nodes)
-                failed |= lost_here & set(cur.layout.nodes)
-            return self._fallback(cur, sorted(failed), what.reasons)
+        self._ended = _Ended(rc, now, nodes, lost_here)
+        return self._feed(LaunchEnded(now, end), cur=cur)
+
+    def _make_plan(self, cur: Launch) -> Planned:
+        """The recovery's opening and the next launch's plan: a replacement that was asked for, else
+        the rule's confirmation of what the launch left and the one placement policy's plan."""
+        ended = self._ended
+        if ended is None:
+            raise OmniError("supervisor: couldn't plan: the launch's end was not recorded")
         planned = self._planned(cur)
         first: FailureConfirmed | MigrationRequested
         if planned is not None:
             plan: Relaunch | Fallback = planned
-            cause = PLANNED
-            first = MigrationRequested(at=now, plan=as_plan(planned, cur.layout, self.opts.replicas_per_unit),
+            first = MigrationRequested(at=ended.at, plan=as_plan(planned, cur.layout, self.opts.replicas_per_unit),
                                        nodes=planned.removed, cause=PLANNED)
         else:
-            decision = self._confirm(cur, rc, now, nodes)
-            plan, cause = self._plan(cur, decision, now, nodes), decision.cause
-            first = FailureConfirmed(decision=decision, lost={n: "down" for n in sorted(lost_here)})
-        relaunch = next_launch(cur.number, plan, self.limits)
-        # the one recovery table (policy/recovery.py, as the manager runs it) says what follows: the
-        # next launch in the allocation, or the manager's resubmission
-        effect, phases = recovery_road(first, relaunch, incarnation=cur.incarnation,
-                                       slurm_job_id=int(self.opts.job_id) if self.opts.job_id.isdigit() else 0,
-                                       before=cur.layout, replicas_per_unit=self.opts.replicas_per_unit, now=now)
-        road = " -> ".join(p.value for p in phases)
-        if isinstance(relaunch, Fallback):   # a failure's: the table's HandOver; a requested replacement's: the limit
-            return self._fallback(cur, relaunch.failed, relaunch.reasons)
-        if isinstance(effect, TableHandOver):
-            return self._fallback(cur, relaunch.layout.failed, (effect.reason,))
-        self.phase = "relaunching"
-        log.warning("supervisor: launch %d -> %d: %s removed, %s added, units %d -> %d, %d spare(s) left (%s; "
-                    "recovery %s)", cur.number, cur.number + 1, ",".join(relaunch.removed) or "nothing",
-                    ",".join(relaunch.added) or "nothing", relaunch.units_before, relaunch.layout.units,
-                    len(relaunch.layout.spares), "; ".join(relaunch.reasons), road)
-        nxt = self._intend(cur.number + 1, relaunch.layout, cause=cause, removed=relaunch.removed,
-                           added=relaunch.added)
-        self._report("relaunched", cur, nxt.incarnation, cause, relaunch.layout, relaunch.removed, relaunch.added,
-                     "; ".join(relaunch.reasons), relaunched_at=nxt.started_at)
+            decision = self._confirm(cur, ended.rc, ended.at, ended.nodes)
+            plan = self._plan(cur, decision, ended.at, ended.nodes)
+            first = FailureConfirmed(decision=decision, lost={n: "down" for n in sorted(ended.lost)})
+        return Planned(at=ended.at, first=first, plan=plan, before=cur.layout, incarnation=cur.incarnation,
+                       slurm_job_id=int(self.opts.job_id) if self.opts.job_id.isdigit() else 0,
+                       replicas_per_unit=self.opts.replicas_per_unit)
+
+    # -- the lifecycle: feed it, carry out what it says ------------------------------------------------
+    def _feed(self, event: LifecycleEvent, *, cur: Launch | None = None,
+              allocation: tuple[str, ...] = ()) -> int | None:
+        """One event through the lifecycle table (``policy.supervisor_lifecycle.step``); its effects
+        carried out in order. Returns an exit code when an effect ends the supervisor (or leaves a
+        killed step: its code), else None."""
+        self.state, effects = lifecycle_step(self.state, event, self.lifecycle)
+        out: int | None = None
+        for effect in effects:
+            code = self._carry_out(effect, cur, allocation)
+            if code is not None:
+                out = code
+        return out
+
+    def _carry_out(self, effect: LifecycleEffect, cur: Launch | None, allocation: tuple[str, ...]) -> int | None:
+        if isinstance(effect, TakeAllocation):
+            self.opts = replace(self.opts, allocation=allocation)
+        elif isinstance(effect, StartStandbys):
+            self._standby = self.opts.standby and self._standby_folder_is_ours()
+            if self._standby:
+                self._start_standbys()
+        elif isinstance(effect, FirstLaunch):
+            nodes, feats, _ = self.slurm.node_info(self.opts.allocation)
+            leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
+            layout = first_layout(self.opts.stages, self.opts.allocation, features=feats, leaf_of=leaf_of)
+            self.journal.append("allocation", nodes=list(self.opts.allocation))
+            self._intend(0, layout, cause="", removed=(), added=())
+        elif isinstance(effect, ReleaseAllocation):   # its predecessor may have died before giving it back
+            self.slurm.release()
+        elif isinstance(effect, ForwardStop):
+            end = self.state.end_time or self.clock()
+            log.warning("supervisor: the allocation ends in %.0f s: %s to the step (the ranks checkpoint)",
+                        end - self.clock(), signal.Signals(effect.signum).name)
+            self._forward(effect.signum, None)
+        elif isinstance(effect, SignalStep):
+            self._stop_step(effect.signum)
+        elif isinstance(effect, KillStep) and cur is not None:
+            observer = self._observer or self._observe(cur)
+            log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
+                        cur.number, "; ".join(observer.confirmer.evaluate(self.clock()).reasons))
+            scancels = kill_step(self.runner, self.opts.job_id, self._step_name(cur), observer.step_id)
+            self._dying.extend(scancels)
+            if not scancels:
+                self._stop_step(signal.SIGINT)
+        elif isinstance(effect, LeaveStep):
+            if self._proc is not None:
+                self._dying.append(self._proc)
+            return effect.rc
+        elif isinstance(effect, JournalDone) and cur is not None:
+            self.journal.append("done", launch=cur.number)
+            if effect.release:   # no batch script ends this allocation
+                self.slurm.release()
+        elif isinstance(effect, Plan) and cur is not None:
+            return self._feed(self._make_plan(cur), cur=cur)
+        elif isinstance(effect, IntendLaunch) and cur is not None:
+            relaunch = effect.relaunch
+            cause = effect.cause
+            log.warning("supervisor: launch %d -> %d: %s removed, %s added, units %d -> %d, %d spare(s) left (%s; "
+                        "recovery %s)", cur.number, effect.number, ",".join(relaunch.removed) or "nothing",
+                        ",".join(relaunch.added) or "nothing", relaunch.units_before, relaunch.layout.units,
+                        len(relaunch.layout.spares), "; ".join(relaunch.reasons), effect.road)
+            nxt = self._intend(effect.number, relaunch.layout, cause=cause, removed=relaunch.removed,
+                               added=relaunch.added)
+            self._report("relaunched", cur, nxt.incarnation, cause, relaunch.layout, relaunch.removed,
+                         relaunch.added, "; ".join(relaunch.reasons), relaunched_at=nxt.started_at)
+        elif isinstance(effect, GiveUp) and cur is not None:
+            if effect.failed is not None:
+                failed = set(effect.failed)
+            else:
+                failed = set(cur.layout.failed)
+                ended = self._ended
+                if effect.lost_batch_host and ended is not None:   # journal what the launch left, exclude its lost nodes
+                    self._confirm(cur, ended.rc, ended.at, ended.nodes)
+                    failed |= ended.lost & set(cur.layout.nodes)
+            self._fallback(cur, sorted(failed), effect.reasons)
+        elif isinstance(effect, Exit):
+            if effect.reason and self.state.phase is Phase.STOPPED and cur is not None:
+                log.warning("supervisor: launch %d ended (%s): no relaunch", cur.number, effect.reason)
+            elif effect.reason:
+                log.error("supervisor: couldn't supervise job %s: %s", self.opts.job_id, effect.reason)
+            return effect.code
         return None
 
     def _refused(self, cur: Launch) -> str:
@@ -574,7 +625,7 @@ class Supervisor:
         stderr) with where the whole log is, journaled and recorded for the manager
         (``failed-<job>-<incarnation>.json``). Returns the stop line when the launch before it failed
         the same way (``policy.start_failure``), else empty."""
-        if (rc in (EXIT_DONE, EXIT_CHECKPOINTED) or self._stopping or cur.cause == PLANNED
+        if (rc in (EXIT_DONE, EXIT_CHECKPOINTED) or self.state.stopping or cur.cause == PLANNED
                 or job_state not in ("RUNNING", "") or lost & set(cur.layout.nodes)):
             return ""
         if cur.start_failure is None:
@@ -670,7 +721,6 @@ class Supervisor:
                           cur.layout.kind_of)
         self._report("gave_up", cur, cur.incarnation + 1, cur.confirmed.cause if cur.confirmed else "", gone,
                      (), (), "; ".join(reasons), relaunched_at=None)
-        self.phase = "fallback"
         log.error("supervisor: no launch fits the allocation (%s): handing over to the manager's resubmission "
                   "(exclude %s)", "; ".join(reasons), ",".join(sorted(failed)) or "-")
         return EXIT_FAILED
@@ -743,7 +793,8 @@ class Supervisor:
     def _write_status(self) -> None:
         try:
             write_status(self.status_file, status_document(self.journal.state, job_id=self.opts.job_id,
-                                                           phase=self.phase, now=self.clock()))
+                                                           phase=cast(SupervisorPhase, self.state.phase.value),
+                                                           now=self.clock()))
         except OSError as e:
             log.warning("supervisor: couldn't write %s: %s", self.status_file, e)
 
@@ -756,6 +807,15 @@ class Supervisor:
         marker.write_text(point)
         log.warning("supervisor: drill: SIGKILL at %s", point)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    rc: int
+    at: float
+    nodes: Sequence[Node]
+    """The allocation's nodes as read after the launch ended (empty when nothing followed)."""
+    lost: set[str]
 
 
 def _reap_all(procs: list[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
