@@ -123,7 +123,7 @@ def main() -> None:
                                                         now=100.0, fault_at=100.0), max(5, args.repeat // 3))
         print(f"plan: {label:23s} median {t * 1e3:7.2f} ms  ratio {t / LIMIT_S:5.3f}   "
               f"with index build {both * 1e3:7.2f} ms  ratio {both / LIMIT_S:5.3f}   -> {plan.action.value} "
-              f"dp {plan.data_parallel_size}")
+              f"units {plan.units}")
 
     shrunk = JobLayout(tuple(dataclasses.replace(c, nodes=c.nodes[:60]) for c in layout.components), 15, 16)
     grow_idx = ClusterIndex.build(topo, spare_on_leaf)

@@ -216,13 +216,13 @@ def _resubmit(m: ManagerContext, w: Watch, plan: Plan) -> Launched:
     tag = incarnation_tag(w.key, new)
     restore_step = latest_step(w.reg.ckpt_dir)
     nodes = {c.het_offset: list(c.nodes) for c in plan.components}
-    m.journal.add_incarnation(w.key, new, {"units": plan.data_parallel_size, "nodes": nodes,
-                                           "data_parallel_size": w.shape.data_parallel_size_for(plan.data_parallel_size),
+    m.journal.add_incarnation(w.key, new, {"units": plan.units, "nodes": nodes,
+                                           "data_parallel_size": w.shape.data_parallel_size_for(plan.units),
                                            "restore_step": restore_step, "tag": tag})
 
     def act() -> str:
         m.crash("resubmit:before_submit")
-        job_id = m.actions.resubmit(w.reg, w.shape, plan, plan.data_parallel_size, tag, new)
+        job_id = m.actions.resubmit(w.reg, w.shape, plan, plan.units, tag, new)
         m.crash("resubmit:after_submit")
         return str(job_id)
 
@@ -234,7 +234,7 @@ def _resubmit(m: ManagerContext, w: Watch, plan: Plan) -> Launched:
     m.journal.set_incarnation(w.key, new, slurm_job_id=result, submitted_at=at)
     m.journal.set_incarnation(w.key, w.incarnation, ended_at=at, end_reason=w.recovery.cause)
     log.warning("manager: %s incarnation %d submitted as Slurm job %s (%s, dp units %d -> %d; %s)", w.key, new,
-                result, plan.action.value, w.units, plan.data_parallel_size, "; ".join(plan.reasons))
+                result, plan.action.value, w.units, plan.units, "; ".join(plan.reasons))
     return Launched(at=at, incarnation=new, slurm_job_id=int(result), restore_step=restore_step)
 
 

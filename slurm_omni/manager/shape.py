@@ -47,7 +47,7 @@ class Shape:
             components=tuple(ComponentLayout(s.het_group, tuple(nodes_by_offset.get(s.het_group, ())),
                                              self.nodes_per_unit(s), s.partition, (parse_gres(s.gres),))
                              for s in self.stages),
-            data_parallel_size=units, target_data_parallel_size=self.units)
+            units=units, target_units=self.units)
 
     def resized(self, job: JobFile, units: int) -> JobFile:
         """The job file of an incarnation with ``units`` units (same tasks per node)."""
@@ -82,7 +82,7 @@ class Shape:
             divides = total // per_unit if total % per_unit == 0 else 0
         while divides and divides % min_units:
             min_units += 1
-        return PlacementConfig(min_data_parallel_size=min_units, spare_wait_s=e.spare_wait_s,
-                               quarantine_s=e.quarantine_s, drain_failed=e.drain_failed, dp_divides=divides,
+        return PlacementConfig(min_units=min_units, spare_wait_s=e.spare_wait_s,
+                               quarantine_s=e.quarantine_s, drain_failed=e.drain_failed, units_divide=divides,
                                spare_scope=e.spare_policy,
                                spare_nodes=tuple(expand(e.spare_nodes)) if e.spare_nodes else ())

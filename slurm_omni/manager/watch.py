@@ -270,9 +270,10 @@ def replayed(rec: Recovery) -> Replayed:
 
 
 def plan_from_json(obj: dict[str, Any]) -> Plan:
-    """A plan as ``journal.to_json`` stored it."""
+    """A plan as ``journal.to_json`` stored it (``units``; a journal written before the rename says
+    ``data_parallel_size`` for the same count of placement units)."""
     until = (obj.get("quarantine") or {}).get("until") or {}
-    return Plan(Action(obj["action"]), int(obj["data_parallel_size"]),
+    return Plan(Action(obj["action"]), int(obj["units"] if "units" in obj else obj["data_parallel_size"]),
                 tuple(ComponentPlan(int(c["het_offset"]), tuple(c["nodes"]), tuple(c["added"]), tuple(c["removed"]),
                                     int(c.get("leaf_switches") or 0))
                       for c in obj.get("components") or ()),

@@ -190,13 +190,12 @@ def plan_relaunch(stages: Sequence[StageSpec], layout: StepLayout, decision: Dec
     that crashed on a healthy node is relaunched where it was."""
     per_unit = [s.nodes // units_of(stages) for s in stages]
     job = JobLayout(tuple(ComponentLayout(k, layout.components[k], per_unit[k], stages[k].kind)
-                          for k in range(len(stages))), data_parallel_size=layout.units,
-                    target_data_parallel_size=units_of(stages))
+                          for k in range(len(stages))), units=layout.units, target_units=units_of(stages))
     index = _index(layout, nodes, topology, set())
     failed = set(nodes_to_replace(decision, index, job))
     index = _index(layout, nodes, topology, failed)
-    config = PlacementConfig(min_data_parallel_size=min_units, spare_wait_s=0.0, quarantine_s=float("inf"),
-                             dp_divides=units_divide, spare_scope=spare_scope, spare_nodes=layout.spares)
+    config = PlacementConfig(min_units=min_units, spare_wait_s=0.0, quarantine_s=float("inf"),
+                             units_divide=units_divide, spare_scope=spare_scope, spare_nodes=layout.spares)
     plan = plan_recovery(index, job, failed, now=now, fault_at=now, config=config)
     all_failed = tuple(sorted(set(layout.failed) | failed))
     if plan.action is Action.WAIT:
@@ -207,5 +206,5 @@ def plan_relaunch(stages: Sequence[StageSpec], layout: StepLayout, decision: Dec
     removed = tuple(n for c in plan.components for n in c.removed)
     # nodes a shrink let go of go back to the pool, unless they failed
     spares = tuple(n for n in (*layout.spares, *removed) if n not in used and n not in failed)
-    new = StepLayout(components, spares, all_failed, plan.data_parallel_size, layout.kind_of)
+    new = StepLayout(components, spares, all_failed, plan.units, layout.kind_of)
     return Relaunch(new, removed, added, layout.units, plan.reasons)

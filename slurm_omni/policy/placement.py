@@ -1,8 +1,9 @@
 """Replacement placement, shrink and grow: pure planning over a ``ClusterIndex``.
 
-Layout model: a job runs ``data_parallel_size`` pipeline replicas; each replica needs
-``nodes_per_replica`` nodes of *every* component (one vision rank-set and one text rank-set), so
-the stages share one data-parallel size and a shrink or grow changes every component together.
+Layout model: a job runs ``units`` placement units; each unit needs ``nodes_per_unit`` nodes of
+*every* component (one vision rank-set and one text rank-set), so the stages shrink and grow
+together. A unit holds one or more data-parallel replicas (``manager/shape.py``: ``dp / units``);
+the planner counts units only, never replicas.
 
 Replacements for a component come from, in order: the leaf switches of its surviving nodes (the
 leaf holding most survivors first), then the leaves under the lowest common switch above them, and
@@ -10,9 +11,9 @@ so on up the tree; when the whole component is lost, the leaves where its failed
 candidate is free (idle, no drain/maint flag), in the component's partition, has the gres the
 component needs per node, is not quarantined and is not used by the job already.
 
-Not enough candidates: WAIT until ``fault_at + spare_wait_s``, then SHRINK to the largest data-
-parallel size every component can fill (at least ``min_data_parallel_size``, dividing
-``dp_divides`` when set); below the minimum it keeps WAITing. ``plan_grow`` proposes GROW when
+Not enough candidates: WAIT until ``fault_at + spare_wait_s``, then SHRINK to the most units
+every component can fill (at least ``min_units``, dividing ``units_divide`` when set); below the
+minimum it keeps WAITing. ``plan_grow`` proposes GROW when
 spares return.
 """
 
@@ -35,8 +36,8 @@ SpareScope = Literal["same_switch", "any_switch", "none"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlacementConfig:
-    min_data_parallel_size: int = 1
-    """Never shrink below this many pipeline replicas."""
+    min_units: int = 1
+    """Never shrink below this many placement units."""
     spare_wait_s: float = 0.0
     """Wait this long after the fault for spares before shrinking (0: shrink at once)."""
     quarantine_s: float = 3600.0
@@ -45,8 +46,8 @@ class PlacementConfig:
     """Ask Slurm to drain failed nodes (reason starting with 'omni:')."""
     allow_mixed: bool = False
     """Nodes partly used by other jobs count as free."""
-    dp_divides: int = 0
-    """When set, a data-parallel size must divide this (e.g. the global batch in micro-batches)."""
+    units_divide: int = 0
+    """When set, a unit count must divide this (the global batch in units' micro-batches)."""
     spare_scope: SpareScope = "any_switch"
     """Where replacements may come from: the survivors' leaf switches only, anywhere (nearest
     first), or nowhere (shrink or wait only). The site's ``elasticity.spare_policy``."""
@@ -54,15 +55,15 @@ class PlacementConfig:
     """When not empty, replacements come only from these nodes (the site's held-back spares)."""
 
     def __post_init__(self) -> None:
-        if self.min_data_parallel_size < 1:
-            raise ConfigError(f"min_data_parallel_size = {self.min_data_parallel_size} must be at least 1")
+        if self.min_units < 1:
+            raise ConfigError(f"min_units = {self.min_units} must be at least 1")
         if self.spare_wait_s < 0 or self.quarantine_s < 0:
             raise ConfigError("spare_wait_s and quarantine_s must not be negative")
-        if self.dp_divides < 0:
-            raise ConfigError(f"dp_divides = {self.dp_divides} must not be negative")
-        if self.dp_divides and self.dp_divides % self.min_data_parallel_size:
-            raise ConfigError(f"min_data_parallel_size = {self.min_data_parallel_size} does not divide "
-                              f"dp_divides = {self.dp_divides}")
+        if self.units_divide < 0:
+            raise ConfigError(f"units_divide = {self.units_divide} must not be negative")
+        if self.units_divide and self.units_divide % self.min_units:
+            raise ConfigError(f"min_units = {self.min_units} does not divide "
+                              f"units_divide = {self.units_divide}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ class ComponentLayout:
 
     het_offset: int
     nodes: tuple[str, ...]
-    nodes_per_replica: int
+    nodes_per_unit: int
     partition: str = ""
     gres: tuple[Gres, ...] = ()     # needed on every node, e.g. (Gres("gpu", "h100", 4),)
 
@@ -79,18 +80,18 @@ class ComponentLayout:
 @dataclass(frozen=True, slots=True)
 class JobLayout:
     components: tuple[ComponentLayout, ...]
-    data_parallel_size: int
-    target_data_parallel_size: int = 0    # the size the job was registered with (0: the current)
+    units: int
+    target_units: int = 0    # the units the job was registered with (0: the current)
 
     def __post_init__(self) -> None:
         for c in self.components:
-            if c.nodes_per_replica < 1 or len(c.nodes) != c.nodes_per_replica * self.data_parallel_size:
+            if c.nodes_per_unit < 1 or len(c.nodes) != c.nodes_per_unit * self.units:
                 raise ConfigError(f"component {c.het_offset}: {len(c.nodes)} nodes is not "
-                                  f"{c.nodes_per_replica} per replica x dp {self.data_parallel_size}")
+                                  f"{c.nodes_per_unit} per unit x {self.units} unit(s)")
 
     @property
     def target(self) -> int:
-        return self.target_data_parallel_size or self.data_parallel_size
+        return self.target_units or self.units
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -134,7 +135,7 @@ class ComponentPlan:
 @dataclass(frozen=True, slots=True)
 class Plan:
     action: Action
-    data_parallel_size: int
+    units: int
     components: tuple[ComponentPlan, ...] = ()
     exclude: tuple[str, ...] = ()                     # for --exclude
     drain: tuple[tuple[str, str], ...] = ()           # (node, reason) pairs; reasons start 'omni:'
@@ -206,9 +207,9 @@ def _pick(index: ClusterIndex, comp: ComponentLayout, anchors: Sequence[str], wa
     return chosen, reasons
 
 
-def _fit_dp(dp: int, config: PlacementConfig) -> int:
-    """The largest allowed data-parallel size <= dp (0 when none)."""
-    while dp >= 1 and config.dp_divides and config.dp_divides % dp:
+def _fit_units(dp: int, config: PlacementConfig) -> int:
+    """The most units allowed <= dp (0 when none)."""
+    while dp >= 1 and config.units_divide and config.units_divide % dp:
         dp -= 1
     return max(dp, 0)
 
@@ -247,31 +248,31 @@ def plan_recovery(index: ClusterIndex, layout: JobLayout, failed: Iterable[str],
             reasons.append(f"component {comp.het_offset}: {len(picked)} of {want} replacement(s) found")
     short = [c for c in layout.components
              if len(survivors[c.het_offset]) + len(found[c.het_offset]) < len(c.nodes)]
-    base = Plan(Action.WAIT, layout.data_parallel_size, exclude=exclude, drain=drain,
+    base = Plan(Action.WAIT, layout.units, exclude=exclude, drain=drain,
                 quarantine=new_quarantine)
     if not short:
         return replace(base, action=Action.RESUBMIT,
-                       components=_components(index, layout, survivors, found, layout.data_parallel_size),
+                       components=_components(index, layout, survivors, found, layout.units),
                        reasons=tuple(reasons or ["no node lost: resubmit on the same nodes"]))
     deadline = fault_at + config.spare_wait_s
     if now < deadline:
         return replace(base, wait_until=deadline,
                        reasons=(*reasons, f"waiting for spares until {deadline:.0f}"))
-    dp = _fit_dp(min((len(survivors[c.het_offset]) + len(found[c.het_offset])) // c.nodes_per_replica
+    dp = _fit_units(min((len(survivors[c.het_offset]) + len(found[c.het_offset])) // c.nodes_per_unit
                      for c in layout.components), config)
-    if dp < config.min_data_parallel_size:
-        short_why = f"only dp {dp} possible, below the minimum {config.min_data_parallel_size}: waiting for nodes"
+    if dp < config.min_units:
+        short_why = f"only {dp} placement unit(s) possible, below the minimum {config.min_units}: waiting for nodes"
         return replace(base, reasons=(*reasons, short_why))
-    return replace(base, action=Action.SHRINK, data_parallel_size=dp,
+    return replace(base, action=Action.SHRINK, units=dp,
                    components=_components(index, layout, survivors, found, dp),
-                   reasons=(*reasons, f"shrink data parallelism {layout.data_parallel_size} -> {dp}"))
+                   reasons=(*reasons, f"shrink {layout.units} -> {dp} placement unit(s)"))
 
 
 def _components(index: ClusterIndex, layout: JobLayout, keep: Mapping[int, list[str]],
                 found: Mapping[int, list[str]], dp: int) -> tuple[ComponentPlan, ...]:
     out = []
     for c in layout.components:
-        nodes = (keep[c.het_offset] + found[c.het_offset])[:dp * c.nodes_per_replica]
+        nodes = (keep[c.het_offset] + found[c.het_offset])[:dp * c.nodes_per_unit]
         old = set(c.nodes)
         out.append(ComponentPlan(c.het_offset, tuple(nodes), tuple(n for n in nodes if n not in old),
                                  tuple(n for n in c.nodes if n not in set(nodes)), leaf_switches(index, nodes)))
@@ -281,22 +282,22 @@ def _components(index: ClusterIndex, layout: JobLayout, keep: Mapping[int, list[
 def plan_grow(index: ClusterIndex, layout: JobLayout, *, now: float, quarantine: Quarantine = Quarantine(),
               config: PlacementConfig = PlacementConfig()) -> Plan | None:
     """A GROW plan when free nodes allow more replicas (up to the target size), else None."""
-    if layout.data_parallel_size >= layout.target:
+    if layout.units >= layout.target:
         return None
     blocked = set(layout.nodes) | set(quarantine.active(now))
     found: dict[int, list[str]] = {}
     reasons: list[str] = []
-    extra = layout.target - layout.data_parallel_size
+    extra = layout.target - layout.units
     for comp in layout.components:
-        picked, why = _pick(index, comp, comp.nodes, extra * comp.nodes_per_replica, blocked, config)
+        picked, why = _pick(index, comp, comp.nodes, extra * comp.nodes_per_unit, blocked, config)
         blocked.update(picked)
         found[comp.het_offset] = picked
         reasons.extend(why)
-    more = min(len(found[c.het_offset]) // c.nodes_per_replica for c in layout.components)
-    dp = _fit_dp(layout.data_parallel_size + more, config)
-    if dp <= layout.data_parallel_size:
+    more = min(len(found[c.het_offset]) // c.nodes_per_unit for c in layout.components)
+    dp = _fit_units(layout.units + more, config)
+    if dp <= layout.units:
         return None
     keep = {c.het_offset: list(c.nodes) for c in layout.components}
     return Plan(Action.GROW, dp, _components(index, layout, keep, found, dp),
                 exclude=tuple(sorted(quarantine.active(now))), quarantine=quarantine,
-                reasons=(*reasons, f"grow data parallelism {layout.data_parallel_size} -> {dp}"))
+                reasons=(*reasons, f"grow {layout.units} -> {dp} placement unit(s)"))

@@ -492,7 +492,7 @@ def _launched(s: RecoveryState, o: Launched, now: float, c: RecoveryConfig) -> t
     if c.role == "manager" and not same:
         effects.append(SetJobState(state="active"))
     effects.append(WatchNext(path=s.path or RecoveryPath.RESUBMITTED, incarnation=o.incarnation, slurm_job_id=o.slurm_job_id,
-                             units=plan.data_parallel_size if plan is not None else None, restore_step=o.restore_step,
+                             units=plan.units if plan is not None else None, restore_step=o.restore_step,
                              quarantine=plan.quarantine if plan is not None else None, same_job=same))
     return (replace(s, phase=Phase.STARTING, next_incarnation=o.incarnation, next_slurm_job_id=o.slurm_job_id,
                     restarted=not (s.path is RecoveryPath.REQUEUED), life_ended=False, requeued_at=None),

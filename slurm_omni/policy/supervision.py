@@ -214,20 +214,21 @@ def rendezvous_ports(job_id: str, launch: int, *, avoid: tuple[int, int] | None 
 
 
 # -- the road through the one recovery table -------------------------------------------------------
-def as_plan(plan: Relaunch | Fallback, before: StepLayout, replicas_per_unit: int) -> Plan:
-    """A relaunch as the recovery table's placement :class:`Plan` (a fallback: ``WAIT``), per
-    component the nodes it runs on, those it gained and those it lost against ``before``."""
+def as_plan(plan: Relaunch | Fallback, before: StepLayout) -> Plan:
+    """A relaunch as the recovery table's placement :class:`Plan` (a fallback: ``WAIT``): its
+    placement units (as the manager's plans count them, not replicas), per component the nodes it
+    runs on, those it gained and those it lost against ``before``."""
     if isinstance(plan, Fallback):
         return Plan(Action.WAIT, 0, exclude=plan.failed, reasons=plan.reasons)
     comps = tuple(ComponentPlan(k, nodes, added=tuple(n for n in plan.added if n in nodes),
                                 removed=tuple(n for n in plan.removed if n in before.components[k]))
                   for k, nodes in enumerate(plan.layout.components))
-    return Plan(Action.SHRINK if plan.shrunk else Action.RESUBMIT, plan.layout.units * replicas_per_unit, comps,
+    return Plan(Action.SHRINK if plan.shrunk else Action.RESUBMIT, plan.layout.units, comps,
                 exclude=plan.layout.failed, reasons=plan.reasons)
 
 
 def recovery_road(first: FailureConfirmed | MigrationRequested, plan: Relaunch | Fallback, *, incarnation: int,
-                  slurm_job_id: int, before: StepLayout, replicas_per_unit: int, now: float,
+                  slurm_job_id: int, before: StepLayout, now: float,
                   config: RecoveryConfig = SUPERVISOR_ROLE) -> tuple[RecoveryLaunch | RecoveryHandOver, tuple[Phase, ...]]:
     """One recovery of an ended launch through the state machine (``policy.recovery.step``, the
     table the manager runs; ``role = "supervisor"``): ``first`` (the rule's confirmation, or a
@@ -237,7 +238,7 @@ def recovery_road(first: FailureConfirmed | MigrationRequested, plan: Relaunch |
     (the next launch, in the allocation) or ``HandOver`` (no launch fits: the manager resubmits),
     and the phases it went through."""
     state = initial(incarnation, slurm_job_id)
-    answer = Planned(plan=as_plan(plan, before, replicas_per_unit))
+    answer = Planned(plan=as_plan(plan, before))
     queue: list[Any] = [first]
     phases: list[Phase] = []
     while queue:

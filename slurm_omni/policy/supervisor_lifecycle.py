@@ -172,7 +172,6 @@ class Planned:
     before: StepLayout
     incarnation: int
     slurm_job_id: int
-    replicas_per_unit: int
 
 
 Event = AllocationPolled | Replayed | LaunchJournaled | LaunchRunning | Watched | LaunchEnded | Planned
@@ -359,7 +358,7 @@ def _planned(state: SupervisorState, e: Planned, c: LifecycleConfig) -> tuple[Su
     if isinstance(relaunch, Fallback):   # a failure's: the table's HandOver; a requested replacement's: the limit
         return replace(state, phase=Phase.FALLBACK), (GiveUp(relaunch.reasons, relaunch.failed), Exit(EXIT_FAILED))
     effect, phases = recovery_road(e.first, relaunch, incarnation=e.incarnation, slurm_job_id=e.slurm_job_id,
-                                   before=e.before, replicas_per_unit=e.replicas_per_unit, now=e.at)
+                                   before=e.before, now=e.at)
     if isinstance(effect, TableHandOver):
         return replace(state, phase=Phase.FALLBACK), (
             GiveUp((effect.reason,), relaunch.layout.failed), Exit(EXIT_FAILED))

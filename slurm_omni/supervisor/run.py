@@ -518,15 +518,14 @@ class Supervisor:
         first: FailureConfirmed | MigrationRequested
         if planned is not None:
             plan: Relaunch | Fallback = planned
-            first = MigrationRequested(at=ended.at, plan=as_plan(planned, cur.layout, self.opts.replicas_per_unit),
+            first = MigrationRequested(at=ended.at, plan=as_plan(planned, cur.layout),
                                        nodes=planned.removed, cause=PLANNED)
         else:
             decision = self._confirm(cur, ended.rc, ended.at, ended.nodes)
             plan = self._plan(cur, decision, ended.at, ended.nodes)
             first = FailureConfirmed(decision=decision, lost={n: "down" for n in sorted(ended.lost)})
         return Planned(at=ended.at, first=first, plan=plan, before=cur.layout, incarnation=cur.incarnation,
-                       slurm_job_id=int(self.opts.job_id) if self.opts.job_id.isdigit() else 0,
-                       replicas_per_unit=self.opts.replicas_per_unit)
+                       slurm_job_id=int(self.opts.job_id) if self.opts.job_id.isdigit() else 0)
 
     # -- the lifecycle: feed it, carry out what it says ------------------------------------------------
     def _feed(self, event: LifecycleEvent, *, cur: Launch | None = None,

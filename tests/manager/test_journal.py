@@ -20,6 +20,7 @@ from slurm_omni.manager.journal import (
     perform_once,
     to_json,
 )
+from slurm_omni.manager.watch import plan_from_json
 from slurm_omni.policy.confirm import Decision, Verdict
 from slurm_omni.policy.placement import Action, ComponentPlan, Plan, Quarantine
 
@@ -232,6 +233,11 @@ def test_observations_dedupe_by_key_and_decisions_record_dataclasses(tmp_path: P
     assert rec is not None and rec.plan is not None and rec.plan["action"] == "resubmit"
     assert rec.plan["quarantine"] == {"until": {"t1": 3605.0}} and rec.times["confirmed"] == 5.0
     assert json.loads(to_json(d))["verdict"] == "confirmed"
+    # the plan comes back as it was (a manager restarted mid-recovery resumes with it), and a journal
+    # written before placement units were named units (data_parallel_size, the same count) still reads
+    assert rec.plan["units"] == 2 and plan_from_json(rec.plan) == plan
+    old = {("data_parallel_size" if k == "units" else k): v for k, v in rec.plan.items()}
+    assert plan_from_json(old) == plan
     with pytest.raises(JournalError):
         j.mark_phase(JOB, 0, "celebrated", 7.0)
     with pytest.raises(JournalError):

@@ -68,7 +68,7 @@ def test_replacement_nearest_the_survivors(states: dict[str, NodeState], failed:
                                            expect_on: set[str], via: str, leaves: int) -> None:
     idx = cluster(states)
     plan = plan_recovery(idx, layout(), failed, now=100.0, fault_at=99.0)
-    assert plan.action is Action.RESUBMIT and plan.data_parallel_size == 2
+    assert plan.action is Action.RESUBMIT and plan.units == 2
     text = plan.components[1]
     # the --switches the pinned resubmission needs: the leaves its nodes span (vision kept leaf00)
     assert (plan.components[0].leaf_switches, text.leaf_switches) == (1, leaves)
@@ -126,11 +126,11 @@ def test_shrink_down_to_min_dp(dp: int, min_dp: int, divides: int, expect_action
     text = tuple(f"n01{k}" for k in range(dp))
     idx = cluster({**ALL_BUSY, "n013" if dp == 4 else "n011": NodeState.DOWN})
     failed = ("n013",) if dp == 4 else ("n011",)
-    cfg = PlacementConfig(min_data_parallel_size=min_dp, dp_divides=divides)
+    cfg = PlacementConfig(min_units=min_dp, units_divide=divides)
     plan = plan_recovery(idx, layout(vision, text, dp), failed, now=10.0, fault_at=10.0, config=cfg)
-    assert plan.action is expect_action and plan.data_parallel_size == expect_dp
+    assert plan.action is expect_action and plan.units == expect_dp
     if expect_action is Action.SHRINK:
-        assert plan.data_parallel_size >= min_dp
+        assert plan.units >= min_dp
         assert [len(c.nodes) for c in plan.components] == [expect_dp, expect_dp]   # dp shared by stages
         assert not set(failed) & set(plan.nodelist(1))
         assert not any(c.added for c in plan.components)
@@ -144,14 +144,14 @@ def test_wait_for_spares_then_shrink() -> None:
     early = plan_recovery(idx, layout(), ("n011",), now=30.0, fault_at=10.0, config=cfg)
     assert early.action is Action.WAIT and early.wait_until == 70.0
     late = plan_recovery(idx, layout(), ("n011",), now=71.0, fault_at=10.0, config=cfg)
-    assert late.action is Action.SHRINK and late.data_parallel_size == 1
+    assert late.action is Action.SHRINK and late.units == 1
 
 
 def test_grow_back_when_nodes_return() -> None:
     shrunk = layout(("n000",), ("n010",), dp=1, target=2)
     idx = cluster({**ALL_BUSY, "n011": NodeState.IDLE, "n001": NodeState.IDLE})
     plan = plan_grow(idx, shrunk, now=5.0)
-    assert plan is not None and plan.action is Action.GROW and plan.data_parallel_size == 2
+    assert plan is not None and plan.action is Action.GROW and plan.units == 2
     assert plan.nodelist(0) == ("n000", "n001") and plan.nodelist(1) == ("n010", "n011")
     # still quarantined, or no node for one stage: no growth
     assert plan_grow(idx, shrunk, now=5.0, quarantine=Quarantine({"n011": 9.0})) is None
@@ -172,8 +172,8 @@ def test_task_exit_on_healthy_node_resubmits_in_place() -> None:
     assert plan.exclude == ()
 
 
-@pytest.mark.parametrize("kwargs", [{"min_data_parallel_size": 0}, {"spare_wait_s": -1.0},
-                                    {"dp_divides": 6, "min_data_parallel_size": 4}])
+@pytest.mark.parametrize("kwargs", [{"min_units": 0}, {"spare_wait_s": -1.0},
+                                    {"units_divide": 6, "min_units": 4}])
 def test_bad_config(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         PlacementConfig(**kwargs)  # type: ignore[arg-type]
@@ -234,7 +234,7 @@ def test_spare_scope_and_held_back_spares(scope: str, spares: tuple[str, ...], e
 
 def test_config_loads_from_toml_table() -> None:
     from slurm_omni.config.schema import load_dataclass
-    cfg = load_dataclass(PlacementConfig, {"min_data_parallel_size": 2, "spare_scope": "same_switch",
+    cfg = load_dataclass(PlacementConfig, {"min_units": 2, "spare_scope": "same_switch",
                                            "spare_nodes": ["n1", "n2"], "spare_wait_s": 30}, source="site.toml")
     assert cfg.spare_nodes == ("n1", "n2") and cfg.spare_wait_s == 30.0
     with pytest.raises(ConfigError, match="spare_scope"):

@@ -54,7 +54,7 @@ def test_random_plans_hold_their_invariants(seed: int) -> None:
     lay = JobLayout((ComponentLayout(0, tuple(job[:npr * dp]), npr, "gpu", gres),
                      ComponentLayout(1, tuple(job[npr * dp:]), npr, "gpu", gres)), dp)
     quarantined = {n: 1e9 for n in rng.sample(names, rng.randint(0, 3))}
-    cfg = PlacementConfig(min_data_parallel_size=rng.randint(1, dp))
+    cfg = PlacementConfig(min_units=rng.randint(1, dp))
     plan = plan_recovery(index, lay, failed, now=0.0, fault_at=0.0, quarantine=Quarantine(quarantined),
                          config=cfg)
 
@@ -70,12 +70,12 @@ def test_random_plans_hold_their_invariants(seed: int) -> None:
         assert len(spares) < len(lost)
         return
     assert plan.action in (Action.RESUBMIT, Action.SHRINK)
-    assert plan.data_parallel_size >= cfg.min_data_parallel_size
+    assert plan.units >= cfg.min_units
     used = [n for c in plan.components for n in c.nodes]
     assert len(used) == len(set(used))                                   # no node twice
     assert not set(used) & set(plan.exclude)
     for comp, lc in zip(plan.components, lay.components, strict=True):
-        assert len(comp.nodes) == plan.data_parallel_size * lc.nodes_per_replica
+        assert len(comp.nodes) == plan.units * lc.nodes_per_unit
         assert all(eligible(n) for n in comp.added)
         assert all(n in lc.nodes for n in comp.nodes if n not in comp.added)
     if plan.action is Action.SHRINK:

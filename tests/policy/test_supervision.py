@@ -147,12 +147,11 @@ def _replaced() -> Relaunch:
 
 
 def test_a_confirmed_failure_goes_through_the_table_to_a_launch_in_the_allocation() -> None:
-    effect, phases = recovery_road(CONFIRMED, _replaced(), incarnation=3, slurm_job_id=42, before=BEFORE,
-                                   replicas_per_unit=1, now=11.0)
+    effect, phases = recovery_road(CONFIRMED, _replaced(), incarnation=3, slurm_job_id=42, before=BEFORE, now=11.0)
     assert phases == (Phase.PLANNING, Phase.STOPPING, Phase.LAUNCHING)
     assert isinstance(effect, Launch) and effect.path is RecoveryPath.IN_ALLOCATION and effect.incarnation == 3
     plan = effect.plan
-    assert plan is not None and plan.action is Action.RESUBMIT and plan.data_parallel_size == 2
+    assert plan is not None and plan.action is Action.RESUBMIT and plan.units == 2
     assert [(c.het_offset, c.nodes, c.added, c.removed) for c in plan.components] == [
         (0, ("node1", "node4"), (), ()), (1, ("node2", "node6"), ("node6",), ("node3",))]
     assert plan.exclude == ("node3",) and plan.reasons == _replaced().reasons
@@ -160,25 +159,23 @@ def test_a_confirmed_failure_goes_through_the_table_to_a_launch_in_the_allocatio
 
 def test_a_shrink_is_a_shrink_plan_and_no_launch_that_fits_hands_over() -> None:
     shrunk = Relaunch(StepLayout((("node1",), ("node2",)), ("node4",), ("node3", "node6"), 1, {}),
-                      ("node3", "node4"), (), 2, ("shrink data parallelism 2 -> 1",))
-    effect, _ = recovery_road(CONFIRMED, shrunk, incarnation=3, slurm_job_id=42, before=BEFORE,
-                              replicas_per_unit=2, now=11.0)
+                      ("node3", "node4"), (), 2, ("shrink 2 -> 1 placement unit(s)",))
+    effect, _ = recovery_road(CONFIRMED, shrunk, incarnation=3, slurm_job_id=42, before=BEFORE, now=11.0)
     assert isinstance(effect, Launch) and effect.plan is not None
-    assert effect.plan.action is Action.SHRINK and effect.plan.data_parallel_size == 2
+    assert effect.plan.action is Action.SHRINK and effect.plan.units == 1   # placement units, not replicas
     effect, phases = recovery_road(CONFIRMED, Fallback(("node3",), ("no spare", "below min")), incarnation=3,
-                                   slurm_job_id=42, before=BEFORE, replicas_per_unit=1, now=11.0)
+                                   slurm_job_id=42, before=BEFORE, now=11.0)
     assert phases == (Phase.PLANNING, Phase.CLOSED)
     assert isinstance(effect, TableHandOver) and effect.reason == "no spare; below min"
 
 
 def test_a_requested_replacement_goes_through_the_checkpoint_stop_then_launches() -> None:
     replaced = _replaced()
-    asked = MigrationRequested(at=10.0, plan=as_plan(replaced, BEFORE, 1), nodes=("node3",), cause="planned")
-    effect, phases = recovery_road(asked, replaced, incarnation=3, slurm_job_id=42, before=BEFORE,
-                                   replicas_per_unit=1, now=11.0)
+    asked = MigrationRequested(at=10.0, plan=as_plan(replaced, BEFORE), nodes=("node3",), cause="planned")
+    effect, phases = recovery_road(asked, replaced, incarnation=3, slurm_job_id=42, before=BEFORE, now=11.0)
     assert phases == (Phase.STOPPING, Phase.STOPPING, Phase.LAUNCHING)
     assert isinstance(effect, Launch) and effect.path is RecoveryPath.PLANNED_MIGRATION
-    assert effect.plan == as_plan(replaced, BEFORE, 1)
+    assert effect.plan == as_plan(replaced, BEFORE)
 
 
 def test_allocation_mode_the_first_nodes_loss_is_recovered_in_the_allocation_like_any_other() -> None:
@@ -189,8 +186,7 @@ def test_allocation_mode_the_first_nodes_loss_is_recovered_in_the_allocation_lik
                                                first_signal_at=9.5, confirmed_at=10.0))
     layout = StepLayout((("node5", "node4"), ("node2", "node3")), ("node6",), ("node1",), 2, {})
     relaunch = Relaunch(layout, ("node1",), ("node5",), 2, ("component 0: 1 node(s) on the same leaf",))
-    effect, phases = recovery_road(first, relaunch, incarnation=3, slurm_job_id=42, before=BEFORE,
-                                   replicas_per_unit=1, now=11.0)
+    effect, phases = recovery_road(first, relaunch, incarnation=3, slurm_job_id=42, before=BEFORE, now=11.0)
     assert phases == (Phase.PLANNING, Phase.STOPPING, Phase.LAUNCHING)
     assert isinstance(effect, Launch) and effect.path is RecoveryPath.IN_ALLOCATION and effect.plan is not None
     assert effect.plan.components[0].removed == ("node1",) and effect.plan.components[0].added == ("node5",)

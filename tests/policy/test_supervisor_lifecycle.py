@@ -90,10 +90,10 @@ def replaced() -> Relaunch:
 def planned(now: float, plan: Relaunch | Fallback, *, asked: bool = False) -> Planned:
     first: FailureConfirmed | MigrationRequested
     if asked and isinstance(plan, Relaunch):
-        first = MigrationRequested(at=now, plan=as_plan(plan, BEFORE, 1), nodes=plan.removed, cause=PLANNED)
+        first = MigrationRequested(at=now, plan=as_plan(plan, BEFORE), nodes=plan.removed, cause=PLANNED)
     else:
         first = FailureConfirmed(decision=confirmed(now), lost={"node3": "down"})
-    return Planned(at=now, first=first, plan=plan, before=BEFORE, incarnation=7, slurm_job_id=42, replicas_per_unit=1)
+    return Planned(at=now, first=first, plan=plan, before=BEFORE, incarnation=7, slurm_job_id=42)
 
 
 # -- WAITING (allocation mode) ----------------------------------------------------------------------
