@@ -74,8 +74,8 @@ class BusyDemo:
 
         return self.work / "ckpt" / current_user() / "omni-demo-busy"
 
-    def status(self, life: str = "") -> dict[str, Any]:
-        status = read_status(status_path(self.ckpt, life or str(self.job_id)))
+    def status(self, run: str = "") -> dict[str, Any]:
+        status = read_status(status_path(self.ckpt, run or str(self.job_id)))
         return {} if status is None else dict(to_builtins(status))
 
     def wait(self, what: str, probe: Callable[[], Any], timeout_s: float | None = None) -> Any:

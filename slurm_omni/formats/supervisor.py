@@ -2,14 +2,15 @@
 
 All live in the job's checkpoint folder, ``<ckpt>/supervisor/`` (:data:`SUBDIR`):
 
-``<life>.jsonl``: the supervisor's journal (``supervisor/journal.py``), one :data:`JournalRecord`
+``<run>.jsonl``: the supervisor's journal (``supervisor/journal.py``), one :data:`JournalRecord`
 per line, appended and fsynced before the supervisor acts on it; the tag ``kind`` says which. The
 supervisor replays it when it starts again; the manager reads the ``request`` records (the answer
-to its request). ``<life>`` is the Slurm job id, ``<job id>.<restart count>`` after a requeue. A
+to its request). ``<run>`` is the allocation's run (:func:`allocation_run`): the Slurm job id,
+``<job id>.<restart count>`` after a requeue. A
 line that does not match (a torn last line after a crash) is skipped with one line of log. Keys a
 record does not know are ignored (a newer supervisor may add some): the journal outlives upgrades.
 
-``<life>.status.json``: :class:`SupervisorStatus`, replaced atomically on every change: where the
+``<run>.status.json``: :class:`SupervisorStatus`, replaced atomically on every change: where the
 job stands (``omni status``, the manager's fail-slow requests and its check that the supervisor is
 alive, the demo). Unknown keys are ignored, the known ones checked strictly.
 
@@ -73,12 +74,18 @@ ReportKind = Literal["relaunched", "gave_up"]
 REPORT_KINDS: tuple[ReportKind, ...] = ("relaunched", "gave_up")
 
 
-def journal_path(ckpt_dir: Path, life: str) -> Path:
-    return ckpt_dir / SUBDIR / f"{life}.jsonl"
+def allocation_run(slurm_job_id: str, restart_count: int = 0) -> str:
+    """One run of an allocation, what its supervisor's journal and status file are named by: the
+    Slurm job id, with Slurm's restart count after a requeue (the same job id runs again)."""
+    return slurm_job_id if not restart_count else f"{slurm_job_id}.{restart_count}"
 
 
-def status_path(ckpt_dir: Path, life: str) -> Path:
-    return ckpt_dir / SUBDIR / f"{life}.status.json"
+def journal_path(ckpt_dir: Path, run: str) -> Path:
+    return ckpt_dir / SUBDIR / f"{run}.jsonl"
+
+
+def status_path(ckpt_dir: Path, run: str) -> Path:
+    return ckpt_dir / SUBDIR / f"{run}.status.json"
 
 
 def request_path(ckpt_dir: Path, slurm_job_id: str) -> Path:

@@ -86,7 +86,7 @@ def read_reports(ckpt_dir: Path, slurm_job_id: int) -> list[Report]:
             continue
         if report.slurm_job_id == str(slurm_job_id):
             out.append(report)
-    return sorted(out, key=lambda r: (r.observation.life_after or 0, r.observation.kind))
+    return sorted(out, key=lambda r: (r.observation.incarnation_after or 0, r.observation.kind))
 
 
 def parse_report(data: bytes, what: str) -> Report:
@@ -101,7 +101,7 @@ def parse_report(data: bytes, what: str) -> Report:
         raise EventRejected(f"manager: couldn't accept supervisor report {what}: no time")
     observation = SupervisorReport(
         at=at, kind=rec.kind, cause=rec.cause or "", nodes=tuple(rec.nodes or ()),
-        life_before=rec.incarnation_before or 0, life_after=rec.incarnation_after, fault_at=rec.fault_at,
+        incarnation_before=rec.incarnation_before or 0, incarnation_after=rec.incarnation_after, fault_at=rec.fault_at,
         detected_at=rec.detected_at, confirmed_at=rec.confirmed_at,
         removed={k: tuple(v) for k, v in (rec.removed or {}).items()},
         added={k: tuple(v) for k, v in (rec.added or {}).items()}, spares_left=dict(rec.spares_left or {}),

@@ -15,7 +15,7 @@ from slurm_omni.manager.journal import Journal, Recovery
 from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegistryRecord
 from slurm_omni.manager.shape import Shape
 from slurm_omni.policy.confirm import NODE_STATE_KIND, QUIET_PHASES, Confirmer, TaskExit, Verdict
-from slurm_omni.policy.in_allocation import REQUEUE_LIFE_STRIDE
+from slurm_omni.policy.in_allocation import REQUEUE_INCARNATION_STRIDE
 from slurm_omni.policy.placement import Action, ComponentPlan, JobLayout, PlacementConfig, Plan, Quarantine
 from slurm_omni.policy.recovery import RecoveryConfig, RecoveryState, Replayed, initial, resume
 from slurm_omni.policy.recovery_events import RecoveryPath
@@ -107,11 +107,11 @@ class Watch:
     def allocation_life(self, restart_count: int) -> int:
         """An in-allocation job's life: the one the supervisor last reported relaunching in this
         allocation, else launch 0 after ``restart_count`` requeues (``inalloc.sbatch.j2``: base +
-        REQUEUE_LIFE_STRIDE x SLURM_RESTART_COUNT)."""
+        REQUEUE_INCARNATION_STRIDE x SLURM_RESTART_COUNT)."""
         if self.relaunch_life is not None and restart_count == self.restart_count:
             return self.relaunch_life
         base = self.incarnation if self.allocation_base is None else self.allocation_base
-        return base + REQUEUE_LIFE_STRIDE * restart_count
+        return base + REQUEUE_INCARNATION_STRIDE * restart_count
 
     def lost_nodes(self) -> tuple[str, ...]:
         """Nodes of the incarnation that the newest poll showed failed (DOWN, FAIL, DRAIN...)."""

@@ -34,8 +34,8 @@ from slurm_omni.policy.placement import (
 )
 from slurm_omni.slurm.types import Node, NodeState, Topology
 
-REQUEUE_LIFE_STRIDE = 100
-"""An in-allocation job numbers its lives ``base + REQUEUE_LIFE_STRIDE x SLURM_RESTART_COUNT + launch``
+REQUEUE_INCARNATION_STRIDE = 100
+"""An in-allocation job numbers its lives ``base + REQUEUE_INCARNATION_STRIDE x SLURM_RESTART_COUNT + launch``
 (the supervisor's relaunches inside one allocation are its launches, fewer than this): the batch
 script (``inalloc.sbatch.j2``), the supervisor's step names and the manager's judged life agree on it."""
 

@@ -321,7 +321,7 @@ def _relaunched(s: RecoveryState, o: SupervisorReport, now: float, c: RecoveryCo
         if s.phase is Phase.DELEGATED:
             return _take_over(s, now, f"the step supervisor gave up: {o.reason}")
         return s, ()
-    if o.life_after is None or o.life_after <= s.incarnation or s.slurm_job_id is None:
+    if o.incarnation_after is None or o.incarnation_after <= s.incarnation or s.slurm_job_id is None:
         return s, ()
     inc = s.incarnation
     effects: list[Effect] = []
@@ -333,15 +333,15 @@ def _relaunched(s: RecoveryState, o: SupervisorReport, now: float, c: RecoveryCo
     detail = {"removed": dict(o.removed), "added": dict(o.added), "spares_left": dict(o.spares_left),
               "data_parallel_size": o.data_parallel_size}
     effects += [Note(incarnation=inc, kind="supervisor_relaunch", at=o.at, payload=detail,
-                     key=f"relaunch:{inc}:{o.life_after}"),
-                MarkPhase(incarnation=inc, phase="resubmitted", at=o.at, new_incarnation=o.life_after,
+                     key=f"relaunch:{inc}:{o.incarnation_after}"),
+                MarkPhase(incarnation=inc, phase="resubmitted", at=o.at, new_incarnation=o.incarnation_after,
                           path=RecoveryPath.IN_ALLOCATION, detail=detail),
                 MarkPhase(incarnation=inc, phase="running", at=o.at),   # the relaunched step runs in the same job
-                WatchNext(path=RecoveryPath.IN_ALLOCATION, incarnation=o.life_after, slurm_job_id=s.slurm_job_id, units=None, restore_step=None,
+                WatchNext(path=RecoveryPath.IN_ALLOCATION, incarnation=o.incarnation_after, slurm_job_id=s.slurm_job_id, units=None, restore_step=None,
                           quarantine=None, same_job=True)]
     return (RecoveryState(phase=Phase.RESTORING, incarnation=inc, slurm_job_id=s.slurm_job_id,
                           path=RecoveryPath.IN_ALLOCATION, cause=o.cause or s.cause, nodes=o.nodes or s.nodes,
-                          next_incarnation=o.life_after, next_slurm_job_id=s.slurm_job_id, restarted=True),
+                          next_incarnation=o.incarnation_after, next_slurm_job_id=s.slurm_job_id, restarted=True),
             tuple(effects))
 
 

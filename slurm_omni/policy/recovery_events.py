@@ -161,8 +161,8 @@ class SupervisorReport:
     kind: Literal["relaunched", "gave_up"]
     cause: str = ""
     nodes: tuple[str, ...] = ()
-    life_before: int = 0
-    life_after: int | None = None
+    incarnation_before: int = 0
+    incarnation_after: int | None = None
     fault_at: float | None = None
     detected_at: float | None = None
     confirmed_at: float | None = None

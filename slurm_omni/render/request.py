@@ -23,7 +23,7 @@ from slurm_omni.config.training import substitute
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import ConfigError
 from slurm_omni.ownership import current_user
-from slurm_omni.policy.in_allocation import REQUEUE_LIFE_STRIDE
+from slurm_omni.policy.in_allocation import REQUEUE_INCARNATION_STRIDE
 from slurm_omni.render import engine
 
 log = logging.getLogger(__name__)
@@ -332,7 +332,7 @@ class HetJobRequest:
             "exit": exit_code_table(),
             "command": command,
             "incarnation_base": self.incarnation_base,
-            "life_stride": REQUEUE_LIFE_STRIDE,
+            "incarnation_stride": REQUEUE_INCARNATION_STRIDE,
             "omni": omni_argv(self.site),
             **self.extra,
         }

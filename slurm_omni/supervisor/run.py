@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
-from slurm_omni.formats.supervisor import ReportKind, SupervisorPhase
+from slurm_omni.formats.supervisor import ReportKind, SupervisorPhase, allocation_run
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 from slurm_omni.policy.bad_input import RankEnd, refused_by_rank
 from slurm_omni.policy.confirm import (
@@ -41,7 +41,7 @@ from slurm_omni.policy.confirm import (
     Verdict,
 )
 from slurm_omni.policy.in_allocation import (
-    REQUEUE_LIFE_STRIDE,
+    REQUEUE_INCARNATION_STRIDE,
     Fallback,
     Relaunch,
     StageSpec,
@@ -208,11 +208,13 @@ class Supervisor:
         self.opts = opts
         self.runner = runner
         self.clock = clock
-        life = opts.job_id if not opts.restart_count else f"{opts.job_id}.{opts.restart_count}"
+        # the allocation's run names its files: its job id, and Slurm's restart count after a requeue
+        # (a requeued allocation starts a journal of its own; its incarnations are REQUEUE_INCARNATION_STRIDE on)
+        run = allocation_run(opts.job_id, opts.restart_count)
         # the journal's folder (<ckpt>/supervisor) through the one ownership check before it is written
-        ensure_own_dir(journal_path(opts.ckpt_dir, life).parent, what="supervisor: journal folder", private=True)
-        self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, life))
-        self.status_file = status_path(opts.ckpt_dir, life)
+        ensure_own_dir(journal_path(opts.ckpt_dir, run).parent, what="supervisor: journal folder", private=True)
+        self.journal = SupervisorJournal(journal_path(opts.ckpt_dir, run))
+        self.status_file = status_path(opts.ckpt_dir, run)
         self.request_file = request_path(opts.ckpt_dir, opts.job_id)
         self.lifecycle = LifecycleConfig(
             limits=SupervisionLimits(max_fruitless=opts.max_fruitless, max_relaunches=opts.max_relaunches),
@@ -312,7 +314,7 @@ class Supervisor:
         candidates = rendezvous_ports(self.opts.job_id, number, avoid=self._ephemeral)
         if ports.is_local(self.slurm.address(master)):
             return ports.pick(candidates)
-        name = f"omni-{self.opts.job_id}-port-{number + REQUEUE_LIFE_STRIDE * self.opts.restart_count}"
+        name = f"omni-{self.opts.job_id}-port-{number + REQUEUE_INCARNATION_STRIDE * self.opts.restart_count}"
         picked = ports.parse_pick(pick_port_on(self.runner, master, candidates, name=name, python=sys.executable,
                                                job_id=self.opts.job_id if self.opts.outside else ""))
         if picked is None:
@@ -770,7 +772,7 @@ class Supervisor:
                               heartbeat_interval_s=self.opts.heartbeat_interval_s)
 
     def _step_name(self, cur: Launch) -> str:
-        return step_name(self.opts.job_id, cur.number + REQUEUE_LIFE_STRIDE * self.opts.restart_count)
+        return step_name(self.opts.job_id, cur.number + REQUEUE_INCARNATION_STRIDE * self.opts.restart_count)
 
     def _heartbeats(self, cur: Launch, observer: LaunchObserver) -> None:
         first = observer.beats()

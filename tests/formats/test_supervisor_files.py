@@ -195,7 +195,7 @@ def test_a_bad_report_is_skipped_and_the_good_ones_read(tmp_path: Path) -> None:
             shutil.copy(p, folder / p.name.removeprefix("node-loss-crash."))
     (folder / "relaunched-3.json").write_text('{"version": 1, "kind": "relaunched", "slurm_job_id": "5001"}')
     (folder / "gave_up-4.json").write_text("{")
-    assert [r.observation.life_after for r in read_reports(tmp_path, 5001)] == [1, 2]
+    assert [r.observation.incarnation_after for r in read_reports(tmp_path, 5001)] == [1, 2]
 
 
 def test_the_managers_request_outcome_reads_the_journals_request_records(tmp_path: Path) -> None:

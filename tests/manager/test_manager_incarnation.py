@@ -141,7 +141,7 @@ def test_each_array_task_numbers_its_lives_from_its_own_base(
 @pytest.mark.parametrize(("restart_count", "expected"), [(None, "3"), ("1", "103"), ("2", "203")])
 def test_an_in_allocation_job_numbers_requeued_lives_by_the_stride_and_the_manager_judges_them(
         tmp_path: Path, restart_count: str | None, expected: str) -> None:
-    # the script: base + REQUEUE_LIFE_STRIDE x SLURM_RESTART_COUNT (the supervisor adds its launch number)
+    # the script: base + REQUEUE_INCARNATION_STRIDE x SLURM_RESTART_COUNT (the supervisor adds its launch number)
     (tmp_path / "site.toml").write_text(site_text(tmp_path, tmp_path / "spool", quarantine_s=60).replace(
         "[elasticity]\n", '[elasticity]\nrecovery = "in_allocation"\ndefault_spares = 1\n').replace(
         'partition = "vision"', 'partition = "debug"').replace('partition = "text"', 'partition = "debug"'))

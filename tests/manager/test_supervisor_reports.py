@@ -31,7 +31,7 @@ def test_a_relaunch_report_becomes_the_state_machines_observation() -> None:
     report = parse_report(json.dumps(REPORT).encode(), "relaunched-1.json")
     o = report.observation
     assert (report.slurm_job_id, report.failed_nodes) == ("42", ("node3",))
-    assert (o.kind, o.at, o.life_before, o.life_after, o.cause, o.nodes) == ("relaunched", 103.5, 0, 1, "down",
+    assert (o.kind, o.at, o.incarnation_before, o.incarnation_after, o.cause, o.nodes) == ("relaunched", 103.5, 0, 1, "down",
                                                                              ("node3",))
     assert o.removed == {"1": ("node3",)} and o.added == {"1": ("node4",)} and o.spares_left == {"0": 1, "1": 0}
     assert (o.fault_at, o.detected_at, o.confirmed_at, o.data_parallel_size) == (100.0, 101.0, 102.0, 2)
@@ -40,7 +40,7 @@ def test_a_relaunch_report_becomes_the_state_machines_observation() -> None:
 def test_a_minimal_gave_up_report() -> None:
     o = parse_report(json.dumps({"version": 1, "kind": "gave_up", "slurm_job_id": "42", "life_after": 3,
                                  "confirmed_at": 50.0, "reason": "below min dp"}).encode(), "g").observation
-    assert (o.kind, o.at, o.life_after, o.reason, o.nodes) == ("gave_up", 50.0, 3, "below min dp", ())
+    assert (o.kind, o.at, o.incarnation_after, o.reason, o.nodes) == ("gave_up", 50.0, 3, "below min dp", ())
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -84,7 +84,7 @@ def test_reports_of_the_job_oldest_first_and_a_bad_one_skipped(tmp_path: Path) -
     big = _write(folder, "relaunched-4.json", " " * (MAX_REPORT_BYTES + 1))
     os.symlink(folder / "relaunched-1.json", folder / "relaunched-5.json")
     reports = read_reports(tmp_path, 42)
-    assert [r.observation.life_after for r in reports] == [1, 2]
+    assert [r.observation.incarnation_after for r in reports] == [1, 2]
     assert supervised(tmp_path, 42) and not supervised(tmp_path, 43)
     assert big.exists()                       # skipped, not removed: the supervisor's file
 

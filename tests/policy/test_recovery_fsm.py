@@ -76,9 +76,9 @@ def confirmed(cause: str = "down", nodes: tuple[str, ...] = ("n3",), lost: dict[
                                               confirmed_at=T - 1, fault_at=T - 3), lost=lost or {})
 
 
-def relaunched(life_after: int = 1) -> SupervisorReport:
-    return SupervisorReport(at=T, kind="relaunched", cause="down", nodes=("n3",), life_before=life_after - 1,
-                            life_after=life_after, fault_at=T - 4, detected_at=T - 3, confirmed_at=T - 2,
+def relaunched(incarnation_after: int = 1) -> SupervisorReport:
+    return SupervisorReport(at=T, kind="relaunched", cause="down", nodes=("n3",), incarnation_before=incarnation_after - 1,
+                            incarnation_after=incarnation_after, fault_at=T - 4, detected_at=T - 3, confirmed_at=T - 2,
                             removed={"1": ("n3",)}, added={"1": ("n4",)}, spares_left={"0": 1, "1": 0},
                             data_parallel_size=2)
 
