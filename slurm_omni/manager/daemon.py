@@ -284,16 +284,16 @@ class Manager:
                 if event.step_id <= w.stale_step_max:
                     log.info("manager: %s: a task of step %d.%d (an earlier launch) exited on %s after the "
                              "relaunch: not counted against launch %s", w.key, event.job_id, event.step_id,
-                             event.node, w.relaunch_life)
+                             event.node, w.relaunched_incarnation)
                     return
-                w.life_step_max = max(w.life_step_max, event.step_id)
+                w.step_id_max = max(w.step_id_max, event.step_id)
             w.confirmer.observe(TaskExit(event.time, event.node, event.het_offset if w.array_task is None else 0,
                                          event.task_id, event.exit_code, event.signal))
 
     def _heartbeats(self, w: Watch, now: float) -> None:
         if w.slurm_id is None or w.expect_restart:   # a requeued array task: its next life's beats come
             return                                     # with the restart count Slurm has not shown yet
-        beats = self._life_beats(w)
+        beats = self._judged_beats(w)
         refused = refused_by_rank(self._label(w), [_rank_end(hb) for hb in beats]) if w.recovery.judging else None
         if refused is not None:
             at = max(hb.time for hb in beats if hb.exit_code is not None)
@@ -328,11 +328,12 @@ class Manager:
     def _label(self, w: Watch) -> str:
         return job_label(w.slurm_id, w.reg.name if w.array_task is None else f"{w.reg.name}, task {w.array_task}")
 
-    def _life_beats(self, w: Watch) -> list[HeartbeatRecord]:
+    def _judged_beats(self, w: Watch) -> list[HeartbeatRecord]:
         """The judged life's heartbeats as the folder holds them now."""
         if w.slurm_id is None:
             return []
-        return [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == w.life]
+        judged = w.judged_incarnation
+        return [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == judged]
 
     def _ever_beat(self, w: Watch) -> bool:
         """Some life of the job wrote a heartbeat (the journal keeps every phase change)."""
@@ -364,17 +365,18 @@ class Manager:
                                                       self.start_failures.repeated(w, self._label(w)))
         if repeated is not None:
             return repeated
-        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation >= w.life]
-        newest = max((hb.incarnation for hb in beats), default=w.life)
+        judged = w.judged_incarnation
+        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation >= judged]
+        newest = max((hb.incarnation for hb in beats), default=judged)
         bad = classify_end(label=self._label(w),
                             completed=job is not None and job.state is JobState.COMPLETED,
                             cancelled=job is not None and job.state is JobState.CANCELLED,
                             lost=bool(w.lost_kinds()),
                             ranks=[_rank_end(hb) for hb in beats if hb.incarnation == newest],
-                            max_steps=w.max_steps, refusal=read_refusal(w.heartbeat_dir, w.slurm_id, w.life),
+                            max_steps=w.max_steps, refusal=read_refusal(w.heartbeat_dir, w.slurm_id, judged),
                             ever_beat=self._ever_beat(w), slurm_state=job.slurm_state if job is not None else "",
                             output=str(w.output(w.slurm_id) or ""))
-        if bad is not None and bad.cause == "no_heartbeat" and self.start_failures.of_life(w) is not None:
+        if bad is not None and bad.cause == "no_heartbeat" and self.start_failures.of_judged(w) is not None:
             return None   # it failed at start with a line: one more life, and a second such failure stops it
         return bad
 
@@ -538,7 +540,7 @@ class Manager:
             return
         if (w.recovery.judging and not w.recovery.life_ended and w.array_task is None
                 and not (job is not None and job.state in (JobState.CANCELLED, JobState.COMPLETED))
-                and not w.lost_kinds() and self.start_failures.of_life(w) is not None):
+                and not w.lost_kinds() and self.start_failures.of_judged(w) is not None):
             # the first failure before a heartbeat: a failure like any other (no node to blame), one more life
             decision = Decision(Verdict.CONFIRMED, at, cause=START_FAILURE, nodes=())
             recovery.feed(self, w, FailureConfirmed(decision=decision, lost={}), self.clock())

@@ -122,7 +122,7 @@ def _carry_out(m: ManagerContext, w: Watch, e: Effect, now: float) -> Observatio
         w.restart_count = e.restart_count
         if e.incarnation is not None:
             w.incarnation = e.incarnation
-        w.new_life()
+        w.requeued()
     elif isinstance(e, FailAll):
         w.fail_all(e.at, e.why)
     elif isinstance(e, Close):
@@ -196,9 +196,9 @@ def next_incarnation(m: ManagerContext, w: Watch) -> int:
     recorded = [i["number"] for i in m.journal.incarnations(w.key) if i["number"] > w.incarnation]
     if recorded:
         return int(recorded[0])
-    lives = [w.life, w.incarnation + w.running_restart_count]
+    lives = [w.judged_incarnation, w.incarnation + w.running_restart_count]
     if w.recovery_config.supervised:
-        lives.append(w.allocation_life(w.running_restart_count))
+        lives.append(w.allocation_incarnation(w.running_restart_count))
     if w.slurm_id is not None:
         lives += [hb.incarnation for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id)]
     try:   # a life that restored (it raised the checkpoint fence) but never beat
@@ -252,7 +252,7 @@ def _watch_next(m: ManagerContext, w: Watch, e: WatchNext) -> None:
         # The failed life is over: its verdict must not confirm again, and its last heartbeats (read
         # until Slurm shows the restart) are no sign of the next life training.
         w.restore_step = e.restore_step
-        w.new_life()
+        w.requeued()
     elif e.path is RecoveryPath.IN_ALLOCATION:
         # the same Slurm job trains the next life: journaled as an incarnation of its own
         m.journal.add_incarnation(w.key, e.incarnation, {

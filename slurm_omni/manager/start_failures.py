@@ -45,10 +45,11 @@ class StartFailures:
                                          "before_first_heartbeat", to_builtins(rec))
             log.warning("manager: %s", first_line(label, as_failure(to_builtins(rec))))
 
-    def of_life(self, w: Watch) -> dict[str, Any] | None:
+    def of_judged(self, w: Watch) -> dict[str, Any] | None:
         """The judged life's start failure as journaled (its record), or None."""
         return next((d["payload"] for d in self.journal.decisions(w.key, START_FAILURE_VERDICT)
-                     if d["incarnation"] == w.life and (d["payload"] or {}).get("job_id") == str(w.slurm_id)), None)
+                     if d["incarnation"] == w.judged_incarnation
+                     and (d["payload"] or {}).get("job_id") == str(w.slurm_id)), None)
 
     def stopped(self, w: Watch, label: str) -> BadInput | None:
         """The step supervisor stopped the Slurm job for a repeated start failure (its record's
@@ -64,13 +65,13 @@ class StartFailures:
         if stopped is not None:
             return stopped
         decisions = self.journal.decisions(w.key, START_FAILURE_VERDICT)
-        current = self.of_life(w)
-        before = [d for d in decisions if d["incarnation"] is not None and d["incarnation"] < w.life]
+        current = self.of_judged(w)
+        before = [d for d in decisions if d["incarnation"] is not None and d["incarnation"] < w.judged_incarnation]
         if current is None or not before:
             return None
         previous = max(before, key=lambda d: d["incarnation"])
         beat = self.journal.observed_incarnations(w.key, "heartbeat_phase")
-        if any(previous["incarnation"] <= i <= w.life for i in beat):
+        if any(previous["incarnation"] <= i <= w.judged_incarnation for i in beat):
             return None   # a life in between trained: this failure is a fresh one
         same = repeated_failure([as_failure(previous["payload"]), as_failure(current)])
         return None if same is None else BadInput(cause="repeated_failure", line=stop_line(label, same))

@@ -33,12 +33,15 @@ class Watch:
     confirmer: Confirmer
     heartbeat_dir: Path
     incarnation: int
+    """The journal's incarnation of the Slurm job watched now (its rows, decisions, recoveries): a
+    submission's OMNI_INCARNATION base. What the ranks carry, and what is judged, is
+    :attr:`judged_incarnation` (it adds Slurm's requeues and the supervisor's relaunches)."""
     slurm_id: int | None
     units: int
     array_task: int | None = None
     state: str = "active"                    # active, waiting, done, failed (the journal's job state)
     nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)   # het offset -> nodes, once running
-    restart_count: int = 0                   # the life whose heartbeats are judged (SLURM_RESTART_COUNT)
+    restart_count: int = 0                   # the requeue whose heartbeats are judged (SLURM_RESTART_COUNT)
     slurm_restart_count: int = 0             # the newest restart count Slurm reported
     running_restart_count: int = 0           # the newest restart count Slurm showed RUNNING
     running: bool = False
@@ -58,8 +61,8 @@ class Watch:
     last_plan_poll: int = -1                 # the poll a waiting plan was last made from
     requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
     allocation_base: int | None = None       # in-allocation: the submission's incarnation (None: incarnation)
-    relaunch_life: int | None = None         # in-allocation: the life the supervisor last relaunched, this requeue
-    life_step_max: int = -1                  # the highest step id of a fault record of this Slurm job, this life
+    relaunched_incarnation: int | None = None   # in-allocation: the supervisor's last relaunch, this requeue
+    step_id_max: int = -1                    # the highest step id of this Slurm job's fault records, this requeue
     stale_step_max: int = -1                 # in-allocation: fault records of steps up to it belong to earlier launches
     batch_host: str = ""                     # the incarnation's batch host, once running
     running_since: float | None = None       # when a poll first showed the judged life RUNNING
@@ -93,23 +96,24 @@ class Watch:
         return bool(self.phases) and set(self.phases.values()) <= QUIET_PHASES
 
     @property
-    def life(self) -> int:
-        """OMNI_INCARNATION of the life being judged (what its ranks' heartbeats and metrics carry): a
-        submission's first life is its incarnation, and each of Slurm's requeues adds one. An array
-        task's incarnations are its restart counts, past the task's base."""
+    def judged_incarnation(self) -> int:
+        """The OMNI_INCARNATION being judged (what its ranks' heartbeats and metrics carry): a
+        submission's first is its :attr:`incarnation`, and each of Slurm's requeues adds one (in the
+        allocation: :meth:`allocation_incarnation`). An array task's are its restart counts, past the
+        task's base."""
         if self.array_task is not None:
             base = next((t.incarnation_base for t in self.reg.tasks if t.task_id == self.array_task), 0)
             return base + self.restart_count
         if self.recovery_config.supervised:
-            return self.allocation_life(self.restart_count)
+            return self.allocation_incarnation(self.restart_count)
         return self.incarnation + self.restart_count
 
-    def allocation_life(self, restart_count: int) -> int:
-        """An in-allocation job's life: the one the supervisor last reported relaunching in this
+    def allocation_incarnation(self, restart_count: int) -> int:
+        """An in-allocation job's incarnation: the one the supervisor last reported relaunching in this
         allocation, else launch 0 after ``restart_count`` requeues (``inalloc.sbatch.j2``: base +
         REQUEUE_INCARNATION_STRIDE x SLURM_RESTART_COUNT)."""
-        if self.relaunch_life is not None and restart_count == self.restart_count:
-            return self.relaunch_life
+        if self.relaunched_incarnation is not None and restart_count == self.restart_count:
+            return self.relaunched_incarnation
         base = self.incarnation if self.allocation_base is None else self.allocation_base
         return base + REQUEUE_INCARNATION_STRIDE * restart_count
 
@@ -148,13 +152,14 @@ class Watch:
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.node_states.clear()
 
-    def new_life(self) -> None:
-        """A requeue after a checkpointed exit: the same incarnation starts again."""
+    def requeued(self) -> None:
+        """Slurm requeued the job after a checkpointed exit: the same Slurm job (the same journal
+        incarnation) runs again; the judged incarnation moves on with its restart count."""
         self.running = False
         self.running_since = None
         self.requeue_settling = True
-        self.relaunch_life = None      # the requeued allocation's supervisor starts again at launch 0
-        self.life_step_max = self.stale_step_max = -1   # and Slurm numbers its steps from 0 again
+        self.relaunched_incarnation = None      # the requeued allocation's supervisor starts again at launch 0
+        self.step_id_max = self.stale_step_max = -1   # and Slurm numbers its steps from 0 again
         self.phases.clear()
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.verdict = Verdict.NONE
@@ -167,13 +172,14 @@ class Watch:
             for node in nodes:
                 self.confirmer.observe(TaskExit(at, node, offset, -1, 1, None))
 
-    def relaunched(self, life: int) -> None:
-        """The step supervisor relaunched inside the allocation: the same Slurm job, life ``life``."""
-        self.incarnation = life - self.restart_count
-        self.relaunch_life = life
+    def relaunched(self, incarnation: int) -> None:
+        """The step supervisor relaunched inside the allocation: the same Slurm job, OMNI_INCARNATION
+        ``incarnation``."""
+        self.incarnation = incarnation - self.restart_count
+        self.relaunched_incarnation = incarnation
         # the killed step's ranks report their exits after the relaunch (slurmstepd is slow to reap them):
         # its records must not count against the new launch, whose step has a higher id
-        self.stale_step_max = self.life_step_max
+        self.stale_step_max = self.step_id_max
         self.phases.clear()
         self.confirmer.reset({k: list(v) for k, v in self.nodes.items()})
         self.verdict = Verdict.NONE
@@ -184,8 +190,8 @@ class Watch:
         if self.slurm_id is not None:
             self.ended_ids.add(self.slurm_id)
         self.incarnation, self.slurm_id, self.units = incarnation, slurm_id, units
-        self.allocation_base, self.relaunch_life = incarnation, None
-        self.life_step_max = self.stale_step_max = -1
+        self.allocation_base, self.relaunched_incarnation = incarnation, None
+        self.step_id_max = self.stale_step_max = -1
         self.restore_step, self.quarantine = restore_step, quarantine
         self.nodes = {}
         self.batch_host = ""
@@ -246,7 +252,7 @@ def restore_watch(m: ManagerContext, reg: RegistryRecord, key: str, task_job: Jo
         w.incarnation, w.slurm_id = cur["number"], int(cur["slurm_job_id"])
         w.allocation_base = min(int(i["number"]) for i in incarnations if i["slurm_job_id"] == cur["slurm_job_id"])
         if layout.get("in_allocation"):
-            w.relaunch_life = int(cur["number"])
+            w.relaunched_incarnation = int(cur["number"])
         w.units = int(layout.get("units") or w.units)
         w.restore_step = layout.get("restore_step")
     recoveries = m.journal.recoveries(key)

@@ -75,8 +75,8 @@ def test_the_life_judged_and_the_next_incarnation_follow_every_earlier_life(tmp_
     journal = Journal(tmp_path / "journal.sqlite")
     try:
         m: Any = SimpleNamespace(journal=journal, poller=SimpleNamespace(last=None))
-        assert _watch(0, 0).life == 0 and _watch(2, 1).life == 3
-        assert _watch(1, 1, array_task=0).life == 1   # an array task's incarnation is its restart count
+        assert _watch(0, 0).judged_incarnation == 0 and _watch(2, 1).judged_incarnation == 3
+        assert _watch(1, 1, array_task=0).judged_incarnation == 1   # an array task's incarnation is its restart count
         assert next_incarnation(m, _watch(0, 0)) == 1
         # Slurm requeued incarnation 0 for a lost node and the recovery cancelled it while PENDING:
         # that life never ran and takes no number
@@ -135,7 +135,7 @@ def test_each_array_task_numbers_its_lives_from_its_own_base(
                            stages=_registered(tmp_path).stages, array_tasks=(
                                RegisteredTask(0, "sweep-a", tmp_path / "a"),
                                RegisteredTask(1, "sweep-b", tmp_path / "b", incarnation_base=5)))
-    assert str(w.life) == expected    # the manager judges the heartbeats of that number
+    assert str(w.judged_incarnation) == expected    # the manager judges the heartbeats of that number
 
 
 @pytest.mark.parametrize(("restart_count", "expected"), [(None, "3"), ("1", "103"), ("2", "203")])
@@ -155,11 +155,11 @@ def test_an_in_allocation_job_numbers_requeued_lives_by_the_stride_and_the_manag
     w = _watch(3, 0)
     w.allocation_base, w.confirmer = 3, Confirmer(ConfirmConfig(), {})
     w.recovery_config = replace(w.recovery_config, supervised=True)
-    assert w.life == 3
+    assert w.judged_incarnation == 3
     w.relaunched(4)                     # relaunched-4.json: launch 1 of the first allocation
-    assert w.life == 4
+    assert w.judged_incarnation == 4
     w.restart_count = int(restart_count or 0)
-    w.new_life()                        # Slurm requeued it after the ranks checkpointed
-    assert str(w.life) == expected
+    w.requeued()                        # Slurm requeued it after the ranks checkpointed
+    assert str(w.judged_incarnation) == expected
     w.relaunched(int(expected) + 1)     # the requeued allocation's supervisor relaunched once
-    assert w.life == int(expected) + 1
+    assert w.judged_incarnation == int(expected) + 1
