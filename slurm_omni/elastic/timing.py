@@ -68,7 +68,9 @@ class StepTimes(NamedTuple):
 class StepTimer:
     """Accumulates compute and data time until :meth:`take` reads and resets them."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        """Seconds, monotonic (a test passes its own)."""
         self.on_draw: Callable[[bool], None] | None = None
         """Called with True when a :meth:`data` region begins and False when it ends."""
         self._lock = threading.Lock()
@@ -82,7 +84,7 @@ class StepTimer:
     def _enter(self) -> None:
         with self._lock:
             if self._depth == 0:
-                self._since = time.monotonic()
+                self._since = self._clock()
                 self._wait_since = cpu_wait_s()
             self._depth += 1
 
@@ -97,7 +99,7 @@ class StepTimer:
                 return
             self._depth -= 1
             if self._depth == 0:
-                self._compute += time.monotonic() - self._since
+                self._compute += self._clock() - self._since
                 self._wait += max(0.0, cpu_wait_s() - self._wait_since)
 
     @contextlib.contextmanager
@@ -116,12 +118,12 @@ class StepTimer:
         region is one draw for :attr:`on_draw` (the run counts them: ``elastic/draws.py``)."""
         if self.on_draw is not None:
             self.on_draw(True)
-        started, waited = time.monotonic(), cpu_wait_s()
+        started, waited = self._clock(), cpu_wait_s()
         try:
             yield
         finally:
             with self._lock:
-                self._data += time.monotonic() - started
+                self._data += self._clock() - started
                 self._wait += max(0.0, cpu_wait_s() - waited)
             if self.on_draw is not None:
                 self.on_draw(False)

@@ -55,4 +55,6 @@ def test_own_time_net_of_cpu_wait_is_the_work_without_the_drill() -> None:
 
 def test_cpu_proportional_stops_land_in_the_work_not_in_the_waits() -> None:
     total, ratios = _ratios(2.0)
-    assert 1.6 <= total <= 2.6, (total, ratios)
+    # clearly above the undrilled ~1.0 (the stops land in the work), at most the factor's reach; the
+    # throttler is one more process on a loaded machine: 1.55 seen at load 35, 1.9-2.1 when idle
+    assert 1.3 <= total <= 2.6, (total, ratios)

@@ -92,19 +92,25 @@ def test_old_heartbeats_without_the_new_fields_still_parse(tmp_path: Path) -> No
 
 
 def test_timer_counts_module_work_not_the_wait_between() -> None:
-    timer = StepTimer()
+    now = [0.0]
+
+    def clock() -> float:   # every reading costs 1 ms; only the "wait" below moves it by more
+        now[0] += 0.001
+        return now[0]
+
+    timer = StepTimer(clock)
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 1))
     timer.watch(model)
     timer.watch(model[0])            # nested: counted once
     x = torch.randn(32, 64)
     model(x).sum().backward()
-    time.sleep(0.2)                  # "waiting for a peer"
+    now[0] += 0.2                    # "waiting for a peer"
     with timer.data():
-        time.sleep(0.01)
+        now[0] += 0.01
     with timer.compute():
         pass
     compute_s, data_s = timer.take()
-    assert 0 < compute_s < 0.2 and data_s >= 0.01
+    assert 0 < compute_s < 0.02 and data_s == pytest.approx(0.011)
     assert timer.take() == (0.0, 0.0)
 
 
