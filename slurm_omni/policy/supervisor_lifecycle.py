@@ -3,12 +3,14 @@
 ``supervisor/run.py`` feeds it what it saw and carries out the effects it returns; it decides
 nothing. One launch of the step at a time::
 
-    WAITING --AllocationPolled(RUNNING)--> (Replayed) --> LAUNCHING --LaunchRunning--> RUNNING
-    RUNNING --Watched(confirmed)--> CONFIRMING (KillStep) --Watched(grace over)--> (LeaveStep) LaunchEnded
-    RUNNING --Watched(request accepted | time limit near)--> STOPPING (SignalStep | ForwardStop)
-    RUNNING | STOPPING | CONFIRMING | LAUNCHING --LaunchEnded--> DONE | STOPPED | FALLBACK | ENDED (Plan)
+    WAITING --AllocationPolled(RUNNING)--> LAUNCHING (TakeAllocation)    [allocation mode only]
+    LAUNCHING --Replayed--> LAUNCHING (StartStandbys, FirstLaunch) | DONE | FALLBACK (Exit)
+    LAUNCHING --LaunchJournaled, LaunchRunning--> RUNNING
+    RUNNING --Watched(confirmed)--> CONFIRMING (KillStep) --Watched(grace over)--> (LeaveStep)
+    RUNNING --Watched(request accepted | time limit near | signal)--> STOPPING (SignalStep | ForwardStop)
+    LAUNCHING | RUNNING | STOPPING | CONFIRMING --LaunchEnded--> DONE | STOPPED | FALLBACK (Exit) | ENDED (Plan)
     ENDED --Planned--> RELAUNCHING (IntendLaunch) --LaunchJournaled--> LAUNCHING
-                   \\-> FALLBACK (HandOver)
+          --Planned(no launch fits, the relaunch limit)--> FALLBACK (GiveUp, Exit)
 
 What a launch's end means (:func:`policy.supervision.after_launch`), the relaunch limit
 (``next_launch``), when a running step is killed (``kill_on``) and the time limit's lead
