@@ -43,7 +43,7 @@ from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, r
 from slurm_omni.manager.start_failures import StartFailures
 from slurm_omni.manager.status import START_FAILURE_VERDICT as START_FAILURE
 from slurm_omni.manager.status import write_timeline
-from slurm_omni.manager.supervisor_reports import read_reports, supervised
+from slurm_omni.manager.supervisor_reports import read_reports, read_status, supervised
 from slurm_omni.manager.watch import Watch, new_watch, restore_watch
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir, user_folder
 from slurm_omni.policy.bad_input import (
@@ -72,7 +72,6 @@ from slurm_omni.policy.recovery_events import (
 from slurm_omni.policy.supervision import supervisor_gone
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 from slurm_omni.slurm.types import Job, JobState, Node
-from slurm_omni.supervisor.journal import read_status, status_path
 from slurm_omni.supervisor.outside import process_alive, read_process
 
 log = logging.getLogger(__name__)
@@ -408,7 +407,7 @@ class Manager:
         record = read_process(w.reg.ckpt_dir, str(w.slurm_id))
         if record is None or now - self._supervisor_started.get(w.key, 0.0) < SUPERVISOR_RESTART_S:
             return
-        status = read_status(status_path(w.reg.ckpt_dir, str(w.slurm_id)))
+        status = read_status(w.reg.ckpt_dir, w.slurm_id)
         if not supervisor_gone(phase=status.phase if status else "launching", job_state=w.slurm_state,
                                alive=process_alive(record),
                                status_age_s=now - status.updated_at if status else None,

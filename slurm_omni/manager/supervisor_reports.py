@@ -41,6 +41,7 @@ from slurm_omni.formats.supervisor import (
     SUBDIR,
     RequestRecord,
     SupervisorRequest,
+    SupervisorStatus,
     decode_journal_line,
     decode_report,
     decode_status,
@@ -55,7 +56,7 @@ from slurm_omni.policy.recovery_events import SupervisorReport
 log = logging.getLogger(__name__)
 
 __all__ = ["MAX_JOURNAL_BYTES", "MAX_REPORT_BYTES", "REQUEST_OUTCOMES", "Report", "SupervisorView", "parse_report",
-           "read_reports", "read_status_view", "request_outcome", "supervised", "write_request"]
+           "read_reports", "read_status", "read_status_view", "request_outcome", "supervised", "write_request"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,15 +130,22 @@ class SupervisorView:
     nodes: frozenset[str]
 
 
-def read_status_view(ckpt_dir: Path, slurm_job_id: int) -> SupervisorView | None:
+def read_status(ckpt_dir: Path, slurm_job_id: int) -> SupervisorStatus | None:
     """The supervisor's status file of this Slurm job, or None (missing, malformed: logged once)."""
     path = status_path(ckpt_dir, str(slurm_job_id))
     if not os.path.lexists(path):
         return None
     try:
-        status = decode_status(read_bounded(path, MAX_STATUS_BYTES), f"supervisor status {path.name}")
+        return decode_status(read_bounded(path, MAX_STATUS_BYTES), f"supervisor status {path.name}")
     except FileRejected as e:
         _log_once(f"manager: {e}")
+        return None
+
+
+def read_status_view(ckpt_dir: Path, slurm_job_id: int) -> SupervisorView | None:
+    """What a fail-slow request needs of the supervisor's status file, or None (see :func:`read_status`)."""
+    status = read_status(ckpt_dir, slurm_job_id)
+    if status is None:
         return None
     return SupervisorView(status.updated_at, status.phase, status.spares_left, status.nodes)
 

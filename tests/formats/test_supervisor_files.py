@@ -37,6 +37,7 @@ from slurm_omni.manager.supervisor_reports import (
     request_outcome,
     write_request,
 )
+from slurm_omni.manager.supervisor_reports import read_status as managers_status
 from slurm_omni.supervisor.journal import SupervisorJournal, read_journal, read_request, read_status
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "supervisor"
@@ -71,9 +72,13 @@ def test_recorded_journals_decode_line_by_line_and_round_trip(path: Path) -> Non
 
 
 @pytest.mark.parametrize("path", STATUSES, ids=lambda p: p.name)
-def test_recorded_status_files_decode_and_round_trip(path: Path) -> None:
+def test_recorded_status_files_decode_and_round_trip(path: Path, tmp_path: Path) -> None:
     status = decode_status(path.read_bytes(), path.name)
     assert status.path == "in_allocation" and status.slurm_job_id.isdigit()
+    folder = tmp_path / "supervisor"
+    folder.mkdir()
+    shutil.copy(path, folder / f"{status.slurm_job_id}.status.json")
+    assert managers_status(tmp_path, int(status.slurm_job_id)) == status   # the manager's reader, the same schema
     assert decode_status(encode(status), "again") == status
     assert read_status(path) == status
     assert status.spares_left == len(status.spares)
@@ -154,7 +159,7 @@ def test_a_bad_status_file_is_none_for_every_reader(tmp_path: Path, content: byt
     path.write_bytes(content)
     with caplog.at_level(logging.WARNING):
         assert read_status(path) is None
-        assert read_status_view(tmp_path, 7) is None
+        assert read_status_view(tmp_path, 7) is None and managers_status(tmp_path, 7) is None
     assert caplog.records and all("\n" not in r.getMessage() for r in caplog.records)
 
 
