@@ -61,15 +61,16 @@ RequestOutcome = Literal["accepted", "no_spare", "below_minimum", "unknown_node"
 REQUEST_OUTCOMES: tuple[RequestOutcome, ...] = ("accepted", "no_spare", "below_minimum", "unknown_node",
                                                 "carried_out")
 SupervisorPhase = Literal["waiting", "launching", "running", "stopping", "confirming", "ended", "relaunching",
-                          "done", "stopped", "fallback"]
+                          "shrinking", "done", "stopped", "fallback"]
 """The status file's phase: the supervisor's lifecycle (``policy.supervisor_lifecycle.Phase``, where
 each is explained): ``waiting`` (allocation mode: for the allocation to start), ``launching``,
 ``running``, ``stopping`` (the step asked to checkpoint), ``confirming`` (a failure confirmed, the
-step being killed), ``ended`` (planning the recovery), ``relaunching``, and the ends: ``done``
+step being killed), ``ended`` (planning the recovery), ``relaunching``, ``shrinking`` (relaunching
+with fewer placement units), and the ends: ``done``
 (training finished), ``stopped`` (asked to, the allocation ending, or bad input) and ``fallback``
 (handed over to the manager's resubmission)."""
 SUPERVISOR_PHASES: tuple[SupervisorPhase, ...] = ("waiting", "launching", "running", "stopping", "confirming", "ended",
-                                                  "relaunching", "done", "stopped", "fallback")
+                                                  "relaunching", "shrinking", "done", "stopped", "fallback")
 ReportKind = Literal["relaunched", "gave_up"]
 REPORT_KINDS: tuple[ReportKind, ...] = ("relaunched", "gave_up")
 

@@ -255,7 +255,8 @@ def recovery_road(first: FailureConfirmed | MigrationRequested, plan: Relaunch |
                      f"{', '.join(p.value for p in phases)})")
 
 
-LIVE_PHASES = frozenset({"waiting", "launching", "running", "stopping", "confirming", "ended", "relaunching"})
+LIVE_PHASES = frozenset({"waiting", "launching", "running", "stopping", "confirming", "ended", "relaunching",
+                         "shrinking"})
 """Status phases of a supervisor that has work left (not done, stopped or handed over): the
 lifecycle's (``policy.supervisor_lifecycle.Phase``) but its ends; ``waiting``: for its allocation to
 start."""

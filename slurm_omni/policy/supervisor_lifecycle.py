@@ -9,7 +9,7 @@ nothing. One launch of the step at a time::
     RUNNING --Watched(confirmed)--> CONFIRMING (KillStep) --Watched(grace over)--> (LeaveStep)
     RUNNING --Watched(request accepted | time limit near | signal)--> STOPPING (SignalStep | ForwardStop)
     LAUNCHING | RUNNING | STOPPING | CONFIRMING --LaunchEnded--> DONE | STOPPED | FALLBACK (Exit) | ENDED (Plan)
-    ENDED --Planned--> RELAUNCHING (IntendLaunch) --LaunchJournaled--> LAUNCHING
+    ENDED --Planned--> RELAUNCHING | SHRINKING (IntendLaunch) --LaunchJournaled--> LAUNCHING
           --Planned(no launch fits, the relaunch limit)--> FALLBACK (GiveUp, Exit)
 
 What a launch's end means (:func:`policy.supervision.after_launch`), the relaunch limit
@@ -61,6 +61,8 @@ class Phase(str, Enum):
     """The launch ended and a recovery follows: its plan is being made."""
     RELAUNCHING = "relaunching"
     """The next launch is planned (the recovery table said Launch)."""
+    SHRINKING = "shrinking"
+    """The next launch is planned with fewer placement units than this one (no spare was left)."""
     DONE = "done"
     STOPPED = "stopped"
     FALLBACK = "fallback"
@@ -294,7 +296,7 @@ def step(state: SupervisorState, event: Event, config: LifecycleConfig
         if event.launch is None:
             return state, (StartStandbys(), FirstLaunch())
         return replace(state, launch=event.launch), (StartStandbys(),)
-    if isinstance(event, LaunchJournaled) and phase in (Phase.LAUNCHING, Phase.RELAUNCHING):
+    if isinstance(event, LaunchJournaled) and phase in (Phase.LAUNCHING, Phase.RELAUNCHING, Phase.SHRINKING):
         return replace(state, phase=Phase.LAUNCHING, launch=event.launch, stopping=False, killed_at=None), ()
     if isinstance(event, LaunchRunning) and phase is Phase.LAUNCHING:
         return replace(state, phase=Phase.RUNNING, stopping=False, killed_at=None), ()
@@ -366,4 +368,5 @@ def _planned(state: SupervisorState, e: Planned, c: LifecycleConfig) -> tuple[Su
             GiveUp((effect.reason,), relaunch.layout.failed), Exit(EXIT_FAILED))
     road = " -> ".join(p.value for p in phases)
     cause = PLANNED if isinstance(e.first, MigrationRequested) else e.first.decision.cause
-    return replace(state, phase=Phase.RELAUNCHING), (IntendLaunch(number + 1, relaunch, cause, road),)
+    phase = Phase.SHRINKING if relaunch.shrunk else Phase.RELAUNCHING
+    return replace(state, phase=phase), (IntendLaunch(number + 1, relaunch, cause, road),)

@@ -11,7 +11,7 @@ supervisor SIGKILLed anywhere and started again by the batch script makes each l
 
 This module decides nothing itself: its phases and what follows each observation are one pure
 transition table (``policy.supervisor_lifecycle``: waiting, launching, running, stopping,
-confirming, ended, relaunching; done, stopped, fallback), fed through :meth:`Supervisor._feed`,
+confirming, ended, relaunching, shrinking; done, stopped, fallback), fed through :meth:`Supervisor._feed`,
 which carries out the effects it returns; what a launch's end means, when to kill a step, a
 request's outcome (``policy.supervision``), the rule and the plan are pure code too; what a launch
 shows is gathered by ``supervisor/observe.py``.

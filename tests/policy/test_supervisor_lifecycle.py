@@ -160,7 +160,7 @@ def test_a_journal_with_a_launch_carries_on_with_it() -> None:
         at(Phase.LAUNCHING, launch=3), (StartStandbys(),))
 
 
-@pytest.mark.parametrize("phase", [Phase.LAUNCHING, Phase.RELAUNCHING])
+@pytest.mark.parametrize("phase", [Phase.LAUNCHING, Phase.RELAUNCHING, Phase.SHRINKING])
 def test_a_journaled_launch_is_the_current_one_and_clears_the_last_ones_flags(phase: Phase) -> None:
     before = at(phase, launch=1, stopping=True, killed_at=5.0, asked_to_stop=True)
     state, effects = step(before, LaunchJournaled(6.0, 2), CONFIG)
@@ -256,6 +256,15 @@ def test_a_plan_that_fits_goes_through_the_recovery_table_to_the_next_launch() -
     state, effects = step(at(Phase.ENDED, launch=0), planned(10.0, replaced()), CONFIG)
     assert state.phase is Phase.RELAUNCHING
     assert effects == (IntendLaunch(1, replaced(), "down", "planning -> stopping -> launching"),)
+
+
+def test_a_plan_with_fewer_units_is_a_shrink() -> None:
+    shrunk = Relaunch(StepLayout((("node1",), ("node4",)), ("node2",), ("node3",), 1, {}), ("node3", "node2"), (), 2,
+                      ("component 1: 0 of 1 replacement(s) found", "shrink 2 -> 1 placement unit(s)"))
+    state, effects = step(at(Phase.ENDED, launch=0), planned(10.0, shrunk), CONFIG)
+    assert state.phase is Phase.SHRINKING
+    assert effects == (IntendLaunch(1, shrunk, "down", "planning -> stopping -> launching"),)
+    assert step(state, LaunchJournaled(10.1, 1), CONFIG)[0].phase is Phase.LAUNCHING
 
 
 def test_a_requested_replacement_is_a_planned_launch() -> None:
