@@ -196,9 +196,11 @@ def next_incarnation(m: ManagerContext, w: Watch) -> int:
     recorded = [i["number"] for i in m.journal.incarnations(w.key) if i["number"] > w.incarnation]
     if recorded:
         return int(recorded[0])
-    lives = [w.judged_incarnation, w.incarnation + w.running_restart_count]
-    if w.recovery_config.supervised:
+    lives = [w.judged_incarnation, w.incarnation]
+    if w.recovery_config.supervised:   # a requeue adds REQUEUE_INCARNATION_STRIDE, a relaunch one
         lives.append(w.allocation_incarnation(w.running_restart_count))
+    else:   # a requeue adds one
+        lives.append(w.incarnation + w.running_restart_count)
     if w.slurm_id is not None:
         lives += [hb.incarnation for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id)]
     try:   # a life that restored (it raised the checkpoint fence) but never beat

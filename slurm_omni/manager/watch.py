@@ -174,8 +174,10 @@ class Watch:
 
     def relaunched(self, incarnation: int) -> None:
         """The step supervisor relaunched inside the allocation: the same Slurm job, OMNI_INCARNATION
-        ``incarnation``."""
-        self.incarnation = incarnation - self.restart_count
+        ``incarnation``, journaled as an incarnation of its own: it is the watch's journal incarnation
+        too (after a requeue it was set to ``incarnation - restart_count``, a number no row has, and
+        the next resubmission took ``incarnation`` again)."""
+        self.incarnation = incarnation
         self.relaunched_incarnation = incarnation
         # the killed step's ranks report their exits after the relaunch (slurmstepd is slow to reap them):
         # its records must not count against the new launch, whose step has a higher id

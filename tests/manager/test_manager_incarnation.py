@@ -163,3 +163,27 @@ def test_an_in_allocation_job_numbers_requeued_lives_by_the_stride_and_the_manag
     assert str(w.judged_incarnation) == expected
     w.relaunched(int(expected) + 1)     # the requeued allocation's supervisor relaunched once
     assert w.judged_incarnation == int(expected) + 1
+
+
+def test_after_a_requeue_a_relaunched_incarnation_is_the_watchs_and_the_next_one_follows_it(tmp_path: Path) -> None:
+    """An in-allocation job (base 3) that Slurm requeued once (its launch 0 is 103) and whose
+    supervisor then relaunched (104, journaled as an incarnation of its own, as manager/recovery's
+    WatchNext does): the watch's journal incarnation is 104, and a resubmission after it takes 105,
+    never 104 again."""
+    journal = Journal(tmp_path / "journal.sqlite")
+    try:
+        m: Any = SimpleNamespace(journal=journal, poller=SimpleNamespace(last=None))
+        w = _watch(3, 0)
+        w.allocation_base, w.confirmer = 3, Confirmer(ConfirmConfig(), {})
+        w.recovery_config = replace(w.recovery_config, supervised=True)
+        journal.register_job(w.key, 1000, {}, 0.0)
+        journal.add_incarnation(w.key, 3, {})
+        w.restart_count = w.slurm_restart_count = w.running_restart_count = 1
+        w.requeued()
+        assert w.judged_incarnation == 103
+        journal.add_incarnation(w.key, 104, {"in_allocation": True})
+        w.relaunched(104)
+        assert (w.incarnation, w.judged_incarnation) == (104, 104)
+        assert next_incarnation(m, w) == 105
+    finally:
+        journal.close()
