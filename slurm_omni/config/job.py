@@ -112,7 +112,8 @@ class JobSection:
     the survivors and a spare, no trip through the queue), ``allocation`` (the same allocation
     without a batch script, ``salloc --no-shell``; the step supervisor runs beside the manager and
     launches with ``srun --jobid``, so no node is special: docs/allocation-mode.md; where the site
-    does not allow it, ``in_allocation``); empty: the site's ``elasticity.recovery``."""
+    does not allow it, ``in_allocation``); empty: the site's default (``elasticity.recovery``, else
+    the fastest path the site allows: ``SiteElasticity.default_recovery``)."""
 
     def __post_init__(self) -> None:
         check_slurm_name("job.name", self.name)

@@ -149,11 +149,12 @@ class ElasticitySite:
     """Drain nodes the manager found failed, with a reason starting ``omni:``."""
     quarantine_s: float = 3600.0
     """A node that failed is not chosen again (for a replacement or a grow) for this long."""
-    recovery: RecoveryPath = "resubmit"
+    recovery: Literal["", "resubmit", "in_allocation", "allocation"] = ""
     """Default of the job file's ``[job] recovery``: ``resubmit`` (heterogeneous job, the manager
     resubmits) or ``in_allocation`` (one ``--no-kill`` allocation with spares; the step supervisor
     relaunches inside it) or ``allocation`` (that allocation without a batch script; the supervisor
-    runs beside the manager: ``allow_allocation`` must be true)."""
+    runs beside the manager: ``allow_allocation`` must be true). Empty: the fastest path this site
+    allows (``default_recovery``)."""
     allow_allocation: bool = False
     """Jobs may ask for ``recovery = "allocation"``: this site lets users run ``salloc --no-shell``,
     ``srun --jobid`` and a long-running process of their own (the step supervisor) on the node where
@@ -165,6 +166,20 @@ class ElasticitySite:
     """The most spare nodes one stage may hold (idle nodes cost the site)."""
     max_relaunches: int = 20
     """In-allocation relaunches per allocation before the supervisor hands over to the manager."""
+
+    @property
+    def default_recovery(self) -> RecoveryPath:
+        """What a job file that names no ``[job] recovery`` gets: ``recovery`` when the site sets it,
+        else the fastest path the site allows: ``allocation`` where ``allow_allocation`` (no node is
+        special), else ``in_allocation`` where the site holds spares in allocations
+        (``default_spares`` > 0: a lost node is replaced inside the job), else ``resubmit`` (with no
+        spare held, an in-allocation job could only shrink on its first loss; a resubmission places a
+        replacement). A job that does not fit one allocation is resubmitted whatever the path."""
+        if self.recovery:
+            return self.recovery
+        if self.allow_allocation:
+            return "allocation"
+        return "in_allocation" if self.default_spares > 0 else "resubmit"
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_spares <= self.max_spares:

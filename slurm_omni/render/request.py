@@ -283,7 +283,7 @@ class HetJobRequest:
     def recovery(self) -> str:
         """The recovery path asked for: the job file's ``[job] recovery``, else the site's default;
         ``allocation`` where the site does not allow it is ``in_allocation`` (its fallback)."""
-        asked = self.job.job.recovery or self.site.elasticity.recovery
+        asked = self.job.job.recovery or self.site.elasticity.default_recovery
         return "in_allocation" if asked == "allocation" and not self.site.elasticity.allow_allocation else asked
 
     def in_allocation(self) -> tuple[AllocationShape | None, str]:

@@ -90,7 +90,7 @@ SITE_ERRORS = [
     ("default spares above the cap", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\ndefault_spares = 5"),
      "elasticity.default_spares = 5 is not allowed (expected 0 <= it <= elasticity.max_spares = 4)"),
     ("recovery path", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\nrecovery = \"restart\""),
-     "elasticity.recovery = 'restart' is not allowed (expected one of 'resubmit', 'in_allocation', 'allocation')"),
+     "elasticity.recovery = 'restart' is not allowed (expected one of '', 'resubmit', 'in_allocation', 'allocation')"),
     ("allocation mode not allowed", ("min_data_parallel_size = 1", "min_data_parallel_size = 1\nrecovery = \"allocation\""),
      'elasticity.recovery = "allocation" is not allowed without elasticity.allow_allocation = true'),
     ("bad feature", ("gres = \"gpu:h100:4\"\n[stages.text]", "gres = \"gpu:h100:4\"\nfeature = \"a b\"\n[stages.text]"),
@@ -263,3 +263,25 @@ def test_the_built_in_trainer_runs_its_own_stages_only(tmp_path: Path, renames: 
     with pytest.raises(ConfigError, match=r"are not allowed for the built-in trainer \(it runs \[\[stages\]\] "
                                           r"vision then text: name them so, or give \[training\] command"):
         load_job(_write(tmp_path, "job.toml", text))
+
+
+@pytest.mark.parametrize(("lines", "job_line", "path"), [
+    ("", "", "resubmit"),                                                    # no spares held, no allocation mode
+    ("default_spares = 1", "", "in_allocation"),                             # spares held in allocations
+    ("allow_allocation = true", "", "allocation"),                           # no batch host where allowed
+    ("allow_allocation = true\ndefault_spares = 1", "", "allocation"),
+    ("allow_allocation = true\nrecovery = \"resubmit\"", "", "resubmit"),     # the site's own default wins
+    ("default_spares = 1", "recovery = \"resubmit\"", "resubmit"),          # the job file's wins
+    ("", "recovery = \"allocation\"", "in_allocation"),                      # not allowed: its fallback
+])
+def test_a_job_file_that_names_no_path_gets_the_fastest_the_site_allows(tmp_path: Path, lines: str, job_line: str,
+                                                                        path: str) -> None:
+    from slurm_omni.render import HetJobRequest
+
+    site = load_site(_write(tmp_path, "omni.toml", SITE.replace(
+        "min_data_parallel_size = 1", f"min_data_parallel_size = 1\n{lines}")))
+    job_text = JOB.replace("[job]\n", f"[job]\n{job_line}\n", 1)
+    assert job_line in job_text
+    job = load_job(_write(tmp_path, "job.toml", job_text))
+    request = HetJobRequest(job=job, site=site, job_file=tmp_path / "job.toml", job_sha256="0" * 64)
+    assert request.recovery == path
