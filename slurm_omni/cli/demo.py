@@ -123,17 +123,20 @@ def het_sample(backend: CliBackend, work: Path, timeout_s: float = 120.0) -> lis
 @click.option("--job-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Run the story on this job (e.g. examples/own-script/job.toml: your own script) "
                    "instead of the demo's built-in trainer; its folder (the script, its data/) is copied along.")
-@click.option("--busy", is_flag=True, help="In-allocation recovery on a busy cluster (every free node runs another "
-              "job): node losses recovered inside the same Slurm job, a shrink, and the batch host lost.")
+@click.option("--busy", is_flag=True, help="Allocation-mode recovery on a busy cluster (every free node runs another "
+              "job): a vision node, a text node and the allocation's first node lost, each recovered inside the "
+              "same Slurm job, then a shrink once the spares are gone.")
 @click.option("--user", default="", help="Run the story as this unprivileged user (run as root; the demo's folder is "
               "~USER/omni-demo), as a site runs them: Slurm, the plugin and the drill's node changes stay root's.")
 @click.option("--user-session", "session_fd", type=int, default=None, hidden=True,
               help="Internal: the user's side of --user, started by root (FD: its socket to root).")
 @click.option("--node", default="", help="The node to set DOWN mid-run (default: the job's last node that runs "
               "ranks, never a spare of an in-allocation job).")
-@click.option("--recovery", type=click.Choice(["resubmit", "in_allocation"]), default=None,
-              help="The demo site's default recovery path (a job file's own [job] recovery wins): in_allocation "
-                   "puts every stage in one partition and keeps one spare node per stage.")
+@click.option("--recovery", type=click.Choice(["allocation", "in_allocation", "resubmit"]), default=None,
+              help="The demo site's default recovery path (a job file's own [job] recovery wins). Default: the "
+                   "fastest the demo site allows, allocation (one allocation with a spare node per stage and no "
+                   "batch script, the step supervisor beside the manager); in_allocation: the supervisor in the "
+                   "batch script; resubmit: the manager resubmits a heterogeneous job.")
 def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | None, busy: bool, user: str,
          session_fd: int | None, node: str, recovery: str | None) -> None:
     """Cluster up, your job (or a multimodal het job), a node failure drilled mid-run, automatic recovery,
@@ -161,7 +164,7 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | 
     if busy:
         from slurm_omni.drill.busy_demo import run_busy_demo
 
-        s = Story(19)
+        s = Story(18)
         lc = LocalCluster(state_dir)
         s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "
                 f"{'started' if started else 'already up'} in {lc.paths.root}")

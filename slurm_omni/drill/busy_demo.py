@@ -1,21 +1,27 @@
-"""``omni demo --busy``: in-allocation recovery on a busy cluster, one line per phase.
+"""``omni demo --busy``: allocation-mode recovery on a busy cluster, one line per phase.
 
-The job runs in-allocation (one ``--no-kill`` allocation: 2 vision + 2 text nodes and a spare per
-stage) and every other node gets a filler job of a few minutes, so that anything that goes through
-the queue waits. Then: a vision node lost (a spare takes its place, same Slurm job), a text node lost
-(the other spare), a third node lost with no spare left (the supervisor relaunches with one
-data-parallel replica instead of two, same job, same global batch), and finally the batch host lost:
-the supervisor is gone with it, Slurm ends the job (22.05: FAILED, no requeue), and the manager,
-which stayed out of the way while the supervisor reported (delegated), resubmits it with ``--exclude``
-of every node it lost; the new job waits in the queue behind the fillers and trains to the end. The loss
-curve is compared with a run that never failed: bitwise up to the shrink (the layout is the same),
-within tolerance after it (fewer replicas reduce in another order).
+The job runs in allocation mode, the fastest the demo site allows (docs/allocation-mode.md): one
+``salloc --no-shell --no-kill`` allocation of 2 vision + 2 text nodes with two spares for vision and
+one for text, no batch script, the step supervisor beside the manager launching with ``srun
+--jobid``. Every other node gets a filler job of a few minutes, so that anything that goes through
+the queue waits. Then, each recovered inside the same Slurm job with a spare: a vision node lost, a
+text node lost, and the allocation's first node lost (the batch host of an in-allocation job, whose
+loss there ends the allocation and waits in the queue; here it is a node like any other). Once the
+spares are gone, one more node lost: the supervisor relaunches with one data-parallel replica
+instead of two, same job, same global batch. Each recovery prints the time from the fault (this
+process's clock at ``scontrol update state=DOWN``) to the first step of the relaunch, and the
+medians at the end. The loss curve is compared with a run that never failed: bitwise up to the
+shrink (the layout is the same), within tolerance after it (fewer replicas reduce in another order).
+
+Capacity coming back (issue 20 item 2, a pool allocation of the missing nodes that the next relaunch
+grows the job back onto) has its place after the shrink, marked in ``run_busy_demo``.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,15 +32,15 @@ from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.errors import OmniError
 from slurm_omni.formats import to_builtins
 from slurm_omni.slurm.cli_backend import CliBackend
-from slurm_omni.slurm.hostlist import compress
+from slurm_omni.slurm.hostlist import compress, expand
 from slurm_omni.supervisor.journal import read_status, status_path
 
 REASON = "omni-demo-busy"
 
-SITE_EDITS = {'partition = "vision"': 'partition = "debug"', 'partition = "text"': 'partition = "debug"',
-              '[elasticity]\n': '[elasticity]\nrecovery = "in_allocation"\ndefault_spares = 1\n'}
+SITE_EDITS = {"allow_allocation = true": "allow_allocation = true"}
+"""The example site already gives allocation mode (one partition, a spare per stage, allowed): kept as it is."""
 JOB_EDITS = {'name = "omni-demo"': 'name = "omni-demo-busy"',
-             'name = "vision"\nnodes = 1': 'name = "vision"\nnodes = 2',
+             'name = "vision"\nnodes = 1': 'name = "vision"\nnodes = 2\nspares = 2',
              'name = "text"\nnodes = 1': 'name = "text"\nnodes = 2',
              "max_steps = 80": "max_steps = 70", "every_steps = 10": "every_steps = 5"}
 
@@ -67,6 +73,8 @@ class BusyDemo:
         self.job_id = 0
         self.resubmitted_id = 0
         self.down: list[str] = []
+        self.faults: dict[str, float] = {}
+        """Node -> when this demo set it DOWN."""
 
     @property
     def ckpt(self) -> Path:
@@ -122,9 +130,13 @@ class BusyDemo:
         target = self.step() + n
         self.wait(f"step {target}", lambda: self.step() >= target)
 
-    def lose(self, node: str) -> None:
+    def lose(self, node: str) -> float:
+        """``node`` set DOWN; the time just before (the fault, on this process's clock)."""
+        fault = time.time()
         self.backend.runner.run(["scontrol", "update", f"nodename={node}", "state=DOWN", f"reason={REASON}"])
         self.down.append(node)
+        self.faults[node] = fault
+        return fault
 
     def resume(self) -> None:
         for node in self.down:
@@ -148,9 +160,12 @@ class BusyDemo:
                             "causes_after": [r.get("cause", "?") for r in recs[i + 1:i + n]]}
         return {}
 
-    def batch_host(self) -> str:
+    def first_node(self) -> str:
+        """The allocation's first node as Slurm lists it now (an in-allocation job's batch host; 22.05
+        still names it BatchHost for an allocation with no batch script)."""
         out = self.backend.runner.run(["scontrol", "show", "job", "-o", str(self.job_id)]).stdout
-        return out.split(" BatchHost=")[1].split()[0] if " BatchHost=" in out else ""
+        nodes = expand(out.split(" NodeList=")[1].split()[0]) if " NodeList=" in out else []
+        return nodes[0] if nodes else ""
 
     def job_state(self) -> str:
         out = self.backend.runner.run(["squeue", "-h", f"--jobs={self.job_id}", "--format=%T %r"], check=False)
@@ -204,50 +219,59 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
     d = BusyDemo(lc, backend, work, say=s.say, timeout_s=timeout_s)
     manager = None
     _, job = s.phase("files", lambda: write_files(work, lc, examples),
-                        lambda f: f"in-allocation job file and site config in {work}")
+                        lambda f: f"allocation-mode job file and site config in {work}")
     s.phase("data", lambda: story.synthesize(story.DemoFiles(work)), lambda n: f"{n} synthetic samples")
     env = story.job_environment(lc)
     try:
         files = story.DemoFiles(work)
         manager = s.phase("manager", lambda: story.start_manager(files, env),
-                          lambda m: f"omni manager run (pid {m.proc.pid}): the fallback when the allocation is lost")
+                          lambda m: f"omni manager run (pid {m.proc.pid}): restarts the step supervisor if it dies, "
+                                    "resubmits if the allocation itself is lost")
         job_id = s.phase("submit", lambda: d.submit(env),
-                         lambda j: f"omni submit: job {j}, one --no-kill allocation, 2+2 nodes and a spare per stage")
+                         lambda j: f"omni submit: job {j}, one salloc --no-shell --no-kill allocation with no batch "
+                                   "script, 2+2 nodes, 2 vision spares and 1 text spare; the step supervisor "
+                                   "runs here, beside the manager")
         s.phase("running", lambda: d.wait("the first steps", lambda: d.step() >= 8 and d.status()),
                 lambda st: f"launch 0: vision on {compress(st['components'][0])}, text on "
                            f"{compress(st['components'][1])}, spares {compress(st['spares'])}")
         s.phase("busy", lambda: d.filler.fill(), lambda nodes: f"{len(nodes)} filler job(s) of {d.filler.seconds} s "
                 f"on every free node ({compress(nodes) or 'none free'}): a resubmission would wait")
-        losses = [("vision", 0), ("text", 1), ("text", 1)]
-        for n, (name, comp) in enumerate(losses, start=1):
+        times: list[float] = []
+        losses = [("vision node lost", 0), ("text node lost", 1), ("first node lost", -1), ("no spare left", 1)]
+        for n, (what, comp) in enumerate(losses, start=1):
             st = d.status()
-            nodes = [x for x in st["components"][comp] if x != d.batch_host()]
-            if not nodes:
-                raise OmniError(f"demo: no {name} node besides the batch host to lose")
+            first = d.first_node()
+            if comp < 0:
+                victim = first
+                if victim not in {x for c in st["components"] for x in c}:
+                    raise OmniError(f"demo: the allocation's first node {victim or '?'} runs no ranks "
+                                    f"(components {st['components']})")
+            else:
+                nodes = [x for x in st["components"][comp] if x != first]
+                if not nodes:
+                    raise OmniError(f"demo: no node of component {comp} besides the allocation's first to lose")
+                victim = nodes[-1]
+            if comp == 1 and n == len(losses) and st.get("spares_left"):
+                raise OmniError(f"demo: {st['spares_left']} spare(s) left before the shrink (spares {st['spares']})")
             d.steps_more(4)
-            victim = nodes[-1]
-            s.phase(f"{name} node lost", lambda v=victim: d.lose(v), lambda _, v=victim: f"{v} DOWN")
-            rec: dict[str, Any] = s.phase("in-allocation relaunch",
+            s.phase(what, lambda v=victim: d.lose(v),
+                    lambda _, v=victim, f=first: f"{v} DOWN" + (" (the allocation's first node)" if v == f else ""))
+            rec: dict[str, Any] = s.phase("relaunch in the allocation",
                                           lambda k=n, v=victim: d.wait(f"recovery {k} ({v} out, training again)",
                                                                        lambda: d.recovery_of(v)),
-                                          lambda r: _recovery_line(r, d.job_id, d.job_state()))
+                                          lambda r, v=victim: _recovery_line(r, d.job_id, d.job_state(),
+                                                                             d.faults[v]))
             if rec["slurm_job_id_after"] != str(job_id):
                 raise OmniError("demo: the recovery left the Slurm job")
+            if rec.get("first_step_at"):
+                times.append(float(rec["first_step_at"]) - d.faults[victim])
             d.resume()           # back to the cluster (never to this job): a filler takes it
             d.filler.fill()
-        d.steps_more(3)
-        host = d.batch_host()
-        s.phase("batch host lost", lambda: d.lose(host),
-                lambda _: f"{host} DOWN: the supervisor goes with it; the allocation ends")
-        new_id = s.phase("resubmitted", lambda: d.wait("the manager's resubmission", d.resubmitted, 300),
-                         lambda j: f"the manager resubmitted it as job {j} with --exclude of the lost nodes: "
-                                   f"{d.job_state_of(j)}; fillers running on {d.fillers_running()}")
-        d.resume()
-        d.filler.fill()          # the resubmission must wait for nodes, as at a centre
-        s.phase("running again", lambda: d.wait("the resubmitted job's first steps",
-                                                lambda: d.status(str(new_id)) or None, 900),
-                lambda st: f"job {new_id} runs (path resubmitted) on "
-                           f"{compress([n for c in st['components'] for n in c])} after {d.waited(new_id)} in the queue")
+        s.say("fault to first step: " + ", ".join(f"{t:.2f} s" for t in times) +
+              (f"; median {statistics.median(times):.2f} s, the three with a spare "
+               f"{statistics.median(times[:3]):.2f} s" if len(times) >= 3 else ""))
+        # Capacity coming back (issue 20 item 2): the pool allocation of the missing node, its wait
+        # behind a filler, and the relaunch that grows the job back to two replicas go here.
         s.phase("finish", lambda: d.wait("the last step", lambda: d.step() >= 69, 900),
                 lambda _: "trained to step 70")
         ref = start_reference(job, work / "reference")
@@ -272,20 +296,27 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
             s.say(f"cleanup: {line}")
 
 
-def _recovery_line(rec: dict[str, Any], job_id: int, state: str) -> str:
+def _recovery_line(rec: dict[str, Any], job_id: int, state: str, fault: float) -> str:
     """One recovery as the supervisor's status file records it; the times as the full demo words them:
-    fault to confirmed ("confirmed in"), confirmed to the first step after the restore ("training again")."""
+    fault to confirmed ("confirmed in"), confirmed to the first step after the restore ("training
+    again"); ``fault``: when this demo set the node DOWN (the supervisor's own ``fault_at`` is its
+    estimate)."""
     def span(a: str, b: str) -> str:
         return f"{rec[b] - rec[a]:.1f} s" if rec.get(a) and rec.get(b) else "?"
 
-    return (f"path {rec.get('path', '?')}, Slurm job {job_id} before and {rec.get('slurm_job_id_after', '?')} after "
+    first = f"{rec['first_step_at'] - fault:.2f} s" if rec.get("first_step_at") else "?"
+    return (f"Slurm job {job_id} before and {rec.get('slurm_job_id_after', '?')} after "
             f"({state.split()[0] if state else '?'}): "
             f"{','.join(rec['removed']) or '-'} out, {','.join(rec['added']) or 'no spare'} in, dp "
             f"{rec['data_parallel_size_before']} -> {rec['data_parallel_size_after']}, {rec['spares_left']} spare(s) "
-            f"left; confirmed in {span('fault_at', 'confirmed_at')}, training again "
-            f"{span('confirmed_at', 'first_step_at')} later (first step {span('fault_at', 'first_step_at')} after "
-            "the fault)" + (f"; {rec['relaunches'] - 1} more relaunch(es) in place before it trained "
-                            f"({', '.join(rec.get('causes_after') or [])})" if rec.get("relaunches", 1) > 1 else ""))
+            f"left; confirmed {_since(rec.get('confirmed_at'), fault)} after the fault, training again "
+            f"{span('confirmed_at', 'first_step_at')} later (fault to first step {first})"
+            + (f"; {rec['relaunches'] - 1} more relaunch(es) in place before it trained "
+               f"({', '.join(rec.get('causes_after') or [])})" if rec.get("relaunches", 1) > 1 else ""))
+
+
+def _since(at: float | None, fault: float) -> str:
+    return f"{at - fault:.1f} s" if at else "?"
 
 
 def _shrink_step(d: BusyDemo) -> int:

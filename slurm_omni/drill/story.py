@@ -78,8 +78,8 @@ def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPL
                 job_file: Path | None = None, recovery: str | None = None) -> None:
     """A fresh demo folder with the example job file and site config filled in. ``job_file``: another
     job (``omni demo --job-file``), copied with the files beside it (its script), in place of the demo's.
-    ``recovery``: the site's default recovery path (``in_allocation``: every stage's default partition
-    the cluster's one shared partition, one spare node per stage; a job file's ``[job] recovery`` wins)."""
+    ``recovery``: the site's default recovery path (None: the example site's own, the fastest it
+    allows: allocation mode; a job file's ``[job] recovery`` wins)."""
     if files.work.exists():
         shutil.rmtree(files.work)
     files.work.mkdir(parents=True)
@@ -133,17 +133,16 @@ def copy_job_folder(src: Path, dst: Path, *, max_bytes: int = MAX_JOB_FOLDER_BYT
 
 
 def _site_for(recovery: str, text: str, src: Path) -> str:
-    """The demo's site config with ``recovery`` as its default path (the busy demo's edits for
-    in-allocation: one allocation needs one partition; a spare per stage takes a lost node's place)."""
-    from slurm_omni.drill.busy_demo import SITE_EDITS
-
-    if recovery == "resubmit":
-        return text          # the example site's default
-    for key, value in SITE_EDITS.items():
-        if key not in text:
-            raise DrillError(f"demo: couldn't adapt {src} for in-allocation recovery: {key!r} not found")
-        text = text.replace(key, value)
-    return text
+    """The demo's site config with ``recovery`` as its default path. The example's own default is the
+    fastest its site allows (allocation mode: one partition, a spare per stage, ``allow_allocation``);
+    ``in_allocation`` and ``resubmit`` are set in its ``[elasticity]`` table."""
+    if recovery not in ("allocation", "in_allocation", "resubmit"):
+        raise DrillError(f"demo: couldn't use recovery {recovery!r} (allocation, in_allocation, resubmit)")
+    if "[elasticity]\n" not in text:
+        raise DrillError(f"demo: couldn't set the recovery path in {src}: no [elasticity] table")
+    if recovery == "allocation":
+        return text.replace("allow_allocation = false", "allow_allocation = true")
+    return text.replace("[elasticity]\n", f'[elasticity]\nrecovery = "{recovery}"\n', 1)
 
 
 def describe_job(files: DemoFiles, site: SiteConfig) -> str:
@@ -158,10 +157,13 @@ def describe_job(files: DemoFiles, site: SiteConfig) -> str:
     many = len(plans) > 1
     replicas = f"{job.job.data_parallel_size} replica{'s' if job.job.data_parallel_size > 1 else ''}" + (
         " each" if many else "")
-    shape, _ = HetJobRequest(job=job, site=site, job_file=files.job, job_sha256="").in_allocation()
+    request = HetJobRequest(job=job, site=site, job_file=files.job, job_sha256="")
+    shape, _ = request.in_allocation()
     if shape is not None:
         spares = sum(p.spares for p in plans)
-        road = f"one allocation of {shape.nodes} nodes ({spares} spare{'s' if spares != 1 else ''}), recovery in it"
+        how = "no batch script, " if request.recovery == "allocation" else ""
+        road = (f"one allocation of {shape.nodes} nodes ({spares} spare{'s' if spares != 1 else ''}), "
+                f"{how}recovery in it")
     else:
         road = f"{'het' if many else 'ordinary'} job, recovery by resubmission"
     return f"{names} stage{'s' if many else ''}, {replicas}; {road}"

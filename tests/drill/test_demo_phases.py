@@ -33,8 +33,25 @@ def test_files_fill_the_examples_and_render(tmp_path: Path) -> None:
     assert site.manager.spool_dir == cluster.paths.spool and site.checkpoint.root == files.work / "ckpt"
     job = load_job(files.job)
     assert job.training.data.shard_dir == files.shards and job.job.log_dir == files.work / "logs"
-    script = HetJobRequest(job=job, site=site, job_file=files.job, job_sha256="0" * 64).materialize()
-    assert "#SBATCH hetjob" in script and "--omni-stage=vision:2,text:2" in script
+    request = HetJobRequest(job=job, site=site, job_file=files.job, job_sha256="0" * 64)
+    # the fastest path the demo site allows: allocation mode (its kept script is the in-allocation one)
+    assert request.recovery == "allocation" and request.in_allocation()[0] is not None
+    script = request.materialize()
+    assert "#SBATCH hetjob" not in script and "#SBATCH --no-kill" in script and "--stages=vision:1:2:1,text:1:2:1" in script
+
+
+@pytest.mark.parametrize(("recovery", "path", "het"), [(None, "allocation", False), ("allocation", "allocation", False),
+                                                       ("in_allocation", "in_allocation", False),
+                                                       ("resubmit", "resubmit", True)])
+def test_the_demo_site_defaults_to_the_fastest_path_and_shows_the_others(tmp_path: Path, recovery: str | None,
+                                                                          path: str, het: bool) -> None:
+    cluster = LocalCluster(tmp_path / "cluster", ClusterSpec(nodes=8))
+    files = story.DemoFiles(tmp_path / "demo")
+    story.write_files(files, cluster, recovery=recovery)
+    site = load_site(files.site)
+    request = HetJobRequest(job=load_job(files.job), site=site, job_file=files.job, job_sha256="0" * 64)
+    assert request.recovery == path
+    assert ("#SBATCH hetjob" in request.materialize()) == het
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,25 +63,27 @@ REPO = Path(__file__).resolve().parents[2]
     ("gpt", "gpt stage, 2 replicas; ordinary job, recovery by resubmission"),
     ("speech-image-lm", "speech | image | lm stages, 2 replicas each; het job, recovery by resubmission"),
 ])
-@pytest.mark.parametrize("recovery", [None, "in_allocation"])
+@pytest.mark.parametrize("recovery", ["resubmit", "in_allocation", None])
 def test_the_demo_describes_each_example_by_its_own_stages(tmp_path: Path, example: str, described: str,
                                                           recovery: str | None) -> None:
-    """Before, every job was "vision | text stages, 2 replicas each"; --recovery in_allocation gives the demo's
-    site one partition and a spare per stage, so that every example gets one allocation."""
+    """Before, every job was "vision | text stages, 2 replicas each". The demo's site has one partition and a
+    spare per stage, so that every example gets one allocation: with no batch script by default (allocation
+    mode, the fastest the site allows), with one for --recovery in_allocation; --recovery resubmit: none."""
     cluster = LocalCluster(tmp_path / "cluster", ClusterSpec(nodes=8))
     files = story.DemoFiles(tmp_path / "demo")
     job_file = None if example == "demo" else REPO / "examples" / example / "job.toml"
     story.write_files(files, cluster, job_file=job_file, recovery=recovery)
     site = load_site(files.site)
     text = story.describe_job(files, site)
-    if recovery is None:
+    if recovery == "resubmit":
         assert text == described
     else:
         job = load_job(files.job)
         stages, nodes = len(job.stages), sum(st.nodes for st in job.stages)
         assert text.startswith(described.split(";")[0] + "; ")
+        how = "no batch script, " if recovery is None else ""
         assert text.endswith(f"one allocation of {nodes + stages} nodes ({stages} spare{'s' if stages > 1 else ''}), "
-                             "recovery in it")
+                             f"{how}recovery in it")
     if job_file is not None:
         assert (files.work / "train.py").is_file()
     assert story.builtin_trainer(files) == (job_file is None)     # only the built-in trainer reads the shards
