@@ -1,15 +1,23 @@
-"""Fault to the first training step after the restore, four recovery paths side by side on the same
-job and the same faults, on the embedded cluster (issue 13):
+"""Fault to the first training step after the restore, five recovery paths side by side on the same
+job and the same faults, on the embedded cluster (issues 13 and 20):
 
-  (a) in_allocation  slurm-omni's step supervisor relaunches inside the same --no-kill allocation
+  (a) allocation     slurm-omni's step supervisor, outside the allocation (salloc --no-shell --no-kill,
+                     no batch script) beside the manager, relaunches with srun --jobid in it
+  (a') in_allocation slurm-omni's step supervisor in the batch script relaunches inside the same
+                     --no-kill allocation
   (b) resubmit       slurm-omni's manager cancels the heterogeneous job and submits the next one
   (c) requeue        Slurm's own requeue (--requeue, JobRequeue=1) of the heterogeneous job
   (d) torchrun       torchrun's elastic restart inside one allocation (c10d rendezvous,
                      --nnodes=1:2, --max-restarts, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
 
 Faults: ``node`` (the last node of the pipeline's last stage set DOWN in Slurm; for torchrun, whose
-ranks run every stage, a node that is not the batch host) and ``rank`` (the trainer process of a rank
-on that same node SIGKILLed, found by its heartbeat's node). On the busy cluster every node the job does not hold
+ranks run every stage, a node that is not the batch host), ``first`` (the job's first node set DOWN:
+the batch host of a job with a batch script, the first node of an allocation without one; for
+torchrun the node whose agent holds the c10d store) and ``rank`` (the trainer process of a rank on
+the ``node`` fault's node SIGKILLed, found by its heartbeat's node). The job (2 vision + 2 text
+nodes, one spare per stage where the path holds spares) lands on the first leaf switch of the idle
+cluster, so a lost node's replacement (an allocation's spare, or the node a resubmission is pinned
+to) is on the other leaf: each node trial names the replacement and its leaf. On the busy cluster every node the job does not hold
 gets another job (``--exclusive``) and more wait in the queue behind them (slurm_omni.cluster.busy,
 ``queued``): a node the job frees goes to them, so a path that goes through the queue waits there
 (its queue wait, Slurm's SubmitTime to StartTime, is printed). Times: the fault is this script's
@@ -59,9 +67,16 @@ from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import expand
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.supervisor.journal import read_status
+from slurm_omni.supervisor.outside import process_alive, read_process
 
-PATHS = ("in_allocation", "resubmit", "requeue", "torchrun")
-FAULTS = ("node", "rank")
+PATHS = ("allocation", "in_allocation", "resubmit", "requeue", "torchrun")
+FAULTS = ("node", "first", "rank")
+NODE_FAULTS = frozenset({"node", "first"})
+SUPERVISED = frozenset({"allocation", "in_allocation"})
+"""Paths whose step supervisor journals its relaunches (the split of the time, the replacement)."""
+MANAGED = frozenset({"allocation", "in_allocation", "resubmit"})
+"""Paths submitted with ``omni submit`` beside a running manager (it restarts the outside supervisor,
+resubmits a lost allocation)."""
 BIN = Path(sys.executable).parent
 
 SITE = """
@@ -79,6 +94,7 @@ root = "{work}/ckpt"
 heartbeat_interval_s = 1
 [elasticity]
 recovery = "{recovery}"
+allow_allocation = {allow}
 default_spares = 1
 [drills]
 allowed_nodes = "node[1-8]"
@@ -216,6 +232,7 @@ class Bench:
             if busy:
                 filler.fill()
             load = os.getloadavg()[0]
+            held = self._nodes_held(work)
             t_fault, lost, note = self._inject(work, path, fault, job_id)
             if not t_fault:
                 return Trial(path, fault, busy, None, note, load, injected=False)
@@ -224,9 +241,12 @@ class Bench:
                                                       "script ends failed", load)
             first = self._first_step_after(work, inc, t_fault)
             if first is None:
-                return Trial(path, fault, busy, None, f"no step after the fault within {self.timeout_s:.0f} s", load)
+                return Trial(path, fault, busy, None, f"no step after the fault within {self.timeout_s:.0f} s"
+                             f" ({note})", load)
             trial = Trial(path, fault, busy, first - t_fault, note, load)
-            if path == "in_allocation":
+            if fault in NODE_FAULTS:
+                trial.note += "; " + self._replacement(work, path, job_id, lost, held)
+            if path in SUPERVISED:
                 trial.phases = self._phases(work, job_id, inc, t_fault)
             if path == "resubmit":
                 trial.queue_wait, nodes = self._queue_wait(work, job_id)
@@ -235,6 +255,7 @@ class Bench:
             return trial
         finally:
             filler.clear()
+            self._stop_outside_supervisor(work, path, job_id)
             if manager is not None:
                 manager.send_signal(signal.SIGTERM)
                 try:
@@ -249,15 +270,16 @@ class Bench:
 
     def _files(self, work: Path, path: str) -> tuple[Path, Path]:
         site = work / "site.toml"
-        site.write_text(SITE.format(work=work, spool=self.cluster.paths.spool, spank=str(path != "in_allocation").lower(),
-                                    recovery="in_allocation" if path == "in_allocation" else "resubmit"))
+        site.write_text(SITE.format(work=work, spool=self.cluster.paths.spool, spank=str(path not in SUPERVISED).lower(),
+                                    recovery=path if path in SUPERVISED else "resubmit",
+                                    allow=str(path == "allocation").lower()))
         job = work / "job.toml"
         job.write_text(JOB.format(tag=f"{self.count:02d}", work=work, shards=self.shards))
         return site, job
 
     def _submit(self, work: Path, path: str) -> tuple[int, subprocess.Popen[bytes] | None]:
         site, job = self._files(work, path)
-        if path == "resubmit":
+        if path in MANAGED:
             log = open(work / "manager.log", "wb")  # noqa: SIM115 (closed with the process)
             manager = subprocess.Popen([str(BIN / "omni"), "-v", "manager", "run", "--site-config", str(site),
                                         "--state-dir", str(work / "state"), "--poll-interval", "1", "--tick", "0.25"],
@@ -265,7 +287,9 @@ class Bench:
             log.close()
             out = subprocess.run([str(BIN / "omni"), "submit", "--site", str(site), str(job)], env=self.env,
                                  capture_output=True, text=True, check=True).stdout
-            return int(out.split()[-1]) if out.split()[-1].isdigit() else self._job_id(work), manager
+            words = out.split()     # "submitted job N (name) ..."
+            return int(words[2]) if words[:2] == ["submitted", "job"] and words[2].isdigit() \
+                else self._job_id(work), manager
         script = HetJobRequest(job=load_job(job), site=load_site(site), job_file=job,
                                job_sha256="0" * 64).materialize()
         out = self.runner.run(["sbatch", "--parsable"], input_text=script, env=self.env).stdout
@@ -295,7 +319,47 @@ class Bench:
         while self._jobs_named(work) and time.monotonic() < deadline:
             time.sleep(1)
 
+    def _stop_outside_supervisor(self, work: Path, path: str, job_id: int) -> None:
+        """Allocation mode: the step supervisor runs on this host, detached (docs/allocation-mode.md);
+        the trial's end stops it by its process record (the allocation is cancelled just after)."""
+        if path != "allocation" or not job_id:
+            return
+        for found in (work / "ckpt").rglob(f"supervisor/{job_id}.process.json"):
+            record = read_process(found.parent.parent, str(job_id))     # <ckpt>/supervisor/<J>.process.json
+            if record is not None and process_alive(record):
+                try:
+                    os.kill(record.pid, signal.SIGTERM)
+                except OSError:
+                    continue
+
     # -- what the run recorded ----------------------------------------------------------------------
+    def _nodes_held(self, work: Path) -> set[str]:
+        """Every node the trial's jobs hold now (allocations' spares included)."""
+        out = self.runner.run(["squeue", "-h", "-t", "RUNNING", "-o", "%j %N"], check=False).stdout
+        names = {f"bench-{self.count:02d}", "bench-torchrun"}
+        return {n for line in out.splitlines() if len(line.split()) == 2 and line.split()[0] in names
+                for n in expand(line.split()[1])}
+
+    def _leaf(self, node: str) -> str:
+        path = self.backend.topology().switch_path(node)
+        return path[-1] if path else "?"
+
+    def _replacement(self, work: Path, path: str, job_id: int, lost: str, held: set[str]) -> str:
+        """Which node took the lost one's place, and on which leaf switch: the supervisor's status
+        (a spare of the allocation) or the nodes the trial's jobs hold now that they did not before."""
+        added: list[str] = []
+        found = next((work / "ckpt").rglob(f"supervisor/{job_id}.status.json"), None)
+        status = read_status(found) if path in SUPERVISED and found is not None else None
+        if status is not None:
+            added = next((list(r.added) for r in status.recoveries if lost in r.removed), [])
+        if not added:
+            added = sorted(self._nodes_held(work) - held)
+        if not added:
+            return f"no replacement for {lost} ({self._leaf(lost)}): ran on without it"
+        leaves = {self._leaf(n) for n in added}
+        where = "another leaf" if self._leaf(lost) not in leaves else "the same leaf"
+        return f"replacement {','.join(added)} on {','.join(sorted(leaves))} ({lost} on {self._leaf(lost)}: {where})"
+
     def _queue_wait(self, work: Path, job_id: int) -> tuple[float | None, str]:
         """The resubmitted job's time in the queue, from Slurm's SubmitTime and StartTime (s)."""
         later = [j for j in self._jobs_named(work) if j > job_id]
@@ -365,22 +429,26 @@ class Bench:
         return None
 
     # -- faults ---------------------------------------------------------------------------------------
-    def _fault_node(self, work: Path, path: str, job_id: int) -> str:
-        """The node both faults hit: the last node of the last stage (never the batch host)."""
-        if path == "in_allocation":
+    def _fault_node(self, work: Path, path: str, fault: str, job_id: int) -> str:
+        """``node`` and ``rank``: the last node of the last stage (never the batch host); ``first``:
+        the job's first node (the batch host, or an allocation's first node)."""
+        out = self.runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
+        lists = [expand(line.split(" NodeList=")[1].split()[0]) for line in out.splitlines() if " NodeList=" in line]
+        if fault == "first":
+            host = out.split(" BatchHost=")[1].split()[0] if " BatchHost=" in out else ""
+            return host if host and path != "allocation" else lists[0][0]
+        if path in SUPERVISED:
             status = read_status(next((work / "ckpt").rglob(f"{job_id}.status.json")))
             if status is None or not status.components:
                 raise OmniError(f"bench: couldn't read the supervisor's status of job {job_id}")
             return status.components[-1][-1]
-        out = self.runner.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
-        lists = [expand(line.split(" NodeList=")[1].split()[0]) for line in out.splitlines() if " NodeList=" in line]
         if path == "torchrun":
             return lists[0][-1]          # not the batch host (the rendezvous endpoint lives there)
         return lists[-1][-1]             # the last het component: the last stage
 
     def _inject(self, work: Path, path: str, fault: str, job_id: int) -> tuple[float, str, str]:
-        node = self._fault_node(work, path, job_id)
-        if fault == "node":
+        node = self._fault_node(work, path, fault, job_id)
+        if fault in NODE_FAULTS:
             t = time.time()
             self.runner.run(["scontrol", "update", f"nodename={node}", "state=DOWN", "reason=recovery-bench"])
             return t, node, f"{node} DOWN"
@@ -409,7 +477,8 @@ def _cell(trials: list[Trial]) -> dict[str, Any]:
             if any(t.phases for t in trials) else {},
             "notes": sorted({t.note for t in trials if t.seconds is None}),
             "injected": sum(t.injected for t in trials),
-            "unmeasured": sorted({t.note for t in trials if not t.injected})}
+            "unmeasured": sorted({t.note for t in trials if not t.injected}),
+            "other_leaf": sum(t.seconds is not None and "another leaf" in t.note for t in trials)}
 
 
 def summarize(trials: list[Trial], paths: list[str], faults: list[str], states: list[bool]) -> list[str]:
@@ -430,14 +499,15 @@ def summarize(trials: list[Trial], paths: list[str], faults: list[str], states: 
         notes += c["notes"][:1]
         out.append(f"  {'busy' if b else 'idle':7} {f:5} {p:13} {med} {spread:>15} {c['n']:>2}/{c['of']:<2} "
                    f"{c['load'] or 0:5.1f}  {'; '.join(notes)}")
-    out.append("\nratios in_allocation / path (medians):")
+    ours = base_path(paths)
+    out.append(f"\nratios {ours} / path (medians):")
     for b in states:
         for f in faults:
-            base = cells[(b, f, "in_allocation")]["median"] if "in_allocation" in paths else None
+            base = cells[(b, f, ours)]["median"] if ours else None
             parts = [f"{p} {base / cells[(b, f, p)]['median']:.3f}x" if base and cells[(b, f, p)]["median"]
-                     else f"{p} n/a" for p in paths if p != "in_allocation"]
-            out.append(f"  {'busy' if b else 'idle'} {f:4}: " + "; ".join(parts))
-    out.append("\ngoals (issue 13):")
+                     else f"{p} n/a" for p in paths if p != ours]
+            out.append(f"  {'busy' if b else 'idle'} {f:5}: " + "; ".join(parts))
+    out.append("\ngoals (issues 13 and 20):")
     out.extend(goals(cells, paths, faults, states))
     return out
 
@@ -446,30 +516,68 @@ def _verdict(ok: bool | None) -> str:
     return "PASS" if ok else "n/a " if ok is None else "MISS"
 
 
+def base_path(paths: list[str]) -> str:
+    """The path the others are compared with: the fastest mode measured (allocation, else in_allocation)."""
+    return next((p for p in ("allocation", "in_allocation") if p in paths), "")
+
+
+def _why(c: dict[str, Any] | None) -> str:
+    """Why a cell holds no figure: its trials' own notes (not injected, not recovered), else 'not run'."""
+    if not c or not c["of"]:
+        return "not run"
+    return "; ".join((c["unmeasured"] + c["notes"])[:1]) or "no trial measured"
+
+
 def goals(cells: dict[tuple[bool, str, str], dict[str, Any]], paths: list[str], faults: list[str],
           states: list[bool]) -> list[str]:
+    """Each goal PASS or MISS on a figure, or n/a with the reason when a figure it needs is missing."""
     out = []
     def med(b: bool, f: str, p: str) -> float | None:
         c = cells.get((b, f, p))
         return c["median"] if c else None
-    a = med(False, "node", "in_allocation")
-    out.append(f"  {_verdict(a <= 3.0 if a is not None else None)}  (a) idle node loss, in_allocation <= 3 s: "
-               + (f"{a:.2f} s (load {cells[(False, 'node', 'in_allocation')]['load']:.1f})" if a is not None
-                  else "not measured"))
+    for p in ("allocation", "in_allocation"):
+        # the batch host's loss ends an in-allocation job (a trip through the queue): no 3 s goal there
+        for f in ("node", "first") if p == "allocation" else ("node",):
+            if p not in paths or f not in faults or False not in states:
+                continue
+            a, c = med(False, f, p), cells.get((False, f, p))
+            what = "node loss" if f == "node" else "loss of the allocation's first node"
+            out.append(f"  {_verdict(a <= 3.0 if a is not None else None)}  (a) idle {what}, {p} <= 3 s: "
+                       + (f"{a:.2f} s (load {c['load']:.1f})" if a is not None and c else _why(c)))
+    ours_path = base_path(paths)
     for f in faults:
-        ours, theirs = med(True, f, "in_allocation"), med(True, f, "resubmit")
+        if True not in states:
+            break
+        ours, theirs = med(True, f, ours_path), med(True, f, "resubmit")
         ok = ours / theirs <= 0.1 if ours is not None and theirs else None
         wait = cells.get((True, f, "resubmit"), {}).get("queue_wait")
-        out.append(f"  {_verdict(ok)}  (b) busy {f} loss, in_allocation <= 0.1 x resubmit: "
+        out.append(f"  {_verdict(ok)}  (b) busy {f} loss, {ours_path or 'allocation'} <= 0.1 x resubmit: "
                    + (f"{ours:.2f} / {theirs:.2f} s = {ours / theirs:.3f}x (resubmission queue wait "
                       f"{wait if wait is None else round(wait)} s)" if ok is not None and ours and theirs
-                      else "not measured"))
+                      else _why(cells.get((True, f, ours_path)) if ours is None else cells.get((True, f, "resubmit")))))
+    for p in paths:
+        if p not in ("resubmit", "requeue", "in_allocation", "allocation") or "node" not in faults:
+            continue
+        for b in states:
+            c = cells.get((b, "node", p))
+            if not c or not c["injected"]:
+                ok, text = None, _why(c)
+            elif c["n"] < c["injected"]:
+                ok, text = False, f"{c['n']} of {c['injected']} recovered ({_why(c)})"
+            elif c["other_leaf"] < c["n"]:      # a replacement on the lost node's own leaf tests nothing here
+                ok, text = None, f"{c['n'] - c['other_leaf']} of {c['n']} trials replaced the node on its own leaf"
+            else:
+                ok, text = True, f"{c['n']} of {c['injected']} trials, every replacement on the other leaf"
+            out.append(f"  {_verdict(ok)}  (d) {'busy' if b else 'idle'} node loss, {p} recovers with a "
+                       f"replacement on another leaf: {text}")
     for b in states:
         for f in faults:
-            ours, theirs = med(b, f, "in_allocation"), med(b, f, "torchrun")
+            ours, theirs = med(b, f, ours_path), med(b, f, "torchrun")
             c = cells.get((b, f, "torchrun"))
-            if ours is None or c is None:
-                ok, text = None, "not measured"
+            if c is None or not c["of"]:
+                continue                                  # torchrun not run
+            if ours is None:
+                ok, text = None, f"{ours_path or 'allocation'} not measured: {_why(cells.get((b, f, ours_path)))}"
             elif theirs is None and not c["injected"]:   # no fault reached torchrun: nothing to compare
                 ok, text = None, f"torchrun not measured: {'; '.join(c['unmeasured'][:1])}"
             elif theirs is None:
