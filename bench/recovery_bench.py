@@ -355,7 +355,7 @@ class Bench:
         if not added:
             added = sorted(self._nodes_held(work) - held)
         if not added:
-            return f"no replacement for {lost} ({self._leaf(lost)}): ran on without it"
+            return f"no node new to the trial's jobs took {lost}'s place ({self._leaf(lost)}): nodes it already held"
         leaves = {self._leaf(n) for n in added}
         where = "another leaf" if self._leaf(lost) not in leaves else "the same leaf"
         return f"replacement {','.join(added)} on {','.join(sorted(leaves))} ({lost} on {self._leaf(lost)}: {where})"
