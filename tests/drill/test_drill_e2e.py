@@ -26,7 +26,8 @@ def test_node_down_during_training_recovers_and_stays_equivalent(slurm_cluster, 
     subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True, capture_output=True, timeout=120)
     slurm_cluster.cluster.up()      # re-renders plugstack.conf now that the plugin is built
     files = story.DemoFiles(tmp_path / "demo")
-    story.write_files(files, slurm_cluster.cluster)
+    # the manager's own recovery (resubmission), as before the demo site's default became allocation mode
+    story.write_files(files, slurm_cluster.cluster, recovery="resubmit")
     files.job.write_text(files.job.read_text().replace('name = "omni-demo"', f'name = "{NAME}"')
                          .replace("max_steps = 80", "max_steps = 40"))
     story.synthesize(files)
