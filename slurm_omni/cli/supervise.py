@@ -57,6 +57,7 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
         os.environ["SLURM_JOB_ID"] = os.environ["SLURM_JOBID"] = str(allocation)
     stages = parse_stages(stages_text)
     log_dir = env.get("OMNI_LOG_DIR")
+    pool_salloc = _pool_salloc(env.get("OMNI_POOL_SALLOC", "")) if allocation else ()
     opts = SupervisorOptions(
         stages=stages, command=command, job_id=str(allocation) if allocation else env["SLURM_JOB_ID"],
         allocation=() if allocation else tuple(expand(env["SLURM_JOB_NODELIST"])), data_parallel_size=int(env["OMNI_DP_SIZE"]),
@@ -69,5 +70,22 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
         standby=standby and env.get("OMNI_STANDBY", "1") != "0",
         batch_host="" if allocation else env.get("SLURMD_NODENAME", ""), outside=allocation is not None,
         stop_before_s=stop_before, stop_signal=int(getattr(signal, f"SIG{stop_signal}")),
-        workdir=Path(env.get("OMNI_WORKDIR") or os.getcwd()), job_name=env.get("OMNI_JOB_NAME", ""))
+        workdir=Path(env.get("OMNI_WORKDIR") or os.getcwd()), job_name=env.get("OMNI_JOB_NAME", ""),
+        pool_salloc=pool_salloc)
     sys.exit(Supervisor(opts, CommandRunner()).run())
+
+
+def _pool_salloc(text: str) -> tuple[str, ...]:
+    """OMNI_POOL_SALLOC: the job's salloc argv as a JSON list of strings (empty: no pools)."""
+    import json
+
+    if not text:
+        return ()
+    try:
+        argv = json.loads(text)
+    except ValueError:
+        argv = None
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or "--no-shell" not in argv:
+        raise ConfigError(f"supervise: couldn't read OMNI_POOL_SALLOC={text[:80]!r} (expected the job's salloc "
+                          f"--no-shell argv as a JSON list of strings)")
+    return tuple(argv)

@@ -160,6 +160,10 @@ class ElasticitySite:
     ``srun --jobid`` and a long-running process of their own (the step supervisor) on the node where
     they submit and run the manager (docs/allocation-mode.md). False: such a job runs
     ``in_allocation`` (a supervisor in the batch script), with one logged line saying so."""
+    pools: bool = True
+    """Allocation mode: a job running shrunk (its spares used up) asks Slurm for a pool allocation of
+    the nodes it misses (``salloc --no-shell``, the job's partition, gres and constraint) and grows
+    back when it starts (docs/allocation-mode.md). False: it runs shrunk to its end."""
     default_spares: int = 0
     """Spare nodes per stage when a job file's stage gives no ``spares``."""
     max_spares: int = 4

@@ -133,11 +133,22 @@ class LaunchRecord(_Line, frozen=True, kw_only=True, tag="launch"):
     added: list[Node] = msgspec.field(default_factory=list)
 
 
+class SrunRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One more srun of a launch that spans allocations (``slurm.steps.span_argvs``)."""
+
+    job: JobId
+    """The allocation it runs in (a pool's job id)."""
+    pid: Annotated[int, msgspec.Meta(gt=0)]
+    pid_start: Count = 0
+
+
 class LaunchedRecord(_Line, frozen=True, kw_only=True, tag="launched"):
     launch: Count
     pid: Annotated[int, msgspec.Meta(gt=0)]
     pid_start: Count = 0
     """The srun's start time (clock ticks after boot; 0: unknown)."""
+    extra: list[SrunRecord] = msgspec.field(default_factory=list)
+    """A launch across allocations: its sruns in the pools (``pid`` runs the first)."""
 
 
 class EndedRecord(_Line, frozen=True, kw_only=True, tag="ended"):
@@ -193,8 +204,24 @@ class LaunchFailedRecord(_Line, frozen=True, kw_only=True, tag="start_failure"):
     log: Annotated[str, msgspec.Meta(max_length=4096)]
 
 
+class PoolRecord(_Line, frozen=True, kw_only=True, tag="pool"):
+    """A pool allocation's step in its life (``policy/pools.py``): ``asking`` (its salloc about to
+    start), ``requested`` (Slurm's job id), ``granted`` (its nodes), ``ended``, ``released``."""
+
+    event: Literal["asking", "requested", "granted", "ended", "released"]
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+    job: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    """Its Slurm job id (empty until known; comma-separated when found by name)."""
+    nodes: list[Node] = msgspec.field(default_factory=list)
+    kind_of: dict[Node, Annotated[str, msgspec.Meta(max_length=255)]] = msgspec.field(default_factory=dict)
+    nodes_asked: Count = 0
+    state: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    """Slurm's state of a pool that ended."""
+    reason: Text = ""
+
+
 JournalRecord = (AllocationRecord | LaunchRecord | LaunchedRecord | EndedRecord | ConfirmedRecord | RequestRecord
-                 | FallbackRecord | DoneRecord | FirstStepRecord | LaunchFailedRecord)
+                 | FallbackRecord | DoneRecord | FirstStepRecord | LaunchFailedRecord | PoolRecord)
 JOURNAL_KINDS: tuple[str, ...] = tuple(str(t.__struct_config__.tag) for t in JournalRecord.__args__)
 
 
@@ -245,6 +272,13 @@ class StatusRecovery(msgspec.Struct, frozen=True, kw_only=True):
     first_step_at: Time | None = None
 
 
+class StatusPool(msgspec.Struct, frozen=True, kw_only=True):
+    name: Annotated[str, msgspec.Meta(max_length=255)]
+    slurm_job_id: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    state: Literal["asking", "requested", "granted", "ended", "released"]
+    nodes: list[Node] = msgspec.field(default_factory=list)
+
+
 class SupervisorStatus(msgspec.Struct, frozen=True, kw_only=True):
     path: Literal["in_allocation"] = "in_allocation"
     slurm_job_id: JobId
@@ -260,6 +294,8 @@ class SupervisorStatus(msgspec.Struct, frozen=True, kw_only=True):
     recoveries: list[StatusRecovery] = msgspec.field(default_factory=list)
     fallback: FallbackRecord | None = None
     """The journal's hand-over record, once the supervisor handed over."""
+    pools: list[StatusPool] = msgspec.field(default_factory=list)
+    """Pool allocations asked for (``policy/pools.py``), oldest first."""
 
     @property
     def nodes(self) -> frozenset[str]:

@@ -21,7 +21,8 @@ in this order:
    line: no relaunch can fix the input;
 5. too many launches in a row ended before their first step (a crash at start-up that a relaunch
    repeats) -> :class:`HandOver` to the manager's resubmission;
-6. otherwise :class:`Recover`: a replacement that was asked for (a planned migration), else a
+6. otherwise :class:`Recover`: a replacement that was asked for (a planned migration), or a
+   grow-back onto a pool allocation that started (``policy.pools.grow_plan``, cause ``grow``), else a
    failure that the rule confirms and the one placement policy
    (``policy.in_allocation.plan_relaunch``) plans; :func:`next_launch` then holds the relaunch
    count to its limit.
@@ -41,6 +42,7 @@ from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DON
 from slurm_omni.policy.confirm import Decision, Verdict
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
 from slurm_omni.policy.placement import Action, ComponentPlan, Plan
+from slurm_omni.policy.pools import GROW
 from slurm_omni.policy.recovery import Phase, RecoveryConfig, initial
 from slurm_omni.policy.recovery import step as recovery_step
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested, Planned, RequestPlan, Tick
@@ -145,7 +147,7 @@ def fruitless_launches(launches: Sequence[tuple[float | None, str]]) -> int:
     first step, back to one that stepped or was a planned replacement."""
     count = 0
     for first_step_at, cause in reversed(launches):
-        if first_step_at is not None or cause == PLANNED:
+        if first_step_at is not None or cause in (PLANNED, GROW):
             break
         count += 1
     return count

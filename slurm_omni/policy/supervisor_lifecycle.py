@@ -31,7 +31,6 @@ from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
 from slurm_omni.policy.recovery_events import HandOver as TableHandOver
 from slurm_omni.policy.supervision import (
-    PLANNED,
     Finish,
     HandOver,
     LaunchEnd,
@@ -367,6 +366,6 @@ def _planned(state: SupervisorState, e: Planned, c: LifecycleConfig) -> tuple[Su
         return replace(state, phase=Phase.FALLBACK), (
             GiveUp((effect.reason,), relaunch.layout.failed), Exit(EXIT_FAILED))
     road = " -> ".join(p.value for p in phases)
-    cause = PLANNED if isinstance(e.first, MigrationRequested) else e.first.decision.cause
+    cause = e.first.cause if isinstance(e.first, MigrationRequested) else e.first.decision.cause
     phase = Phase.SHRINKING if relaunch.shrunk else Phase.RELAUNCHING
     return replace(state, phase=phase), (IntendLaunch(number + 1, relaunch, cause, road),)

@@ -28,6 +28,10 @@ from slurm_omni.render.request import (
 
 RECOVERY = "allocation"
 
+POOL_SALLOC_ENV = "OMNI_POOL_SALLOC"
+"""The job's own salloc argv (JSON), for the supervisor's pool allocations (``policy/pools.py``);
+unset when the site turns pools off (``elasticity.pools = false``)."""
+
 
 def allocation_mode(request: HetJobRequest) -> bool:
     """Does this job run in allocation mode: asked for (job file or site default), allowed by the
@@ -90,11 +94,13 @@ class AllocationRequest:
     def supervisor_env(self, job_id: int) -> dict[str, str]:
         """What the batch script would export (the ranks inherit it through ``srun --jobid``), and
         SLURM_JOB_ID: an srun that does not name ``--jobid`` still runs in the allocation (22.05
-        takes the variable for it) instead of asking for a new one."""
+        takes the variable for it) instead of asking for a new one; OMNI_POOL_SALLOC: the job's own
+        salloc, which a pool allocation repeats with the nodes the job misses."""
         r = self.request
         env = _job_env(r.job, r.site, r.job_file, plan_stages(r.job, r.site), r.user)
+        pools = {POOL_SALLOC_ENV: json.dumps(self.salloc_argv())} if r.site.elasticity.pools else {}
         return {**env, "OMNI_INCARNATION_BASE": str(r.incarnation_base), "OMNI_INCARNATION": str(r.incarnation_base),
-                "OMNI_HET_JOB_ID": str(job_id), "OMNI_RECOVERY": RECOVERY, "SLURM_JOB_ID": str(job_id)}
+                "OMNI_HET_JOB_ID": str(job_id), "OMNI_RECOVERY": RECOVERY, "SLURM_JOB_ID": str(job_id), **pools}
 
     def dry_run(self) -> str:
         """``omni render``'s account of what ``omni submit`` will run instead of sbatch (comment lines,

@@ -99,3 +99,10 @@ def _slurm_time(text: str) -> float | None:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
         return None
+
+
+def jobs_named(runner: CommandRunner, name: str) -> list[str]:
+    """This user's jobs of that name that Slurm still lists (``squeue --me``): how a supervisor that
+    died between starting a pool's salloc and journaling its job id finds it again."""
+    out = runner.run(["squeue", "--noheader", "--me", f"--name={name}", "--format=%i"], check=False, timeout_s=10)
+    return [w for w in out.stdout.split() if w.isdigit()] if out.ok else []

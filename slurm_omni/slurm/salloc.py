@@ -47,3 +47,30 @@ def request_allocation(runner: CommandRunner, argv: Sequence[str], output: Path,
             proc.kill()
             raise SlurmError(f"salloc: couldn't get a job id within {timeout_s:.0f}s (output in {output})")
         time.sleep(poll_s)
+
+
+_REPLACED = ("--nodes=", "--constraint=", "--job-name=", "--time=", "--switches=")
+
+
+def pool_salloc_argv(base: Sequence[str], *, name: str, nodes: int, minutes: int, constraint: str = "",
+                     switches: str = "") -> list[str]:
+    """A pool allocation's salloc: the job's own (``base``: its partition, gres, tasks per node,
+    CPUs per task, account, QOS) with the pool's node count, name, time limit, constraint and
+    switches instead of the job's. Pure."""
+    if not base or os.path.basename(base[0]) != "salloc" or "--no-shell" not in base:
+        raise SlurmError(f"salloc: couldn't build a pool allocation from {list(base)[:3]!r} (salloc --no-shell only)")
+    argv = [a for a in base if not a.startswith(_REPLACED)]
+    argv += [f"--job-name={name}", f"--nodes={nodes}", f"--time={minutes}"]
+    if constraint:
+        argv.append(f"--constraint={constraint}")
+    if switches:
+        argv.append(f"--switches={switches}")
+    return argv
+
+
+def switch_wait(base: Sequence[str]) -> str:
+    """The wait of the job's own ``--switches=N@WAIT`` (empty without one)."""
+    for a in base:
+        if a.startswith("--switches=") and "@" in a:
+            return a.partition("@")[2]
+    return ""

@@ -83,6 +83,71 @@ def step_argv(components: Sequence[StepComponent], command: Sequence[str], *, na
     return argv
 
 
+# A launch that spans allocations (a pool's nodes beside the job's own): one srun per allocation, so
+# SLURM_PROCID and SLURM_NTASKS are each srun's own. Each task's global rank is its node's first rank
+# (NODE=RANK pairs, comma-separated, an argument) plus its local id; the world is the whole launch's.
+SPAN_SHIM = """\
+stage=$1 first=$2 world=$3 bases=$4
+shift 4
+base=-1
+IFS=, read -ra pairs <<< "$bases"
+for nb in "${pairs[@]}"; do
+  if [[ ${nb%%=*} == "$SLURMD_NODENAME" ]]; then base=${nb#*=}; fi
+done
+if (( base < 0 )); then echo "omni-task: no rank for node $SLURMD_NODENAME in $bases" >&2; exit 78; fi
+export RANK=$(( base + SLURM_LOCALID )) WORLD_SIZE=$world LOCAL_RANK=$SLURM_LOCALID
+export OMNI_STAGE=$stage OMNI_DP_RANK=$(( base + SLURM_LOCALID - first ))
+exec "$@" 2>&1
+"""
+
+
+def span_argvs(components: Sequence[StepComponent], alloc_of: Mapping[str, str], command: Sequence[str], *,
+               name: str, stage_names: Sequence[str] = (), spank_ckpt: str = "", overlap: bool = False,
+               chdir: str = "") -> list[tuple[str, list[str]]]:
+    """One launch over several allocations: per allocation (``alloc_of``: node -> its job id; in the
+    order they first appear in ``components``), ``(job id, srun argv)``, every srun named ``name``
+    with a component per stage that has nodes there. One rendezvous: the ranks are numbered across
+    the whole launch, stage-major, each node's tasks together (:data:`SPAN_SHIM`). ``stage_names``:
+    with ``spank_ckpt``, the plugin's ``--omni-stage`` of each srun's own task counts."""
+    world = sum(c.ntasks for c in components)
+    firsts: list[int] = []
+    bases: dict[str, int] = {}
+    first = 0
+    for c in components:
+        firsts.append(first)
+        for i, node in enumerate(c.nodes):
+            bases[node] = first + i * c.tasks_per_node
+        first += c.ntasks
+    order: list[str] = []
+    for c in components:
+        for node in c.nodes:
+            if alloc_of[node] not in order:
+                order.append(alloc_of[node])
+    out: list[tuple[str, list[str]]] = []
+    for job in order:
+        here = [(k, c, tuple(n for n in c.nodes if alloc_of[n] == job)) for k, c in enumerate(components)]
+        here = [(k, c, nodes) for k, c, nodes in here if nodes]
+        spank_stage = ",".join(f"{stage_names[c.stage]}:{len(nodes) * c.tasks_per_node}" for _, c, nodes in here) \
+            if spank_ckpt and stage_names else ""
+        argv = ["srun"]
+        for i, (k, c, nodes) in enumerate(here):
+            if i:
+                argv.append(":")
+            argv += [f"--jobid={job}", f"--job-name={name}", "--kill-on-bad-exit=1", f"--nodes={len(nodes)}",
+                     f"--ntasks={len(nodes) * c.tasks_per_node}", f"--ntasks-per-node={c.tasks_per_node}",
+                     f"--nodelist={compress(nodes)}"]
+            if chdir:
+                argv.append(f"--chdir={chdir}")
+            if overlap:
+                argv.append("--overlap")
+            if spank_stage:
+                argv += [f"--omni-stage={spank_stage}", f"--omni-ckpt={spank_ckpt}"]
+            argv += ["bash", "-c", SPAN_SHIM, "omni-task", str(c.stage), str(firsts[k]), str(world),
+                     ",".join(f"{n}={bases[n]}" for n in nodes), *command]
+        out.append((job, argv))
+    return out
+
+
 SrunEventKind = Literal["node_failure", "task_exit", "terminating"]
 
 

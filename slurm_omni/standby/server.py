@@ -32,6 +32,8 @@ from slurm_omni.ownership import OwnDir, ensure_dir, open_own_dir
 log = logging.getLogger(__name__)
 
 MAX_HELLO = 1 << 20
+WARM_LINE = "standby: warm on"
+"""Written to stderr (the standby step's log on the supervisor's host) once the server listens."""
 
 
 def socket_path(folder: Path, job_id: str, node: str) -> Path:
@@ -93,7 +95,7 @@ def serve(path: Path, *, ready: Path | None = None, on_stop: Callable[[], None] 
     if ready is not None:
         ready.write_text(str(os.getpid()))
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    log.info("standby: warm on %s", path)
+    print(f"{WARM_LINE} {path}", file=sys.stderr, flush=True)   # the supervisor reads it: at any log level
     while True:
         conn, _ = srv.accept()
         threading.Thread(target=_handle, args=(conn, srv), daemon=True).start()

@@ -38,8 +38,10 @@ from slurm_omni.formats.supervisor import (
     LaunchFailedRecord,
     LaunchRecord,
     LayoutRecord,
+    PoolRecord,
     ReportKind,
     RequestRecord,
+    StatusPool,
     StatusRecovery,
     SupervisorPhase,
     SupervisorReport,
@@ -59,6 +61,7 @@ from slurm_omni.formats.supervisor import (
 )
 from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
 from slurm_omni.policy.in_allocation import StepLayout
+from slurm_omni.policy.pools import Pool
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,8 @@ class Launch:
     first_step_at: float | None = None
     start_failure: LaunchFailedRecord | None = None
     """It failed before its first heartbeat: its exit code, line and log (policy/start_failure.py)."""
+    extra: tuple[tuple[str, int, int], ...] = ()
+    """A launch that spans allocations: its other sruns, (allocation's job id, pid, start time)."""
 
 
 @dataclass(slots=True)
@@ -108,6 +113,8 @@ class SupervisorState:
     outcome: str = ""
     """``done``, ``fallback`` or empty while the job goes on."""
     fallback: FallbackRecord | None = None
+    pools: dict[str, Pool] = field(default_factory=dict)
+    """Pool allocations by name (``policy/pools.py``), in the order they were asked for."""
 
     @property
     def current(self) -> Launch | None:
@@ -122,6 +129,11 @@ class SupervisorState:
                 rec.time, tuple(rec.removed), tuple(rec.added), rec.cause))
         elif isinstance(rec, RequestRecord):
             self.requests[rec.id] = rec.outcome
+        elif isinstance(rec, PoolRecord):
+            old = self.pools.get(rec.name) or Pool(job_id="", state=rec.event, name=rec.name)
+            self.pools[rec.name] = Pool(job_id=rec.job or old.job_id, state=rec.event, name=rec.name,
+                                        nodes=tuple(rec.nodes) or old.nodes,
+                                        kind_of=dict(rec.kind_of) or dict(old.kind_of))
         elif isinstance(rec, (FallbackRecord, DoneRecord)):
             self.outcome = "fallback" if isinstance(rec, FallbackRecord) else "done"
             if isinstance(rec, FallbackRecord):
@@ -132,6 +144,7 @@ class SupervisorState:
                 return
             if isinstance(rec, LaunchedRecord):
                 launch.pid, launch.pid_start = rec.pid, rec.pid_start
+                launch.extra = tuple((e.job, e.pid, e.pid_start) for e in rec.extra)
             elif isinstance(rec, EndedRecord):
                 launch.ended = rec.rc
             elif isinstance(rec, ConfirmedRecord):
@@ -189,6 +202,8 @@ class SupervisorJournal:
 def status_document(state: SupervisorState, *, job_id: str, phase: SupervisorPhase, now: float) -> SupervisorStatus:
     """The status file's content: the current launch and every in-allocation recovery so far."""
     cur = state.current
+    pools = [StatusPool(name=p.name, slurm_job_id=p.job_id, state=p.state,  # type: ignore[arg-type]
+                        nodes=list(p.nodes)) for p in state.pools.values()]
     recoveries = []
     for prev, nxt in zip(state.launches, state.launches[1:], strict=False):
         conf = prev.confirmed
@@ -201,12 +216,12 @@ def status_document(state: SupervisorState, *, job_id: str, phase: SupervisorPha
             first_step_at=nxt.first_step_at))
     if cur is None:
         return SupervisorStatus(slurm_job_id=job_id, phase=phase, updated_at=now, recoveries=recoveries,
-                                fallback=state.fallback)
+                                fallback=state.fallback, pools=pools)
     return SupervisorStatus(
         slurm_job_id=job_id, phase=phase, updated_at=now, launch=cur.number, data_parallel_size=cur.data_parallel_size,
         components=[list(c) for c in cur.layout.components], spares=list(cur.layout.spares),
         spares_left=len(cur.layout.spares), failed_nodes=list(cur.layout.failed), recoveries=recoveries,
-        fallback=state.fallback)
+        fallback=state.fallback, pools=pools)
 
 
 def write_status(path: Path, status: SupervisorStatus) -> None:

@@ -9,6 +9,10 @@ job, on the road of the one recovery state machine (``policy.recovery.step`` wit
 through ``policy.supervision.recovery_road``: confirmed, planned, stopped, launched; or handed over). Every decision is journaled before it is carried out (``supervisor/journal.py``), so a
 supervisor SIGKILLed anywhere and started again by the batch script makes each launch exactly once.
 
+In allocation mode a job running shrunk also asks for a pool allocation of the nodes it misses and,
+when it starts, grows back with a launch that spans the allocations (``policy/pools.py`` decides;
+one srun per allocation, ``slurm.steps.span_argvs``).
+
 This module decides nothing itself: its phases and what follows each observation are one pure
 transition table (``policy.supervisor_lifecycle``: waiting, launching, running, stopping,
 confirming, ended, relaunching, shrinking; done, stopped, fallback), fed through :meth:`Supervisor._feed`,
@@ -51,6 +55,18 @@ from slurm_omni.policy.in_allocation import (
     units_of,
 )
 from slurm_omni.policy.placement import SpareScope
+from slurm_omni.policy.pools import (
+    GROW,
+    Pool,
+    PoolAsk,
+    grow_now,
+    grow_plan,
+    pool_ask,
+    pool_constraint,
+    pool_kinds,
+    pool_warm,
+    span_end,
+)
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
 from slurm_omni.policy.start_failure import StartFailure, first_line, repeated_failure, stop_line
 from slurm_omni.policy.supervision import (
@@ -91,9 +107,10 @@ from slurm_omni.policy.supervisor_lifecycle import (
 from slurm_omni.policy.supervisor_lifecycle import Effect as LifecycleEffect
 from slurm_omni.policy.supervisor_lifecycle import Event as LifecycleEvent
 from slurm_omni.policy.supervisor_lifecycle import step as lifecycle_step
-from slurm_omni.slurm.allocation import AllocationView
+from slurm_omni.slurm.allocation import AllocationView, jobs_named
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.salloc import pool_salloc_argv, request_allocation, switch_wait
 from slurm_omni.slurm.steps import (
     StepComponent,
     StepLog,
@@ -105,13 +122,14 @@ from slurm_omni.slurm.steps import (
     kill_step,
     pick_port_on,
     process_start,
+    span_argvs,
     start_step,
     step_argv,
     step_name,
 )
-from slurm_omni.slurm.types import Node
+from slurm_omni.slurm.types import Node, NodeState
 from slurm_omni.standby import through_standby
-from slurm_omni.standby.server import open_standby_dir
+from slurm_omni.standby.server import WARM_LINE, open_standby_dir
 from slurm_omni.supervisor import outside, ports
 from slurm_omni.supervisor.journal import (
     Launch,
@@ -188,6 +206,14 @@ class SupervisorOptions:
     wait_poll_s: float = 2.0
     wait_poll_max_s: float = 20.0
     """Below the manager's staleness limit (30 s): each poll rewrites the status file."""
+    pool_salloc: tuple[str, ...] = ()
+    """Allocation mode: the job's own ``salloc`` (OMNI_POOL_SALLOC). Set: a job running shrunk asks
+    for a pool allocation of the nodes it misses and grows back when it starts (``policy/pools.py``);
+    empty: it runs shrunk to its end, as before."""
+    pool_minutes: int = 60
+    """A pool's time limit when the allocation's own end is unknown."""
+    pool_warm_s: float = 60.0
+    """The grow-back waits at most this long for the warm standbys on a pool's nodes."""
 
     @property
     def replicas_per_unit(self) -> int:
@@ -235,6 +261,12 @@ class Supervisor:
         """What the current launch's end left (for its plan and its hand-over)."""
         self._standby = opts.standby
         """Ranks start through warm standbys (off when their folder is not ours)."""
+        self._extra: list[_Srun] = []
+        """A launch that spans allocations: its sruns in the pools (``self._proc`` runs the first)."""
+        self._proc_job = opts.job_id
+        """The allocation ``self._proc``'s srun runs in."""
+        self._pool_seen: dict[str, float] = {}
+        """Pool name -> when this supervisor first saw it granted (the standbys' warm-up bound)."""
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -252,6 +284,7 @@ class Supervisor:
         st = self.journal.state
         code = self._feed(Replayed(self.clock(), st.outcome, st.current.number if st.current else None))
         if code is not None:
+            self._release_pools()   # done or handed over before: its predecessor may have left a pool open
             return code
         while True:
             cur = self.journal.state.current
@@ -260,6 +293,7 @@ class Supervisor:
             rc = self._run_launch(cur)
             code = self._after(cur, rc)
             if code is not None:
+                self._release_pools()   # the job leaves (done, stopped, handed over): nothing grows it back
                 self._write_status()
                 self._stop_standbys()
                 return code
@@ -284,8 +318,9 @@ class Supervisor:
 
     def _forward(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signum)
+        for proc in (self._proc, *(x.proc for x in self._extra)):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signum)
 
     def _intend(self, number: int, layout: StepLayout, *, cause: str, removed: Sequence[str],
                 added: Sequence[str]) -> Launch:
@@ -316,7 +351,7 @@ class Supervisor:
             return ports.pick(candidates)
         name = f"omni-{self.opts.job_id}-port-{number + REQUEUE_INCARNATION_STRIDE * self.opts.restart_count}"
         picked = ports.parse_pick(pick_port_on(self.runner, master, candidates, name=name, python=sys.executable,
-                                               job_id=self.opts.job_id if self.opts.outside else ""))
+                                               job_id=self._alloc_of(master) if self.opts.outside else ""))
         if picked is None:
             log.warning("supervisor: launch %d: couldn't check the rendezvous ports on %s: MASTER_PORT %d "
                         "unchecked", number, master, candidates[0])
@@ -334,20 +369,25 @@ class Supervisor:
         if adopted is None and cur.pid is None:
             self._crash("relaunch:after_intent", cur)
             self._proc, self._step_log = self._start(cur, name)
+            extra = [{"job": x.job, "pid": x.proc.pid, "pid_start": process_start(x.proc.pid) or 0}
+                     for x in self._extra if x.proc is not None]
             self.journal.append("launched", launch=cur.number, pid=self._proc.pid,
-                                pid_start=process_start(self._proc.pid) or 0)
+                                pid_start=process_start(self._proc.pid) or 0, **({"extra": extra} if extra else {}))
             self._crash("relaunch:after_start", cur)
         elif adopted is not None:
             log.warning("supervisor: launch %d (%s) is running as pid %d: adopted", cur.number, name, adopted.pid)
             self._proc = None
             self._step_log = StepLog.follow(self._log_path(name, srun=True))
+            self._extra = [_Srun(job, None, StepProcess(pid, start),
+                                 StepLog.follow(self._log_path(f"{name}.{job}", srun=True)))
+                           for job, pid, start in cur.extra if is_running(StepProcess(pid, start))]
         else:   # journaled as launched, its srun gone while no supervisor watched it
             log.warning("supervisor: launch %d ended while no supervisor watched it", cur.number)
         self._feed(LaunchRunning(self.clock()))
         self._write_status()
         return self._watch(cur, adopted)
 
-    def _own_step(self, name: str, journaled: StepProcess | None) -> StepProcess | None:
+    def _own_step(self, name: str, journaled: StepProcess | None, job: str = "") -> StepProcess | None:
         """The srun of step ``name`` this supervisor may adopt: our own uid's, and the journaled
         process or a step Slurm lists in this job (``slurm.steps.find_step_process``); another
         user's process of that name is named in one line and left alone."""
@@ -355,7 +395,7 @@ class Supervisor:
             log.warning("supervisor: pid %d, named like step %s, runs as uid %s, not this job's (%d): not adopted",
                         pid, name, "?" if owner is None else owner, os.getuid())
         return find_step_process(name, uid=os.getuid(), journaled=journaled,
-                                 slurm_steps=lambda: job_step_names(self.runner, self.opts.job_id))
+                                 slurm_steps=lambda: job_step_names(self.runner, job or self.opts.job_id))
 
     def _standby_folder_is_ours(self) -> bool:
         """The standbys' folder on this node is made (or found) ours and private; one that another user
@@ -367,14 +407,17 @@ class Supervisor:
             return False
         return True
 
-    def _start_standbys(self) -> None:
+    def _start_standbys(self, nodes: Sequence[str] = (), job: str = "") -> None:
         """One ``omni standby serve`` step per node (its own srun, so that a lost node ends only its
-        own); a restarted supervisor starts only those it does not find running."""
-        for node in self.opts.allocation:
-            name = f"omni-{self.opts.job_id}-standby-{node}"
-            if self._own_step(name, None) is not None:
+        own) of the allocation, or of ``nodes`` in allocation ``job`` (a pool's); a restarted
+        supervisor starts only those it does not find running."""
+        job = job or self.opts.job_id
+        for node in nodes or self.opts.allocation:
+            name = _standby_name(job, node)
+            if self._own_step(name, None, job) is not None:
                 continue
-            argv = ["srun", *self._jobid(), f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            jobid = [f"--jobid={job}"] if self.opts.outside else []
+            argv = ["srun", *jobid, f"--job-name={name}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                     sys.executable, "-m", "slurm_omni.cli.main", "standby", "serve"]   # no PATH needed
             fd = os.open(self._log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)
@@ -382,9 +425,6 @@ class Supervisor:
                 self._standbys.append(self.runner.spawn(argv, stdout=fd, stderr=fd))
             finally:
                 os.close(fd)
-
-    def _jobid(self) -> list[str]:
-        return [f"--jobid={self.opts.job_id}"] if self.opts.outside else []
 
     def _stop_standbys(self) -> None:
         """SIGUSR2 first (srun forwards it to the task; its SIGTERM kills the step with SIGKILL): each
@@ -423,6 +463,26 @@ class Supervisor:
         log.warning("supervisor: launch %d: %s, dp %d, incarnation %d", cur.number,
                     " + ".join(f"{s.name} on {compress(c.nodes)}" for s, c in zip(self.opts.stages, comps, strict=True)),
                     cur.data_parallel_size, cur.incarnation)
+        self._extra, self._proc_job = [], self.opts.job_id
+        alloc_of = {n: self._alloc_of(n) for n in cur.layout.nodes}
+        if self.opts.outside and set(alloc_of.values()) != {self.opts.job_id}:
+            # across allocations: one srun each, one rendezvous; every rank's heartbeat names this job
+            env["OMNI_JOB_ID"] = self.opts.job_id
+            sruns = span_argvs(comps, alloc_of, command, name=name, stage_names=[st.name for st in self.opts.stages],
+                               spank_ckpt=self.opts.spank_ckpt, overlap=True,
+                               chdir=str(self.opts.workdir) if self.opts.workdir is not None else "")
+            log.warning("supervisor: launch %d spans allocations %s", cur.number, ", ".join(j for j, _ in sruns))
+            first: tuple[subprocess.Popen[bytes], StepLog] | None = None
+            for job, span in sruns:
+                started = start_step(self.runner, span, env,
+                                     log_path=self._log_path(name if first is None else f"{name}.{job}", srun=True),
+                                     output_path=self._log_path(name))
+                if first is None:
+                    first, self._proc_job = started, job
+                else:
+                    self._extra.append(_Srun(job, started[0], None, started[1]))
+            if first is not None:
+                return first
         return start_step(self.runner, argv, env, log_path=self._log_path(name, srun=True),
                           output_path=self._log_path(name))
 
@@ -440,6 +500,9 @@ class Supervisor:
                 return rc if isinstance(rc, int) else None
             for event in self._step_log.drain() if self._step_log is not None else ():
                 observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+            for x in self._extra:
+                for event in x.log.drain() if x.log is not None else ():
+                    observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
             if self.state.phase is Phase.CONFIRMING:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer: the
                 # lifecycle relaunches without it after the grace (the next step overlaps its CPUs)
@@ -459,6 +522,10 @@ class Supervisor:
                 self._observe_nodes(cur, observer)
                 self._write_status()
                 accepted = self._take_request(cur)
+                if not accepted and not self.state.stopping and self._tend_pools(cur) and self.stop_signal is None:
+                    log.warning("supervisor: launch %d: a pool allocation started: SIGUSR1 to the step (the ranks "
+                                "checkpoint; the next launch grows back)", cur.number)
+                    accepted = True   # as a planned replacement: the ranks checkpoint, the next launch grows
             self._feed(Watched(at=now, decision=confirmer.evaluate(now), signalled=self.stop_signal is not None,
                                request_accepted=accepted, check_time_limit=polled), cur=cur)
             if self.state.phase is Phase.CONFIRMING:
@@ -466,7 +533,27 @@ class Supervisor:
             time.sleep(self.opts.tick_s)
 
     def _poll(self, adopted: StepProcess | None) -> int | None | bool:
-        """False while running; the exit code, or None for an adopted step that is gone."""
+        """False while running; the exit code, or None for an adopted step that is gone. A launch
+        that spans allocations ends when its every srun has; one that fails first (not done, not
+        checkpointed) ends it: the others' tasks are killed (a peer is gone, they would hang in a
+        collective) and its code is the launch's."""
+        rc = self._poll_one(adopted)
+        if not self._extra:
+            return rc
+        ended, code, kill_others = span_end([rc, *(self._poll_extra(x) for x in self._extra)])
+        if not ended:
+            return False
+        if kill_others:
+            for x in self._extra:
+                self._dying.extend(kill_step(self.runner, x.job, self._step_name_now()))
+            self._dying.extend(kill_step(self.runner, self._proc_job, self._step_name_now()))
+            if self._proc is not None:
+                self._dying.append(self._proc)
+            self._dying.extend(x.proc for x in self._extra if x.proc is not None)
+        self._close_extra()
+        return code
+
+    def _poll_one(self, adopted: StepProcess | None) -> int | None | bool:
         if self._proc is not None:
             rc = self._proc.poll()
             return False if rc is None else (128 - rc if rc < 0 else rc)
@@ -474,12 +561,31 @@ class Supervisor:
             return False
         return None
 
+    @staticmethod
+    def _poll_extra(x: _Srun) -> int | None | bool:
+        if x.proc is not None:
+            rc = x.proc.poll()
+            return False if rc is None else (128 - rc if rc < 0 else rc)
+        return False if x.adopted is not None and is_running(x.adopted) else None
+
+    def _step_name_now(self) -> str:
+        cur = self.journal.state.current
+        return self._step_name(cur) if cur is not None else ""
+
+    def _close_extra(self) -> None:
+        for x in self._extra:
+            if x.log is not None:
+                x.log.close()
+        self._extra = []
+
     def _stop_step(self, sig: int) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(sig)
-            if sig == signal.SIGINT:
-                time.sleep(0.2)
-                self._proc.send_signal(sig)
+        procs = [p for p in (self._proc, *(x.proc for x in self._extra)) if p is not None and p.poll() is None]
+        for proc in procs:
+            proc.send_signal(sig)
+        if sig == signal.SIGINT and procs:
+            time.sleep(0.2)
+            for proc in procs:
+                proc.send_signal(sig)
 
     # -- after a launch ended ---------------------------------------------------------------------
     def _after(self, cur: Launch, rc: int | None) -> int | None:
@@ -516,12 +622,15 @@ class Supervisor:
         ended = self._ended
         if ended is None:
             raise OmniError("supervisor: couldn't plan: the launch's end was not recorded")
-        planned = self._planned(cur)
+        planned, cause = self._planned(cur), PLANNED
+        if planned is None and ended.rc == EXIT_CHECKPOINTED:   # checkpointed: grow back if a pool started
+            planned, cause = grow_plan(self.opts.stages, cur.layout, self.journal.state.pools.values(),
+                                       units_divide=self.opts.units_divide), GROW
         first: FailureConfirmed | MigrationRequested
         if planned is not None:
             plan: Relaunch | Fallback = planned
             first = MigrationRequested(at=ended.at, plan=as_plan(planned, cur.layout),
-                                       nodes=planned.removed, cause=PLANNED)
+                                       nodes=planned.removed, cause=cause)
         else:
             decision = self._confirm(cur, ended.rc, ended.at, ended.nodes)
             plan = self._plan(cur, decision, ended.at, ended.nodes)
@@ -550,6 +659,9 @@ class Supervisor:
             self._standby = self.opts.standby and self._standby_folder_is_ours()
             if self._standby:
                 self._start_standbys()
+                for pool in self.journal.state.pools.values():   # a restarted supervisor: its granted pools' too
+                    if pool.state == "granted":
+                        self._start_standbys(pool.nodes, pool.job_id)
         elif isinstance(effect, FirstLaunch):
             nodes, feats, _ = self.slurm.node_info(self.opts.allocation)
             leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
@@ -569,13 +681,18 @@ class Supervisor:
             observer = self._observer or self._observe(cur)
             log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
                         cur.number, "; ".join(observer.confirmer.evaluate(self.clock()).reasons))
-            scancels = kill_step(self.runner, self.opts.job_id, self._step_name(cur), observer.step_id)
+            scancels = kill_step(self.runner, self._proc_job, self._step_name(cur),
+                                 observer.step_id if self._proc_job == self.opts.job_id else "")
+            for x in self._extra:
+                scancels += kill_step(self.runner, x.job, self._step_name(cur))
             self._dying.extend(scancels)
             if not scancels:
                 self._stop_step(signal.SIGINT)
         elif isinstance(effect, LeaveStep):
             if self._proc is not None:
                 self._dying.append(self._proc)
+            self._dying.extend(x.proc for x in self._extra if x.proc is not None)
+            self._close_extra()
             return effect.rc
         elif isinstance(effect, JournalDone) and cur is not None:
             self.journal.append("done", launch=cur.number)
@@ -626,7 +743,7 @@ class Supervisor:
         stderr) with where the whole log is, journaled and recorded for the manager
         (``failed-<job>-<incarnation>.json``). Returns the stop line when the launch before it failed
         the same way (``policy.start_failure``), else empty."""
-        if (rc in (EXIT_DONE, EXIT_CHECKPOINTED) or self.state.stopping or cur.cause == PLANNED
+        if (rc in (EXIT_DONE, EXIT_CHECKPOINTED) or self.state.stopping or cur.cause in (PLANNED, GROW)
                 or job_state not in ("RUNNING", "") or lost & set(cur.layout.nodes)):
             return ""
         if cur.start_failure is None:
@@ -706,15 +823,126 @@ class Supervisor:
         """The next launch. The nodes to replace are those Slurm reported failed (srun's node
         failure, or a node state), not every node where a task died: a peer of a lost rank dies too.
         ``nodes``: the allocation's nodes as just read (else read now)."""
+        layout = self._with_pools(cur.layout)
         if nodes is None:
-            nodes, _, _ = self.slurm.node_info((*cur.layout.nodes, *cur.layout.spares))
+            nodes, _, _ = self.slurm.node_info((*layout.nodes, *layout.spares))
         lost = self._observer.lost if self._observer is not None else set()
+        # a pool that ended took its nodes with it: the job lost them as it loses a failed node
+        gone = {n for p in self.journal.state.pools.values() if p.state in ("ended", "released") for n in p.nodes}
+        gone &= set(cur.layout.nodes)
+        nodes = [*(n for n in nodes if n.name not in gone),
+                 *(Node(n, NodeState.DOWN, "DOWN", frozenset({"FAIL"}), reason="its pool allocation ended")
+                   for n in sorted(gone))]
         failed = lost | {n.name for n in nodes if n.state.failed and n.name in cur.layout.nodes}
+
         decision = Decision(decision.verdict, decision.at, cause=decision.cause,
                             nodes=tuple(sorted(failed | (set(decision.nodes) if decision.cause == "drain" else set()))))
-        return plan_relaunch(self.opts.stages, cur.layout, decision, nodes={n.name: n for n in nodes},
+        return plan_relaunch(self.opts.stages, layout, decision, nodes={n.name: n for n in nodes},
                              topology=self.slurm.topology(), now=now, min_units=self.opts.min_units,
                              units_divide=self.opts.units_divide, spare_scope=self.opts.spare_policy)
+
+    # -- pool allocations (capacity comes back: policy/pools.py) -----------------------------------------
+    def _alloc_of(self, node: str) -> str:
+        """The job id of the allocation ``node`` belongs to: a granted pool's, else the job's own."""
+        for pool in self.journal.state.pools.values():
+            if pool.state == "granted" and node in pool.nodes:
+                return pool.job_id
+        return self.opts.job_id
+
+    def _with_pools(self, layout: StepLayout) -> StepLayout:
+        """``layout`` with the granted pools' nodes it does not use among its spares (a replacement
+        after a failure may take them)."""
+        extra = [(n, p.kind_of.get(n, "")) for p in self.journal.state.pools.values() if p.state == "granted"
+                 for n in p.nodes if n not in layout.nodes and n not in layout.spares and n not in layout.failed]
+        if not extra:
+            return layout
+        return replace(layout, spares=(*layout.spares, *(n for n, _ in extra)),
+                       kind_of={**layout.kind_of, **{n: k for n, k in extra if n not in layout.kind_of}})
+
+    def _tend_pools(self, cur: Launch) -> bool:
+        """Every node poll of a launch in allocation mode: follow the pools asked for (their job id
+        for one a dead predecessor started, their start, their end), ask for one when the policy says
+        so (``policy.pools.pool_ask``: running shrunk, none open). True when a pool's nodes make a
+        larger launch possible and this one trains (then the ranks checkpoint for the grow-back)."""
+        if not self.opts.outside or not self.opts.pool_salloc:
+            return False
+        for pool in list(self.journal.state.pools.values()):
+            try:
+                self._follow_pool(pool)
+            except SlurmError as e:
+                log.warning("supervisor: couldn't follow pool %s: %s", pool.name, e)
+        pools = self.journal.state.pools.values()
+        now = self.clock()
+        ask = pool_ask(self.opts.stages, cur.layout, pools, end_time=self.state.end_time, now=now,
+                       default_minutes=self.opts.pool_minutes, spare_scope=self.opts.spare_policy)
+        if ask is not None:
+            self._ask_pool(ask)
+        return grow_now(stepped=cur.first_step_at is not None, stopping=self.state.stopping,
+                        warm=[pool_warm(standby=self._standby, warm_nodes=self._warm_nodes(p), nodes=p.nodes,
+                                        seen_at=self._pool_seen.setdefault(p.name, now), now=now,
+                                        bound_s=self.opts.pool_warm_s) for p in pools if p.state == "granted"],
+                        plan=grow_plan(self.opts.stages, cur.layout, pools, units_divide=self.opts.units_divide))
+
+    def _warm_nodes(self, pool: Pool) -> list[str]:
+        """The pool's nodes whose standby said it is warm (its log on this host)."""
+        warm = []
+        for node in pool.nodes if self._standby else ():
+            try:
+                with open(self._log_path(_standby_name(pool.job_id, node)), "rb") as f:
+                    if WARM_LINE.encode() in f.read(1 << 20):
+                        warm.append(node)
+            except OSError:
+                continue
+        return warm
+
+    def _follow_pool(self, pool: Pool) -> None:
+        if pool.state == "asking":   # a predecessor died between its salloc and the job id
+            ids = jobs_named(self.runner, pool.name)
+            self.journal.append("pool", event="requested" if ids else "ended", name=pool.name,
+                                job=ids[0] if ids else "")
+        elif pool.state in ("requested", "granted"):
+            rec = AllocationView(self.runner, pool.job_id).job_record()
+            if rec.user_id is not None and rec.user_id != os.geteuid():
+                self.journal.append("pool", event="ended", name=pool.name, job=pool.job_id)
+            elif pool.state == "requested" and rec.state == "RUNNING" and rec.nodes:
+                _, feats, _ = self.slurm.node_info(rec.nodes)
+                self.journal.append("pool", event="granted", name=pool.name, job=pool.job_id, nodes=list(rec.nodes),
+                                    kind_of=pool_kinds(self.opts.stages, rec.nodes, feats))
+                log.warning("supervisor: pool allocation %s (%s) started on %s", pool.job_id, pool.name,
+                            compress(rec.nodes))
+                if self._standby:   # warm before the grow-back's launch: it waits for them (_pool_warm)
+                    self._start_standbys(rec.nodes, pool.job_id)
+            elif rec.state not in ("PENDING", "CONFIGURING", "RUNNING"):
+                self.journal.append("pool", event="ended", name=pool.name, job=pool.job_id, state=rec.state)
+                log.warning("supervisor: pool allocation %s (%s) is %s", pool.job_id, pool.name, rec.state or "gone")
+
+    def _ask_pool(self, ask: PoolAsk) -> None:
+        name = f"omni-{self.opts.job_id}-pool-{len(self.journal.state.pools)}"
+        wait = switch_wait(self.opts.pool_salloc)
+        argv = pool_salloc_argv(self.opts.pool_salloc, name=name, nodes=ask.nodes, minutes=ask.minutes,
+                                constraint=pool_constraint(ask),
+                                switches=(f"{ask.switches}@{wait}" if wait else str(ask.switches)) if ask.switches else "")
+        self.journal.append("pool", event="asking", name=name, nodes_asked=ask.nodes, reason=ask.reason)
+        try:
+            job = request_allocation(self.runner, argv, Path(self._log_path(name)).with_suffix(".salloc.out"),
+                                     timeout_s=60)
+        except SlurmError as e:
+            log.warning("supervisor: couldn't ask for a pool allocation: %s", e)
+            self.journal.append("pool", event="ended", name=name, job="")
+            return
+        self.journal.append("pool", event="requested", name=name, job=str(job))
+        log.warning("supervisor: asked for pool allocation %s (%s): %s", job, name, ask.reason)
+
+    def _release_pools(self) -> None:
+        """Give back every pool still open (the job ends, or leaves these allocations)."""
+        for pool in list(self.journal.state.pools.values()):
+            if not pool.open:
+                continue
+            ids = [pool.job_id] if pool.job_id else jobs_named(self.runner, pool.name)
+            for job in ids:
+                AllocationView(self.runner, job).release()
+            self.journal.append("pool", event="released", name=pool.name, job=pool.job_id or ",".join(ids))
+            log.warning("supervisor: pool allocation %s (%s) released", pool.job_id or "-", pool.name)
 
     def _fallback(self, cur: Launch, failed: Sequence[str], reasons: Sequence[str]) -> int:
         self.journal.append("fallback", launch=cur.number, failed_nodes=sorted(failed), reasons=list(reasons))
@@ -817,6 +1045,21 @@ class _Ended:
     nodes: Sequence[Node]
     """The allocation's nodes as read after the launch ended (empty when nothing followed)."""
     lost: set[str]
+
+
+@dataclass(slots=True)
+class _Srun:
+    """One more srun of a launch that spans allocations: its allocation, its process (ours, or one a
+    restarted supervisor adopted by its journaled pid), what it says on stderr."""
+
+    job: str
+    proc: subprocess.Popen[bytes] | None
+    adopted: StepProcess | None
+    log: StepLog | None
+
+
+def _standby_name(job: str, node: str) -> str:
+    return f"omni-{job}-standby-{node}"
 
 
 def _reap_all(procs: list[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:

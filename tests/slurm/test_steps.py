@@ -134,3 +134,40 @@ def test_an_unjournaled_srun_is_adopted_when_slurm_lists_its_step(slurm_cluster,
     finally:
         runner.run(["scancel", str(job_id)], check=False)
     assert job_step_names(runner, "999999999") == {}
+
+
+def test_a_launch_across_allocations_is_one_srun_per_allocation_with_ranks_numbered_across_them() -> None:
+    from slurm_omni.slurm.steps import SPAN_SHIM, span_argvs
+
+    comps = [StepComponent(0, ("node1", "node5"), 2), StepComponent(1, ("node2",), 1)]
+    sruns = span_argvs(comps, {"node1": "10", "node2": "10", "node5": "11"}, ["omni", "train"], name="omni-10-launch-3",
+                       stage_names=["vision", "text"], spank_ckpt="/ck", overlap=True, chdir="/w")
+    assert [job for job, _ in sruns] == ["10", "11"]
+    own, pool = sruns[0][1], sruns[1][1]
+    assert own.count(":") == 1 and pool.count(":") == 0
+    assert own[1:3] == ["--jobid=10", "--job-name=omni-10-launch-3"] and "--jobid=11" in pool
+    assert "--omni-stage=vision:2,text:1" in own and "--omni-stage=vision:2" in pool
+    # node1's two vision tasks are ranks 0-1, node5's 2-3 (in the other srun), node2's text task 4
+    i = own.index(SPAN_SHIM)
+    assert own[i + 1:i + 6] == ["omni-task", "0", "0", "5", "node1=0"]
+    j = own.index(SPAN_SHIM, i + 1)
+    assert own[j + 1:j + 6] == ["omni-task", "1", "4", "5", "node2=4"]
+    k = pool.index(SPAN_SHIM)
+    assert pool[k + 1:k + 6] == ["omni-task", "0", "0", "5", "node5=2"] and pool[-2:] == ["omni", "train"]
+    assert "--nodelist=node5" in pool and "--ntasks=2" in pool and "--chdir=/w" in pool and "--overlap" in pool
+
+
+def test_the_span_shim_gives_each_task_its_global_rank(tmp_path: Path) -> None:
+    import subprocess
+
+    from slurm_omni.slurm.steps import SPAN_SHIM
+
+    out = subprocess.run(["bash", "-c", SPAN_SHIM, "omni-task", "1", "4", "6", "node2=4,node6=5",
+                          "bash", "-c", "echo $RANK $WORLD_SIZE $OMNI_STAGE $OMNI_DP_RANK $LOCAL_RANK"],
+                         env={"SLURMD_NODENAME": "node6", "SLURM_LOCALID": "0", "PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.split() == ["5", "6", "1", "1", "0"], out
+    out = subprocess.run(["bash", "-c", SPAN_SHIM, "omni-task", "1", "4", "6", "node2=4", "true"],
+                         env={"SLURMD_NODENAME": "node6", "SLURM_LOCALID": "0", "PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 78 and "no rank for node node6" in out.stderr

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from slurm_omni.formats import RecordRejected
 from slurm_omni.policy.in_allocation import StepLayout
 from slurm_omni.supervisor.journal import (
     SupervisorJournal,
@@ -81,3 +84,25 @@ def test_requests_must_name_an_id_and_nodes(tmp_path: Path) -> None:
                 '{"id": "x", "replace": ["n3"], "now": true}', '{"id": "x", "id": "y", "replace": ["n3"]}'):
         path.write_text(bad)
         assert read_request(path) is None
+
+
+def test_a_restarted_supervisor_knows_its_pools_and_a_spanning_launchs_sruns(tmp_path: Path) -> None:
+    path = tmp_path / "7.jsonl"
+    j = SupervisorJournal(path)
+    j.append("pool", event="asking", name="omni-7-pool-0", nodes_asked=1)
+    j.append("pool", event="requested", name="omni-7-pool-0", job="8")
+    j.append("pool", event="granted", name="omni-7-pool-0", job="8", nodes=["node5"], kind_of={"node5": ""})
+    j.append("pool", event="asking", name="omni-7-pool-1")
+    layout = StepLayout((("node1", "node5"),), (), ())
+    j.append("launch", launch=0, layout=layout_to_json(layout), data_parallel_size=2, port=1, incarnation=0)
+    j.append("launched", launch=0, pid=11, pid_start=5, extra=[{"job": "8", "pid": 12, "pid_start": 6}])
+    again = SupervisorJournal(path).state
+    pool = again.pools["omni-7-pool-0"]
+    assert (pool.job_id, pool.state, pool.nodes, pool.open) == ("8", "granted", ("node5",), True)
+    assert again.pools["omni-7-pool-1"].state == "asking" and list(again.pools) == ["omni-7-pool-0", "omni-7-pool-1"]
+    assert again.current is not None and again.current.extra == (("8", 12, 6),)
+    doc = status_document(again, job_id="7", phase="running", now=1.0)
+    assert [(p.name, p.slurm_job_id, p.state, p.nodes) for p in doc.pools] == [
+        ("omni-7-pool-0", "8", "granted", ["node5"]), ("omni-7-pool-1", "", "asking", [])]
+    with pytest.raises(RecordRejected, match="pool"):      # an event the schema does not have
+        j.append("pool", event="bogus", name="omni-7-pool-1")

@@ -68,3 +68,16 @@ def test_the_record_schema_is_closed() -> None:
         msgspec.json.decode(b'{"version": 2, "slurm_job_id": "1", "host": "h", "pid": 5, "started_at": 1.0}',
                             type=SupervisorProcess, strict=True)
     assert encode_process(_record(42)).endswith(b"\n")
+
+
+def test_the_pools_salloc_comes_as_a_json_argv_or_is_refused_in_one_line() -> None:
+    import pytest
+
+    from slurm_omni.cli.supervise import _pool_salloc
+    from slurm_omni.errors import ConfigError
+
+    assert _pool_salloc("") == ()
+    assert _pool_salloc('["salloc", "--no-shell", "--nodes=4"]') == ("salloc", "--no-shell", "--nodes=4")
+    for bad in ("salloc --no-shell", '["salloc"]', '[1, 2]', '{"a": 1}'):
+        with pytest.raises(ConfigError, match="OMNI_POOL_SALLOC"):
+            _pool_salloc(bad)

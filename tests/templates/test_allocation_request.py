@@ -57,6 +57,28 @@ def test_the_supervisor_gets_the_batch_scripts_options_and_exports(job: JobFile,
     assert env["OMNI_HET_JOB_ID"] == env["SLURM_JOB_ID"] == "2001" and env["OMNI_CKPT_DIR"].endswith("/alice/omni-tiny")
 
 
+
+def test_the_supervisor_gets_the_jobs_salloc_for_its_pools_unless_the_site_turns_them_off(
+        job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    import json
+
+    from slurm_omni.slurm.salloc import pool_salloc_argv, switch_wait
+
+    alloc = AllocationRequest(_request(job, _site(site, allow=True), job_sha256))
+    base = json.loads(alloc.supervisor_env(2001)["OMNI_POOL_SALLOC"])
+    assert base == alloc.salloc_argv()
+    pool = pool_salloc_argv(base, name="omni-2001-pool-0", nodes=2, minutes=7, constraint="[vis*1&tex*1]",
+                            switches=f"1@{switch_wait(base)}")
+    kept = [a for a in base if a.split("=")[0] in ("--partition", "--gres", "--ntasks-per-node")]
+    assert pool[:3] == ["salloc", "--no-shell", "--no-kill"] and all(a in pool for a in kept)
+    assert pool[-5:] == ["--job-name=omni-2001-pool-0", "--nodes=2", "--time=7", "--constraint=[vis*1&tex*1]",
+                         f"--switches=1@{switch_wait(base)}"]
+    assert len([a for a in pool if a.startswith(("--nodes=", "--constraint=", "--switches="))]) == 3
+    off = _site(site, allow=True)
+    off = replace(off, elasticity=replace(off.elasticity, pools=False))
+    assert "OMNI_POOL_SALLOC" not in AllocationRequest(_request(job, off, job_sha256)).supervisor_env(2001)
+
+
 def test_a_site_that_does_not_allow_it_runs_the_job_in_allocation_with_a_batch_script(
         job: JobFile, site: SiteConfig, job_sha256: str) -> None:
     request = _request(job, _site(site, allow=False), job_sha256)
