@@ -140,7 +140,7 @@ def test_the_journal_writer_refuses_a_record_that_does_not_match_and_writes_noth
     before = journal.path.read_bytes()
     for kind, fields in [("launched", {"launch": 0, "pid": "123"}), ("ended", {"launch": 0}),
                          ("pool_requested", {"nodes": ["n2"]}), ("allocation", {"nodes": ["bad name"]}),
-                         ("launched", {"launch": 0, "pid": 5, "extra": []})]:
+                         ("launched", {"launch": 0, "pid": 5, "spans": []})]:
         with pytest.raises(RecordRejected, match=r"couldn't journal .* in .*7\.jsonl") as refused:
             journal.append(kind, **fields)
         assert "\n" not in str(refused.value)
@@ -167,7 +167,7 @@ def test_a_status_from_a_newer_writer_keeps_its_known_keys(tmp_path: Path) -> No
     doc = json.loads((FIXTURES / "shrink.status.json").read_text())
     path = status_path(tmp_path, doc["slurm_job_id"])
     _folder(tmp_path)
-    path.write_text(json.dumps({**doc, "pools": [{"job": "9"}]}))
+    path.write_text(json.dumps({**doc, "grown": [{"job": "9"}]}))
     status = read_status(path)
     assert status is not None and status.phase == doc["phase"] and status.components == doc["components"]
 

@@ -28,6 +28,7 @@ from slurm_omni.drill.equivalence import check_equivalence, compare_losses
 from slurm_omni.drill.history import load_history
 from slurm_omni.drill.reference import JOB_ENV as REFERENCE_ENV
 from slurm_omni.drill.reference import finish_reference, start_reference
+from slurm_omni.formats.supervisor import SupervisorStatus
 from slurm_omni.policy.pools import GROW
 from slurm_omni.supervisor.journal import SupervisorJournal, journal_path, read_status, status_path
 from slurm_omni.supervisor.outside import process_alive, read_process
@@ -79,40 +80,40 @@ def test_a_shrunk_job_grows_back_when_its_pool_allocation_starts_behind_a_filler
         def say() -> str:
             return sup_log.read_text(errors="replace")[-4000:] if sup_log.exists() else "(no supervisor log)"
 
-        def status() -> dict[str, object]:
-            return read_status(status_path(ckpt, str(job_id))) or {}
+        def status() -> SupervisorStatus:
+            return read_status(status_path(ckpt, str(job_id))) or SupervisorStatus(
+                slurm_job_id=str(job_id), phase="waiting", updated_at=0.0)
 
         restarted: list[subprocess.Popen[bytes]] = []
         try:
             reference = start_reference(tmp_path / "job.toml", tmp_path / "reference")
             run.wait_steps(job_id, 4, 8, timeout_s=180)                       # past the checkpoint at step 5
             # every other node busy: the pool must wait in the queue
-            ours = {n for c in status()["components"] for n in c}           # type: ignore[attr-defined]
+            ours = status().nodes
             idle = runner.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).stdout.split()
             free = sorted({n for n in idle if n not in ours})
             filler = run.sbatch(f"--nodes={len(free)}", f"--nodelist={','.join(free)}", "--exclusive",
                                 "--job-name=pool-filler", "--time=10", "--wrap=sleep 600")
             wait_until(lambda: runner.run(["squeue", "-h", "-j", str(filler), "-o", "%T"], check=False)
                        .stdout.strip() == "RUNNING", 60, "the filler to run")
-            lost = status()["components"][1][-1]                            # type: ignore[index]
+            lost = status().components[1][-1]
             run.set_node(lost, "DOWN")
             # shrunk in the same Slurm job, and a pool asked for while it trains
-            wait_until(lambda: status().get("data_parallel_size") == 1 and status().get("phase") == "running", 120,
+            wait_until(lambda: status().data_parallel_size == 1 and status().phase == "running", 120,
                        f"the shrink\n{say()}", interval_s=0.5)
-            pool = wait_until(lambda: next((p for p in status().get("pools") or []          # type: ignore[attr-defined]
-                                            if p["state"] == "requested"), None), 60, f"a pool request\n{say()}",
-                              interval_s=0.5)
-            pool_job = pool["slurm_job_id"]
+            pool = wait_until(lambda: next((p for p in status().pools if p.state == "requested"), None), 60,
+                              f"a pool request\n{say()}", interval_s=0.5)
+            pool_job = pool.slurm_job_id
             run.extra_jobs.add(int(pool_job))
             assert runner.run(["squeue", "-h", "-j", pool_job, "-o", "%T"]).stdout.strip() == "PENDING"
             shown = runner.run(["scontrol", "show", "job", "-o", pool_job]).stdout
             assert re.search(r"NumNodes=1(-1)? ", shown) and "Partition=debug" in shown and f"JobName={pool_name}" in shown, shown
-            shrunk_at = status()["launch"]
+            shrunk_at = status().launch
             wait_until(lambda: len([s for s in _dp_steps(tmp_path / "metrics", 1)]) >= 3, 120,
                        f"three steps shrunk\n{say()}", interval_s=0.5)
             # the filler ends: the pool starts, the next launch spans both allocations at full size
             runner.run(["scancel", str(filler)])
-            wait_until(lambda: status().get("data_parallel_size") == 2 and status().get("launch") != shrunk_at, 120,
+            wait_until(lambda: status().data_parallel_size == 2 and status().launch != shrunk_at, 120,
                        f"the grow-back\n{say()}", interval_s=0.5)
             # the supervisor SIGKILLed while the grown launch trains, and started again (as the manager
             # would): it adopts both sruns from its journal (no relaunch) and knows its pool
@@ -129,7 +130,7 @@ def test_a_shrunk_job_grows_back_when_its_pool_allocation_starts_behind_a_filler
             wait_until(lambda: not process_alive(old), 30, "the supervisor to die")
             with open(sup_log, "ab") as log:
                 restarted.append(subprocess.Popen(argv, env=environ, stdout=log, stderr=log, start_new_session=True))
-            wait_until(lambda: status().get("phase") == "done", 240, f"training to finish\n{say()}", interval_s=1.0)
+            wait_until(lambda: status().phase == "done", 240, f"training to finish\n{say()}", interval_s=1.0)
             wait_until(lambda: not runner.run(["squeue", "-h", "-j", f"{job_id},{pool_job}"], check=False)
                        .stdout.strip(), 60, "the allocation and its pool to be released")
             ref_metrics = finish_reference(reference, tmp_path / "reference", 300)
