@@ -172,6 +172,10 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
         "MessageTimeout=5",
         "InactiveLimit=0",
         "KillWait=5",
+        # Slurm drains a node whose step's processes outlive this after SIGKILL ("Kill task
+        # failed"); default 60 s. Eight slurmd on one loaded 2-core host met it (a torch rank in
+        # D state at load 35 left node5 drained for every later test): 3 minutes.
+        "UnkillableStepTimeout=180",
         "MinJobAge=120",
         "TCPTimeout=2",
         "SlurmctldDebug=info",
