@@ -61,13 +61,16 @@ class Pool:
 class PoolAsk:
     """What to ask Slurm for: ``nodes`` in all; per stage kind (feature) how many, when the stages
     are told apart by features (``--constraint`` counts); ``switches``: the nodes under at most
-    that many leaf switches (0: no preference); ``minutes``: its time limit."""
+    that many leaf switches (0: no preference); ``minutes``: its time limit; ``exclude``: the nodes
+    the job lost, which the pool must not bring back (an admin may have resumed one: the job does
+    not take it again, so a pool granted on it would be asked for once more)."""
 
     nodes: int
     per_kind: tuple[tuple[str, int], ...]
     switches: int
     minutes: int
     reason: str
+    exclude: tuple[str, ...] = ()
 
 
 def missing_nodes(stages: Sequence[StageSpec], layout: StepLayout) -> dict[str, int]:
@@ -119,7 +122,7 @@ def pool_ask(stages: Sequence[StageSpec], layout: StepLayout, pools: Iterable[Po
     reason = (f"running with {layout.units} of {units_of(stages)} unit(s), no spare left: "
               + ", ".join(f"{n} node(s)" + (f" of {k}" if k else "") for k, n in sorted(need.items())))
     return PoolAsk(total, tuple(sorted(need.items())) if featured else (), 0 if spare_scope == "none" else 1,
-                   minutes, reason)
+                   minutes, reason, tuple(sorted(layout.failed)))
 
 
 def pool_constraint(ask: PoolAsk) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from slurm_omni.errors import SlurmError
 from slurm_omni.fsio import one_line
+from slurm_omni.slurm.hostlist import compress, expand
 from slurm_omni.slurm.parse_text import parse_salloc_job_id
 from slurm_omni.slurm.runner import CommandRunner
 
@@ -49,14 +50,15 @@ def request_allocation(runner: CommandRunner, argv: Sequence[str], output: Path,
         time.sleep(poll_s)
 
 
-_REPLACED = ("--nodes=", "--constraint=", "--job-name=", "--time=", "--switches=")
+_REPLACED = ("--nodes=", "--constraint=", "--job-name=", "--time=", "--switches=", "--exclude=")
 
 
 def pool_salloc_argv(base: Sequence[str], *, name: str, nodes: int, minutes: int, constraint: str = "",
-                     switches: str = "") -> list[str]:
+                     switches: str = "", exclude: Sequence[str] = ()) -> list[str]:
     """A pool allocation's salloc: the job's own (``base``: its partition, gres, tasks per node,
     CPUs per task, account, QOS) with the pool's node count, name, time limit, constraint and
-    switches instead of the job's. Pure."""
+    switches instead of the job's; ``exclude`` (the nodes the job lost) added to the job's own
+    ``--exclude``. Pure."""
     if not base or os.path.basename(base[0]) != "salloc" or "--no-shell" not in base:
         raise SlurmError(f"salloc: couldn't build a pool allocation from {list(base)[:3]!r} (salloc --no-shell only)")
     argv = [a for a in base if not a.startswith(_REPLACED)]
@@ -65,6 +67,10 @@ def pool_salloc_argv(base: Sequence[str], *, name: str, nodes: int, minutes: int
         argv.append(f"--constraint={constraint}")
     if switches:
         argv.append(f"--switches={switches}")
+    excluded = [n for a in base if a.startswith("--exclude=") for n in expand(a.split("=", 1)[1])]
+    excluded += [n for n in exclude if n not in excluded]
+    if excluded:
+        argv.append(f"--exclude={compress(excluded)}")
     return argv
 
 

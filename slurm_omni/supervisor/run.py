@@ -921,7 +921,8 @@ class Supervisor:
         wait = switch_wait(self.opts.pool_salloc)
         argv = pool_salloc_argv(self.opts.pool_salloc, name=name, nodes=ask.nodes, minutes=ask.minutes,
                                 constraint=pool_constraint(ask),
-                                switches=(f"{ask.switches}@{wait}" if wait else str(ask.switches)) if ask.switches else "")
+                                switches=(f"{ask.switches}@{wait}" if wait else str(ask.switches)) if ask.switches else "",
+                                exclude=ask.exclude)
         self.journal.append("pool", event="asking", name=name, nodes_asked=ask.nodes, reason=ask.reason)
         try:
             job = request_allocation(self.runner, argv, Path(self._log_path(name)).with_suffix(".salloc.out"),

@@ -38,6 +38,7 @@ def test_a_shrunk_job_asks_for_the_nodes_it_misses_less_the_spares_it_holds() ->
     assert ask.minutes == 10                           # no longer than the job's own allocation lives
     assert pool_constraint(ask) == ""
     assert "1 of 2 unit(s)" in ask.reason
+    assert ask.exclude == ("n1", "n2", "n3", "n4")    # the nodes it lost: a pool on one would be no use
 
 
 def test_one_pool_waiting_at_a_time_and_not_forever() -> None:
@@ -50,7 +51,8 @@ def test_one_pool_waiting_at_a_time_and_not_forever() -> None:
     assert pool_ask(STAGES, SHRUNK_NO_SPARE, (granted,), end_time=None, now=NOW, default_minutes=60) is None
     # its nodes taken in and lost again (a shrink after the grow-back): another pool is asked for
     lost = StepLayout((("n5",), ("n6",)), (), ("n1", "n2", "n3", "n4", "n7"), 1, {})
-    assert pool_ask(STAGES, lost, (granted,), end_time=None, now=NOW, default_minutes=60) is not None
+    again = pool_ask(STAGES, lost, (granted,), end_time=None, now=NOW, default_minutes=60)
+    assert again is not None and "n7" in again.exclude
     ended = [Pool(job_id=str(i), state="ended", name=f"p{i}") for i in range(3)]
     assert pool_ask(STAGES, SHRUNK_NO_SPARE, ended[:2], end_time=None, now=NOW, default_minutes=60) is not None
     assert pool_ask(STAGES, SHRUNK_NO_SPARE, ended, end_time=None, now=NOW, default_minutes=60, max_asks=3) is None

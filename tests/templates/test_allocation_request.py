@@ -62,6 +62,7 @@ def test_the_supervisor_gets_the_jobs_salloc_for_its_pools_unless_the_site_turns
         job: JobFile, site: SiteConfig, job_sha256: str) -> None:
     import json
 
+    from slurm_omni.slurm.hostlist import expand
     from slurm_omni.slurm.salloc import pool_salloc_argv, switch_wait
 
     alloc = AllocationRequest(_request(job, _site(site, allow=True), job_sha256))
@@ -74,6 +75,10 @@ def test_the_supervisor_gets_the_jobs_salloc_for_its_pools_unless_the_site_turns
     assert pool[-5:] == ["--job-name=omni-2001-pool-0", "--nodes=2", "--time=7", "--constraint=[vis*1&tex*1]",
                          f"--switches=1@{switch_wait(base)}"]
     assert len([a for a in pool if a.startswith(("--nodes=", "--constraint=", "--switches="))]) == 3
+    # the nodes the job lost are excluded, with any the job's own salloc excludes
+    again = pool_salloc_argv([*base, "--exclude=node9"], name="p", nodes=1, minutes=7, exclude=("node1", "node2"))
+    (excluded,) = [a for a in again if a.startswith("--exclude=")]
+    assert sorted(expand(excluded.split("=", 1)[1])) == ["node1", "node2", "node9"]
     off = _site(site, allow=True)
     off = replace(off, elasticity=replace(off.elasticity, pools=False))
     assert "OMNI_POOL_SALLOC" not in AllocationRequest(_request(job, off, job_sha256)).supervisor_env(2001)
