@@ -164,7 +164,7 @@ def demo(state_dir: Path, timeout_s: float, sample_only: bool, job_file: Path | 
     if busy:
         from slurm_omni.drill.busy_demo import run_busy_demo
 
-        s = Story(18)
+        s = Story(21)
         lc = LocalCluster(state_dir)
         s.phase("cluster", lambda: lc.up(), lambda started: f"{lc.spec.nodes} nodes "
                 f"{'started' if started else 'already up'} in {lc.paths.root}")

@@ -13,8 +13,9 @@ process's clock at ``scontrol update state=DOWN``) to the first step of the rela
 medians at the end. The loss curve is compared with a run that never failed: bitwise up to the
 shrink (the layout is the same), within tolerance after it (fewer replicas reduce in another order).
 
-Capacity coming back (issue 20 item 2, a pool allocation of the missing nodes that the next relaunch
-grows the job back onto) has its place after the shrink, marked in ``run_busy_demo``.
+Then capacity comes back: the supervisor asks Slurm for a pool allocation of the missing node while
+the job trains shrunk; the pool waits behind the fillers; when they are cancelled it starts, and the
+next relaunch spans the allocation and the pool at two replicas again (docs/allocation-mode.md).
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ from slurm_omni.slurm.hostlist import compress, expand
 from slurm_omni.supervisor.journal import read_status, status_path
 
 REASON = "omni-demo-busy"
+MAX_STEPS = 160
+"""Enough for four recoveries, a pool's wait behind the fillers and the grow-back before the end (at
+70 the run ended while the pool's standby warmed: about 0.4 s a step here)."""
 
 SITE_EDITS = {"allow_allocation = true": "allow_allocation = true"}
 """The example site already gives allocation mode (one partition, a spare per stage, allowed): kept as it is."""
 JOB_EDITS = {'name = "omni-demo"': 'name = "omni-demo-busy"',
              'name = "vision"\nnodes = 1': 'name = "vision"\nnodes = 2\nspares = 2',
              'name = "text"\nnodes = 1': 'name = "text"\nnodes = 2',
-             "max_steps = 80": "max_steps = 70", "every_steps = 10": "every_steps = 5"}
+             "max_steps = 80": f"max_steps = {MAX_STEPS}", "every_steps = 10": "every_steps = 5"}
 
 
 def write_files(work: Path, cluster: LocalCluster, examples: Path) -> tuple[Path, Path]:
@@ -265,15 +269,36 @@ def run_busy_demo(s: Any, lc: LocalCluster, backend: CliBackend, work: Path, exa
                 raise OmniError("demo: the recovery left the Slurm job")
             if rec.get("first_step_at"):
                 times.append(float(rec["first_step_at"]) - d.faults[victim])
-            d.resume()           # back to the cluster (never to this job): a filler takes it
-            d.filler.fill()
+            if n < len(losses):
+                d.resume()       # back to the cluster (never to this job): a filler takes it
+                d.filler.fill()
+            # the last one stays DOWN (cleanup resumes it): the pool asked for next must wait behind the
+            # fillers, not start at once on the node that came back
         s.say("fault to first step: " + ", ".join(f"{t:.2f} s" for t in times) +
               (f"; median {statistics.median(times):.2f} s, the three with a spare "
                f"{statistics.median(times[:3]):.2f} s" if len(times) >= 3 else ""))
-        # Capacity coming back (issue 20 item 2): the pool allocation of the missing node, its wait
-        # behind a filler, and the relaunch that grows the job back to two replicas go here.
-        s.phase("finish", lambda: d.wait("the last step", lambda: d.step() >= 69, 900),
-                lambda _: "trained to step 70")
+        # Capacity coming back (issue 20 item 2, docs/allocation-mode.md "Pool allocations"): the
+        # supervisor asks for a pool of the missing node while the job trains shrunk; it waits behind
+        # the fillers; when they go, the next relaunch spans both allocations at full size.
+        pool: dict[str, Any] = s.phase(
+            "pool asked", lambda: d.wait("the pool allocation asked for", lambda: next(
+                (p for p in d.status().get("pools") or [] if p.get("state") == "requested"), None)),
+            lambda p: f"pool allocation {p['slurm_job_id']} for the missing node: "
+                      f"{d.job_state_of(int(p['slurm_job_id']))}; training goes on shrunk")
+        d.steps_more(3)
+        s.phase("fillers gone", lambda: d.filler.clear(), lambda _: "filler jobs cancelled: the pool can start")
+        grow: dict[str, Any] = s.phase(
+            "grow-back", lambda: d.wait("the grow-back relaunch", lambda: next(
+                (r for r in d.status().get("recoveries") or [] if r.get("cause") == "grow" and r.get("first_step_at")),
+                None)),
+            lambda r: f"pool {pool['slurm_job_id']} started ({d.waited(int(pool['slurm_job_id']))} in the queue); "
+                      f"{','.join(r['added']) or '?'} in, dp {r['data_parallel_size_before']} -> "
+                      f"{r['data_parallel_size_after']} across the allocation and the pool, relaunch to first step "
+                      f"{_since(r.get('first_step_at'), r.get('relaunched_at') or r['first_step_at'])}")
+        if grow["slurm_job_id_after"] != str(job_id):
+            raise OmniError("demo: the grow-back left the Slurm job")
+        s.phase("finish", lambda: d.wait("the last step", lambda: d.step() >= MAX_STEPS - 1, 900),
+                lambda _: f"trained to step {MAX_STEPS}")
         ref = start_reference(job, work / "reference")
         ref_metrics = s.phase("reference", lambda: finish_reference(ref, work / "reference", 900),
                               lambda p: f"a run that never failed, in {p}")
