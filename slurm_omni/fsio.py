@@ -90,33 +90,34 @@ def read_bounded(path: Path, limit: int, *, what: str = "", follow: bool = False
     ``follow``: a path a user named on the command line), a fifo, a folder or a larger file is a
     ``FileRejected`` naming ``what`` (default: the file's name). ``dir_fd``: ``path``'s name is read
     in that (checked) folder."""
-    what = one_line(what or path.name)
     try:
         fd = os.open(path.name if dir_fd is not None else path,
                      os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError as e:
-        raise FileRejected(f"couldn't read {what}: no such file") from e
+        raise FileRejected(f"couldn't read {one_line(what or path.name)}: no such file") from e
     except OSError as e:
         hint = " (a symlink is not followed)" if e.errno == errno.ELOOP else ""
-        raise FileRejected(f"couldn't open {what}: {e.strerror}{hint}") from e
+        raise FileRejected(f"couldn't open {one_line(what or path.name)}: {e.strerror}{hint}") from e
+    what = what or path.name   # made one line when it is said (every read passes here: no cost then)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileRejected(f"couldn't read {what}: not a regular file")
+            raise FileRejected(f"couldn't read {one_line(what)}: not a regular file")
         if st.st_size > limit:
-            raise FileRejected(f"couldn't read {what}: {st.st_size} bytes (limit {limit})")
+            raise FileRejected(f"couldn't read {one_line(what)}: {st.st_size} bytes (limit {limit})")
         chunks, size = [], 0
         while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
+            want = limit + 1 - size
+            chunk = os.read(fd, want)
             chunks.append(chunk)
             size += len(chunk)
+            if len(chunk) < want:   # a regular file's short read is its end: no second read for it
+                break
         if size > limit:   # it grew after fstat
-            raise FileRejected(f"couldn't read {what}: more than {limit} bytes (limit {limit})")
+            raise FileRejected(f"couldn't read {one_line(what)}: more than {limit} bytes (limit {limit})")
         return b"".join(chunks)
     except OSError as e:
-        raise FileRejected(f"couldn't read {what}: {e.strerror}") from e
+        raise FileRejected(f"couldn't read {one_line(what)}: {e.strerror}") from e
     finally:
         os.close(fd)
 

@@ -32,6 +32,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
+_DUPLICATES = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+"""One decoder for the duplicate-key check (``json.loads`` with a hook builds a new one per call)."""
+
+
 def decode(data: bytes | str, kind: type[T], what: str,
            dec_hook: Callable[[type, Any], Any] | None = None) -> T:
     """``data`` as one ``kind`` record; ``what`` names the file in the error."""
@@ -44,8 +48,8 @@ def decode(data: bytes | str, kind: type[T], what: str,
     except RecursionError:
         raise RecordRejected(f"couldn't parse {what}: nested too deep") from None
     # msgspec keeps the last of duplicate keys: two readers could then see two different records
-    try:
-        json.loads(data, object_pairs_hook=_no_duplicates)
+    try:   # msgspec accepted it: UTF-8 JSON
+        _DUPLICATES.decode(data.decode() if isinstance(data, bytes) else data)
     except RecordRejected as e:
         raise RecordRejected(f"couldn't accept {one_line(what)}: {one_line(str(e))}") from None
     except RecursionError:
