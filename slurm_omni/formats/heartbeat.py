@@ -9,6 +9,22 @@ The meaning of each key is documented with the writer, ``slurm_omni.elastic.hear
 training script's heartbeat, the built-in trainer's too); the manager (manager/events.py) reads it.
 Keys this reader does not know are ignored (a newer writer may add measurements); the known ones are
 checked strictly.
+
+The per-node heartbeat file: ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl``, written where a job sets
+``OMNI_HEARTBEAT_NODE_DIR`` (a node-local folder such as ``/dev/shm``): each rank writes its beat
+there (``rank-<RANK>.json`` in ``<dir>/omni-beats-<uid>-<job>-<node>/``) and one rank per node, the
+one holding that folder's lock, copies every beat of its launch into one file on the shared file
+system, twice per interval (``elastic/heartbeat.py``). JSON lines: a header, then one line per rank,
+each exactly the bytes of that rank's beat::
+
+    {"node": "node3", "time": 1764460000.31}
+    {"rank": 12, "stage": 0, ...a rank's beat...}
+    {"rank": 13, ...}
+
+Each line is decoded on its own: one bad beat does not hide the node's other ranks, and a reader
+that polls again decodes only the lines that changed (the manager's ``HeartbeatScanner``). A reader takes, per rank, the newest beat it finds in the per-rank and
+the per-node files (by incarnation, then time): the per-rank file stays the fallback (no node folder,
+no leader alive, a rank's last beat) and the contract of scripts that write their own.
 """
 
 from __future__ import annotations
@@ -20,6 +36,11 @@ import msgspec
 from slurm_omni.policy.confirm import Heartbeat
 
 MAX_HEARTBEAT_BYTES = 4096
+MAX_RANKS_PER_NODE = 256
+MAX_NODE_BEATS_BYTES = MAX_HEARTBEAT_BYTES * MAX_RANKS_PER_NODE + 4096
+RANK_PREFIX = "rank-"
+NODE_PREFIX = "node-"
+NODE_SUFFIX = ".jsonl"
 MAX_METRICS = 16
 MAX_ERROR_CHARS = 400
 PHASES = ("starting", "training", "checkpointing", "stopping", "done", "failed")
@@ -66,3 +87,22 @@ class HeartbeatRecord(msgspec.Struct, frozen=True, kw_only=True):
     def observation(self, *, het_job: bool = True) -> Heartbeat:
         """Stage n runs in het component n (elastic/layout.py); an ordinary job has only offset 0."""
         return Heartbeat(self.time, self.rank, self.step, self.node, self.stage if het_job else None, self.phase)
+
+
+class NodeHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """The first line of ``node-<NODE>.jsonl``: which node, and when its leader wrote it."""
+
+    node: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+    time: Annotated[float, msgspec.Meta(gt=0)]
+
+
+def node_file_name(node: str) -> str:
+    """The per-node file's name: the node's name with anything but ``[A-Za-z0-9_.-]`` as ``_``."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in node)[:200]
+    return f"{NODE_PREFIX}{safe}{NODE_SUFFIX}"
+
+
+def newer(a: HeartbeatRecord, b: HeartbeatRecord) -> bool:
+    """``a`` replaces ``b`` as a rank's newest beat: a later incarnation, or the same one written later
+    (a beat that arrives late or out of order never replaces a newer one)."""
+    return (a.incarnation, a.time, a.beats) > (b.incarnation, b.time, b.beats)

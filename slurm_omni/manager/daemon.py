@@ -332,7 +332,7 @@ class Manager:
         if w.slurm_id is None:
             return []
         judged = w.judged_incarnation
-        return [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation == judged]
+        return [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id, w.scanner) if hb.incarnation == judged]
 
     def _ever_beat(self, w: Watch) -> bool:
         """Some life of the job wrote a heartbeat (the journal keeps every phase change)."""
@@ -365,7 +365,7 @@ class Manager:
         if repeated is not None:
             return repeated
         judged = w.judged_incarnation
-        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id) if hb.incarnation >= judged]
+        beats = [hb for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id, w.scanner) if hb.incarnation >= judged]
         newest = max((hb.incarnation for hb in beats), default=judged)
         bad = classify_end(label=self._label(w),
                             completed=job is not None and job.state is JobState.COMPLETED,

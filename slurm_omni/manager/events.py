@@ -7,23 +7,35 @@ over), read and emptied by that user's manager; node events, which every user ma
 
 The formats are ``slurm_omni.formats.spool`` (strigger node events, SPANK fault records) and
 ``slurm_omni.formats.heartbeat`` (``rank-<RANK>.json`` in a job's heartbeat folder, rewritten by
-every rank). Every file is read with a size bound (no symlinks, regular files only) and decoded
+every rank, or ``node-<NODE>.json``, one per node, rewritten by the node's leader rank). Every file is read with a size bound (no symlinks, regular files only) and decoded
 strictly. A file that fails is logged in one line naming it and moved into ``rejected/`` next to
 it; a valid one becomes observations for the confirmer.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
 from slurm_omni.formats import decode, encode
-from slurm_omni.formats.heartbeat import MAX_HEARTBEAT_BYTES, PHASES, HeartbeatRecord
+from slurm_omni.formats.heartbeat import (
+    MAX_HEARTBEAT_BYTES,
+    MAX_NODE_BEATS_BYTES,
+    MAX_RANKS_PER_NODE,
+    NODE_PREFIX,
+    NODE_SUFFIX,
+    PHASES,
+    RANK_PREFIX,
+    HeartbeatRecord,
+    NodeHeader,
+    newer,
+)
 from slurm_omni.formats.spool import (
     MAX_FAULT_BYTES,
     MAX_NODE_EVENT_BYTES,
@@ -192,24 +204,132 @@ def consume(path: Path) -> None:
 
 
 def read_heartbeats(heartbeat_dir: Path, *, dir_fd: int | None = None) -> list[HeartbeatRecord]:
-    """Every rank's current heartbeat; a malformed file is set aside (the rank rewrites it).
-    ``dir_fd``: the folder held open and checked by the caller: its files are read through it."""
-    out = []
-    try:
-        entries = sorted(os.scandir(heartbeat_dir if dir_fd is None else dir_fd), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        if not (entry.name.startswith("rank-") and entry.name.endswith(".json")):
-            continue
-        path = heartbeat_dir / entry.name
+    """Every rank's current heartbeat (per rank the newest of its ``rank-*.json`` and the
+    ``node-*.json`` beats, formats/heartbeat.py); a malformed file is set aside (the rank rewrites
+    it). ``dir_fd``: the folder held open and checked by the caller: its files are read through it.
+    Reads every file: a poller that runs again keeps a ``HeartbeatScanner``."""
+    return HeartbeatScanner().scan(heartbeat_dir, dir_fd=dir_fd)
+
+
+class _Cached:
+    __slots__ = ("key", "lines", "records", "seen")
+
+    def __init__(self, key: tuple[int, int, int, int], records: list[HeartbeatRecord], seen: int,
+                 lines: dict[bytes, HeartbeatRecord] | None = None) -> None:
+        self.key = key
+        self.records = records
+        self.seen = seen
+        self.lines = lines or {}
+        """A node file's beat lines as last decoded: an unchanged line is not decoded again."""
+
+
+class HeartbeatScanner:
+    """``read_heartbeats`` for a poller: a file whose inode, size, mtime and ctime are those of the
+    last poll is not opened again (its records are reused); only what changed is read and decoded.
+    Every beat is written by a rename (a new inode) at least a clock tick after the last, so an
+    unchanged key is an unchanged file; ``refresh_polls`` re-reads a file all the same after that
+    many polls without a change (a file system whose times are coarse). ``stats`` counts the file
+    system calls of the last scan (``listdir``, ``stat``, ``open``), for the scale bench."""
+
+    def __init__(self, *, refresh_polls: int = 120) -> None:
+        self.refresh_polls = refresh_polls
+        self._files: dict[str, _Cached] = {}
+        self._polls = 0
+        self.stats: dict[str, int] = {"listdir": 0, "stat": 0, "open": 0}
+
+    def scan(self, heartbeat_dir: Path, *, dir_fd: int | None = None) -> list[HeartbeatRecord]:
+        self._polls += 1
+        self.stats = {"listdir": 1, "stat": 0, "open": 0}
         try:
-            out.append(_read_one(path, MAX_HEARTBEAT_BYTES, parse_heartbeat, dir_fd))
-        except EventRejected as e:
-            if not path.exists():   # replaced between scandir and open: the next scan sees it
+            entries = list(os.scandir(heartbeat_dir if dir_fd is None else dir_fd))
+        except FileNotFoundError:
+            self._files.clear()
+            return []
+        files: dict[str, _Cached] = {}
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith(RANK_PREFIX) and name.endswith(".json")
+                    or name.startswith(NODE_PREFIX) and name.endswith(NODE_SUFFIX)):
                 continue
-            reject(path, str(e))
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:   # replaced or removed since the listing: the next scan sees it
+                continue
+            self.stats["stat"] += 1
+            key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            old = self._files.get(name)
+            if old is not None and old.key == key and self._polls - old.seen < self.refresh_polls:
+                files[name] = old
+                continue
+            path = heartbeat_dir / name
+            self.stats["open"] += 1
+            lines: dict[bytes, HeartbeatRecord] = {}
+            try:
+                if name.startswith(RANK_PREFIX):
+                    records = [_read_one(path, MAX_HEARTBEAT_BYTES, parse_heartbeat, dir_fd)]
+                else:
+                    known = old.lines if old is not None else {}
+                    records = _read_one(path, MAX_NODE_BEATS_BYTES,
+                                        functools.partial(parse_node_beats, known=known, decoded=lines), dir_fd)
+            except EventRejected as e:
+                if os.path.lexists(path) if dir_fd is None else _exists_at(name, dir_fd):
+                    reject(path, str(e))
+                continue
+            files[name] = _Cached(key, records, self._polls, lines)
+        self._files = files
+        return merge_beats(r for cached in files.values() for r in cached.records)
+
+
+def _exists_at(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def merge_beats(records: Iterable[HeartbeatRecord]) -> list[HeartbeatRecord]:
+    """Per rank the newest beat (``formats.heartbeat.newer``), ordered by rank: beats that arrive
+    late, out of order, or twice (a rank's own file and its node's) never hide a newer one."""
+    newest: dict[int, HeartbeatRecord] = {}
+    for hb in records:
+        old = newest.get(hb.rank)
+        if old is None or newer(hb, old):
+            newest[hb.rank] = hb
+    return [newest[r] for r in sorted(newest)]
+
+
+def parse_node_beats(data: bytes, what: str = "node heartbeats", known: dict[bytes, HeartbeatRecord] | None = None,
+                     decoded: dict[bytes, HeartbeatRecord] | None = None) -> list[HeartbeatRecord]:
+    """The beats of a ``node-*.jsonl`` file (formats/heartbeat.py): its header checked, each beat line
+    decoded on its own (one that does not decode is skipped, logged once per file and reason).
+    ``known``: lines decoded before, reused as they are; ``decoded``: filled with this file's lines."""
+    lines = data.split(b"\n")
+    _decode(lines[0], NodeHeader, f"{what} line 1")
+    out = []
+    for i, line in enumerate(lines[1:MAX_RANKS_PER_NODE + 1], 2):
+        if not line:
+            continue
+        hb = known.get(line) if known else None
+        if hb is None:
+            try:
+                hb = _decode(line, HeartbeatRecord, f"{what} line {i}")
+            except EventRejected as e:
+                _warn_once(str(e))
+                continue
+        if decoded is not None:
+            decoded[line] = hb
+        out.append(hb)
     return out
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned and len(_warned) < 1000:
+        _warned.add(message)
+        log.warning("%s", message)
 
 
 def write_event_file(spool: Path, name: str, data: bytes, *, mode: int = 0o600) -> Path:

@@ -21,6 +21,7 @@ from slurm_omni.manager.events import (
     EventRejected,
     FaultRecord,
     HeartbeatRecord,
+    HeartbeatScanner,
     SpoolEvent,
     read_heartbeats,
     scan_spool,
@@ -128,17 +129,21 @@ def _log_once(message: str) -> None:
         log.error("%s", message)
 
 
-def read_job_heartbeats(heartbeat_dir: Path, slurm_job_id: int) -> list[HeartbeatRecord]:
+def read_job_heartbeats(heartbeat_dir: Path, slurm_job_id: int,
+                        scanner: HeartbeatScanner | None = None) -> list[HeartbeatRecord]:
     """Heartbeats of one Slurm job: ranks of earlier incarnations (a larger world before a
     shrink) stay in the folder and are ignored. They feed failure confirmation and the fail-slow
     detector, so they are trusted only in a folder of the job's user (ours: each user runs their own
-    manager) that nobody else can use, read through its checked descriptor (slurm_omni.ownership)."""
+    manager) that nobody else can use, read through its checked descriptor (slurm_omni.ownership).
+    ``scanner``: the watch's own, which reads only the files that changed since its last poll."""
     if not heartbeat_dir.is_dir():
         return []
     try:
         with open_own_dir(heartbeat_dir, "manager: heartbeats", private=True) as folder:
             wanted = str(slurm_job_id)
-            return [hb for hb in read_heartbeats(heartbeat_dir, dir_fd=folder.fd) if hb.job_id == wanted]
+            beats = (scanner.scan(heartbeat_dir, dir_fd=folder.fd) if scanner is not None
+                     else read_heartbeats(heartbeat_dir, dir_fd=folder.fd))
+            return [hb for hb in beats if hb.job_id == wanted]
     except (NotOwnedError, OSError) as e:
         _log_once(str(e) if isinstance(e, NotOwnedError) else f"manager: couldn't read heartbeats in "
                   f"{heartbeat_dir}: {e.strerror}")

@@ -11,6 +11,7 @@ from typing import Any
 from slurm_omni.config.job import JobFile, load_job
 from slurm_omni.errors import OmniError
 from slurm_omni.manager.context import ManagerContext
+from slurm_omni.manager.events import HeartbeatScanner
 from slurm_omni.manager.journal import Journal, Recovery
 from slurm_omni.manager.registry import HEARTBEAT_SUBDIR, RegistryRecord
 from slurm_omni.manager.shape import Shape
@@ -61,6 +62,7 @@ class Watch:
     last_plan_poll: int = -1                 # the poll a waiting plan was last made from
     requeue_settling: bool = False           # requeued: Slurm may still show the old life's end state
     allocation_base: int | None = None       # in-allocation: the submission's incarnation (None: incarnation)
+    scanner: HeartbeatScanner = field(default_factory=HeartbeatScanner)   # reads only the beats that changed
     relaunched_incarnation: int | None = None   # in-allocation: the supervisor's last relaunch, this requeue
     step_id_max: int = -1                    # the highest step id of this Slurm job's fault records, this requeue
     stale_step_max: int = -1                 # in-allocation: fault records of steps up to it belong to earlier launches

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.formats import RecordRejected
+from slurm_omni.formats.heartbeat import NODE_PREFIX
 from slurm_omni.formats.metrics import MetricsLine, parse_line
 from slurm_omni.report.timeline import ReportInputError, _why, read_text
 
@@ -174,7 +175,11 @@ def load_heartbeats(folder: Path) -> list[HeartbeatRecord]:
             raise ReportInputError(f"report: couldn't read heartbeat {file}: expected a JSON object")
         beats.append(_heartbeat(obj, str(file)))
     for file in sorted(folder.glob("*.jsonl")):
-        beats.extend(_heartbeat(obj, where) for where, obj in _lines(file))
+        lines = iter(_lines(file))
+        if file.name.startswith(NODE_PREFIX):   # a node's beats (formats/heartbeat.py): its header first
+            next(lines, None)
+        beats.extend(_heartbeat(obj, where) for where, obj in lines)
     if not beats:
-        raise ReportInputError(f"report: couldn't find heartbeats in {folder}: no rank-*.json or *.jsonl")
+        raise ReportInputError(f"report: couldn't find heartbeats in {folder}: no rank-*.json, node-*.jsonl "
+                               "or *.jsonl")
     return sorted(set(beats), key=lambda b: (b.time, b.rank))

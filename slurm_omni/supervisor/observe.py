@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_omni.formats.heartbeat import HeartbeatRecord
-from slurm_omni.manager.events import read_heartbeats
+from slurm_omni.manager.events import HeartbeatScanner
 from slurm_omni.policy.confirm import ConfirmConfig, Confirmer, NodeObservation, StepEnded, TaskExit
 from slurm_omni.slurm.steps import SrunEvent
 from slurm_omni.slurm.types import Node, NodeState
@@ -31,6 +31,9 @@ class LaunchObserver:
         self.step_id = ""
         """The step's id as srun named it (``JOB.STEP``), once it said."""
         self._start_step: int | None = None
+        self.scanner = HeartbeatScanner()
+        """Reads only the heartbeat files that changed since the last poll (per node where the ranks
+        aggregate: formats/heartbeat.py)."""
 
     def srun(self, event: SrunEvent, *, ending_on_request: bool) -> None:
         """One srun report. ``ending_on_request``: the step was asked to stop (a forwarded signal, a
@@ -50,7 +53,7 @@ class LaunchObserver:
     def heartbeats(self) -> list[HeartbeatRecord]:
         """This launch's ranks' newest heartbeats (its incarnation, this job), unreadable: none."""
         try:
-            return [hb for hb in read_heartbeats(self.heartbeat_dir)
+            return [hb for hb in self.scanner.scan(self.heartbeat_dir)
                     if hb.job_id == self.job_id and hb.incarnation == self.launch.incarnation]
         except OSError:
             return []

@@ -156,3 +156,17 @@ def test_the_stages_go_by_their_own_names(tmp_path: Path) -> None:
     built = build_report([one], job_id="7")
     assert built.summary.stages == ("gpt",)
     assert "omni report: job 7 (gpt stage), steps 1..10" in built.text
+
+
+def test_heartbeats_aggregated_per_node_are_read(tmp_path: Path) -> None:
+    """A heartbeat folder of a job that aggregated per node (OMNI_HEARTBEAT_NODE_DIR): the node files'
+    header lines are not beats, their beat lines are."""
+    from slurm_omni.report.inputs import load_heartbeats
+    folder = tmp_path / "hb"
+    folder.mkdir()
+    beat = {"stage": 0, "dp_rank": 0, "pid": 1, "incarnation": 0, "job_id": "4", "step": 7, "phase": "training"}
+    (folder / "node-n1.jsonl").write_text("\n".join(json.dumps(o) for o in (
+        {"node": "n1", "time": 100.5}, {**beat, "rank": 0, "time": 100.0}, {**beat, "rank": 1, "time": 100.2})) + "\n")
+    (folder / "rank-1.json").write_text(json.dumps({**beat, "rank": 1, "time": 101.0, "phase": "done"}))
+    got = [(b.rank, b.time, b.phase) for b in load_heartbeats(folder)]
+    assert got == [(0, 100.0, "training"), (1, 100.2, "training"), (1, 101.0, "done")]
