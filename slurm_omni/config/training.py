@@ -231,7 +231,8 @@ _FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """Set by slurm-omni for every rank; a job file cannot override them (nor OMNI_* and SLURM_*)."""
-USER_OMNI_ENV = ("OMNI_STEP_DELAY_S", "OMNI_TRACE_SAMPLES", "OMNI_DEVICE", "OMNI_COLLECTIVE_TIMEOUT")
+USER_OMNI_ENV = ("OMNI_STEP_DELAY_S", "OMNI_TRACE_SAMPLES", "OMNI_DEVICE", "OMNI_COLLECTIVE_TIMEOUT",
+                 "OMNI_HEARTBEAT_NODE_DIR")
 """The OMNI_* knobs of the training API (``slurm_omni/elastic/layout.py``) a job file may set."""
 
 

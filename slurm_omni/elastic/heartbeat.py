@@ -22,11 +22,22 @@ passed with its last step; ``error`` (optional, phase ``failed``) one line sayin
 file is written to a temporary name and renamed, so a reader never sees a partial file. The thread
 keeps beating while the main thread is inside a long collective, which is what lets the manager tell
 a slow step (beats, no progress) from a dead process (no beats).
+
+Per node instead of per rank (``OMNI_HEARTBEAT_NODE_DIR``, a node-local folder such as ``/dev/shm``;
+formats/heartbeat.py): the beat goes to ``<dir>/omni-beats-<uid>-<job>-<node>/rank-<RANK>.json``
+(0700, ours, checked by its descriptor) and the rank holding that folder's ``lock`` (``flock``; the
+next rank takes it over when its holder exits or dies) copies the node's beats of the newest life
+into ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl`` twice per interval: the shared file system sees one
+write per node, not per rank. A rank writes its own ``rank-<RANK>.json`` as before when the node's
+copy is stale (no leader published for 1.5 intervals: a stopped leader, the first beat of a life)
+and removes it once the node's copy carries a newer beat; its last beat (``stop``) always goes to
+its own file as well, so that its exit code does not wait on a leader that is exiting too.
 """
 
 from __future__ import annotations
 
 import collections
+import fcntl
 import logging
 import math
 import os
@@ -35,10 +46,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from slurm_omni.formats import encode
-from slurm_omni.formats.heartbeat import MAX_ERROR_CHARS, MAX_METRICS, PHASES, HeartbeatRecord
-from slurm_omni.fsio import write_atomic
-from slurm_omni.ownership import ensure_own_dir
+from slurm_omni.formats.heartbeat import (
+    MAX_ERROR_CHARS,
+    MAX_HEARTBEAT_BYTES,
+    MAX_METRICS,
+    MAX_RANKS_PER_NODE,
+    PHASES,
+    RANK_PREFIX,
+    HeartbeatRecord,
+    NodeHeader,
+    node_file_name,
+)
+from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
+from slurm_omni.ownership import NotOwnedError, OwnDir, ensure_dir, ensure_own_dir
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +72,11 @@ class Heartbeat:
     """One rank's heartbeat file. ``update`` from the training loop; a thread rewrites the file."""
 
     def __init__(self, heartbeat_dir: Path, *, rank: int, stage: int, dp_rank: int, incarnation: int,
-                 job_id: str, interval_s: float = 2.0, window: int = 5, node: str | None = None) -> None:
+                 job_id: str, interval_s: float = 2.0, window: int = 5, node: str | None = None,
+                 node_dir: Path | None = None) -> None:
+        """``node_dir``: the node-local folder of ``OMNI_HEARTBEAT_NODE_DIR`` (the default; empty:
+        none) under which the node's ranks aggregate their beats (``NodeRelay``); without a node name
+        (outside Slurm) every rank writes its own file."""
         self.path = heartbeat_dir / f"rank-{rank}.json"
         self.interval_s = interval_s
         self._lock = threading.Lock()
@@ -69,6 +96,17 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
         # the manager trusts only its own user's beats, in a folder only they can use
         ensure_own_dir(heartbeat_dir, what="heartbeat", private=True)
+        if node_dir is None:
+            node_dir = Path(os.environ["OMNI_HEARTBEAT_NODE_DIR"]) if os.environ.get("OMNI_HEARTBEAT_NODE_DIR") else None
+        self.relay: NodeRelay | None = None
+        if node_dir is not None and node:
+            try:
+                self.relay = NodeRelay(node_dir, shared_dir=heartbeat_dir, job_id=job_id, node=node, rank=rank,
+                                       interval_s=interval_s)
+            except (NotOwnedError, OSError) as e:   # the node folder is not usable: per-rank files
+                log.warning("heartbeat: couldn't aggregate on the node (%s); writing %s", e, self.path)
+        self._direct_at: float | None = None
+        """When this rank last wrote its own file, until the node's copy is newer (then it is removed)."""
 
     def start(self) -> None:
         self._write()
@@ -118,22 +156,137 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 1)
-        self._write()
+        self._write(last=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._write()
+        if self.relay is None:
+            while not self._stop.wait(self.interval_s):
+                self._write()
+            return
+        # with a node folder: wake twice per interval (the leader publishes each time), beat once
+        next_beat = time.monotonic() + self.interval_s
+        while not self._stop.wait(self.interval_s / 2):
+            if time.monotonic() >= next_beat - self.interval_s / 4:
+                next_beat += self.interval_s
+                self._write()
+            else:
+                self.relay.lead(time.time())
 
-    def _write(self) -> None:
+    def _write(self, *, last: bool = False) -> None:
         with self._lock:
             self._state["beats"] += 1
-            self._state["time"] = time.time()
+            self._state["time"] = now = time.time()
             data = encode(HeartbeatRecord(**self._state))   # the schema the manager reads it with
+        direct = self.relay is None or last
+        if self.relay is not None:
+            try:
+                published = self.relay.beat(data, now, last=last)
+                direct = direct or now - published > 1.5 * self.interval_s
+                if self._direct_at is not None and published > self._direct_at and not last:
+                    self.path.unlink(missing_ok=True)   # the node's copy carries this beat or a newer one
+                    self._direct_at = None
+            except OSError as e:
+                log.warning("heartbeat: couldn't write on the node (%s); writing %s", e, self.path)
+                direct = True
+        if not direct:
+            return
         try:
             write_atomic(self.path, data, durable=False)
+            self._direct_at = now
         except OSError as e:
             # A full or flaky shared disk must not kill training; the manager sees stale beats.
             log.warning("heartbeat: couldn't write %s: %s", self.path, e)
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:64]
+
+
+class NodeRelay:
+    """One rank's side of the node's aggregation (module doc): its beat in the node-local folder,
+    and, while it holds the folder's lock, the copy of every beat there into the shared folder."""
+
+    LOCK = "lock"
+    PUBLISHED = "published"
+
+    def __init__(self, node_dir: Path, *, shared_dir: Path, job_id: str, node: str, rank: int,
+                 interval_s: float) -> None:
+        self.folder: OwnDir = ensure_dir(node_dir / f"omni-beats-{os.geteuid()}-{_safe(job_id)}-{_safe(node)}",
+                                         what="heartbeat node folder", private=True)
+        self.node = node
+        self.shared_dir = shared_dir
+        self.name = f"{RANK_PREFIX}{rank}.json"
+        self.interval_s = interval_s
+        self.leader = False
+        self.publishes = 0
+        self._lock_fd = -1
+        self._published_at = 0.0
+
+    def beat(self, data: bytes, now: float, *, last: bool = False) -> float:
+        """Write this rank's beat on the node (its last one: remove it, and hand the lead over); lead
+        when possible. When a leader last published the node's beats (0: never; a leader: now)."""
+        fd = self.folder.fd
+        if last:
+            try:
+                os.unlink(self.name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            if self.leader:
+                self.lead(now)
+                self.close()
+            return 0.0
+        write_atomic(Path(self.name), data, durable=False, dir_fd=fd)
+        self.lead(now)
+        if self.leader and self._published_at >= now:
+            return self._published_at
+        try:
+            return os.stat(self.PUBLISHED, dir_fd=fd, follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    def lead(self, now: float) -> None:
+        """Take the node's lead when it is free; as the leader, publish the node's beats."""
+        if not self.leader:
+            if self._lock_fd < 0:
+                self._lock_fd = os.open(self.LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                        dir_fd=self.folder.fd)
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+            self.leader = True
+        try:
+            self.publish(now)
+        except OSError as e:   # a flaky shared disk: the ranks see a stale copy and write their own
+            log.warning("heartbeat: couldn't publish the node's beats in %s: %s", self.shared_dir, e)
+
+    def publish(self, now: float) -> int:
+        """Copy the node's beats of the newest life into ``node-<NODE>.jsonl``; the number copied."""
+        fd = self.folder.fd
+        found: list[tuple[int, bytes]] = []
+        for entry in os.scandir(fd):
+            if not (entry.name.startswith(RANK_PREFIX) and entry.name.endswith(".json")):
+                continue
+            try:
+                raw = read_bounded(Path(entry.name), MAX_HEARTBEAT_BYTES, dir_fd=fd)
+                found.append((msgspec.json.decode(raw, type=HeartbeatRecord).incarnation, raw))
+            except (FileRejected, msgspec.DecodeError, ValueError):
+                continue   # replaced or removed meanwhile, or not a beat: the readers would refuse it
+        newest = max((life for life, _ in found), default=0)
+        beats = [raw.strip() for life, raw in found if life == newest][:MAX_RANKS_PER_NODE]
+        if beats:
+            data = b"".join([encode(NodeHeader(node=self.node, time=now)), *(raw + b"\n" for raw in beats)])
+            write_atomic(self.shared_dir / node_file_name(self.node), data, durable=False)
+        write_atomic(Path(self.PUBLISHED), b"%.3f" % now, durable=False, dir_fd=fd)
+        self._published_at = time.time()
+        self.publishes += 1
+        return len(beats)
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)   # releases the lead
+            self._lock_fd = -1
+        self.leader = False
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | int]:

@@ -112,3 +112,26 @@ def test_input_no_restart_can_fix_exits_78_with_one_line(tmp_path: Path, bad: di
     if "WORLD_SIZE" not in bad:   # the rank knew who it was: its last beat says why
         beat = parse_heartbeat(hb.read_bytes())
         assert (beat.phase, beat.exit_code) == ("failed", EXIT_BAD_INPUT) and beat.error.startswith("light rank:")
+
+
+def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path) -> None:
+    """OMNI_HEARTBEAT_NODE_DIR: the 4 ranks of one node beat on the node and one of them copies their
+    beats into node-<NODE>.jsonl, which the package's reader decodes; the last beats are each rank's own."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    procs = _start(tmp_path, 4, OMNI_MAX_STEPS="150", OMNI_INCARNATION="0", SLURMD_NODENAME="nodeA",
+                   OMNI_HEARTBEAT_NODE_DIR=str(shm))
+    node_file = tmp_path / "hb" / "node-nodeA.jsonl"
+    seen: set[int] = set()
+    end = time.monotonic() + 60
+    while procs[0].poll() is None and time.monotonic() < end and seen != {0, 1, 2, 3}:
+        if node_file.exists():
+            seen |= {b.rank for b in read_heartbeats(tmp_path / "hb") if b.phase == "training"
+                     and not (tmp_path / "hb" / f"rank-{b.rank}.json").exists()}
+        time.sleep(0.02)
+    assert _codes(procs) == [EXIT_DONE] * 4
+    assert seen == {0, 1, 2, 3}   # each rank's training beats reached the shared folder through the node file
+    assert os.stat(shm / f"omni-beats-{os.geteuid()}-42-nodeA").st_mode & 0o777 == 0o700
+    beats = read_heartbeats(tmp_path / "hb")
+    assert {(b.rank, b.phase, b.step, b.exit_code) for b in beats} == {(r, "done", 150, 0) for r in range(4)}
+    assert sorted(p.name for p in (tmp_path / "hb").glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]

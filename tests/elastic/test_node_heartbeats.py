@@ -1,0 +1,116 @@
+"""Heartbeats aggregated per node (OMNI_HEARTBEAT_NODE_DIR, issue 19): the node's ranks write on the
+node, one of them copies their beats into one file on the shared folder, a rank writes its own file
+when no leader publishes, and its last beat always."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.elastic.heartbeat import Heartbeat, NodeRelay
+from slurm_omni.manager.events import read_heartbeats
+
+INTERVAL = 0.1
+
+
+def wait_for(what: str, cond: Callable[[], bool], limit_s: float = 20.0) -> None:
+    end = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def ranks(shared: Path, node: str, n: int, node_dir: Path | None, first: int = 0) -> list[Heartbeat]:
+    return [Heartbeat(shared, rank=r, stage=0, dp_rank=r, incarnation=0, job_id="42", interval_s=INTERVAL,
+                      node=node, node_dir=node_dir) for r in range(first, first + n)]
+
+
+def own_files(shared: Path) -> list[str]:
+    return sorted(p.name for p in shared.glob("rank-*.json"))
+
+
+def test_one_file_per_node_and_the_lead_moves_on(tmp_path: Path) -> None:
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    node1, node2 = ranks(shared, "n1", 4, shm), ranks(shared, "n2", 4, shm, first=4)
+    for hb in node1 + node2:
+        hb.update(step=3, phase="training")
+        hb.start()
+    try:
+        # steady state: one file per node on the shared folder, every rank in it, no per-rank file
+        wait_for("the node files and no per-rank file", lambda: own_files(shared) == [] and sorted(
+            p.name for p in shared.glob("node-*")) == ["node-n1.jsonl", "node-n2.jsonl"]
+            and len(read_heartbeats(shared)) == 8)
+        assert sum(hb.relay is not None and hb.relay.leader for hb in node1) == 1
+        local = shm / f"omni-beats-{os.geteuid()}-42-n1"
+        assert oct(local.stat().st_mode & 0o777) == "0o700"
+        # the leader ends: its last beat is its own file; another rank of the node takes the lead
+        leader = next(hb for hb in node1 if hb.relay is not None and hb.relay.leader)
+        leader.stop("done", exit_code=0)
+        assert own_files(shared) == [leader.path.name]
+        rest = [hb for hb in node1 if hb is not leader]
+        wait_for("a new leader", lambda: sum(hb.relay is not None and hb.relay.leader for hb in rest) == 1)
+        for hb in rest:
+            hb.update(step=9)
+        wait_for("the new leader's copy", lambda: {b.rank: b.step for b in read_heartbeats(shared)
+                                                    if b.node == "n1"} == {
+            **{hb._state["rank"]: 9 for hb in rest}, leader._state["rank"]: 3})
+        assert {b.rank: b.phase for b in read_heartbeats(shared)}[leader._state["rank"]] == "done"
+    finally:
+        for hb in node1 + node2:
+            if hb._thread.is_alive():
+                hb.stop("stopping")
+
+
+def test_a_leader_that_stops_publishing_sends_the_ranks_to_their_own_files(tmp_path: Path) -> None:
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    stuck = NodeRelay(shm, shared_dir=shared, job_id="42", node="n1", rank=99, interval_s=INTERVAL)
+    lock = os.open(stuck.LOCK, os.O_RDWR | os.O_CREAT, 0o600, dir_fd=stuck.folder.fd)
+    fcntl.flock(lock, fcntl.LOCK_EX)   # a leader that holds the lock and never publishes (SIGSTOP)
+    beats = ranks(shared, "n1", 3, shm)
+    try:
+        for hb in beats:
+            hb.start()
+        wait_for("every rank's own file", lambda: own_files(shared) == ["rank-0.json", "rank-1.json", "rank-2.json"])
+        first = {b.rank: b.beats for b in read_heartbeats(shared)}
+        wait_for("the own files to move on", lambda: all(
+            b.beats > first[b.rank] for b in read_heartbeats(shared)))
+        assert not any(hb.relay is not None and hb.relay.leader for hb in beats)
+        # the stuck leader goes away: one rank leads, the own files go once the node's copy is newer
+        os.close(lock)
+        wait_for("the node's copy", lambda: own_files(shared) == [] and len(read_heartbeats(shared)) == 3)
+    finally:
+        for hb in beats:
+            hb.stop("stopping")
+
+
+def test_without_a_node_name_or_node_folder_every_rank_writes_its_own_file(tmp_path: Path) -> None:
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    (hb_a,) = ranks(shared, "", 1, shm)
+    (hb_b,) = ranks(shared, "n1", 1, None, first=1)
+    assert hb_a.relay is None and hb_b.relay is None
+    for hb in (hb_a, hb_b):
+        hb.start()
+        hb.stop("done", exit_code=0)
+    assert own_files(shared) == ["rank-0.json", "rank-1.json"]
+    assert not list(shm.iterdir())
+
+
+def test_a_node_folder_others_can_write_is_refused_and_the_rank_writes_its_own_file(tmp_path: Path) -> None:
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    (shm / f"omni-beats-{os.geteuid()}-42-n1").mkdir(mode=0o777)
+    os.chmod(shm / f"omni-beats-{os.geteuid()}-42-n1", 0o777)   # others could plant beats there
+    (hb,) = ranks(shared, "n1", 1, shm)
+    assert hb.relay is None   # refused (slurm_omni.ownership), one warning
+    hb.start()
+    hb.stop("done", exit_code=0)
+    assert own_files(shared) == ["rank-0.json"]
