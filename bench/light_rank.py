@@ -331,8 +331,8 @@ class Relay:
     while it holds that folder's lock, the copy of the node's beats of the newest life into the
     shared ``node-<NODE>.jsonl``."""
 
-    def __init__(self, fd: int, node: str, name: str, shared: str, interval: float) -> None:
-        self.fd, self.node, self.name, self.shared, self.interval = fd, node, name, shared, interval
+    def __init__(self, fd: int, path: str, node: str, name: str, shared: str, interval: float) -> None:
+        self.fd, self.path, self.node, self.name, self.shared, self.interval = fd, path, node, name, shared, interval
         self.lock_fd = -1
         self.leader = False
         self.next_publish = 0.0
@@ -356,7 +356,7 @@ class Relay:
         except OSError as e:
             print(f"light rank: couldn't aggregate on the node ({e}); writing its own file", file=sys.stderr, flush=True)
             return None
-        return cls(fd, node, f"rank-{rank}.json", shared, interval)
+        return cls(fd, path, node, f"rank-{rank}.json", shared, interval)
 
     def beat(self, data: bytes, now: float, *, last: bool = False) -> float:
         """This rank's beat on the node (the last one: removed, the lead handed over); when a leader
@@ -371,6 +371,13 @@ class Relay:
                 self.lead(now)
                 os.close(self.lock_fd)
                 self.leader = False
+            if not any(e.name.startswith("rank-") for e in os.scandir(self.fd)):   # the node's last: no folder left
+                try:
+                    for name in ("published", "lock"):
+                        os.unlink(name, dir_fd=self.fd)
+                    os.rmdir(self.path)
+                except OSError:
+                    pass
             return 0.0
         _write_atomic(self.name, data, dir_fd=self.fd)
         self.next_publish = 0.0

@@ -233,7 +233,8 @@ class NodeRelay:
                 pass
             if self.leader:
                 self.lead(now)
-                self.close()
+            self.close()
+            self._remove_if_last()
             return 0.0
         write_atomic(Path(self.name), data, durable=False, dir_fd=fd)
         self.lead(now)
@@ -281,6 +282,18 @@ class NodeRelay:
         self._published_at = time.time()
         self.publishes += 1
         return len(beats)
+
+    def _remove_if_last(self) -> None:
+        """The node's last rank of the job leaves no folder behind (``/dev/shm`` is memory)."""
+        fd = self.folder.fd
+        if any(e.name.startswith(RANK_PREFIX) for e in os.scandir(fd)):
+            return
+        try:
+            for name in (self.PUBLISHED, self.LOCK):
+                os.unlink(name, dir_fd=fd)
+            os.rmdir(self.folder.path)
+        except OSError:
+            pass   # another rank came meanwhile, or left first: it is theirs to remove
 
     def close(self) -> None:
         if self._lock_fd >= 0:

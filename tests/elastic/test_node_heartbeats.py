@@ -66,6 +66,7 @@ def test_one_file_per_node_and_the_lead_moves_on(tmp_path: Path) -> None:
         for hb in node1 + node2:
             if hb._thread.is_alive():
                 hb.stop("stopping")
+    assert list(shm.iterdir()) == []   # each node's last rank removed its node folder
 
 
 def test_a_leader_that_stops_publishing_sends_the_ranks_to_their_own_files(tmp_path: Path) -> None:

@@ -124,14 +124,19 @@ def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path) -> None:
     node_file = tmp_path / "hb" / "node-nodeA.jsonl"
     seen: set[int] = set()
     end = time.monotonic() + 60
+    local = shm / f"omni-beats-{os.geteuid()}-42-nodeA"
+    modes = set()
     while procs[0].poll() is None and time.monotonic() < end and seen != {0, 1, 2, 3}:
+        if local.exists():
+            modes.add(local.stat().st_mode & 0o777)
         if node_file.exists():
             seen |= {b.rank for b in read_heartbeats(tmp_path / "hb") if b.phase == "training"
                      and not (tmp_path / "hb" / f"rank-{b.rank}.json").exists()}
         time.sleep(0.02)
     assert _codes(procs) == [EXIT_DONE] * 4
     assert seen == {0, 1, 2, 3}   # each rank's training beats reached the shared folder through the node file
-    assert os.stat(shm / f"omni-beats-{os.geteuid()}-42-nodeA").st_mode & 0o777 == 0o700
+    assert modes == {0o700}
+    assert not local.exists()   # the node's last rank removed the node folder
     beats = read_heartbeats(tmp_path / "hb")
     assert {(b.rank, b.phase, b.step, b.exit_code) for b in beats} == {(r, "done", 150, 0) for r in range(4)}
     assert sorted(p.name for p in (tmp_path / "hb").glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
