@@ -180,6 +180,8 @@ class Size:
             "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}", "OMNI_STANDBY": 0,
             "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
         }
+        if self.args.heartbeat_node_dir:   # one heartbeat file per node (elastic/heartbeat.py)
+            env["OMNI_HEARTBEAT_NODE_DIR"] = self.args.heartbeat_node_dir
         exports = "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in env.items())
         supervise = [sys.executable, "-m", "slurm_omni.cli.main", "supervise",
                      f"--stages=main:{active}:{TASKS_PER_NODE}:1", "--heartbeat-interval=1", "--no-standby",
@@ -376,8 +378,10 @@ def slope(a: tuple[int, float | None], b: tuple[int, float | None]) -> str:
     return f"{math.log(v1 / v0) / math.log(n1 / n0):+.2f}"
 
 
-def report(results: list[Result]) -> None:
-    print("\nnode loss, in-allocation path (step supervisor), 4 light ranks per active node, 1 spare")
+def report(results: list[Result], heartbeat_node_dir: str = "") -> None:
+    beats = f"a heartbeat file per node (OMNI_HEARTBEAT_NODE_DIR={heartbeat_node_dir})" if heartbeat_node_dir \
+        else "a heartbeat file per rank"
+    print(f"\nnode loss, in-allocation path (step supervisor), 4 light ranks per active node, 1 spare, {beats}")
     head = f"{'nodes':>5} {'ranks':>5} " + " ".join(f"{p:>10}" for p in (*PHASES, "total")) + \
         f" {'cpu/poll':>9} {'srun cpu':>9} {'load':>5}"
     print(head)
@@ -410,8 +414,8 @@ def report(results: list[Result]) -> None:
             def value(r: Result, p: str = p) -> float | None:
                 return r.total if p == "total" else r.cpu_per_poll if p == "cpu/poll" else r.phases.get(p)
             print(f"  {p:<11} " + " ".join(f"{slope((a.nodes, value(a)), (b.nodes, value(b))):>10}" for a, b in pairs))
-    print("\none heartbeat scan (read_heartbeats, the supervisor's and the manager's per poll) over synthetic "
-          "files, CPU / wall, median of 5")
+    print("\none full heartbeat scan (read_heartbeats: every file read, as a first poll) over synthetic per-rank "
+          "files, CPU / wall, median of 5 (a poll after the first reads what changed: bench/heartbeat_bench.py)")
     for r in results:
         if r.scan is not None:
             print(f"  {r.ranks:>5} ranks: {1000 * r.scan[0]:.1f} ms / {1000 * r.scan[1]:.1f} ms "
@@ -490,6 +494,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds each wait of a size may take.")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="Memory left to the rest of the machine.")
     p.add_argument("--keep-cluster", action="store_true", help="Leave the last size's cluster up.")
+    p.add_argument("--heartbeat-node-dir", default="",
+                   help="OMNI_HEARTBEAT_NODE_DIR for the ranks (e.g. /dev/shm): one heartbeat file per node instead "
+                        "of one per rank (bench/heartbeat_bench.py measures both)")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     root = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
@@ -513,7 +520,7 @@ def main() -> int:
                 if not (args.keep_cluster and n == sizes[-1]):
                     size.cluster.down()
     finally:
-        report(results)
+        report(results, args.heartbeat_node_dir)
     return 0 if all(not r.na and all(c.startswith("PASS") for c in r.checks) for r in results) else 1
 
 

@@ -1,0 +1,247 @@
+"""Heartbeats at scale (issue 19, "fix what grows badly"): the control plane's CPU per poll at 2,048
+ranks, and the heartbeat folder's file-system operations per second in steady state per ranks per node.
+
+    python bench/heartbeat_bench.py                  # about 2 minutes; not in the default CI run
+    python bench/heartbeat_bench.py --ranks 2048 --ranks-per-node 1,2,4,8 --window 8
+
+1. **CPU per poll** (synthetic folders, 4 ranks per node): one poll of the manager's reader
+   (``manager.sources.read_job_heartbeats`` with the watch's ``HeartbeatScanner``: the folder opened
+   and checked, listed, each file stat'ed, the changed ones read and decoded; the step supervisor's
+   ``LaunchObserver`` runs the same scanner without the folder check) over the per-rank layout
+   (``rank-*.json``, every rank writing its own file: no ``OMNI_HEARTBEAT_NODE_DIR``) and the per-node
+   layout (``node-*.json``). Three polls each: **cold** (a new scanner: every file read), **steady**
+   (between two polls the files a 0.5 s poll sees change in steady state were rewritten: half of the
+   per-rank files at a 1 s interval, every node file, published twice per interval) and **idle**
+   (nothing changed: list and stat only). CPU is the process's (``time.process_time``), the median
+   of 5, printed as the ratio to the issue's bar of 50 ms per poll at 2,048 ranks.
+2. **File-system operations per second** in the heartbeat folder in steady state: real light ranks
+   (``bench/light_rank.py``, 2 nodes named on one machine, a 1 s heartbeat interval, 0.5 s steps) for
+   each ranks-per-node count, with and without ``OMNI_HEARTBEAT_NODE_DIR`` (a node-local folder
+   here, ``/dev/shm`` on a real node). The writers' operations are counted by inotify on the folder
+   (create, write, rename, unlink: every process's, nothing assumed); the reader's are the
+   scanner's own count (listdir, stat, open) of a 0.5 s poll over the same window. Per node, they
+   must not grow with the ranks per node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from slurm_omni.formats import encode
+from slurm_omni.formats.heartbeat import HeartbeatRecord, NodeHeader, node_file_name
+from slurm_omni.fsio import write_atomic
+from slurm_omni.manager.events import HeartbeatScanner
+from slurm_omni.manager.sources import read_job_heartbeats
+from slurm_omni.supervisor.ports import pick
+
+BAR_S = 0.050
+"""The issue's bar: the control plane's CPU per poll at 2,048 ranks."""
+LIGHT_RANK = REPO / "bench" / "light_rank.py"
+JOB = 7
+
+
+# -- 1. CPU per poll -----------------------------------------------------------------------------
+
+def _beat(rank: int, now: float, per_node: int) -> HeartbeatRecord:
+    return HeartbeatRecord(rank=rank, stage=0, dp_rank=rank, pid=1000 + rank, incarnation=1, job_id=str(JOB),
+                           step=17, phase="training", time=now, step_time_s=0.5, compute_s=0.4, data_s=0.01,
+                           last_checkpoint_step=15, beats=9, node=f"node{rank // per_node + 1}",
+                           metrics={"loss": 2.31, "samples": 8})
+
+
+def _write_layout(folder: Path, per_node: int, layout: str, stamps: list[float], files: range) -> None:
+    """Write ``files`` (rank numbers, or node numbers) with each rank's beat as of ``stamps[rank]``: a
+    rank whose stamp did not change writes the same bytes again (a node file's unchanged line)."""
+    if layout == "per-rank":
+        for r in files:
+            write_atomic(folder / f"rank-{r}.json", encode(_beat(r, stamps[r], per_node)), durable=False)
+        return
+    for n in files:
+        node = f"node{n + 1}"
+        beats = [encode(_beat(r, stamps[r], per_node)) for r in range(n * per_node, (n + 1) * per_node)]
+        write_atomic(folder / node_file_name(node), b"".join([encode(NodeHeader(node=node, time=time.time())), *beats]),
+                     durable=False)
+
+
+def poll_cpu(work: Path, ranks: int, per_node: int, layout: str) -> dict[str, float]:
+    """Median CPU seconds of the manager's poll: cold, steady and idle (module doc)."""
+    folder = work / f"poll-{layout}-{ranks}"
+    folder.mkdir(mode=0o700)
+    stamps = [time.time()] * ranks
+    nodes = ranks // per_node
+    _write_layout(folder, per_node, layout, stamps, range(ranks if layout == "per-rank" else nodes))
+    out: dict[str, list[float]] = {"cold": [], "steady": [], "idle": []}
+    for run in range(5):
+        scanner = HeartbeatScanner()
+        for kind in ("cold", "steady", "idle"):
+            if kind == "steady":
+                # half the ranks beat since the last poll (a 0.5 s poll, a 1 s interval): their own
+                # files change, and every node file (its leader publishes twice per interval)
+                half = range(run % 2, ranks, 2)
+                for r in half:
+                    stamps[r] += 1.0
+                _write_layout(folder, per_node, layout, stamps, half if layout == "per-rank" else range(nodes))
+            c0 = time.process_time()
+            beats = read_job_heartbeats(folder, JOB, scanner)
+            out[kind].append(time.process_time() - c0)
+            if len(beats) != ranks:
+                raise SystemExit(f"heartbeat bench: {layout} poll read {len(beats)} beats, expected {ranks}")
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
+    return {k: sorted(v)[len(v) // 2] for k, v in out.items()}
+
+
+# -- 2. file-system operations -----------------------------------------------------------------------
+
+IN_MODIFY, IN_MOVED_TO, IN_CREATE, IN_DELETE, IN_Q_OVERFLOW = 0x2, 0x80, 0x100, 0x200, 0x4000
+WRITE_OPS = {IN_CREATE: "create", IN_MODIFY: "write", IN_MOVED_TO: "rename", IN_DELETE: "unlink"}
+
+
+class Inotify:
+    """Counts the write-side operations in one folder (every process's), through libc's inotify."""
+
+    def __init__(self, folder: Path) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0 or self.libc.inotify_add_watch(self.fd, str(folder).encode(), sum(WRITE_OPS)) < 0:
+            raise SystemExit(f"heartbeat bench: couldn't watch {folder}: {os.strerror(ctypes.get_errno())}")
+        self.counts = dict.fromkeys(WRITE_OPS.values(), 0)
+        self.overflow = False
+
+    def drain(self) -> None:
+        while True:
+            try:
+                buf = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                return
+            at = 0
+            while at < len(buf):
+                _wd, mask, _cookie, size = struct.unpack_from("iIII", buf, at)
+                at += 16 + size
+                self.overflow |= bool(mask & IN_Q_OVERFLOW)
+                for bit, name in WRITE_OPS.items():
+                    if mask & bit:
+                        self.counts[name] += 1
+
+    def reset(self) -> None:
+        self.drain()
+        self.counts = dict.fromkeys(self.counts, 0)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float, warmup: float) -> dict[str, float]:
+    """Operations per second in the heartbeat folder of ``nodes`` x ``per_node`` light ranks."""
+    run = work / f"ops-{per_node}-{'node' if aggregate else 'rank'}"
+    hb, shm = run / "hb", run / "shm"
+    for d in (run, hb, shm):
+        d.mkdir(mode=0o700)
+    world = nodes * per_node
+    port, _ = pick(range(43000, 43200))
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMNI_", "SLURM_"))}
+    procs = []
+    for r in range(world):
+        env = {**base, "RANK": str(r), "WORLD_SIZE": str(world), "OMNI_DP_SIZE": str(world), "OMNI_DP_RANK": str(r),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMNI_CKPT_DIR": str(run / "ckpt"),
+               "OMNI_HEARTBEAT_DIR": str(hb), "OMNI_METRICS_DIR": str(run / "metrics"), "OMNI_JOB_ID": str(JOB),
+               "OMNI_INCARNATION": "0", "OMNI_HEARTBEAT_INTERVAL": "1", "OMNI_STEP_DELAY_S": "0.5",
+               "OMNI_MAX_STEPS": "100000", "OMNI_LIGHT_CKPT_EVERY": "100000", "OMNI_COLLECTIVE_TIMEOUT": "60",
+               "SLURMD_NODENAME": f"node{r // per_node + 1}"}
+        if aggregate:
+            env["OMNI_HEARTBEAT_NODE_DIR"] = str(shm)
+        procs.append(subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    watch = Inotify(hb)
+    scanner = HeartbeatScanner()
+    reads = {"listdir": 0, "stat": 0, "open": 0}
+    try:
+        deadline = time.monotonic() + 60
+        while len([b for b in scanner.scan(hb) if b.phase == "training"]) < world:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise SystemExit(f"heartbeat bench: {world} light ranks did not all start training within 60 s")
+            time.sleep(0.2)
+        time.sleep(warmup)
+        watch.reset()
+        start = time.monotonic()
+        while (left := start + window - time.monotonic()) > 0:
+            watch.drain()
+            scanner.scan(hb)
+            for k, v in scanner.stats.items():
+                reads[k] += v
+            time.sleep(min(0.5, left))
+        watch.drain()
+        took = time.monotonic() - start
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        watch.close()
+    if watch.overflow:
+        raise SystemExit("heartbeat bench: the inotify queue overflowed: the counts would be low")
+    writes = sum(watch.counts.values())
+    return {"write_ops_s": writes / took, "read_ops_s": sum(reads.values()) / took,
+            **{f"{k}_s": v / took for k, v in watch.counts.items()}, **{f"{k}_s": v / took for k, v in reads.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--ranks", type=int, default=2048, help="ranks for the CPU per poll (4 per node)")
+    ap.add_argument("--ranks-per-node", default="1,2,4,8", help="ranks per node for the operations per second")
+    ap.add_argument("--nodes", type=int, default=2, help="nodes for the operations per second")
+    ap.add_argument("--window", type=float, default=8.0, help="seconds of steady state counted per run")
+    ap.add_argument("--warmup", type=float, default=2.0, help="seconds after every rank trains, before counting")
+    args = ap.parse_args(argv)
+    per_node_counts = [int(x) for x in args.ranks_per_node.split(",") if x]
+    with tempfile.TemporaryDirectory(prefix="omni-hb-bench-") as tmp:
+        work = Path(tmp)
+        print(f"CPU per poll of the manager's heartbeat reader at {args.ranks} ranks (4 per node; median of 5; "
+              f"bar {1000 * BAR_S:.0f} ms)")
+        print(f"  {'layout':<10} {'files':>6} {'cold':>9} {'steady':>9} {'idle':>9} {'steady/bar':>11}")
+        for layout in ("per-rank", "per-node"):
+            cpu = poll_cpu(work, args.ranks, 4, layout)
+            files = args.ranks if layout == "per-rank" else args.ranks // 4
+            print(f"  {layout:<10} {files:>6} " + " ".join(f"{1000 * cpu[k]:>7.1f}ms" for k in ("cold", "steady", "idle"))
+                  + f" {cpu['steady'] / BAR_S:>10.2f}x")
+        print(f"\nheartbeat folder operations per second in steady state ({args.nodes} nodes, 1 s interval, "
+              f"light ranks; writers by inotify, the reader's 0.5 s poll by its own count)")
+        print(f"  {'mode':<9} {'ranks/node':>10} {'ranks':>6} {'write ops/s':>12} {'per node':>9} "
+              f"{'read ops/s':>11} {'per node':>9}  writes (create/write/rename/unlink per s)")
+        growth = []
+        for aggregate in (False, True):
+            totals = []
+            for per_node in per_node_counts:
+                ops = fs_ops(work, per_node, args.nodes, aggregate, args.window, args.warmup)
+                totals.append((ops["write_ops_s"] + ops["read_ops_s"]) / args.nodes)
+                detail = "/".join(f"{ops[f'{k}_s']:.1f}" for k in WRITE_OPS.values())
+                print(f"  {'per-node' if aggregate else 'per-rank':<9} {per_node:>10} {per_node * args.nodes:>6} "
+                      f"{ops['write_ops_s']:>12.1f} {ops['write_ops_s'] / args.nodes:>9.1f} "
+                      f"{ops['read_ops_s']:>11.1f} {ops['read_ops_s'] / args.nodes:>9.1f}  {detail}", flush=True)
+            if len(totals) > 1:
+                growth.append(f"{'per-node' if aggregate else 'per-rank'} files: x{totals[-1] / totals[0]:.2f} "
+                              f"({totals[0]:.1f} -> {totals[-1]:.1f} ops/s per node)")
+        if growth:
+            print(f"  growth of the operations per node, {per_node_counts[0]} -> {per_node_counts[-1]} ranks per node "
+                  f"(1: flat): " + "; ".join(growth))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
