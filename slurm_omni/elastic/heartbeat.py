@@ -106,6 +106,7 @@ class Heartbeat:
             except (NotOwnedError, OSError) as e:   # the node folder is not usable: per-rank files
                 log.warning("heartbeat: couldn't aggregate on the node (%s); writing %s", e, self.path)
         self._direct_at: float | None = None
+        self._node_failed = False
         """When this rank last wrote its own file, until the node's copy is newer (then it is removed)."""
 
     def start(self) -> None:
@@ -181,13 +182,18 @@ class Heartbeat:
         if self.relay is not None:
             try:
                 published = self.relay.beat(data, now, last=last)
-                direct = direct or now - published > 1.5 * self.interval_s
-                if self._direct_at is not None and published > self._direct_at and not last:
-                    self.path.unlink(missing_ok=True)   # the node's copy carries this beat or a newer one
-                    self._direct_at = None
             except OSError as e:
-                log.warning("heartbeat: couldn't write on the node (%s); writing %s", e, self.path)
-                direct = True
+                if not self._node_failed:   # once, not every interval
+                    log.warning("heartbeat: couldn't write on the node (%s); writing %s", e, self.path)
+                self._node_failed = True
+                published = 0.0
+            direct = direct or now - published > 1.5 * self.interval_s
+            if self._direct_at is not None and published > self._direct_at and not last:
+                self._direct_at = None
+                try:
+                    self.path.unlink(missing_ok=True)   # the node's copy carries this beat or a newer one
+                except OSError as e:
+                    log.warning("heartbeat: couldn't remove %s: %s", self.path, e)
         if not direct:
             return
         try:

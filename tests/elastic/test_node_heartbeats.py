@@ -115,3 +115,22 @@ def test_a_node_folder_others_can_write_is_refused_and_the_rank_writes_its_own_f
     hb.start()
     hb.stop("done", exit_code=0)
     assert own_files(shared) == ["rank-0.json"]
+
+
+def test_a_node_folder_that_goes_away_sends_the_rank_to_its_own_file(tmp_path: Path) -> None:
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    (hb,) = ranks(shared, "n1", 1, shm)
+    hb.update(step=1, phase="training")
+    hb.start()
+    try:
+        wait_for("the node's copy", lambda: own_files(shared) == [] and len(read_heartbeats(shared)) == 1)
+        local = shm / f"omni-beats-{os.geteuid()}-42-n1"
+        for child in local.iterdir():
+            child.unlink()
+        local.rmdir()   # an epilog that cleans /dev/shm while the rank still runs
+        hb.update(step=2)
+        wait_for("its own file", lambda: own_files(shared) == ["rank-0.json"]
+                 and [b.step for b in read_heartbeats(shared)] == [2])
+    finally:
+        hb.stop("stopping")
