@@ -3,7 +3,6 @@ Slurm job reached: the next life rewrites the same files) and the slow-node dril
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import threading
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from manager_cluster_support import BIN
+
+from slurm_omni.manager.events import read_heartbeats
 
 # Shorter windows than the shipped ones (docs/failslow.md) so that a cluster test fits in minutes:
 # beats every 0.5 s give 20 samples per node in a 10 s window; so short a window lets a healthy
@@ -24,7 +25,7 @@ FAILSLOW_TABLES = ("[failslow]\nmargin = 0.5\nclear_margin = 0.3\nwindow_s = 10\
 
 
 class BeatRecorder:
-    """Reads ``rank-*.json`` every 0.2 s while it runs: (Slurm job id, incarnation) -> highest step."""
+    """Reads the heartbeats every 0.2 s while it runs: (Slurm job id, incarnation) -> highest step."""
 
     def __init__(self, heartbeat_dir: Path) -> None:
         self.heartbeat_dir = heartbeat_dir
@@ -46,13 +47,9 @@ class BeatRecorder:
 
     def _run(self) -> None:
         while not self._done.wait(0.2):
-            for path in self.heartbeat_dir.glob("rank-*.json"):
-                try:
-                    b = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
-                key = (str(b["job_id"]), int(b["incarnation"]))
-                self.reached[key] = max(self.reached.get(key, -1), int(b["step"]))
+            for b in read_heartbeats(self.heartbeat_dir):   # per rank or per node (formats/heartbeat.py)
+                key = (b.job_id, b.incarnation)
+                self.reached[key] = max(self.reached.get(key, -1), b.step)
 
     def highest(self, job_id: str | int, incarnation: int | None = None) -> int:
         steps = [s for (j, i), s in self.reached.items() if j == str(job_id) and incarnation in (None, i)]

@@ -3,7 +3,6 @@ manager as a subprocess (``omni manager run``), journal and heartbeat probes, no
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -16,9 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from omni_configs import site_toml
 from support import wait_until
 
+from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.manager.journal import Journal, Recovery
 from slurm_omni.ownership import current_user
 from slurm_omni.runtime.synth import SynthSpec, write_shards
@@ -210,15 +211,9 @@ class ManagerRun:
     def beats(self, slurm_job_id: int | None = None, heartbeat_dir: Path | None = None) -> dict[int, dict[str, Any]]:
         """Rank -> its heartbeat, for ranks of ``slurm_job_id`` (default: the registered job)."""
         wanted = str(slurm_job_id or self.job_id)
-        out = {}
-        for path in (heartbeat_dir or self.heartbeat_dir).glob("rank-*.json"):
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if record["job_id"] == wanted:
-                out[record["rank"]] = record
-        return out
+        # the package's reader: a file per rank, or per node where the job aggregates its beats
+        return {hb.rank: msgspec.to_builtins(hb) for hb in read_heartbeats(heartbeat_dir or self.heartbeat_dir)
+                if hb.job_id == wanted}
 
     def wait_steps(self, slurm_job_id: int, ranks: int, step: int, timeout_s: float = 120,
                    heartbeat_dir: Path | None = None) -> dict[int, dict[str, Any]]:
