@@ -1,7 +1,7 @@
 """Heartbeats at scale (issue 19, "fix what grows badly"): the control plane's CPU per poll at 2,048
 ranks, and the heartbeat folder's file-system operations per second in steady state per ranks per node.
 
-    python bench/heartbeat_bench.py                  # about 2 minutes; not in the default CI run
+    python bench/heartbeat_bench.py                  # about 3 minutes; not in the default CI run
     python bench/heartbeat_bench.py --ranks 2048 --ranks-per-node 1,2,4,8 --window 8
 
 1. **CPU per poll** (synthetic folders, 4 ranks per node): one poll of the manager's reader
