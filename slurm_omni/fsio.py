@@ -106,13 +106,14 @@ def read_bounded(path: Path, limit: int, *, what: str = "", follow: bool = False
         if st.st_size > limit:
             raise FileRejected(f"couldn't read {one_line(what)}: {st.st_size} bytes (limit {limit})")
         chunks, size = [], 0
+        want = min(limit, st.st_size) + 1   # its size, not the limit: a buffer of the limit costs a 1 MiB read
         while size <= limit:
-            want = limit + 1 - size
             chunk = os.read(fd, want)
             chunks.append(chunk)
             size += len(chunk)
             if len(chunk) < want:   # a regular file's short read is its end: no second read for it
                 break
+            want = limit + 1 - size   # it grew after fstat: read on up to the limit
         if size > limit:   # it grew after fstat
             raise FileRejected(f"couldn't read {one_line(what)}: more than {limit} bytes (limit {limit})")
         return b"".join(chunks)

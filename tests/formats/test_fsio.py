@@ -87,3 +87,23 @@ def test_read_text_names_the_first_byte_that_is_not_utf8(tmp_path: Path) -> None
         read_text(tmp_path / "latin1.toml", 1000, what="job.toml")
     (tmp_path / "ok").write_text("café")
     assert read_text(tmp_path / "ok", 100) == "café"
+
+
+def test_read_bounded_reads_a_file_that_grew_after_its_fstat_up_to_the_limit(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first read asks for the size fstat saw (not the limit: a 1 MiB buffer per small file was
+    most of a heartbeat poll's CPU); a file that grew since is read on, and refused past the limit."""
+    path = tmp_path / "grows"
+    path.write_bytes(b"x" * 100)
+    real = os.fstat
+
+    def smaller(fd: int) -> os.stat_result:   # fstat saw it at 10 bytes; 90 came after
+        st = real(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 10,
+                               int(st.st_atime), int(st.st_mtime), int(st.st_ctime)))
+
+    monkeypatch.setattr(os, "fstat", smaller)
+    assert read_bounded(path, 200) == b"x" * 100
+    assert read_bounded(path, 100) == b"x" * 100
+    with pytest.raises(FileRejected, match="more than 50 bytes"):
+        read_bounded(path, 50)
