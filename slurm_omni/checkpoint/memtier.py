@@ -126,6 +126,7 @@ class MemoryTier:
             dst = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.fchmod(dst, 0o600)
+                os.ftruncate(dst, size)   # a tmpfs mounted with huge=within_size gives it huge pages then
                 _copy(src, dst, size)
             finally:
                 os.close(dst)

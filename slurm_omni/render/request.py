@@ -246,8 +246,9 @@ def _memory_env(job: JobFile, site: SiteConfig) -> dict[str, str]:
     """The memory tier's switch and cap (checkpoint/memtier.py), only where the job turns it on."""
     if not job.training.checkpoint.memory_tier:
         return {}
-    cap = site.checkpoint.memory_gib
-    return {"OMNI_MEMORY_TIER": "1", **({"OMNI_MEMORY_GIB": f"{cap:g}"} if cap is not None else {})}
+    cap, where = site.checkpoint.memory_gib, site.checkpoint.memory_dir
+    return {"OMNI_MEMORY_TIER": "1", **({"OMNI_MEMORY_GIB": f"{cap:g}"} if cap is not None else {}),
+            **({"OMNI_MEMORY_DIR": str(where)} if where is not None else {})}
 
 
 def _quoted_env(env: dict[str, str]) -> list[tuple[quoting.Quoted, quoting.Quoted]]:

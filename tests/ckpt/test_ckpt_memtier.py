@@ -15,14 +15,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
+from slurm_omni.checkpoint import fileio, memtier
 from slurm_omni.checkpoint import format as fmt
-from slurm_omni.checkpoint import memtier
 from slurm_omni.checkpoint.fence import raise_fence
 from slurm_omni.checkpoint.memtier import MemoryTier, free_job, job_dir
 
@@ -241,7 +241,12 @@ def test_from_env_needs_a_keeper(caplog: pytest.LogCaptureFixture) -> None:
 def test_the_job_and_site_settings_reach_the_ranks_environment(tmp_path: Path) -> None:
     from slurm_omni.config.job import load_job
     from slurm_omni.config.site import load_site
+    from slurm_omni.errors import ConfigError
     from slurm_omni.render import HetJobRequest
+
+    def write(path: Path, text: str) -> Path:
+        path.write_text(text)
+        return path
 
     data = Path(__file__).resolve().parents[1] / "templates" / "data"
     job_file = tmp_path / "job.toml"
@@ -255,6 +260,72 @@ def test_the_job_and_site_settings_reach_the_ranks_environment(tmp_path: Path) -
         return HetJobRequest(job=job_, site=site_, job_file=job_file, job_sha256="0" * 64).materialize()  # type: ignore[arg-type]
 
     on = script(job, site)
-    assert "OMNI_MEMORY_TIER=1" in on and "OMNI_MEMORY_GIB=1.5" in on
+    assert "OMNI_MEMORY_TIER=1" in on and "OMNI_MEMORY_GIB=1.5" in on and "OMNI_MEMORY_DIR" not in on
+    huge = load_site(write(tmp_path / "huge.toml", site_file.read_text().replace(
+        "[checkpoint]\n", "[checkpoint]\nmemory_dir = \"/dev/hugeshm\"\n")))
+    assert "OMNI_MEMORY_DIR=/dev/hugeshm" in script(job, huge)
+    with pytest.raises(ConfigError, match="memory_dir"):
+        load_site(write(tmp_path / "rel.toml", site_file.read_text().replace(
+            "[checkpoint]\n", "[checkpoint]\nmemory_dir = \"shm\"\n")))
     off = script(load_job(data / "job.toml"), site)
     assert "OMNI_MEMORY" not in off
+
+
+@pytest.fixture
+def mounted_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """A tmpfs of this test's own, mounted with the options given (skipped where mounting is not
+    allowed: not root, or no CAP_SYS_ADMIN); unmounted after."""
+    mounted: list[Path] = []
+
+    def mount(options: str) -> Path:
+        where = tmp_path / f"tmpfs-{len(mounted)}"
+        where.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
+                              text=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            pytest.skip(f"couldn't mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=60, check=False)
+
+
+def test_a_tmpfs_too_full_for_the_shard_leaves_it_to_the_file_system_with_one_line(
+        tmp_path: Path, job: str, caplog: pytest.LogCaptureFixture, mounted_tmpfs: Callable[[str], Path]) -> None:
+    small = mounted_tmpfs("size=64k,mode=1777")
+    with engine(tmp_path, memory_tier=True, memory_job=job, memory_dir=small) as eng:
+        eng.save(100, shard_state(100), sync=True)
+        eng.save(200, shard_state(200), sync=True)
+    assert [p.name for p in job_dir(small, job).iterdir()] == []   # nothing, not even a partial copy
+    (line,) = warnings(caplog)
+    assert str(small) in line and "free" in line and "the file system has it" in line, line
+    with engine(tmp_path, memory_tier=True, memory_job=job, memory_dir=small) as eng, eng.restore() as r:
+        assert r.step == 200 and r.source == "file system"
+    assert free_job(job, base=small) == 0 and not job_dir(small, job).exists()
+
+
+def test_copies_on_a_huge_page_tmpfs_are_read_through_one_mapping(
+        tmp_path: Path, job: str, mounted_tmpfs: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    huge = mounted_tmpfs("size=256m,huge=within_size,mode=1777")
+    with engine(tmp_path, memory_tier=True, memory_job=job, memory_dir=huge) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    (copy,) = job_dir(huge, job).iterdir()
+    if os.stat(copy).st_blksize < fileio.HUGE_PAGE:
+        pytest.skip("this kernel's tmpfs gives no huge pages with huge=within_size")
+    mapped: list[int] = []
+    real = fileio.ShardFiles._copy_mapped
+
+    def spy(self: fileio.ShardFiles, view: memoryview, run: list[fileio.Job], *args: object) -> bool:
+        mapped.append(len(run))
+        return real(self, view, run, *args)   # type: ignore[arg-type]
+
+    monkeypatch.setattr(fileio.ShardFiles, "_copy_mapped", spy)
+    (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").unlink()   # only the memory can give the bytes back
+    with engine(tmp_path, memory_tier=True, memory_job=job, memory_dir=huge) as eng, eng.restore() as r:
+        assert r.step == 100 and r.source == "memory" and mapped
+        for name, want in modules(100).items():
+            assert_same(r.module(name), want, name)
+        assert_same(r.optimizer("text_decoder"), optimizer_state(100))
+    assert free_job(job, base=huge) > 0
