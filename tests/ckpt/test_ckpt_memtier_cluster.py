@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -56,23 +57,61 @@ def _logs(work: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in [*work.rglob("*.log"), *work.rglob("*.out")])
 
 
-def test_a_crashed_rank_restores_every_rank_from_its_nodes_memory(slurm_cluster, tmp_path: Path) -> None:
+def _demo(cluster, tmp_path: Path, *, name: str = NAME, site_edits: dict[str, str] | None = None) -> story.DemoFiles:
+    """The in-allocation demo with the memory tier on: 4 ranks, 40 steps, a checkpoint every 5."""
     files = story.DemoFiles(tmp_path / "demo")
-    story.write_files(files, slurm_cluster.cluster)
+    story.write_files(files, cluster)
     site = files.site.read_text()
     for key, value in {"use_spank_plugin = true": "use_spank_plugin = false",
                        "default_spares = 1": "default_spares = 0",    # the demo site's stages share one partition
-                       "[elasticity]\n": '[elasticity]\nrecovery = "in_allocation"\n'}.items():
+                       "[elasticity]\n": '[elasticity]\nrecovery = "in_allocation"\n',
+                       **(site_edits or {})}.items():
         assert key in site
         site = site.replace(key, value)
     files.site.write_text(site)
     job = files.job.read_text()
-    for key, value in {'name = "omni-demo"': f'name = "{NAME}"', "max_steps = 80": "max_steps = 40",
+    for key, value in {'name = "omni-demo"': f'name = "{name}"', "max_steps = 80": "max_steps = 40",
                        "every_steps = 10": "every_steps = 5\nmemory_tier = true"}.items():
         assert key in job
         job = job.replace(key, value)
     files.job.write_text(job)
     story.synthesize(files)
+    return files
+
+
+def _first_lines(files: story.DemoFiles, name: str) -> dict[tuple[int, int], dict]:
+    """Each rank's first metrics line of each life: (incarnation, rank) -> the line."""
+    metrics = load_site(files.site).manager.metrics_for(current_user()) / name
+    firsts: dict[tuple[int, int], dict] = {}
+    for path in metrics.glob("metrics-*.jsonl"):
+        for line in path.read_text().splitlines():
+            doc = json.loads(line)
+            firsts.setdefault((doc["incarnation"], doc["rank"]), doc)
+    return firsts
+
+
+def _freed(job_id: int) -> None:
+    deadline = time.monotonic() + 30
+    while job_dir(DEFAULT_DIR, str(job_id)).exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not job_dir(DEFAULT_DIR, str(job_id)).exists(), "the job's memory tier outlived it"
+
+
+def _last_step(files: story.DemoFiles, name: str) -> int:
+    """The last step any rank finished (40 for a job that trained to its end)."""
+    metrics = load_site(files.site).manager.metrics_for(current_user()) / name
+    return max((json.loads(line)["step"] for path in metrics.glob("metrics-*.jsonl")
+                for line in path.read_text().splitlines()), default=0)
+
+
+def _lines_with(files: story.DemoFiles, text: str) -> list[str]:
+    """``file: line`` for each line of the job's logs that holds ``text``."""
+    return [f"{p.name}: {line}" for p in [*files.work.rglob("*.log"), *files.work.rglob("*.out")]
+            for line in p.read_text(errors="replace").splitlines() if text in line]
+
+
+def test_a_crashed_rank_restores_every_rank_from_its_nodes_memory(slurm_cluster, tmp_path: Path) -> None:
+    files = _demo(slurm_cluster.cluster, tmp_path)
     env = story.job_environment(slurm_cluster.cluster)
     ckpt = tmp_path / "demo" / "ckpt" / current_user() / NAME
     runner = CommandRunner(slurm_cluster.env)
@@ -92,18 +131,113 @@ def test_a_crashed_rank_restores_every_rank_from_its_nodes_memory(slurm_cluster,
         if job_id:
             runner.run(["scancel", str(job_id)], check=False)
     metrics = load_site(files.site).manager.metrics_for(current_user()) / NAME
-    firsts = {}   # each rank's first line of each life: where it restored from
-    for path in metrics.glob("metrics-*.jsonl"):
-        for line in path.read_text().splitlines():
-            doc = json.loads(line)
-            firsts.setdefault((doc["incarnation"], doc["rank"]), doc)
+    firsts = _first_lines(files, NAME)
     relaunched = {rank: doc.get("restore_source") for (life, rank), doc in firsts.items() if life > 0}
     assert sorted(relaunched) == [0, 1, 2, 3], firsts.keys()
     assert set(relaunched.values()) == {"memory"}, relaunched
     eq = story.compare(files, metrics, ref_metrics)
     assert eq.ok, eq.problems
     assert eq.loss.mode == "bitwise" and eq.loss.steps_compared == 40
-    deadline = time.monotonic() + 30
-    while job_dir(DEFAULT_DIR, str(job_id)).exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not job_dir(DEFAULT_DIR, str(job_id)).exists(), "the job's memory tier outlived it"
+    _freed(job_id)
+
+
+def _corrupt_copies_of(folder: Path, shard: str, until: threading.Event, done: set[str]) -> None:
+    """Flip bytes in the middle of every copy of ``shard`` that appears in ``folder`` (its tensor bytes:
+    the HDF5 metadata is a few KiB at the start), until ``until`` is set."""
+    while not until.wait(0.02):
+        for path in folder.glob(f"step-*.{shard}.*.h5"):
+            if path.name in done:
+                continue
+            try:
+                with open(path, "r+b") as f:
+                    size = f.seek(0, os.SEEK_END)
+                    for at in (size // 2, size * 3 // 4):
+                        f.seek(at)
+                        byte = f.read(1)
+                        f.seek(at)
+                        f.write(bytes([byte[0] ^ 0xFF]))
+            except (OSError, IndexError):
+                continue
+            done.add(path.name)
+
+
+def test_a_corrupted_copy_in_memory_falls_back_to_the_file_system_once(slurm_cluster, tmp_path: Path) -> None:
+    """Drill: every copy of rank 0's shard in memory corrupted, then a rank's task killed. The relaunch's
+    rank 0 finds the mismatch, says so in one line, drops the copy and reads the same step from the file
+    system (so does any rank that reads a piece of that shard); the other ranks restore from memory; no
+    further relaunch (no restart loop); the job trains to its end; nothing left in /dev/shm."""
+    name = "omni-memtier-bad"
+    files = _demo(slurm_cluster.cluster, tmp_path, name=name)
+    env = story.job_environment(slurm_cluster.cluster)
+    ckpt = tmp_path / "demo" / "ckpt" / current_user() / name
+    runner = CommandRunner(slurm_cluster.env)
+    job_id = 0
+    stop = threading.Event()
+    corrupted: set[str] = set()
+    try:
+        job_id = story.submit(files, env)
+        wait_until(lambda: any(e.step >= 5 for e in fmt.complete(ckpt)), 300, "a checkpoint at step 5")
+        folder = job_dir(DEFAULT_DIR, str(job_id))
+        corrupter = threading.Thread(target=_corrupt_copies_of, args=(folder, "rank-00000", stop, corrupted),
+                                     daemon=True)
+        corrupter.start()
+        wait_until(lambda: corrupted, 60, "a copy of rank 0's shard in memory")
+        pid = wait_until(lambda: _a_rank_task(job_id), 60, "a rank's task")
+        os.kill(pid, signal.SIGKILL)
+        # corrupt what the old life still publishes on its way out, until the new life has restored
+        wait_until(lambda: any(life > 0 for life, _ in _first_lines(files, name)), 400, "the relaunch's first step")
+        stop.set()
+        wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False)
+                   .stdout.strip(), 400, "the job to finish")
+    finally:
+        stop.set()
+        if job_id:
+            runner.run(["scancel", str(job_id)], check=False)
+    firsts = _first_lines(files, name)
+    lives = sorted({life for life, _ in firsts})
+    assert lives == [0, 1], f"lives {lives}: a bad copy must not cause another relaunch"
+    relaunched = {rank: doc.get("restore_source") for (life, rank), doc in firsts.items() if life == 1}
+    said = _lines_with(files, "dropped the copy")
+    # rank 0, and every rank that reads a piece of rank 0's shard, falls back; the others restore from memory
+    fell_back = sorted(rank for rank, source in relaunched.items() if source == "file system")
+    assert sorted(relaunched) == [0, 1, 2, 3] and 0 in fell_back and set(relaunched.values()) == \
+        {"file system", "memory"}, (relaunched, said)
+    assert said and all("rank-00000" in line and "checksum mismatch" in line for line in said), said
+    # one line per rank that found the bad copy; a rank that needed it after rank 0 dropped it reads the
+    # file system without one
+    assert 1 <= len(said) <= len(fell_back), said
+    assert _last_step(files, name) == 40
+    _freed(job_id)
+
+
+def test_over_the_sites_cap_the_file_system_has_every_step(slurm_cluster, tmp_path: Path) -> None:
+    """Drill: the site's cap ([checkpoint] memory_gib) below one shard. Each rank says so in one line
+    (naming memory_gib), nothing is kept in memory, a killed rank's relaunch restores every rank from the
+    file system, and the job completes; nothing left in /dev/shm."""
+    name = "omni-memtier-cap"
+    files = _demo(slurm_cluster.cluster, tmp_path, name=name,
+                  site_edits={"[checkpoint]\n": "[checkpoint]\nmemory_gib = 0.00001\n"})
+    env = story.job_environment(slurm_cluster.cluster)
+    ckpt = tmp_path / "demo" / "ckpt" / current_user() / name
+    runner = CommandRunner(slurm_cluster.env)
+    job_id = 0
+    try:
+        job_id = story.submit(files, env)
+        wait_until(lambda: any(e.step >= 5 for e in fmt.complete(ckpt)), 300, "a checkpoint at step 5")
+        assert not list(job_dir(DEFAULT_DIR, str(job_id)).glob("step-*.h5")), "kept in memory over the cap"
+        pid = wait_until(lambda: _a_rank_task(job_id), 60, "a rank's task")
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False)
+                   .stdout.strip(), 400, "the job to finish")
+    finally:
+        if job_id:
+            runner.run(["scancel", str(job_id)], check=False)
+    firsts = _first_lines(files, name)
+    relaunched = {rank: doc.get("restore_source") for (life, rank), doc in firsts.items() if life == 1}
+    assert relaunched == dict.fromkeys(range(4), "file system"), relaunched
+    lines = _lines_with(files, "would pass the cap")
+    assert all("memory_gib" in line and "the file system has it" in line for line in lines), lines
+    lives = {life for life, _ in firsts}
+    assert len(lines) == 4 * len(lives), lines   # once per rank and life, not once per step
+    assert _last_step(files, name) == 40
+    _freed(job_id)
