@@ -31,6 +31,7 @@ from slurm_omni.elastic.metrics import MetricsLog
 from slurm_omni.elastic.stop import StopSignals
 from slurm_omni.elastic.timing import StepTimer
 from slurm_omni.errors import CheckpointError, OmniError, RuntimeLayoutError
+from slurm_omni.policy.snapshot_cadence import BUDGET, blocked_share, snapshot_every
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,8 @@ class Run:
         self.step = 0
         """The last completed global step (set by a restore and by every :meth:`step_done`)."""
         self.last_step_time_s: float | None = None
+        self._last_async_save: int | None = None
+        self._said_cadence = False
         """Wall time of the last step :meth:`step_done` reported (from the end of the step before, or
         from the restore): what the heartbeat's ``step_time_s`` averages."""
         self._last_times: tuple[float, float] = (0.0, 0.0)
@@ -204,8 +207,25 @@ class Run:
         ckpt.save(step, sync=sync)
         # the save's blocking time is the checkpoint's (ckpt_blocking_seconds), not the next step's
         self._step_started += time.monotonic() - started
+        if not sync:
+            self._say_cadence(step, ckpt.last_blocking_s)
         self.heartbeat.update(phase=previous if previous != "starting" else "training",
                               last_checkpoint_step=ckpt.last_persisted_step)
+
+    def _say_cadence(self, step: int, blocking_s: float | None) -> None:
+        """Once a life (rank 0, from its second asynchronous save: the first pays one-time costs): how
+        often a snapshot could be taken with its blocking under 1 % of training (policy.snapshot_cadence)."""
+        previous, self._last_async_save = self._last_async_save, step
+        if self._said_cadence or previous is None or self.layout.rank != 0 or blocking_s is None \
+                or not self.last_step_time_s:
+            return
+        self._said_cadence = True
+        every = snapshot_every(blocking_s, self.last_step_time_s)
+        print(f"elastic: job {self.layout.job_name}: a snapshot blocks {blocking_s:.4f} s of a "
+              f"{self.last_step_time_s:.3f} s step: every {every} step{'s' if every > 1 else ''} keeps that under "
+              f"{BUDGET:.0%} of training; this run snapshots every {step - previous} "
+              f"({blocked_share(blocking_s, self.last_step_time_s, max(1, step - previous)):.2%})",
+              file=sys.stderr, flush=True)
 
     def _ckpt(self) -> Checkpointer:
         if self.checkpoints is None:
