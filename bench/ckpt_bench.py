@@ -43,16 +43,15 @@ Figures on the 2-core shared machine (1 GiB, 400 tensors, ``--repeat 5``, median
         before), the raw reads' 0.64-1.09 (buffered) and 0.69-1.12 (O_DIRECT): the disk and the load
         move the raw reads more than anything the restore does.
 
-Memory tier (issue 22; 1 GiB, 400 tensors, ``--repeat 3``, 2026-12-02, the machine shared by 8 sessions):
-  load 8-20: restore from /dev/shm 0.34-0.42 s (2.8 GiB/s), a warm memcpy (torch ``copy_``, two threads)
-        0.16-0.41 s: ratio 0.47 (bar 0.9: MISS); against one ``preadv`` of the same /dev/shm copies 3.4 x
-        faster, against the warm file restore 1.6 x. Blocking per step unchanged (0.35 s with the tier,
-        0.38 without: the copy is the persist thread's). Before the mapped reads (preadv from /dev/shm), 0.25 GiB at load 20: 0.38.
-  Where the time goes (a 1 GiB micro-run at load 8-18): copying and hashing from a mapping of the copy
-  costs what the memcpy does (0.15-0.27 s); ``MAP_POPULATE`` of 1 GiB of 4 KiB pages costs 0.16-0.28 s
-  more, as do the page faults without it: the restore pays for the page tables of a mapping made per
-  process. A tmpfs with huge pages (``huge=within_size``, a site's mount option) would cut that 512-fold;
-  not measured here. Runs at load 100-500 (other sessions) gave 0.12-0.33 and are not figures.
+Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, the machine shared by 8 sessions,
+load 13-40: wall times of one round vary 5-10 x, so the CPU seconds are the figure to trust):
+  /dev/shm (4 KiB pages), preadv per I/O thread: memcpy CPU / restore CPU 0.40 (0.26 CPU s for the
+        restore, 0.11 for the memcpy), wall 0.34: MISS. Before, the same run (one MAP_POPULATE mapping
+        set up by one thread): CPU 0.30 (0.41 CPU s), wall 0.32 (0.47 at load 8-20 in the first slice).
+  tmpfs mounted huge=within_size (``--memory-dir``): CPU 0.79 and 0.78, wall 0.66 and 1.00 in two runs.
+  What limits it (docs/checkpoint.md): the kernel's read of a 4 KiB-page tmpfs alone costs 1.4 x a
+  memcpy, a mapping's page tables as much as the copy; the xxh3 the memcpy does not do is a quarter of
+  it. The bar needs huge pages: a site's tmpfs mounted with huge=within_size ([checkpoint] memory_dir).
 """
 
 from __future__ import annotations
@@ -134,6 +133,20 @@ def drop_cache(paths: list[Path]) -> None:
             os.close(fd)
 
 
+def tmpfs_options(path: Path) -> str:
+    """The mount options of the file system holding ``path`` (huge pages or not), from /proc/mounts."""
+    best = ("", "unknown")
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return best[1]
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 4 and str(path).startswith(fields[1]) and len(fields[1]) >= len(best[0]):
+            best = (fields[1], f"{fields[2]} {fields[3]}")
+    return best[1]
+
+
 def cpu_s() -> float:
     """CPU seconds of this process so far, every thread, user and system."""
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -152,6 +165,13 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="Where to write (default: a temporary directory).")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
+    ap.add_argument("--goodput-json", type=Path, default=None,
+                    help="Also write the medians as python -m bench.goodput --ckpt-json reads them.")
+    ap.add_argument("--memory", action="store_true",
+                    help="Only the memory tier's figures (memcpy, restore from /dev/shm, the snapshot's cost).")
+    ap.add_argument("--memory-dir", type=Path, default=memtier.DEFAULT_DIR,
+                    help="The memory tier's tmpfs (default /dev/shm; a tmpfs mounted with huge=within_size "
+                         "shows what huge pages give).")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -162,6 +182,30 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
+    if args.goodput_json:
+        args.goodput_json.write_text(json.dumps(goodput_inputs(figures, args), indent=2))
+
+
+def goodput_inputs(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The medians in the format of ``bench/goodput``'s ``--ckpt-json`` (bench/goodput/inputs.py)."""
+    med = figures["median"]
+    out: dict[str, Any] = {"bytes": figures["bytes"],
+                           "source": f"bench/ckpt_bench.py --gib {args.gib} --tensors {args.tensors} --repeat "
+                                     f"{args.repeat}{' --memory' if args.memory else ''} --memory-dir {args.memory_dir} "
+                                     f"({tmpfs_options(args.memory_dir)}; medians; load "
+                                     f"{' '.join(f'{x:.1f}' for x in figures['loadavg'])})"}
+    blocking = med.get("save_blocking_s", med.get("save_blocking_memtier_s"))
+    if blocking is not None:
+        out["blocking_s"] = blocking
+    for key, name in (("persist_s", "persist_s"), ("restore_full_s", "full_restore_warm_s"),
+                      ("restore_critical_s", "train_start_warm_s"), ("memory_restore_s", "memory_restore_s")):
+        if name in med:
+            out[key] = med[name]
+    if "restore_critical_s" in out:
+        out["critical_bytes"] = int(figures["bytes"] * figures["critical_fraction"])
+    if "memory_restore_s" in out:
+        out["memory_bytes"] = figures["memory_bytes"]
+    return out
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -187,10 +231,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     def memcpy() -> float:
         sync(device)
+        c = cpu_s()
         t = time.perf_counter()
         dst.copy_(src)
         sync(device)
-        return time.perf_counter() - t
+        elapsed = time.perf_counter() - t
+        add("memcpy_cpu_s", cpu_s() - c)
+        return elapsed
 
     host = dst.numpy().data.cast("B")
 
@@ -309,7 +356,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     mem_job = f"bench-{os.getpid()}"
     mem_root = work / "omni-mem"
     mem_engine = CheckpointEngine(CheckpointConfig(root=mem_root, keep_last=1, load_order=tuple(SHARES),
-                                                   memory_tier=True, memory_job=mem_job))
+                                                   memory_tier=True, memory_job=mem_job,
+                                                   memory_dir=args.memory_dir))
     mem_engine.prepare(state)
     mem_step = [0]
 
@@ -320,7 +368,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return result.blocking_s, stats.persist_s
 
     def mem_copies() -> list[Path]:
-        return sorted(memtier.job_dir(memtier.DEFAULT_DIR, mem_job).glob(f"step-{mem_step[0]}.*.h5"))
+        return sorted(memtier.job_dir(args.memory_dir, mem_job).glob(f"step-{mem_step[0]}.*.h5"))
 
     def raw_shm_read() -> float:
         """The least work that gets the same bytes out of /dev/shm: one preadv per copy (the kernel's
@@ -343,7 +391,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return time.perf_counter() - t
 
     def mem_restore() -> tuple[float, str]:
-        reader = CheckpointEngine(CheckpointConfig(root=mem_root, memory_tier=True, memory_job=mem_job))
+        reader = CheckpointEngine(CheckpointConfig(root=mem_root, memory_tier=True, memory_job=mem_job,
+                                                    memory_dir=args.memory_dir))
         c = cpu_s()
         t = time.perf_counter()
         session = reader.restore(into=into, apply_rng=False)
@@ -358,10 +407,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         reader.close()
         return full, source
 
-    memcpy(), dcp_save(-1), omni_save(), mem_save()   # warm-up: allocator, thread pools, first-call costs
+    memcpy(), mem_save()   # warm-up: allocator, thread pools, first-call costs
+    if not args.memory:
+        dcp_save(-1), omni_save()
     mem_sources: set[str] = set()
     for i in range(args.repeat):
         add("memcpy_s", memcpy())
+        if args.memory:
+            add("save_blocking_memtier_s", mem_save()[0])
+            add("raw_shm_read_s", raw_shm_read())
+            full, source = mem_restore()
+            add("memory_restore_s", full)
+            mem_sources.add(source)
+            add("memcpy_s", memcpy())
+            continue
         add("dcp_blocking_s", dcp_save(i))
         blocking, persist_s = omni_save()
         add("save_blocking_s", blocking)
@@ -387,37 +446,45 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     engine.close()
     mem_engine.close()
     mem_bytes = sum(f.stat().st_size for f in mem_copies())
-    memtier.free_job(mem_job)
+    memtier.free_job(mem_job, base=args.memory_dir)
     med = {k: statistics.median(v) for k, v in rows.items()}
-    file_bytes = sum(f.stat().st_size for f in shard_files(fmt.step_dir(root, step[0])))
-    ratios: list[tuple[str, float, str, float]] = [
-        ("save blocking / DCP async_save blocking", med["save_blocking_s"] / med["dcp_blocking_s"], "<=", 0.25),
-        ("save blocking / warm memcpy", med["save_blocking_s"] / med["memcpy_s"], "<=", 2.0),
-        ("persist throughput / raw write+fsync", med["raw_write_fsync_s"] / med["persist_s"], ">=", 0.8),
+    files_now = shard_files(fmt.step_dir(root, step[0])) if step[0] else []
+    file_bytes = sum(f.stat().st_size for f in files_now)
+    # (name, numerator, denominator, op, bar): a ratio of two medians, where both were measured
+    wanted: list[tuple[str, str, str, str, float]] = [
+        ("save blocking / DCP async_save blocking", "save_blocking_s", "dcp_blocking_s", "<=", 0.25),
+        ("save blocking / warm memcpy", "save_blocking_s", "memcpy_s", "<=", 2.0),
+        ("persist throughput / raw write+fsync", "raw_write_fsync_s", "persist_s", ">=", 0.8),
     ]
     for tag in ("warm", "cold"):
-        ratios += [
-            (f"training start / full restore ({tag})", med[f"train_start_{tag}_s"] / med[f"full_restore_{tag}_s"],
-             "<=", 0.35),
-            (f"full restore throughput / raw read ({tag})",
-             med[f"raw_read_{tag}_s"] / med[f"full_restore_{tag}_s"], ">=", 0.9),
-        ]
-    ratios.append(("full restore / raw O_DIRECT read (cold)",
-                   med["raw_read_direct_cold_s"] / med["full_restore_cold_s"], "", 0.0))
-    ratios += [
-        ("memory restore / warm memcpy", med["memcpy_s"] / med["memory_restore_s"], ">=", 0.9),
-        ("memory restore / raw read of /dev/shm", med["raw_shm_read_s"] / med["memory_restore_s"], "", 0.0),
-        ("memory restore / full restore (warm)", med["full_restore_warm_s"] / med["memory_restore_s"], "", 0.0),
+        wanted += [(f"training start / full restore ({tag})", f"train_start_{tag}_s", f"full_restore_{tag}_s",
+                    "<=", 0.35),
+                   (f"full restore throughput / raw read ({tag})", f"raw_read_{tag}_s", f"full_restore_{tag}_s",
+                    ">=", 0.9)]
+    wanted += [
+        ("full restore / raw O_DIRECT read (cold)", "raw_read_direct_cold_s", "full_restore_cold_s", "", 0.0),
+        ("memory restore / warm memcpy", "memcpy_s", "memory_restore_s", ">=", 0.9),
+        ("memory restore / raw read of /dev/shm", "raw_shm_read_s", "memory_restore_s", "", 0.0),
+        ("memcpy CPU s / memory restore CPU s", "memcpy_cpu_s", "memory_restore_cpu_s", "", 0.0),
+        ("memory restore / full restore (warm)", "full_restore_warm_s", "memory_restore_s", "", 0.0),
     ]
     for tag in ("warm", "cold"):
-        ratios.append((f"raw read CPU s / full restore CPU s ({tag})",
-                       med[f"raw_read_{tag}_cpu_s"] / med[f"full_restore_{tag}_cpu_s"], "", 0.0))
+        wanted.append((f"raw read CPU s / full restore CPU s ({tag})", f"raw_read_{tag}_cpu_s",
+                       f"full_restore_{tag}_cpu_s", "", 0.0))
+    ratios = [(name, med[num] / med[den], op, bar) for name, num, den, op, bar in wanted if num in med and den in med]
+    # the same ratio per round (each restore against the memcpy measured next to it): how much it moves
+    if "memory_restore_s" in rows:
+        per = len(rows["memcpy_s"]) // len(rows["memory_restore_s"])
+        each = [statistics.median(rows["memcpy_s"][i * per:(i + 1) * per]) / r
+                for i, r in enumerate(rows["memory_restore_s"])]
+        print(f"memory restore / warm memcpy per round: {', '.join(f'{x:.2f}' for x in each)}")
     print(f"\n{'figure':<28}{'median s':>10}{'GiB/s':>8}   all runs")
     for k, v in med.items():
         size = mem_bytes if "shm" in k or "memory" in k else file_bytes if "read" in k or "restore" in k else total
         rate = f"{size / 2**30 / v:8.2f}" if "train_start" not in k and "cpu" not in k else f"{'':>8}"
         print(f"{k:<28}{v:>10.4f}{rate}   {', '.join(f'{x:.4f}' for x in rows[k])}")
-    print(f"{'dcp first call (s)':<28}{dcp_first[0]:>10.4f}")
+    if dcp_first:
+        print(f"{'dcp first call (s)':<28}{dcp_first[0]:>10.4f}")
     print(f"{'prepare (s, once)':<28}{prepare_s:>10.4f}")
     print(f"\n{'ratio':<46}{'value':>8}   bar")
     for name, value, op, bar in ratios:
@@ -426,16 +493,19 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             continue
         ok = value <= bar if op == "<=" else value >= bar
         print(f"{name:<46}{value:>8.3f}   {op} {bar}  {'PASS' if ok else 'MISS'}")
-    print(f"\nper-step snapshot (blocking) {med['save_blocking_s']:.4f} s, with the memory tier "
-          f"{med['save_blocking_memtier_s']:.4f} s (the copy into /dev/shm is the persist thread's: "
-          f"{med['persist_memtier_s']:.3f} s against {med['persist_s']:.3f}); memory restores read from "
-          f"{', '.join(sorted(mem_sources))}")
+    if "save_blocking_s" in med:
+        print(f"\nper-step snapshot (blocking) {med['save_blocking_s']:.4f} s, with the memory tier "
+              f"{med['save_blocking_memtier_s']:.4f} s (the copy into /dev/shm is the persist thread's: "
+              f"{med['persist_memtier_s']:.3f} s against {med['persist_s']:.3f})")
+    print(f"memory restores read from {', '.join(sorted(mem_sources))}; the memory tier on {args.memory_dir} "
+          f"({tmpfs_options(args.memory_dir)})")
     print(f"\nrestore bytes by path: {', '.join(f'{k} {v / 2**30:.2f} GiB' for k, v in read_paths.items())}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return {"device": device, "torch": torch.__version__, "bytes": total, "tensors": n_tensors,
             "critical_fraction": critical_bytes / total, "runs": rows, "median": med,
-            "dcp_first_call_s": dcp_first[0], "prepare_s": prepare_s,
+            "dcp_first_call_s": dcp_first[0] if dcp_first else None, "prepare_s": prepare_s,
             "ratios": {name: value for name, value, _, _ in ratios}, "read_paths": read_paths,
+            "memory_bytes": mem_bytes,
             "loadavg": os.getloadavg()}
 
 
