@@ -32,6 +32,10 @@ metrics line (its tasks started, process groups ready, restored, first step).
 
     python bench/recovery_bench.py                # every path and fault, idle and busy, 3 repeats
     python bench/recovery_bench.py --paths in_allocation,resubmit --faults node --busy --repeats 5
+    python bench/recovery_bench.py --paths in_allocation --idle --memory-tier   # with the memory tier
+
+Each trial also prints the steps lost (the faulted life's last step minus the step the next life
+restored: work done again) and where the next life's ranks restored from (``memory``, ``file system``).
 
 The paths run interleaved (repeat 1 of every path, then repeat 2, ...) so that a change of the
 machine's load falls on all of them. Prints one line per trial (with the 1-minute load average),
@@ -136,6 +140,7 @@ weight = 1.0
 [training.checkpoint]
 every_steps = 5
 keep_last = 2
+memory_tier = {memory_tier}
 """
 
 TORCHRUN = """#!/bin/bash
@@ -187,6 +192,11 @@ class Trial:
     """In-allocation: where the time went (see PHASES)."""
     injected: bool = True
     """False: the fault was never injected (``note`` says why), so the trial measured nothing."""
+    steps_lost: int | None = None
+    """The last step the faulted life finished minus the step the next life restored (work redone)."""
+    source: str = ""
+    """Where the next life's ranks restored from (their first metrics lines' restore_source), e.g.
+    ``memory x4`` or ``file system x2, memory x2``."""
 
 
 PHASES = ("detect", "confirm", "decide", "srun", "groups", "restore", "step")
@@ -197,8 +207,9 @@ the last rank's process groups ready; restore: -> the last rank restored; step: 
 
 class Bench:
     def __init__(self, root: Path, *, step_delay: float, after_steps: int, timeout_s: float,
-                 busy_seconds: int = 90) -> None:
+                 busy_seconds: int = 90, memory_tier: bool = False) -> None:
         self.root = root
+        self.memory_tier = memory_tier
         self.cluster = LocalCluster(Path(os.environ.get("OMNI_CLUSTER_DIR", REPO / ".omni" / "cluster")))
         self.cluster.up(wait_s=120)
         self.env = {**os.environ, **self.cluster.env, "PATH": f"{BIN}:{os.environ['PATH']}",
@@ -244,6 +255,7 @@ class Bench:
                 return Trial(path, fault, busy, None, f"no step after the fault within {self.timeout_s:.0f} s"
                              f" ({note})", load)
             trial = Trial(path, fault, busy, first - t_fault, note, load)
+            trial.steps_lost, trial.source = self._lost_and_source(work, inc)
             if fault in NODE_FAULTS:
                 trial.note += "; " + self._replacement(work, path, job_id, lost, held)
             if path in SUPERVISED:
@@ -274,7 +286,8 @@ class Bench:
                                     recovery=path if path in SUPERVISED else "resubmit",
                                     allow=str(path == "allocation").lower()))
         job = work / "job.toml"
-        job.write_text(JOB.format(tag=f"{self.count:02d}", work=work, shards=self.shards))
+        job.write_text(JOB.format(tag=f"{self.count:02d}", work=work, shards=self.shards,
+                                  memory_tier=str(self.memory_tier).lower()))
         return site, job
 
     def _submit(self, work: Path, path: str) -> tuple[int, subprocess.Popen[bytes] | None]:
@@ -399,6 +412,30 @@ class Bench:
             return {}
         return {name: float(marks[k + 1] - marks[k]) for k, name in enumerate(PHASES)}
 
+    def _lost_and_source(self, work: Path, inc: int) -> tuple[int | None, str]:
+        """Steps lost (the faulted life's last step minus the step the next life restored) and where the
+        next life's ranks restored from; waits a little for every rank's first line of the next life."""
+        deadline = time.monotonic() + 30
+        while True:
+            recs = self._records(work)
+            old = [r for r in recs if int(r["incarnation"]) == inc]
+            later = [r for r in recs if int(r["incarnation"]) > inc]
+            new_inc = min((int(r["incarnation"]) for r in later), default=None)
+            new = sorted((r for r in later if int(r["incarnation"]) == new_inc), key=lambda r: r["step"])
+            firsts: dict[int, dict[str, Any]] = {}
+            for r in new:
+                firsts.setdefault(int(r["rank"]), r)
+            if len(firsts) >= len({int(r["rank"]) for r in old}) or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        if not old or not new:
+            return None, ""
+        lost = max(int(r["step"]) for r in old) - (min(int(r["step"]) for r in new) - 1)
+        counts: dict[str, int] = {}
+        for r in firsts.values():
+            counts[str(r.get("restore_source") or "nothing")] = counts.get(str(r.get("restore_source") or "nothing"), 0) + 1
+        return lost, ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
+
     def _records(self, work: Path) -> list[dict[str, Any]]:
         out = []
         for f in (work / "metrics").rglob("metrics-*.jsonl"):
@@ -477,6 +514,8 @@ def _cell(trials: list[Trial]) -> dict[str, Any]:
             if any(t.phases for t in trials) else {},
             "notes": sorted({t.note for t in trials if t.seconds is None}),
             "injected": sum(t.injected for t in trials),
+            "steps_lost": [t.steps_lost for t in trials if t.steps_lost is not None],
+            "sources": sorted({t.source for t in trials if t.source}),
             "unmeasured": sorted({t.note for t in trials if not t.injected}),
             "other_leaf": sum(t.seconds is not None and "another leaf" in t.note for t in trials)}
 
@@ -496,6 +535,9 @@ def summarize(trials: list[Trial], paths: list[str], faults: list[str], states: 
             notes.append(f"queue wait {c['queue_wait']:.0f} s")
         if c["phases"]:
             notes.append(" ".join(f"{ph} {v:.2f}" for ph, v in c["phases"].items() if v is not None))
+        if c["steps_lost"]:
+            notes.append(f"steps lost {'/'.join(str(n) for n in c['steps_lost'])}, restored from "
+                         f"{' | '.join(c['sources']) or '?'}")
         notes += c["notes"][:1]
         out.append(f"  {'busy' if b else 'idle':7} {f:5} {p:13} {med} {spread:>15} {c['n']:>2}/{c['of']:<2} "
                    f"{c['load'] or 0:5.1f}  {'; '.join(notes)}")
@@ -602,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=400.0)
     p.add_argument("--work", type=Path, default=Path("/tmp") / f"omni-recovery-bench-{os.getpid()}")
     p.add_argument("--json", type=Path, help="write every trial here")
+    p.add_argument("--memory-tier", action="store_true",
+                   help="the job keeps its checkpoints in node-local memory too ([training.checkpoint] memory_tier; "
+                        "in-allocation jobs only, others restore from the file system)")
     a = p.parse_args(argv)
     paths = [x for x in a.paths.split(",") if x]
     faults = [x for x in a.faults.split(",") if x]
@@ -613,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     states = [n == "busy" for n in ("idle", "busy") if n in names]
     bench = Bench(a.work, step_delay=a.step_delay, after_steps=a.after_steps, timeout_s=a.timeout,
-                  busy_seconds=a.busy_seconds)
+                  busy_seconds=a.busy_seconds, memory_tier=a.memory_tier)
     trials: list[Trial] = []
     for busy in states:
         for fault in faults:
@@ -626,8 +671,9 @@ def main(argv: list[str] | None = None) -> int:
                     trials.append(t)
                     shown = f"{t.seconds:7.2f} s" if t.seconds is not None else "    n/a  "
                     phases = " ".join(f"{k} {v:.2f}" for k, v in t.phases.items())
+                    lost = f"  steps lost {t.steps_lost}, restored from {t.source}" if t.steps_lost is not None else ""
                     print(f"{'busy' if busy else 'idle'} {fault:4} {path:13} #{rep + 1} {shown}  load {t.load:5.1f}  "
-                          f"{t.note}{'  [' + phases + ']' if phases else ''}", flush=True)
+                          f"{t.note}{'  [' + phases + ']' if phases else ''}{lost}", flush=True)
                     if a.json:
                         a.json.write_text(json.dumps([x.__dict__ for x in trials], indent=1))
     for line in summarize(trials, paths, faults, states):

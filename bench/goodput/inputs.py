@@ -23,7 +23,12 @@ Defaults live in the dataclasses below (each field says where its number comes f
      "restore_full_s": 1.1,              # restore() -> every module and the optimizer loaded
      "restore_critical_s": 0.3,          # restore() -> critical modules loaded
      "critical_bytes": 268435456,        # optional: bytes of the critical modules
+     "memory_bytes": 1073807360,         # optional: bytes of the memory tier's copies restored ...
+     "memory_restore_s": 0.35,           # ... restore() from the node's own memory tier, every unit
      "source": "bench/ckpt_bench.py ..."}
+
+``python bench/ckpt_bench.py --goodput-json OUT`` writes one (its medians; ``--memory``: the memory
+tier's snapshot and restore only).
 
 ``--timeline FILE``: the manager's recovery timeline (see ``slurm_omni.report.timeline``); the
 medians of its recoveries fill detection, resubmit, start and restore like a drill file.
@@ -112,6 +117,12 @@ class StorageConfig:
     critical_read_bw: float | None = None
     """Read rate of the critical modules when the benchmark measured it (critical_bytes /
     restore_critical_s); None: node_read_bw."""
+    memory_read_bw: float | None = None
+    """Restore rate from a node's own memory tier (``[training.checkpoint] memory_tier``, issue 22):
+    the checkpoint benchmark's memory_bytes / memory_restore_s. None: no memory tier (every rank of a
+    relaunch reads the shared file system). With it, an in-allocation relaunch's survivors read their
+    state from memory and only the replacement node reads the file system (alone: its own client's
+    rate, not a share of the aggregate)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -297,7 +308,7 @@ def _seconds(data: dict[str, Any], key: str, path: Path) -> float | None:
 DRILL_KEYS = {"detection_s", "detection_by_kind", "resubmit_s", "start_s", "restore_s", "recovery_s",
               "nodes", "gpus", "source", "runs"}
 CKPT_KEYS = {"bytes", "blocking_s", "persist_s", "restore_full_s", "restore_critical_s", "critical_bytes",
-             "source"}
+             "memory_bytes", "memory_restore_s", "source"}
 
 
 def apply_drill(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]:
@@ -382,5 +393,12 @@ def apply_ckpt(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]
     critical_bytes = data.get("critical_bytes")
     if critical and isinstance(critical_bytes, (int, float)) and critical_bytes > 0:
         bws["critical_read_bw"] = critical_bytes / critical
+    memory = _seconds(data, "memory_restore_s", path)
+    memory_bytes = data.get("memory_bytes", size)
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, (int, float)) or memory_bytes <= 0:
+        raise ConfigError(f"goodput: couldn't use checkpoint file {path}: memory_bytes = {memory_bytes!r} "
+                          f"(expected > 0)")
+    if memory:
+        bws["memory_read_bw"] = memory_bytes / memory
     prov = [Provenance(f"storage.{k}", v, source) for k, v in bws.items()]
     return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, **bws)), prov

@@ -199,7 +199,7 @@ def scale(cfg: SimConfig) -> Scaled:
         "restore_full_s": restore_full, "restore_critical_s": restore_critical, "start_s": start,
         "omni_ckpt_interval_s": interval, "omni_hang_detect_s": hang, "heartbeat_scan_s": scan,
         "mtbf_s": mtbf, **{f"share_{k}": v for k, v in shares.items()},
-        "relaunch_s": in_allocation(cfg, omni, 0).relaunch_s + omni.restore_s,
+        "relaunch_s": in_allocation(cfg, omni, 0).relaunch_s + in_allocation(cfg, omni, 0).relaunch_restore_s,
         "successor_lead_s": successor_lead(cfg),
     }
     return Scaled(manual, slurm, omni, figures)
@@ -211,6 +211,19 @@ def successor_lead(cfg: SimConfig) -> float:
     if cfg.alloc.successor_lead_s is not None:
         return cfg.alloc.successor_lead_s
     return cfg.queue.median_s * math.exp(cfg.queue.sigma * statistics.NormalDist().inv_cdf(0.9))
+
+
+def memory_relaunch_restore(cfg: SimConfig) -> float:
+    """An in-allocation relaunch's restore with the memory tier: the survivors read their critical
+    modules from their own node's memory, the replacement node from the shared file system, alone (its
+    client's full rate: no other node reads); training starts when the slower has, plus the small run's
+    fixed restore overhead."""
+    run, st = cfg.run, cfg.storage
+    weights_per_node = run.gpus_per_node * run.params * run.weight_bytes_per_param / (
+        run.tensor_parallel * run.pipeline_parallel)
+    memory_bw = st.memory_read_bw or st.node_read_bw
+    replacement = weights_per_node / min(st.critical_read_bw or st.node_read_bw, st.aggregate_read_bw)
+    return cfg.omni.restore_small_s + max(weights_per_node / memory_bw, replacement)
 
 
 def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: bool = False,
@@ -231,8 +244,11 @@ def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: b
     relaunch = cfg.alloc.relaunch_small_s + init + omni.first_step_s
     name = (f"(e) pools, {per_100:g} spares/100 nodes" if pools
             else f"(d) in allocation, {per_100:g} spares/100 nodes")
+    restore = memory_relaunch_restore(cfg) if cfg.storage.memory_read_bw else omni.restore_s
+    if cfg.storage.memory_read_bw:
+        name += ", memory tier"
     return dataclasses.replace(omni, name=name, spares=spares, relaunch_s=relaunch,
-                               relaunch_restore_s=omni.restore_s, batch_host=not pools, pools=pools,
+                               relaunch_restore_s=restore, batch_host=not pools, pools=pools,
                                repair_s=run.repair_s, time_limit_s=cfg.alloc.time_limit_h * 3600 if time_limit else 0.0,
                                successor_lead_s=successor_lead(cfg) if pools and time_limit else None,
                                min_replicas=max(1, math.ceil(cfg.alloc.min_dp_fraction * run.data_parallel)))

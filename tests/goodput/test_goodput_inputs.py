@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.goodput.inputs import SimConfig, apply_ckpt, apply_drill, apply_timeline, load_config
-from bench.goodput.models import scale
+from bench.goodput.models import in_allocation, scale
 from bench.goodput.run import main
 from slurm_omni.errors import OmniError
 
@@ -50,6 +50,24 @@ def test_ckpt_file_sets_bandwidths(tmp_path: Path) -> None:
     assert len(prov) == 4
     # the slower measured write rate (0.5 GB/s < 2 TB/s / 2048 nodes) now sets the persist time
     assert scale(cfg).figures["persist_s"] == pytest.approx(405e9 * 14 / 2048 / 5e8)
+
+
+def test_ckpt_file_with_the_memory_tier_restores_survivors_from_memory(tmp_path: Path) -> None:
+    f = write(tmp_path / "mem.json", {"bytes": 1e9, "blocking_s": 0.1, "memory_bytes": 1.1e9,
+                                      "memory_restore_s": 0.5, "source": "bench/ckpt_bench.py --memory"})
+    cfg, prov = apply_ckpt(SimConfig(), f)
+    assert cfg.storage.memory_read_bw == pytest.approx(2.2e9)
+    assert {p.name: p.source for p in prov}["storage.memory_read_bw"] == f"measured {f}"
+    without = in_allocation(SimConfig(), scale(SimConfig()).omni, 1.0)
+    with_tier = in_allocation(cfg, scale(cfg).omni, 1.0)
+    assert "memory tier" in with_tier.name and "memory tier" not in without.name
+    # the survivors read 8 GPUs' weight shards from memory, the replacement alone from the file system at
+    # its own client's rate: both far below the whole job's share of the aggregate
+    weights = 8 * 405e9 * 2 / 128
+    assert with_tier.relaunch_restore_s == pytest.approx(2.0 + max(weights / 2.2e9, weights / 5e9))
+    assert with_tier.relaunch_restore_s < without.relaunch_restore_s / 2
+    with pytest.raises(OmniError, match="memory_bytes"):
+        apply_ckpt(SimConfig(), write(tmp_path / "bad.json", {"bytes": 1, "memory_bytes": 0, "memory_restore_s": 1}))
 
 
 def test_timeline_medians(tmp_path: Path) -> None:
