@@ -238,10 +238,22 @@ class ShardFiles:
         advice = os.POSIX_FADV_RANDOM if self.direct(shard) else os.POSIX_FADV_SEQUENTIAL
         with self._lock:
             if key not in self._fds:
-                fd = os.open(self._file(shard), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = self._open(shard)
                 os.posix_fadvise(fd, 0, 0, advice)
                 self._fds[key] = fd
             return self._fds[key]
+
+    def _open(self, shard: str) -> int:
+        """A read-only descriptor of ``shard``'s file. A memory-tier copy that is gone (another rank of
+        the node found it bad and dropped it after this restore checked it) is a bad copy too: raised
+        as ``CheckpointCorrupt``, so the restore reads the step from the file system instead."""
+        try:
+            return os.open(self._file(shard), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if shard not in self.sources:
+                raise
+            raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: {shard}.h5's copy in memory "
+                                    f"{self.sources[shard]}: {e.strerror}") from e
 
     def _file(self, shard: str) -> Path:
         if shard in self.sources:
@@ -372,7 +384,7 @@ class ShardFiles:
         with self._lock:
             if shard not in self._maps:
                 mm: mmap.mmap | None = None
-                fd = os.open(self._file(shard), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = self._open(shard)
                 try:
                     st = os.fstat(fd)
                     if st.st_size and st.st_blksize >= HUGE_PAGE:

@@ -103,6 +103,31 @@ def test_a_corrupted_copy_falls_back_to_the_file_system_with_one_line(
     assert warnings(caplog) == []
 
 
+def test_a_copy_another_rank_dropped_after_the_check_falls_back_to_the_file_system(
+        tmp_path: Path, job: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks of one node share its copies: one that finds a copy bad drops it, and another rank that
+    checked it just before opens nothing. That is a bad copy too (one line, the files), not a failed
+    restore (which would relaunch the job: the cluster drill's second relaunch)."""
+    from slurm_omni.checkpoint import restore as restore_mod
+
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    real = restore_mod._check_files
+
+    def checked_then_dropped(path: Path, manifest: fmt.Manifest, sources: dict[str, Path] | None = None) -> None:
+        real(path, manifest, sources)
+        for copy in (sources or {}).values():
+            copy.unlink()   # what the other rank's drop does, between this rank's check and its read
+
+    monkeypatch.setattr(restore_mod, "_check_files", checked_then_dropped)
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.step == 100 and r.source == "file system"
+        for name, want in modules(100).items():
+            assert_same(r.module(name), want, name)
+    (line,) = warnings(caplog)
+    assert "copy in memory" in line and "file system" in line, line
+
+
 def test_a_copy_of_another_incarnation_or_size_is_not_read(tmp_path: Path, job: str) -> None:
     with engine(tmp_path, memory_tier=True, memory_job=job, incarnation="run.1") as eng:
         eng.save(100, shard_state(100), sync=True)
