@@ -33,6 +33,14 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   on an environment no restart can fix (with the heartbeat's ``error``), 1 when the rendezvous
   fails.
 
+A hang, as the scale bench injects it (``BLOCK_SIGNAL``): a real rank's peers block in a collective
+that the hung rank never joins, their heartbeat threads still beating. Light ranks have no
+collectives, so the bench SIGSTOPs the hung rank and sends SIGURG to every other rank of the step:
+from then on they beat every interval but never start another step, as a rank blocked in a
+collective does, until they are killed (a stop signal then ends them with exit 1 and no
+checkpoint: a rank inside a collective cannot save). SIGURG is ignored by default, so a rank it
+reaches before its handler is set is unharmed.
+
 Between the restore and the end the ranks do not talk to each other (no collectives): a lost node
 ends the step through Slurm and the supervisor, as it does for the real trainer.
 """
@@ -51,6 +59,8 @@ import time
 
 STARTED_AT = time.time()
 EXIT_DONE, EXIT_FAILED, EXIT_CHECKPOINTED, EXIT_BAD_INPUT = 0, 1, 75, 78
+BLOCK_SIGNAL = _signal.SIGURG
+"""The scale bench's hang: this rank's collective never returns from now on (see the module's text)."""
 MAX_ERROR_CHARS = 400
 
 
@@ -90,6 +100,7 @@ class Rank:
         if self.node:
             self.state["node"] = self.node
         self.stop_signal = 0
+        self.blocked = False
         self.next_beat = 0.0
         self.metrics = None
         self.relay = None
@@ -301,6 +312,8 @@ class Rank:
                  "restored_step": agreed}
         started = time.monotonic()
         while step < self.max_steps:
+            if self.blocked:
+                return self._blocked(step)
             self._sleep(self.step_delay)
             step += 1
             now = time.monotonic()
@@ -314,6 +327,13 @@ class Rank:
             if step % self.every == 0 or step == self.max_steps:
                 self.save(step)
         return self.finish(EXIT_DONE, "done")
+
+    def _blocked(self, step: int) -> int:
+        """In a collective that never returns: beat, never step, until killed or told to stop."""
+        while not self.stop_signal:
+            time.sleep(self.interval)
+            self.beat()
+        return self.finish(EXIT_FAILED, "failed", f"stopped at step {step} inside a collective that never returned")
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -334,6 +354,9 @@ class Rank:
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.stop_signal = signum
+
+    def on_block(self, _signum: int, _frame: object) -> None:
+        self.blocked = True
 
 
 def _int(env: dict[str, str], name: str, default: int) -> int:
@@ -398,6 +421,7 @@ def main() -> int:
         return EXIT_BAD_INPUT
     for sig in (_signal.SIGUSR1, _signal.SIGTERM):
         _signal.signal(sig, rank.on_signal)
+    _signal.signal(BLOCK_SIGNAL, rank.on_block)
     try:
         return rank.run()
     except BadInput as e:

@@ -94,6 +94,31 @@ def test_a_stop_signal_saves_and_exits_75(tmp_path: Path) -> None:
         assert (tmp_path / "ckpt" / "light" / f"rank-{b.rank}" / f"step-{b.step}.json").exists()
 
 
+def test_a_blocked_rank_beats_without_stepping_and_a_stop_ends_it_without_saving(tmp_path: Path) -> None:
+    """The scale bench's hang: SIGURG puts a rank in a collective that never returns (it beats, it
+    never steps); a stop signal then ends it with exit 1 and no new checkpoint."""
+    procs = _start(tmp_path, 1, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.02", OMNI_LIGHT_CKPT_EVERY="1000")
+    hb = tmp_path / "hb" / "rank-0.json"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if hb.exists() and parse_heartbeat(hb.read_bytes()).step >= 2:
+            break
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGURG)
+    time.sleep(0.3)   # the step in flight ends; then no other starts
+    held = parse_heartbeat(hb.read_bytes())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and parse_heartbeat(hb.read_bytes()).beats < held.beats + 3:
+        time.sleep(0.05)
+    later = parse_heartbeat(hb.read_bytes())
+    assert later.beats >= held.beats + 3 and later.step == held.step and later.phase == "training"
+    procs[0].send_signal(signal.SIGTERM)
+    assert _codes(procs) == [1]
+    last = parse_heartbeat(hb.read_bytes())
+    assert (last.phase, last.exit_code, last.step) == ("failed", 1, held.step)
+    assert last.last_checkpoint_step is None and not (tmp_path / "ckpt" / "light" / "rank-0").exists()
+
+
 def test_ranks_with_no_step_in_common_exit_78(tmp_path: Path) -> None:
     assert _codes(_start(tmp_path, 2, OMNI_MAX_STEPS="5")) == [EXIT_DONE] * 2
     (tmp_path / "ckpt" / "light" / "rank-1" / "step-5.json").rename(tmp_path / "ckpt" / "light" / "rank-1" / "step-4.json")
