@@ -2,30 +2,46 @@
 
     python bench/scale_bench.py                          # 8, 64, 256, 512 nodes (not in CI)
     python bench/scale_bench.py --sizes 8,64 --ctld-port 61017 --slurmd-base-port 61100 --first-job-id 4001
+    python bench/scale_bench.py --sizes 8 --faults node --paths alloc      # one fault, one path
 
 Per size it brings the embedded cluster up with that many slurmd (``omni cluster up --nodes N``,
-leaves of 16 nodes, its own state directory), submits one ``--no-kill`` allocation of every node
-whose batch script runs the step supervisor (``omni supervise``, the in-allocation path, warm
-standbys off) over N-1 active nodes and one spare, 4 light ranks per node (``bench/light_rank.py``:
-the runtime's environment, heartbeats, checkpoint markers and exit codes without torch). Once every
-rank has checkpointed it sets a node that runs ranks DOWN (``scontrol update state=DOWN``) and times
-the recovery from the product's own timestamps:
+leaves of 16 nodes, its own state directory) and runs one job per path, 4 light ranks per active
+node (``bench/light_rank.py``: the runtime's environment, heartbeats, checkpoint markers and exit
+codes without torch), one spare per fault, warm standbys off:
+
+  inalloc  ``sbatch --no-kill`` whose batch script runs the step supervisor (``omni supervise``);
+  alloc    ``salloc --no-shell --no-kill`` and the supervisor outside it (``omni supervise
+           --allocation=J``, allocation mode: docs/allocation-mode.md), which releases it when done.
+
+Each job takes every fault in turn (``--faults``, default node, crash, hang), each once the launch
+running has checkpointed past the step it restored:
+
+  node   a node that runs ranks set DOWN (``scontrol update state=DOWN``);
+  crash  a rank SIGKILLed;
+  hang   a rank SIGSTOPped, and its peers told (light_rank.BLOCK_SIGNAL) that the collective it
+         never joins does not return: they beat and stop stepping, as real ranks do.
+
+and times each recovery from the product's own timestamps:
 
   detect      fault -> the supervisor's first signal of it (journal ``confirmed.detected_at``)
   confirm     -> the rule confirmed it (``confirmed_at``)
   decide      -> the next launch journaled (``launch`` record: kill, job and node states, placement)
   launch      -> every task of the next launch running (the last rank's ``task_started_at``, its
-                 first metrics line: srun to 4(N-1) processes)
+                 first metrics line: srun to 4 x active nodes processes)
   rendezvous  -> every rank joined rank 0's store and agreed on the restored step (the last
                  ``groups_ready_at``)
   first step  -> the first step after the restore (journal ``first_step``)
 
-and the supervisor's own CPU (utime + stime from /proc) per heartbeat poll (every 0.5 s) in steady
-state, before the fault. At the end of each size it checks, from the files, that every rank of the
-new launch restored the same step and that the run finished (journal ``done``, every rank's last
-beat ``done`` at max steps, the job COMPLETED). The end prints the table and the log-log slope of
-each phase between the smallest and the largest size measured. A size that cannot run here (too
-little memory, a timeout) prints n/a and why, never a figure.
+with the control plane's CPU: the supervisor's (utime + stime from /proc) per heartbeat poll (every
+0.5 s) in steady state, and per recovery (fault -> first step) the supervisor's with its sruns,
+scancels and squeues, and slurmctld's. At the end of each job it checks, from the files, that every
+rank of every relaunch restored the same step and that the run finished (journal ``done``, every
+rank's last beat ``done`` at max steps, the job COMPLETED, or in allocation mode CANCELLED by its
+supervisor, which exits 0). The end prints the table, the log-log slope of each phase between 64
+nodes (else the smallest) and the largest size measured, the machine's own limit when the ranks'
+step time shows it, and writes the figures as JSON (``--json``; ``python -m bench.goodput
+--scale-json`` fits them). A size that cannot run here (too little memory, a timeout, a machine
+already saturated by the size before) prints n/a and why, never a figure.
 
 Memory per daemon and per rank is measured at every size (private memory, /proc/PID/smaps_rollup):
 the next size is refused beforehand when it would not fit in MemAvailable.
@@ -39,6 +55,8 @@ import json
 import math
 import os
 import shlex
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -48,6 +66,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.light_rank import BLOCK_SIGNAL
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import ClusterSpec
 from slurm_omni.errors import SlurmError
@@ -68,24 +87,54 @@ HEARTBEAT_POLL_S = _POLL if isinstance(_POLL, float) else 0.5
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+FAULTS = ("node", "crash", "hang")
+"""node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
+its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
+PATHS = ("inalloc", "alloc")
+"""inalloc: sbatch, the supervisor in the batch script; alloc: salloc --no-shell, the supervisor
+outside with --allocation (allocation mode, docs/allocation-mode.md)."""
+
+
+@dataclass
+class Run:
+    """One fault through one path: the recovery's phases (seconds from the phase before)."""
+
+    path: str
+    fault: str
+    na: str = ""
+    load: float = 0.0
+    fault_at: float = 0.0
+    cause: str = ""
+    phases: dict[str, float] = field(default_factory=dict)
+    total: float | None = None
+    cpu_recovery: float | None = None
+    """The supervisor's CPU (with its sruns, scancels, squeues) from the fault to the first step."""
+    ctld_cpu: float | None = None
+    """slurmctld's CPU over the same time."""
+
+
 @dataclass
 class Result:
     nodes: int
     ranks: int = 0
     na: str = ""
-    phases: dict[str, float] = field(default_factory=dict)
-    total: float | None = None
+    runs: list[Run] = field(default_factory=list)
     up_s: float | None = None
-    cpu_per_poll: float | None = None
-    srun_cpu_per_s: float | None = None
+    cpu_per_poll: dict[str, float] = field(default_factory=dict)
+    """Per path: the supervisor's CPU seconds per heartbeat poll in steady state."""
     memory: dict[str, float] = field(default_factory=dict)
     """Mean private MiB: slurmd, slurmstepd, rank; idle slurmd CPU (ms per s)."""
     checks: list[str] = field(default_factory=list)
     load: float = 0.0
     scan: tuple[float, float] | None = None
+    """One heartbeat scan over this many ranks' files: CPU and wall seconds."""
     step_s: float | None = None
     """The ranks' median step time in steady state (their heartbeats' step_time_s), paced at --step-delay."""
-    """One heartbeat scan over this many ranks' files: CPU and wall seconds."""
+    elapsed_s: float | None = None
+    """Wall seconds of the whole size (cluster up to down)."""
+
+    def run(self, path: str, fault: str) -> Run | None:
+        return next((r for r in self.runs if r.path == path and r.fault == fault), None)
 
 
 # -- /proc ---------------------------------------------------------------------------------------
@@ -129,11 +178,36 @@ def mem_available_mib() -> float:
 
 
 # -- one size ------------------------------------------------------------------------------------
+def process_tree_cpu(root: int) -> float | None:
+    """CPU seconds of ``root`` (its own and its reaped children's) and of its live descendants: the
+    control plane's work through its sruns, scancels and squeues too."""
+    try:
+        fields = Path(f"/proc/{root}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    total = sum(int(f) for f in fields[11:15]) / CLK_TCK
+    children: dict[int, list[int]] = {}
+    for pid in pids():
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += cpu_s(pid) or 0.0
+        todo.extend(children.get(pid, []))
+    return total
+
+
 class Size:
+    """One cluster size: the cluster up once, then one job per path, each running every fault in turn."""
+
     def __init__(self, args: argparse.Namespace, nodes: int, root: Path) -> None:
         self.args = args
         self.nodes = nodes
-        self.work = root / f"n{nodes}"
+        self.root = root
         self.spec = ClusterSpec(nodes=nodes, nodes_per_switch=4 if nodes <= 8 else 16, cpus_per_node=TASKS_PER_NODE,
                                 gpus_per_node=0, ctld_port=args.ctld_port, slurmd_base_port=args.slurmd_base_port,
                                 first_job_id=args.first_job_id, partitions=())
@@ -141,8 +215,7 @@ class Size:
         self.runner = CommandRunner(self.cluster.env, timeout_s=60)
         # the bench's own polls: one quick try (a slurmctld gone must not hold the table for minutes)
         self.poller = CommandRunner(self.cluster.env, timeout_s=20, retries=1)
-        self.result = Result(nodes=nodes, ranks=TASKS_PER_NODE * (nodes - 1))
-        self.job_id = ""
+        self.result = Result(nodes=nodes, ranks=TASKS_PER_NODE * (nodes - len(args.faults)))
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} n={self.nodes}] {msg}", flush=True)
@@ -167,48 +240,108 @@ class Size:
         if ctld:
             self.result.memory["slurmctld_mib"] = private_mib(ctld) or 0.0
 
+    def run(self) -> Result:
+        self.up()
+        for path in self.args.paths:
+            job = Job(self, path)
+            try:
+                job.run()
+            except Exception as e:  # noqa: BLE001 (one path's failure is its n/a, not the end of the size)
+                job.fail(f"{type(e).__name__}: {e}")
+            finally:
+                job.cleanup()
+        return self.result
+
+
+class Job:
+    """One job of a size through one path (``inalloc``: sbatch, the supervisor in the batch script;
+    ``alloc``: salloc --no-shell, the supervisor outside with --allocation), its faults in turn."""
+
+    def __init__(self, size: Size, path: str) -> None:
+        self.size, self.path, self.args = size, path, size.args
+        self.nodes = size.nodes
+        self.work = size.root / f"n{self.nodes}-{path}"
+        self.job_id = ""
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.down: list[str] = []
+        self.ranks = size.result.ranks
+        self.runs: list[Run] = []
+
+    def log(self, msg: str) -> None:
+        self.size.log(f"{self.path}: {msg}")
+
+    def fail(self, why: str) -> None:
+        self.log(f"n/a: {why}")
+        for k, run in enumerate(self.runs):   # the faults recovered before this one keep their figures
+            try:
+                self.phases(run, k)
+            except (IndexError, OSError, ValueError):
+                pass
+        for fault in self.args.faults:
+            if not any(r.fault == fault for r in self.runs):
+                self.runs.append(Run(self.path, fault, na=why))
+        self.size.result.runs.extend(self.runs)
+
+    # -- submission ---------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        w = self.work
+        return {k: str(v) for k, v in {
+            "OMNI_CKPT_DIR": w / "ckpt", "OMNI_HEARTBEAT_DIR": w / "hb", "OMNI_METRICS_DIR": w / "metrics",
+            "OMNI_LOG_DIR": w / "logs", "OMNI_DP_SIZE": self.ranks, "OMNI_STAGES": "main",
+            "OMNI_MAX_STEPS": self.args.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
+            "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}-{self.path}", "OMNI_STANDBY": 0,
+            "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
+            "PYTHONPATH": REPO}.items()}
+
+    def supervise_argv(self) -> list[str]:
+        active = self.nodes - len(self.args.faults)
+        return [sys.executable, "-m", "slurm_omni.cli.main", "supervise",
+                f"--stages=main:{active}:{TASKS_PER_NODE}:{len(self.args.faults)}", "--heartbeat-interval=1",
+                "--no-standby", *([f"--allocation={self.job_id}"] if self.path == "alloc" else []),
+                "--", sys.executable, "-S", str(LIGHT_RANK)]
+
     def submit(self) -> None:
         w = self.work
         for d in ("ckpt", "hb", "metrics", "logs"):
             (w / d).mkdir(parents=True, exist_ok=True)
         (w / "hb").chmod(0o700)
-        active = self.nodes - 1
-        env = {
-            "OMNI_CKPT_DIR": w / "ckpt", "OMNI_HEARTBEAT_DIR": w / "hb", "OMNI_METRICS_DIR": w / "metrics",
-            "OMNI_LOG_DIR": w / "logs", "OMNI_DP_SIZE": TASKS_PER_NODE * active, "OMNI_STAGES": "main",
-            "OMNI_MAX_STEPS": self.args.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
-            "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}", "OMNI_STANDBY": 0,
-            "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
-        }
-        if self.args.heartbeat_node_dir:   # one heartbeat file per node (elastic/heartbeat.py)
-            env["OMNI_HEARTBEAT_NODE_DIR"] = self.args.heartbeat_node_dir
-        exports = "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in env.items())
-        supervise = [sys.executable, "-m", "slurm_omni.cli.main", "supervise",
-                     f"--stages=main:{active}:{TASKS_PER_NODE}:1", "--heartbeat-interval=1", "--no-standby",
-                     "--", sys.executable, "-S", str(LIGHT_RANK)]
-        script = w / "job.sbatch"
-        script.write_text(
-            "#!/bin/bash\n"
-            f"#SBATCH --job-name=scale-{self.nodes}\n#SBATCH --nodes={self.nodes}\n"
-            f"#SBATCH --ntasks-per-node={TASKS_PER_NODE}\n#SBATCH --no-kill\n#SBATCH --time=01:00:00\n"
-            f"#SBATCH --output={w / 'batch.out'}\n#SBATCH --chdir={REPO}\n"
-            f"{exports}\nexport PYTHONPATH={shlex.quote(str(REPO))}\n"
-            f"exec {shlex.join(supervise)}\n")
-        proc = self.runner.run(["sbatch", "--parsable", str(script)])
-        self.job_id = proc.stdout.strip().split(";")[0]
-        self.log(f"job {self.job_id}: {self.result.ranks} light ranks on {active} nodes + 1 spare")
+        name = f"scale-{self.nodes}-{self.path}"
+        if self.path == "inalloc":
+            exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in self.env().items())
+            script = w / "job.sbatch"
+            script.write_text(
+                "#!/bin/bash\n"
+                f"#SBATCH --job-name={name}\n#SBATCH --nodes={self.nodes}\n"
+                f"#SBATCH --ntasks-per-node={TASKS_PER_NODE}\n#SBATCH --no-kill\n#SBATCH --time=01:00:00\n"
+                f"#SBATCH --output={w / 'batch.out'}\n#SBATCH --chdir={REPO}\n"
+                f"{exports}\nexec {shlex.join(self.supervise_argv())}\n")
+            proc = self.size.runner.run(["sbatch", "--parsable", str(script)])
+            self.job_id = proc.stdout.strip().split(";")[0]
+        else:
+            proc = self.size.runner.run(["salloc", "--no-shell", "--no-kill", f"--nodes={self.nodes}",
+                                         f"--ntasks-per-node={TASKS_PER_NODE}", "--time=01:00:00",
+                                         f"--job-name={name}"], timeout_s=120)
+            words = (proc.stderr + proc.stdout).split()
+            found = [words[i + 1] for i, x in enumerate(words[:-1]) if x == "allocation" and words[i + 1].isdigit()]
+            if not found:
+                raise SlurmError(f"salloc: couldn't read a job id from: {(proc.stderr + proc.stdout).strip()[:200]}")
+            self.job_id = found[0]
+            env = {**os.environ, **self.size.cluster.env, **self.env()}
+            with open(w / "supervisor.log", "ab") as out:
+                self.proc = subprocess.Popen(self.supervise_argv(), env=env, cwd=REPO, stdout=out,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
+        self.log(f"job {self.job_id}: {self.ranks} light ranks on {self.nodes - len(self.args.faults)} nodes + "
+                 f"{len(self.args.faults)} spares")
 
+    # -- reading ------------------------------------------------------------------------------
     def journal(self) -> SupervisorJournal:
         return SupervisorJournal(journal_path(self.work / "ckpt", self.job_id))
 
-    def raw_journal(self) -> list[dict[str, Any]]:
-        try:
-            return [json.loads(line) for line in journal_path(self.work / "ckpt", self.job_id).read_text().splitlines()
-                    if line.strip()]
-        except (OSError, ValueError):
-            return []
+    def launches(self) -> list[Any]:
+        return list(self.journal().state.launches)
 
-    def wait(self, what: str, cond: Any, timeout: float) -> bool:
+    def wait(self, cond: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if cond():
@@ -220,7 +353,7 @@ class Size:
 
     def job_state(self) -> str:
         try:
-            proc = self.poller.run(["scontrol", "show", "job", "-o", self.job_id], check=False)
+            proc = self.size.poller.run(["scontrol", "show", "job", "-o", self.job_id], check=False)
         except SlurmError:
             return "?"
         for part in proc.stdout.split():
@@ -229,12 +362,14 @@ class Size:
         return "?"
 
     def job_finished(self) -> bool:
-        return self.job_state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+        return self.job_state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "?")
 
     def beats(self, incarnation: int) -> list[Any]:
         return [b for b in read_heartbeats(self.work / "hb") if b.incarnation == incarnation]
 
     def supervisor_pid(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.pid if self.proc.poll() is None else None
         for pid in pids():
             argv = cmdline(pid)
             if "supervise" in argv and any(a.startswith("--stages=main:") for a in argv):
@@ -246,101 +381,6 @@ class Size:
                     return pid
         return None
 
-    def steady_state(self, inc: int) -> None:
-        """The supervisor's CPU per heartbeat poll, srun's CPU, and memory per process, before the fault."""
-        sup = self.supervisor_pid()
-        sruns = [p for p in pids() if cmdline(p)[:1] == ["srun"] and f"--job-name=omni-{self.job_id}-launch-0"
-                 in cmdline(p)]
-        window = self.args.cpu_window
-        if sup is not None:
-            b0, s0 = cpu_s(sup), [cpu_s(p) for p in sruns]
-            time.sleep(window)
-            b1, s1 = cpu_s(sup), [cpu_s(p) for p in sruns]
-            if b0 is not None and b1 is not None:
-                self.result.cpu_per_poll = (b1 - b0) / (window / HEARTBEAT_POLL_S)
-            used = [b - a for a, b in zip(s0, s1, strict=True) if a is not None and b is not None]
-            if used:
-                self.result.srun_cpu_per_s = sum(used) / window
-        steps, ranks = [], []
-        tag = f"[{self.job_id}."
-        for pid in pids():
-            argv = cmdline(pid)
-            if argv and argv[0].startswith("slurmstepd") and tag in " ".join(argv):
-                steps.append(pid)
-            elif len(argv) == 3 and argv[1:] == ["-S", str(LIGHT_RANK)]:   # not srun, not the supervisor
-                ranks.append(pid)
-        self.result.memory["slurmstepd_mib"] = mean([m for p in steps if (m := private_mib(p)) is not None]) or 0.0
-        self.result.memory["rank_mib"] = mean([m for p in ranks[:256] if (m := private_mib(p)) is not None]) or 0.0
-        self.result.memory["slurmstepd_count"] = len(steps)
-        self.result.memory["rank_count"] = len(ranks)
-
-    def run(self) -> Result:
-        r, args = self.result, self.args
-        self.up()
-        self.submit()
-        ranks = r.ranks
-        every = args.ckpt_every
-        # launch 0 running, and every rank past its second checkpoint
-        ok = self.wait("launch 0", lambda: (la := self.journal().state.launches) and la[0].first_step_at, args.timeout)
-        if not ok:
-            r.na = f"launch 0 made no step within {args.timeout:.0f}s (job {self.job_state()}; {self.work}/logs)"
-            return r
-        inc0 = self.journal().state.launches[0].incarnation
-        ok = self.wait("checkpoints", lambda: len(b := self.beats(inc0)) == ranks and
-                       min(x.last_checkpoint_step or 0 for x in b) >= 2 * every, args.timeout)
-        if not ok:
-            r.na = f"the ranks did not all checkpoint step {2 * every} within {args.timeout:.0f}s"
-            return r
-        self.log("launch 0 steady: measuring the control plane")
-        self.steady_state(inc0)
-        times = sorted(b.step_time_s for b in self.beats(inc0) if b.step_time_s is not None)
-        r.step_s = times[len(times) // 2] if times else None
-        st = self.journal().state
-        victim = st.launches[0].layout.components[0][-1]
-        held = [x.last_checkpoint_step for x in self.beats(inc0)]
-        if min(s or 0 for s in held) >= args.max_steps - every:
-            r.na = "the run got too close to max steps before the fault (raise --max-steps)"
-            return r
-        r.load = os.getloadavg()[0]
-        fault_at = time.time()
-        self.runner.run(["scontrol", "update", f"nodename={victim}", "state=DOWN", "reason=scale-bench"])
-        self.log(f"{victim} set DOWN (load {r.load:.1f})")
-        try:
-            ok = self.wait("relaunch", lambda: len(la := self.journal().state.launches) > 1 and la[1].first_step_at,
-                           args.timeout)
-            if not ok:
-                st = self.journal().state
-                r.na = (f"no first step of a relaunch within {args.timeout:.0f}s (launches {len(st.launches)}, "
-                        f"outcome {st.outcome or '-'}, job {self.job_state()})")
-                return r
-            self.log("relaunched; waiting for the run to finish")
-            finished = self.wait("done", lambda: self.job_finished(), args.timeout)
-            self.phases(fault_at)
-            self.check(finished)
-        finally:
-            self.runner.run(["scontrol", "update", f"nodename={victim}", "state=RESUME"], check=False)
-        return r
-
-    def phases(self, fault_at: float) -> None:
-        r = self.result
-        st = self.journal().state
-        l0, l1 = st.launches[0], st.launches[1]
-        conf = l0.confirmed
-        first = self.first_lines(l1.incarnation)
-        started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
-        ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]
-        marks: list[tuple[str, float | None]] = [
-            ("detect", conf.detected_at if conf else None), ("confirm", conf.confirmed_at if conf else None), ("decide", l1.started_at),
-            ("launch", max(started) if len(started) == r.ranks else None),
-            ("rendezvous", max(ready) if len(ready) == r.ranks else None), ("first_step", l1.first_step_at)]
-        prev: float | None = fault_at
-        for name, at in marks:
-            if at is not None and prev is not None:
-                r.phases[name] = float(at) - prev
-            prev = float(at) if at is not None else None
-        if l1.first_step_at is not None:
-            r.total = l1.first_step_at - fault_at
-
     def first_lines(self, incarnation: int) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
         for path in (self.work / "metrics").glob("metrics-*.jsonl"):
@@ -350,20 +390,167 @@ class Size:
                     out[rec.rank] = json.loads(line)
         return out
 
-    def check(self, finished: bool) -> None:
-        r, st = self.result, self.journal().state
-        l1 = st.launches[-1]
+    def steady_state(self, sup: int) -> None:
+        """The supervisor's CPU per heartbeat poll and memory per process, before the first fault."""
+        r, window = self.size.result, self.args.cpu_window
+        b0 = cpu_s(sup)
+        time.sleep(window)
+        b1 = cpu_s(sup)
+        if b0 is not None and b1 is not None:
+            r.cpu_per_poll[self.path] = (b1 - b0) / (window / HEARTBEAT_POLL_S)
+        if r.memory.get("rank_mib"):
+            return
+        steps, ranks = [], []
+        tag = f"[{self.job_id}."
+        for pid in pids():
+            argv = cmdline(pid)
+            if argv and argv[0].startswith("slurmstepd") and tag in " ".join(argv):
+                steps.append(pid)
+            elif len(argv) == 3 and argv[1:] == ["-S", str(LIGHT_RANK)]:   # not srun, not the supervisor
+                ranks.append(pid)
+        r.memory["slurmstepd_mib"] = mean([m for p in steps if (m := private_mib(p)) is not None]) or 0.0
+        r.memory["rank_mib"] = mean([m for p in ranks[:256] if (m := private_mib(p)) is not None]) or 0.0
+        r.memory["slurmstepd_count"] = len(steps)
+        r.memory["rank_count"] = len(ranks)
+
+    # -- faults -------------------------------------------------------------------------------
+    def inject(self, fault: str, incarnation: int, layout: Any) -> str:
+        """The fault, now; what it hit."""
+        beats = [b for b in self.beats(incarnation) if b.phase in ("training", "checkpointing")]
+        if fault == "node":
+            victim = layout.components[0][-1]
+            self.size.runner.run(["scontrol", "update", f"nodename={victim}", "state=DOWN", "reason=scale-bench"])
+            self.down.append(victim)
+            return f"{victim} set DOWN"
+        target = max(beats, key=lambda b: b.rank)   # a rank of the last node, never rank 0 (its store)
+        if fault == "crash":
+            os.kill(target.pid, signal.SIGKILL)
+            return f"rank {target.rank} (pid {target.pid} on {target.node}) SIGKILLed"
+        os.kill(target.pid, signal.SIGSTOP)   # hang: it stops; its peers block in the collective it never joins
+        for b in beats:
+            if b.rank != target.rank:
+                try:
+                    os.kill(b.pid, BLOCK_SIGNAL)
+                except ProcessLookupError:
+                    pass
+        return f"rank {target.rank} (pid {target.pid} on {target.node}) SIGSTOPped, {len(beats) - 1} peers blocked"
+
+    def run(self) -> None:
+        args, every = self.args, self.args.ckpt_every
+        self.submit()
+        ok = self.wait(lambda: (la := self.launches()) and la[0].first_step_at, args.timeout)
+        if not ok:
+            raise TimeoutError(f"launch 0 made no step within {args.timeout:.0f}s (job {self.job_state()}; "
+                               f"{self.work}/logs)")
+        sup = self.supervisor_pid()
+        self.log("launch 0 stepping: measuring the control plane in steady state")
+        if sup is not None:
+            self.steady_state(sup)
+        times = sorted(b.step_time_s for b in self.beats(self.launches()[0].incarnation) if b.step_time_s is not None)
+        self.size.result.step_s = times[len(times) // 2] if times else None
+        base = 0
+        for k, fault in enumerate(args.faults):
+            la = self.launches()[k]
+            inc = la.incarnation
+            ok = self.wait(lambda inc=inc, base=base: len(b := self.beats(inc)) == self.ranks and
+                           min(x.last_checkpoint_step or 0 for x in b) >= base + every, args.timeout)
+            if not ok:
+                raise TimeoutError(f"launch {k}: the ranks did not all checkpoint step {base + every} "
+                                   f"within {args.timeout:.0f}s")
+            if max(x.step for x in self.beats(inc)) >= args.max_steps - every:
+                raise TimeoutError(f"launch {k} got too close to max steps before the {fault} fault "
+                                   "(raise --max-steps)")
+            run = Run(self.path, fault, load=os.getloadavg()[0])
+            ctld = self.size.cluster.running().get("slurmctld")
+            cpu0 = process_tree_cpu(sup) if sup else None
+            ctld0 = cpu_s(ctld) if ctld else None
+            run.fault_at = time.time()
+            what = self.inject(fault, inc, la.layout)
+            self.log(f"launch {k}: {fault}: {what} (load {run.load:.1f})")
+            ok = self.wait(lambda k=k: len(la := self.launches()) > k + 1 and la[k + 1].first_step_at, args.timeout)
+            cpu1 = process_tree_cpu(sup) if sup else None
+            ctld1 = cpu_s(ctld) if ctld else None
+            if cpu0 is not None and cpu1 is not None:
+                run.cpu_recovery = cpu1 - cpu0
+            if ctld0 is not None and ctld1 is not None:
+                run.ctld_cpu = ctld1 - ctld0
+            if not ok:
+                st = self.journal().state
+                raise TimeoutError(f"{fault}: no first step of launch {k + 1} within {args.timeout:.0f}s "
+                                   f"(launches {len(st.launches)}, outcome {st.outcome or '-'}, job {self.job_state()})")
+            self.runs.append(run)
+            nxt = self.launches()[k + 1]
+            first = self.first_lines(nxt.incarnation)
+            restored = {x.get("restored_step") for x in first.values()}
+            base = max((s for s in restored if isinstance(s, int)), default=base)
+            self.log(f"launch {k + 1} stepping (restored {sorted(s for s in restored if s is not None)})")
+        self.log("waiting for the run to finish")
+        finished = self.wait(lambda: self.job_finished(), args.timeout)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        for k, run in enumerate(self.runs):
+            self.phases(run, k)
+        self.check(finished)
+        self.size.result.runs.extend(self.runs)
+
+    def phases(self, run: Run, k: int) -> None:
+        la = self.launches()
+        l0, l1 = la[k], la[k + 1]
+        conf = l0.confirmed or {}
+        run.cause = str(conf.get("cause", ""))
         first = self.first_lines(l1.incarnation)
-        restored = {x.get("restored_step") for x in first.values()}
-        ok_restore = len(first) == r.ranks and len(restored) == 1 and next(iter(restored)) not in (None, 0)
-        r.checks.append(f"{'PASS' if ok_restore else 'FAIL'} every rank of launch {l1.number} restored the same step: "
-                        f"{len(first)}/{r.ranks} ranks, restored steps {sorted(s for s in restored if s is not None)}")
-        beats = self.beats(l1.incarnation)
+        started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
+        ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]
+        marks: list[tuple[str, float | None]] = [
+            ("detect", conf.get("detected_at")), ("confirm", conf.get("confirmed_at")), ("decide", l1.started_at),
+            ("launch", max(started) if len(started) == self.ranks else None),
+            ("rendezvous", max(ready) if len(ready) == self.ranks else None), ("first_step", l1.first_step_at)]
+        prev: float | None = run.fault_at
+        for name, at in marks:
+            if at is not None and prev is not None:
+                run.phases[name] = float(at) - prev
+            prev = float(at) if at is not None else None
+        if l1.first_step_at is not None:
+            run.total = l1.first_step_at - run.fault_at
+
+    def check(self, finished: bool) -> None:
+        r, st = self.size.result, self.journal().state
+        for la in st.launches[1:]:
+            first = self.first_lines(la.incarnation)
+            restored = {x.get("restored_step") for x in first.values()}
+            ok = len(first) == self.ranks and len(restored) == 1 and next(iter(restored)) not in (None, 0)
+            r.checks.append(f"{'PASS' if ok else 'FAIL'} {self.path}: every rank of launch {la.number} restored the "
+                            f"same step: {len(first)}/{self.ranks} ranks, restored steps "
+                            f"{sorted(s for s in restored if s is not None)}")
+        last = st.launches[-1]
+        beats = self.beats(last.incarnation)
         done = [b for b in beats if b.phase == "done" and b.exit_code == 0 and b.step == self.args.max_steps]
         state = self.job_state()
-        ok_done = finished and st.outcome == "done" and len(done) == r.ranks and state == "COMPLETED"
-        r.checks.append(f"{'PASS' if ok_done else 'FAIL'} the run finished: journal {st.outcome or '-'}, "
-                        f"{len(done)}/{r.ranks} ranks done at step {self.args.max_steps}, job {state}")
+        # in-allocation the batch script ends the job; in allocation mode the supervisor releases it
+        want = "COMPLETED" if self.path == "inalloc" else "CANCELLED"
+        rc = "" if self.proc is None else f", supervisor exit {self.proc.poll()}"
+        ok = (finished and st.outcome == "done" and len(done) == self.ranks and state == want
+              and (self.proc is None or self.proc.poll() == 0)
+              and len(st.launches) == len(self.args.faults) + 1)
+        r.checks.append(f"{'PASS' if ok else 'FAIL'} {self.path}: the run finished after {len(st.launches) - 1} "
+                        f"relaunches: journal {st.outcome or '-'}, {len(done)}/{self.ranks} ranks done at step "
+                        f"{self.args.max_steps}, job {state}{rc}")
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.job_id and not self.job_finished():
+            self.size.runner.run(["scancel", self.job_id], check=False)
+        for node in self.down:
+            self.size.runner.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], check=False)
+        self.down = []
 
 
 # -- the table -----------------------------------------------------------------------------------
@@ -371,51 +558,91 @@ def fmt(v: float | None, unit: str = "s", digits: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}{unit}"
 
 
-def slope(a: tuple[int, float | None], b: tuple[int, float | None]) -> str:
+def log_slope(a: tuple[int, float | None], b: tuple[int, float | None]) -> float | None:
     (n0, v0), (n1, v1) = a, b
     if v0 is None or v1 is None or v0 <= 0 or v1 <= 0 or n0 == n1:
-        return "n/a"
-    return f"{math.log(v1 / v0) / math.log(n1 / n0):+.2f}"
+        return None
+    return math.log(v1 / v0) / math.log(n1 / n0)
 
 
-def report(results: list[Result], heartbeat_node_dir: str = "") -> None:
-    beats = f"a heartbeat file per node (OMNI_HEARTBEAT_NODE_DIR={heartbeat_node_dir})" if heartbeat_node_dir \
-        else "a heartbeat file per rank"
-    print(f"\nnode loss, in-allocation path (step supervisor), 4 light ranks per active node, 1 spare, {beats}")
-    head = f"{'nodes':>5} {'ranks':>5} " + " ".join(f"{p:>10}" for p in (*PHASES, "total")) + \
-        f" {'cpu/poll':>9} {'srun cpu':>9} {'load':>5}"
+def slope(a: tuple[int, float | None], b: tuple[int, float | None]) -> str:
+    s = log_slope(a, b)
+    return "n/a" if s is None else f"{s:+.2f}"
+
+
+def run_value(r: Result, path: str, fault: str, p: str) -> float | None:
+    run = r.run(path, fault)
+    if run is None or run.na:
+        return None
+    if p == "total":
+        return run.total
+    if p == "cpu/recovery":
+        return run.cpu_recovery
+    if p == "detect+confirm":
+        d, c = run.phases.get("detect"), run.phases.get("confirm")
+        return None if d is None or c is None else d + c
+    if p == "start":
+        parts = [run.phases.get(x) for x in ("launch", "rendezvous", "first_step")]
+        return None if any(x is None for x in parts) else sum(x for x in parts if x is not None)
+    return run.phases.get(p)
+
+
+def report(results: list[Result], args: argparse.Namespace) -> None:
+    spares = len(args.faults)
+    print(f"\nrecovery: {TASKS_PER_NODE} light ranks per active node, {spares} spares (one per fault), phases in "
+          "seconds from the one before; cpu/rec: the supervisor's CPU (with its sruns) fault -> first step, "
+          "ctld: slurmctld's")
+    head = (f"{'nodes':>5} {'ranks':>5} {'path':>7} {'fault':>5} " + " ".join(f"{p:>10}" for p in (*PHASES, "total"))
+            + f" {'cpu/rec':>8} {'ctld':>7} {'load':>6}")
     print(head)
     for r in results:
         if r.na:
             print(f"{r.nodes:>5} {r.ranks:>5}  n/a: {r.na}")
             continue
-        print(f"{r.nodes:>5} {r.ranks:>5} " + " ".join(f"{fmt(r.phases.get(p)):>10}" for p in PHASES) +
-              f" {fmt(r.total):>10} {fmt(None if r.cpu_per_poll is None else 1000 * r.cpu_per_poll, 'ms', 1):>9}"
-              f" {fmt(r.srun_cpu_per_s, 's/s'):>9} {r.load:>5.1f}")
-    print("\nmemory (private MiB per process) and cost of the cluster")
+        for run in r.runs:
+            lead = f"{r.nodes:>5} {r.ranks:>5} {run.path:>7} {run.fault:>5} "
+            if run.na:
+                print(lead + f" n/a: {run.na}")
+                continue
+            print(lead + " ".join(f"{fmt(run.phases.get(p)):>10}" for p in PHASES) + f" {fmt(run.total):>10}"
+                  f" {fmt(run.cpu_recovery):>8} {fmt(run.ctld_cpu):>7} {run.load:>6.1f}")
+    print("\ncontrol plane in steady state: the supervisor's CPU per heartbeat poll "
+          f"(every {HEARTBEAT_POLL_S} s, over {args.cpu_window:.0f} s)")
+    for r in results:
+        if r.cpu_per_poll:
+            print(f"{r.nodes:>5} nodes, {r.ranks:>5} ranks: " + ", ".join(
+                f"{path} {1000 * v:.1f} ms" for path, v in r.cpu_per_poll.items()))
+    print("\nmemory (private MiB per process), cost of the cluster, wall time of each size")
     for r in results:
         m = r.memory
         if not m:
             continue
-        print(f"{r.nodes:>5} nodes: up {fmt(r.up_s, 's', 0)}; ranks step in {fmt(r.step_s)}; slurmd {m.get('slurmd_mib', 0):.1f} MiB "
+        print(f"{r.nodes:>5} nodes: up {fmt(r.up_s, 's', 0)}; size done in {fmt(r.elapsed_s, 's', 0)}; ranks step in "
+              f"{fmt(r.step_s)}; slurmd {m.get('slurmd_mib', 0):.1f} MiB "
               f"(idle {m.get('slurmd_idle_cpu_ms_per_s', 0):.1f} ms CPU/s each), slurmctld "
               f"{m.get('slurmctld_mib', 0):.1f} MiB, slurmstepd {m.get('slurmstepd_mib', 0):.1f} MiB "
               f"x {int(m.get('slurmstepd_count', 0))}, light rank {m.get('rank_mib', 0):.1f} MiB "
               f"x {int(m.get('rank_count', 0))}")
-    measured = [r for r in results if not r.na]
-    pairs = [(measured[0], measured[-1])] if len(measured) >= 2 else []
+    measured = [r for r in results if not r.na and any(not x.na for x in r.runs)]
     from64 = [r for r in measured if r.nodes >= 64]
-    if len(from64) >= 2 and from64[0] is not measured[0]:   # the issue's: 64 to the largest
-        pairs.append((from64[0], from64[-1]))
-    if pairs:
-        print("\nlog-log slope (1: linear in nodes; 0: flat)")
-        print(f"  {'':<11} " + " ".join(f"{f'{a.nodes}->{b.nodes}':>10}" for a, b in pairs))
-        for p in (*PHASES, "total", "cpu/poll"):
-            def value(r: Result, p: str = p) -> float | None:
-                return r.total if p == "total" else r.cpu_per_poll if p == "cpu/poll" else r.phases.get(p)
-            print(f"  {p:<11} " + " ".join(f"{slope((a.nodes, value(a)), (b.nodes, value(b))):>10}" for a, b in pairs))
-    print("\none full heartbeat scan (read_heartbeats: every file read, as a first poll) over synthetic per-rank "
-          "files, CPU / wall, median of 5 (a poll after the first reads what changed: bench/heartbeat_bench.py)")
+    pair = (from64[0], from64[-1]) if len(from64) >= 2 else (measured[0], measured[-1]) if len(measured) >= 2 else None
+    if pair is not None:
+        a, b = pair
+        print(f"\nlog-log slope {a.nodes} -> {b.nodes} nodes (1: linear in nodes; 0: flat)")
+        cols = [(path, fault) for path in args.paths for fault in args.faults]
+        print(f"  {'':<14} " + " ".join(f"{path + '/' + fault:>13}" for path, fault in cols))
+        for p in (*PHASES, "total", "cpu/recovery"):
+            print(f"  {p:<14} " + " ".join(
+                f"{slope((a.nodes, run_value(a, path, fault, p)), (b.nodes, run_value(b, path, fault, p))):>13}"
+                for path, fault in cols))
+        print(f"  {'cpu/poll':<14} " + " ".join(
+            f"{slope((a.nodes, a.cpu_per_poll.get(path)), (b.nodes, b.cpu_per_poll.get(path))):>13}"
+            for path, _ in cols))
+        limit = machine_limit(a, b, args)
+        if limit:
+            print(f"  {limit}")
+    print("\none heartbeat scan (read_heartbeats, the supervisor's and the manager's per poll) over synthetic "
+          "files, CPU / wall, median of 5")
     for r in results:
         if r.scan is not None:
             print(f"  {r.ranks:>5} ranks: {1000 * r.scan[0]:.1f} ms / {1000 * r.scan[1]:.1f} ms "
@@ -424,6 +651,31 @@ def report(results: list[Result], heartbeat_node_dir: str = "") -> None:
     for r in results:
         for line in r.checks or ([f"n/a: {r.na}"] if r.na else []):
             print(f"  {r.nodes:>4} nodes: {line}")
+
+
+def machine_limit(a: Result, b: Result, args: argparse.Namespace) -> str:
+    """Names the machine's own limit when it sets a slope: the ranks' steady step time against the
+    paced one (process start and every rank's beats share the machine's cores)."""
+    if a.step_s is None or b.step_s is None:
+        return ""
+    grew = b.step_s / a.step_s
+    if b.step_s < 1.5 * args.step_delay and grew < 1.5:
+        return ""
+    return (f"the machine's own limit: the ranks' paced {args.step_delay:.2f} s step took {a.step_s:.2f} s at "
+            f"{a.nodes} nodes and {b.step_s:.2f} s at {b.nodes} nodes (x{grew:.1f}, {b.ranks} processes on "
+            f"{os.cpu_count()} cores): process start and the ranks' own work queue for the same cores, so "
+            "launch and rendezvous grow with the ranks here whatever the control plane does")
+
+
+def write_json(results: list[Result], path: Path, args: argparse.Namespace) -> None:
+    """The figures for bench/goodput (``--scale-json``): per size, path and fault, the phases."""
+    doc = {"source": "bench/scale_bench.py " + " ".join(sys.argv[1:]), "tasks_per_node": TASKS_PER_NODE,
+           "step_delay_s": args.step_delay, "heartbeat_interval_s": 1.0,
+           "sizes": [{"nodes": r.nodes, "ranks": r.ranks, "na": r.na, "step_s": r.step_s,
+                      "cpu_per_poll_s": r.cpu_per_poll, "elapsed_s": r.elapsed_s,
+                      "runs": [dataclasses.asdict(x) for x in r.runs]} for r in results]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
@@ -452,7 +704,7 @@ SATURATED = 3.0
 """The ranks step this many times slower than paced: the machine's cores are the limit."""
 
 
-def saturated(nodes: int, measured: list[Result], paced_s: float) -> str:
+def saturated(nodes: int, measured: list[Result], paced_s: float, spares: int) -> str:
     """Empty unless a smaller size already saturated the machine (its ranks stepped SATURATED x slower
     than paced: every figure of a larger one would be the machine's, not the control plane's)."""
     prev = next((r for r in reversed(measured) if r.step_s is not None), None)
@@ -460,16 +712,16 @@ def saturated(nodes: int, measured: list[Result], paced_s: float) -> str:
         return ""
     return (f"the machine's own limit: at {prev.nodes} nodes the {prev.ranks} light ranks already stepped in "
             f"{prev.step_s:.1f} s instead of the paced {paced_s:.1f} s (load {prev.load:.0f} on "
-            f"{os.cpu_count()} cores), and {TASKS_PER_NODE * (nodes - 1)} would need twice the CPU")
+            f"{os.cpu_count()} cores), and {TASKS_PER_NODE * (nodes - spares)} would need more CPU still")
 
 
-def fits(nodes: int, measured: list[Result], reserve_mib: float) -> str:
+def fits(nodes: int, measured: list[Result], reserve_mib: float, spares: int) -> str:
     """Empty when the size fits in MemAvailable by the per-process figures measured so far."""
     got = [r.memory for r in measured if r.memory.get("rank_mib")]
     if not got:
         return ""
     m = got[-1]
-    ranks = TASKS_PER_NODE * (nodes - 1)
+    ranks = TASKS_PER_NODE * (nodes - spares)
     need = nodes * (m["slurmd_mib"] + m["slurmstepd_mib"]) + ranks * m["rank_mib"]
     have = mem_available_mib() - reserve_mib
     if need > have:
@@ -487,6 +739,13 @@ def main() -> int:
     p.add_argument("--ctld-port", type=int, default=16817)
     p.add_argument("--slurmd-base-port", type=int, default=16900)
     p.add_argument("--first-job-id", type=int, default=1)
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"Faults, in this order, one job each path: {', '.join(FAULTS)}.")
+    p.add_argument("--paths", default=",".join(PATHS), help="inalloc (sbatch, the supervisor in the batch script), "
+                   "alloc (salloc --no-shell, the supervisor outside with --allocation).")
+    p.add_argument("--json", default="", help="Write the figures here (for python -m bench.goodput --scale-json); "
+                   "default: results.json in the run's folder under --work.")
+    p.add_argument("--run-saturated", action="store_true", help="Run a size even when the one before stepped "
+                   f"{SATURATED:g}x slower than paced (the figures are then the machine's).")
     p.add_argument("--max-steps", type=int, default=60)
     p.add_argument("--step-delay", type=float, default=0.5, help="Seconds per light step.")
     p.add_argument("--ckpt-every", type=int, default=5)
@@ -494,23 +753,36 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds each wait of a size may take.")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="Memory left to the rest of the machine.")
     p.add_argument("--keep-cluster", action="store_true", help="Leave the last size's cluster up.")
-    p.add_argument("--heartbeat-node-dir", default="",
-                   help="OMNI_HEARTBEAT_NODE_DIR for the ranks (e.g. /dev/shm): one heartbeat file per node instead "
-                        "of one per rank (bench/heartbeat_bench.py measures both)")
     args = p.parse_args()
+    args.faults = [f for f in args.faults.split(",") if f]
+    args.paths = [x for x in args.paths.split(",") if x]
+    bad = sorted(set(args.faults) - set(FAULTS)) + sorted(set(args.paths) - set(PATHS))
+    if bad or not args.faults or not args.paths or len(set(args.faults)) != len(args.faults):
+        p.error(f"--faults: some of {', '.join(FAULTS)} (each once); --paths: some of {', '.join(PATHS)}; "
+                f"got {', '.join(bad) or 'none'}")
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    if any(n < len(args.faults) + 1 for n in sizes):
+        p.error(f"--sizes: every size needs more nodes than the {len(args.faults)} spares (one per fault)")
+    needed = args.ckpt_every * (2 * len(args.faults) + 2)
+    if args.max_steps < needed:
+        p.error(f"--max-steps {args.max_steps}: {len(args.faults)} faults, each after a checkpoint of its launch, "
+                f"need at least {needed} steps at --ckpt-every {args.ckpt_every}")
     root = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
+    spares = len(args.faults)
     results: list[Result] = []
+    started = time.monotonic()
     try:
         for n in sizes:
-            scan = scan_cost(TASKS_PER_NODE * (n - 1), root)
-            why = fits(n, results, args.reserve_gib * 1024) or saturated(n, results, args.step_delay)
+            scan = scan_cost(TASKS_PER_NODE * (n - spares), root)
+            why = fits(n, results, args.reserve_gib * 1024, spares) or (
+                "" if args.run_saturated else saturated(n, results, args.step_delay, spares))
             if why:
-                results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - 1), na=why, scan=scan))
+                results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na=why, scan=scan))
                 print(f"[n={n}] n/a: {why}", flush=True)
                 continue
             size = Size(args, n, root)
             size.result.scan = scan
+            t0 = time.monotonic()
             try:
                 results.append(size.run())
             except Exception as e:  # noqa: BLE001 (one size's failure is its n/a, not the end of the table)
@@ -519,9 +791,17 @@ def main() -> int:
             finally:
                 if not (args.keep_cluster and n == sizes[-1]):
                     size.cluster.down()
+                size.result.elapsed_s = time.monotonic() - t0
+                loads = [x.load for x in size.result.runs if x.load]
+                size.result.load = max(loads, default=0.0)
     finally:
-        report(results, args.heartbeat_node_dir)
-    return 0 if all(not r.na and all(c.startswith("PASS") for c in r.checks) for r in results) else 1
+        report(results, args)
+        out = Path(args.json) if args.json else root / "results.json"
+        write_json(results, out, args)
+        print(f"\nall sizes in {time.monotonic() - started:.0f} s (1-minute load now {os.getloadavg()[0]:.1f}); "
+              f"figures in {out}")
+    return 0 if all(not r.na and all(c.startswith("PASS") for c in r.checks) and not any(x.na for x in r.runs)
+                    for r in results) else 1
 
 
 if __name__ == "__main__":
