@@ -30,6 +30,13 @@ Defaults live in the dataclasses below (each field says where its number comes f
 ``python bench/ckpt_bench.py --goodput-json OUT`` writes one (its medians; ``--memory``: the memory
 tier's snapshot and restore only).
 
+``--scale-json FILE`` (written by ``bench/scale_bench.py``: per size, path and fault, the recovery's
+phases): detection (fault -> confirmed, per fault kind) and the job start (srun to every task
+running, the rendezvous, the first step) fitted on a log-log line over the sizes measured (64 nodes
+and up when two of them were) and extrapolated to the run's node count from the largest one; the
+heartbeat scan is inside the measured detection. Each input says "measured, extrapolated from N
+nodes" with the slope and the file.
+
 ``--timeline FILE``: the manager's recovery timeline (see ``slurm_omni.report.timeline``); the
 medians of its recoveries fill detection, resubmit, start and restore like a drill file.
 """
@@ -138,6 +145,10 @@ class StartConfig:
     start_small_s: float = 15.0
     """Start on the small drill cluster (pending + srun launch + imports); replaced by the drill's
     start_s."""
+    start_at_scale_s: float | None = None
+    """The start (srun to every task running, rendezvous, first step) at the run's node count, from
+    ``--scale-json``'s fitted growth; it replaces ``start_small_s`` (the communicator set-up below
+    still comes on top: the scale lane's ranks have none). None: not measured."""
     init_s_per_1k_gpus: float = 4.0
     """Added per 1,000 GPUs: process-group and NCCL communicator set-up, imports from a shared file
     system at 16k processes (about a minute at 16k GPUs)."""
@@ -356,6 +367,92 @@ def apply_timeline(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenan
         "restore_small_s": median([r.restore_s for r in recoveries]),
     }
     return _override(cfg, values, median([r.start_s for r in recoveries]), f"measured {path}")
+
+
+SCALE_FAULTS = {"node": "node_down", "crash": "task_crash", "hang": "hang"}
+"""The scale bench's fault -> the simulator's interruption kind."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A log-log line through measured (nodes, seconds), extrapolated from the largest size."""
+
+    sizes: tuple[int, ...]
+    values: tuple[float, ...]
+    slope: float
+    """Least squares over ``sizes``; a negative slope (noise) counts as flat."""
+
+    def at(self, nodes: int) -> float:
+        return self.values[-1] * (nodes / self.sizes[-1]) ** max(self.slope, 0.0)
+
+    def source(self, path: Path) -> str:
+        return (f"measured, extrapolated from {self.sizes[-1]} nodes (log-log slope {self.slope:+.2f} over "
+                f"{', '.join(map(str, self.sizes))} nodes; {path})")
+
+
+def fit_growth(points: dict[int, float]) -> Fit | None:
+    """The fit over the sizes of 64 nodes and up when two were measured, else over all; None with
+    fewer than two sizes."""
+    usable = {n: v for n, v in points.items() if v > 0}
+    large = {n: v for n, v in usable.items() if n >= 64}
+    chosen = large if len(large) >= 2 else usable
+    if len(chosen) < 2:
+        return None
+    sizes = tuple(sorted(chosen))
+    xs = [math.log(n) for n in sizes]
+    ys = [math.log(chosen[n]) for n in sizes]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return Fit(sizes, tuple(chosen[n] for n in sizes), slope)
+
+
+def _scale_points(sizes: list[Any], fault: str, phases: tuple[str, ...], path: Path) -> dict[int, float]:
+    """Nodes -> the sum of ``phases`` of ``fault``'s recovery, the in-allocation path where it was
+    measured, else the allocation path."""
+    out: dict[int, float] = {}
+    for size in sizes:
+        if not isinstance(size, dict) or not isinstance(size.get("nodes"), int) or not isinstance(size.get("runs"), list):
+            raise ConfigError(f"goodput: couldn't use scale file {path}: every size needs nodes and runs")
+        for want in ("inalloc", "alloc"):
+            runs = [r for r in size["runs"] if isinstance(r, dict) and r.get("path") == want
+                    and r.get("fault") == fault and not r.get("na")]
+            got = [r.get("phases", {}).get(p) for r in runs for p in phases]
+            if runs and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in got):
+                out[size["nodes"]] = float(sum(got))
+                break
+    return out
+
+
+def apply_scale(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]:
+    """Detection per kind and the job start at the run's node count from the scale bench's sizes."""
+    data = _read_json(path, "scale file")
+    sizes = data.get("sizes")
+    if not isinstance(sizes, list):
+        raise ConfigError(f"goodput: couldn't use scale file {path}: no sizes (written by bench/scale_bench.py?)")
+    nodes = cfg.run.nodes
+    omni: dict[str, float] = {}
+    prov: list[Provenance] = []
+    for fault, kind in SCALE_FAULTS.items():
+        fit = fit_growth(_scale_points(sizes, fault, ("detect", "confirm"), path))
+        if fit is not None:
+            omni[f"detect_{kind}_s"] = fit.at(nodes)
+            prov.append(Provenance(f"omni.detect_{kind}_s", omni[f"detect_{kind}_s"], fit.source(path)))
+    start: list[Fit] = [f for fault in SCALE_FAULTS
+                        if (f := fit_growth(_scale_points(sizes, fault, ("launch", "rendezvous", "first_step"),
+                                                          path))) is not None]
+    if not omni and not start:
+        raise ConfigError(f"goodput: couldn't use scale file {path}: it holds no two sizes with the same fault "
+                          "recovered (a fit needs two)")
+    if omni:   # the supervisor's heartbeat polls are inside the measured detection
+        omni["heartbeat_read_s"] = 0.0
+        prov.append(Provenance("omni.heartbeat_read_s", 0.0,
+                               f"measured: inside the detection above ({path})"))
+    cfg = dataclasses.replace(cfg, omni=dataclasses.replace(cfg.omni, **omni))  # type: ignore[arg-type]
+    if start:   # the slowest fault's relaunch: a start is every task of the job, whatever ended the last
+        fit = max(start, key=lambda f: f.at(nodes))
+        cfg = dataclasses.replace(cfg, start=dataclasses.replace(cfg.start, start_at_scale_s=fit.at(nodes)))
+        prov.append(Provenance("start.start_at_scale_s", fit.at(nodes), fit.source(path)))
+    return cfg, prov
 
 
 def _override(cfg: SimConfig, omni: dict[str, float | None], start: float | None,

@@ -151,7 +151,8 @@ def scale(cfg: SimConfig) -> Scaled:
     persist = write_per_node / write_bw
     restore_full = (weights_per_node + optim_per_node) / read_bw
     restore_critical = weights_per_node / critical_bw
-    start = cfg.start.start_small_s + cfg.start.init_s_per_1k_gpus * run.gpus / 1000.0
+    base = cfg.start.start_small_s if cfg.start.start_at_scale_s is None else cfg.start.start_at_scale_s
+    start = base + cfg.start.init_s_per_1k_gpus * run.gpus / 1000.0
     step = run.step_time_s
     sync_save = blocking + persist
     mtbf = run.wall_s / run.interruptions if run.interruptions else math.inf

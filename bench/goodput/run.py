@@ -38,6 +38,7 @@ from bench.goodput.inputs import (
     SimConfig,
     apply_ckpt,
     apply_drill,
+    apply_scale,
     apply_timeline,
     load_config,
 )
@@ -322,6 +323,13 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
                      f"  ckpt every {p.ckpt_interval_s:6.0f} (blocks {p.ckpt_blocking_s:.3f})"
                      f"  hit {s.interruptions:.0f}, absorbed {s.absorbed:.0f}, shrinks {s.shrinks:.1f}, waits {s.waits:.1f}")
     gb = 1e9
+    origin = {p.name: p.source for p in prov}
+    start_note = (f" (start at {cfg.run.nodes} nodes {cfg.start.start_at_scale_s:.1f} s, "
+                  f"{origin.get('start.start_at_scale_s', 'config')}, + communicator set-up "
+                  f"{cfg.start.init_s_per_1k_gpus:g} s per 1k GPUs, an assumption)"
+                  if cfg.start.start_at_scale_s is not None else "")
+    scan_note = " (inside the measured detection)" if "omni.heartbeat_read_s" in origin and \
+        origin["omni.heartbeat_read_s"].startswith("measured") else ""
     lines += ["", "models at scale:",
               (f"  checkpoint written per GPU {f['write_per_gpu_bytes'] / gb:.3f} GB, per node "
               f"{f['write_per_node_bytes'] / gb:.2f} GB; read per node on restore "
@@ -329,8 +337,13 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
               (f"  per-node storage share: read {f['node_read_bw'] / gb:.2f} GB/s, write {f['node_write_bw'] / gb:.2f}"
               f" GB/s -> blocking {f['blocking_s']:.3f} s, persist {f['persist_s']:.1f} s, restore full "
               f"{f['restore_full_s']:.1f} s / critical {f['restore_critical_s']:.1f} s"),
-              (f"  job start {f['start_s']:.1f} s; slurm-omni: hang confirm {f['omni_hang_detect_s']:.0f} s, "
-              f"heartbeat scan {f['heartbeat_scan_s']:.1f} s, async ckpt every {f['omni_ckpt_interval_s']:.0f} s"),
+              (f"  job start {f['start_s']:.1f} s{start_note}; slurm-omni: hang confirm "
+              f"{f['omni_hang_detect_s']:.0f} s, heartbeat scan {f['heartbeat_scan_s']:.1f} s{scan_note}, async ckpt every "
+              f"{f['omni_ckpt_interval_s']:.0f} s"),
+              *([f"  detection at {cfg.run.nodes} nodes: " + ", ".join(
+                  f"{k} {getattr(cfg.omni, f'detect_{k}_s'):.1f} s" for k in ("node_down", "task_crash", "hang"))
+                 + f" ({origin['omni.detect_node_down_s']})"] if "omni.detect_node_down_s" in origin
+                and origin["omni.detect_node_down_s"].startswith("measured, extrapolated") else []),
               "  interruption kinds: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()),
               "", ("inputs the drills and the checkpoint benchmark measure, and any config override "
                    "(defaults documented in bench/goodput/inputs.py):")]
@@ -393,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--drill-json", type=Path, help="measured drill timeline (format: bench/goodput/inputs.py)")
     ap.add_argument("--ckpt-json", type=Path, help="checkpoint benchmark result (format: inputs.py)")
     ap.add_argument("--timeline", type=Path, help="the manager's recovery timeline JSON")
+    ap.add_argument("--scale-json", type=Path, help="bench/scale_bench.py's figures: detection and the job start "
+                    "at the run's node count from their fitted growth (format: inputs.py)")
     ap.add_argument("--json", type=Path, help="also write the summaries as JSON here")
     ap.add_argument("--queue-median-s", type=float, help="median queue wait of a trip through the queue "
                     "(lognormal; default [queue] median_s = 3600; 0: no queue)")
@@ -405,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg, prov = load_config(args.config)
         for path, apply in ((args.timeline, apply_timeline), (args.drill_json, apply_drill),
-                            (args.ckpt_json, apply_ckpt)):
+                            (args.ckpt_json, apply_ckpt), (args.scale_json, apply_scale)):
             if path is not None:
                 cfg, more = apply(cfg, path)
                 prov += more

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.goodput.inputs import SimConfig, apply_ckpt, apply_drill, apply_timeline, load_config
+from bench.goodput.inputs import SimConfig, apply_ckpt, apply_drill, apply_scale, apply_timeline, load_config
 from bench.goodput.models import in_allocation, scale
 from bench.goodput.run import main
 from slurm_omni.errors import OmniError
@@ -135,3 +135,60 @@ def test_printed_config_loads_back_to_the_same(tmp_path: Path, capsys: pytest.Ca
     f.write_text(capsys.readouterr().out)
     cfg, _ = load_config(f)
     assert cfg == SimConfig()
+
+
+def _scale_file(tmp_path: Path, detect: dict[int, float], start: dict[int, float], *, na_at: int = 0) -> Path:
+    """A scale bench result: per size, the three faults through the in-allocation path."""
+    sizes = []
+    for n in sorted(detect):
+        runs = [{"path": "inalloc", "fault": fault, "na": "timeout" if n == na_at else "",
+                 "phases": {"detect": detect[n] * 0.25, "confirm": detect[n] * 0.75 + (30.0 if fault == "hang" else 0.0),
+                            "decide": 0.1, "launch": start[n] * 0.5, "rendezvous": start[n] * 0.25,
+                            "first_step": start[n] * 0.25}} for fault in ("node", "crash", "hang")]
+        sizes.append({"nodes": n, "ranks": 4 * (n - 3), "na": "", "runs": runs})
+    return write(tmp_path / "scale.json", {"source": "bench/scale_bench.py", "sizes": sizes})
+
+
+def test_scale_file_extrapolates_detection_and_start_from_the_fitted_growth(tmp_path: Path) -> None:
+    # detection grows as nodes^0.5 from 64 nodes on, the start as nodes^1 (8 nodes is off the line
+    # and left out: the fit uses the sizes from 64 up when two were measured)
+    detect = {8: 9.0, 64: 1.0, 256: 2.0, 512: 512 ** 0.5 / 8}
+    start = {8: 0.1, 64: 2.0, 256: 8.0, 512: 16.0}
+    f = _scale_file(tmp_path, detect, start)
+    cfg, prov = apply_scale(SimConfig(), f)
+    nodes = SimConfig().run.nodes   # 2,048
+    assert nodes == 2048
+    assert cfg.omni.detect_node_down_s == pytest.approx(2048 ** 0.5 / 8)
+    assert cfg.omni.detect_task_crash_s == pytest.approx(2048 ** 0.5 / 8)
+    # the hang: the rule's 30 s plus a growing part, so it grows slower than the part alone
+    assert 30.0 + 512 ** 0.5 / 8 < cfg.omni.detect_hang_s < 30.0 + 2048 ** 0.5 / 8
+    assert cfg.start.start_at_scale_s == pytest.approx(64.0)
+    assert cfg.omni.heartbeat_read_s == 0.0
+    by_name = {p.name: p.source for p in prov}
+    assert by_name["omni.detect_node_down_s"].startswith("measured, extrapolated from 512 nodes (log-log slope +0.50 "
+                                                         "over 64, 256, 512 nodes")
+    assert by_name["start.start_at_scale_s"].startswith("measured, extrapolated from 512 nodes (log-log slope +1.00")
+    scaled = scale(cfg)
+    assert scaled.figures["start_s"] == pytest.approx(64.0 + 4.0 * 16384 / 1000)   # + the communicator set-up
+    assert scaled.figures["heartbeat_scan_s"] == 0.0
+
+
+def test_scale_file_sizes_that_did_not_run_are_left_out_and_one_size_is_no_fit(tmp_path: Path) -> None:
+    detect = {64: 1.0, 256: 2.0, 512: 50.0}
+    start = {64: 2.0, 256: 8.0, 512: 99.0}
+    cfg, prov = apply_scale(SimConfig(), _scale_file(tmp_path, detect, start, na_at=512))
+    assert cfg.omni.detect_node_down_s == pytest.approx(2.0 * 8 ** 0.5)   # 64 and 256 only
+    assert all("extrapolated from 256 nodes" in p.source for p in prov if p.name != "omni.heartbeat_read_s")
+    with pytest.raises(OmniError, match="no two sizes"):
+        apply_scale(SimConfig(), _scale_file(tmp_path, {64: 1.0}, {64: 2.0}))
+    with pytest.raises(OmniError, match="no sizes"):
+        apply_scale(SimConfig(), write(tmp_path / "x.json", {"runs": []}))
+
+
+def test_goodput_prints_the_scale_provenance(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = _scale_file(tmp_path, {64: 1.0, 512: 2.0}, {64: 2.0, 512: 8.0})
+    assert main(["--runs", "1", "--scale-json", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "measured, extrapolated from 512 nodes" in out
+    assert "omni.detect_node_down_s" in out and "start.start_at_scale_s" in out
+    assert "(inside the measured detection)" in out
