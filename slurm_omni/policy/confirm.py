@@ -20,6 +20,11 @@ The rule (evaluated at an injected ``now``; all times in one clock, the manager'
   step supervisor of an in-allocation job when its srun returns): its tasks exited (level 1) and no
   rank of it is left to make progress (level 2), so both levels hold at that moment; a node-state
   signal on a node of the job names the cause;
+- CONFIRMED at once when a node of the job is reported failed by the step's own srun ("Node
+  failure on N", ``NodeObservation.source == "srun"``) and Slurm's node state shows it DOWN or FAIL
+  (``source == "slurm"``): two signals of one failure, so the supervisor need not wait for the
+  whole step's teardown (srun kills every task on every node before it ends the step, seconds at
+  hundreds of nodes) nor for the ranks' heartbeats to go stale (``corroborate``, on by default);
 - CONFIRMED on level 1 alone only for the kinds the site lists in ``level1_alone`` (none by
   default: a drained node whose ranks still make progress is not a failure of the job);
 - SUSPECT when either level holds without the above, NONE otherwise.
@@ -47,6 +52,8 @@ from slurm_omni.errors import ConfigError
 from slurm_omni.slurm.types import NodeState
 
 LEVEL1_KINDS = ("down", "fail", "not_responding", "drain", "task_exit")
+HARD_KINDS = frozenset({"down", "fail"})
+"""Node-state kinds that end a step on the node: reported by srun and shown by Slurm, they confirm."""
 
 # The node states that are a level-1 signal, by kind (the manager names a recovery's cause by it too).
 NODE_STATE_KIND: dict[NodeState, str] = {
@@ -94,6 +101,9 @@ class ConfirmConfig:
     level1_alone: tuple[str, ...] = ()
     """Level-1 kinds that confirm without level 2 (from: down, fail, not_responding, drain,
     task_exit). Empty by default."""
+    corroborate: bool = True
+    """A node that the step's srun reported failed and that Slurm's node state shows DOWN or FAIL
+    confirms at once (two sources of one failure; only a step supervisor reads srun)."""
 
     def __post_init__(self) -> None:
         for name in ("stale_factor", "progress_factor", "hang_factor", "stuck_factor"):
@@ -121,6 +131,9 @@ class NodeObservation:
     node: str
     state: NodeState
     reason: str = ""
+    source: str = "slurm"
+    """"slurm": the node's state as Slurm shows it (strigger, a poll); "srun": the step's srun
+    reported the node failed (its state is then DOWN by Slurm's word, read second hand)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +231,8 @@ class Confirmer:
     _node_offsets: dict[str, set[int]] = field(init=False)
     _ranks: dict[int, _RankState] = field(init=False)
     _level1: dict[tuple[str, str], Level1Signal] = field(init=False)
+    _hard: dict[str, dict[str, Level1Signal]] = field(init=False)
+    """node -> source -> its first DOWN or FAIL signal from that source."""
     _step_times: deque[float] = field(init=False)
     _hb_intervals: deque[float] = field(init=False)
     _global_step: int = field(init=False)
@@ -237,6 +252,7 @@ class Confirmer:
                 self._node_offsets.setdefault(node, set()).add(offset)
         self._ranks = {}
         self._level1 = {}
+        self._hard = {}
         self._step_times = deque(maxlen=self.config.history)
         self._hb_intervals = deque(maxlen=self.config.history)
         self._global_step = -1
@@ -263,8 +279,12 @@ class Confirmer:
                 if obs.state.usable:   # the node is back: its node-state signals end
                     for key in [k for k in self._level1 if k[1] == obs.node and k[0] != "task_exit"]:
                         del self._level1[key]
+                    self._hard.pop(obs.node, None)
                 return
-            self._add_level1(Level1Signal(kind, obs.node, obs.time, None, obs.reason))
+            signal = Level1Signal(kind, obs.node, obs.time, None, obs.reason)
+            self._add_level1(signal)
+            if kind in HARD_KINDS:
+                self._hard.setdefault(obs.node, {}).setdefault(obs.source, signal)
 
     def observe_all(self, observations: Iterable[Observation]) -> None:
         for obs in observations:
@@ -333,6 +353,14 @@ class Confirmer:
         if alone:
             return self._confirm(now, alone[0].kind, alone, {}, None,
                                  f"level 1 alone ({alone[0].kind} is in level1_alone)")
+        both = [(node, by) for node, by in sorted(self._hard.items())
+                if self.config.corroborate and {"srun", "slurm"} <= set(by) and max(x.time for x in by.values()) <= now]
+        if both:
+            signals = [x for _, by in both for x in by.values()]
+            node, by = both[0]
+            return self._confirm(now, by["slurm"].kind, signals, {}, None,
+                                 f"{node}: the step's srun reported it failed and Slurm shows it "
+                                 f"{by['slurm'].kind.upper()}: two sources, no wait for the step's teardown")
         if self._ended is not None and self._ended <= now:
             gone = {rank: max(r.last_time, self._ended) for rank, r in self._ranks.items()
                     if r.phase not in QUIET_PHASES}

@@ -41,7 +41,8 @@ class LaunchObserver:
         self.step_id = event.step_id or self.step_id
         if event.kind == "node_failure":
             self.lost.add(event.node)
-            self.confirmer.observe(NodeObservation(event.time, event.node, NodeState.DOWN, "srun: node failure"))
+            self.confirmer.observe(NodeObservation(event.time, event.node, NodeState.DOWN, "srun: node failure",
+                                                   source="srun"))
         elif event.kind == "task_exit":
             code = event.detail.rsplit(" ", 1)[-1]
             killed = event.detail.startswith("Killed")

@@ -500,9 +500,13 @@ class Supervisor:
                 return rc if isinstance(rc, int) else None
             for event in self._step_log.drain() if self._step_log is not None else ():
                 observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+                if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
+                    next_nodes = 0.0   # Slurm's node state now: with srun's report, two signals confirm
             for x in self._extra:
                 for event in x.log.drain() if x.log is not None else ():
                     observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+                    if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
+                        next_nodes = 0.0
             if self.state.phase is Phase.CONFIRMING:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer: the
                 # lifecycle relaunches without it after the grace (the next step overlaps its CPUs)

@@ -8,6 +8,7 @@ import pytest
 
 from slurm_omni.errors import ConfigError
 from slurm_omni.policy.confirm import (
+    NODE_STATE_KIND,
     ConfirmConfig,
     Confirmer,
     Decision,
@@ -386,3 +387,56 @@ def test_a_step_that_ended_well_or_a_slow_step_confirms_nothing() -> None:
         for r in range(2):
             c.observe(Heartbeat(t, r, 5, f"node{r + 1}", r))
     assert c.evaluate(10.0).verdict is not Verdict.CONFIRMED
+
+
+def _progressing(c: Confirmer, until: float, *, step_s: float = 0.5) -> None:
+    """Every rank beats and steps every ``step_s`` until ``until`` (the light ranks of the scale lane:
+    no collective stops the others when one node goes)."""
+    t, step = 0.0, 0
+    while t <= until:
+        for rank, node in RANK_NODE.items():
+            c.observe(Heartbeat(t, rank, step, node=node, het_offset=RANK_OFFSET[rank]))
+        t += step_s
+        step += 1
+
+
+@pytest.mark.parametrize("state", [NodeState.DOWN, NodeState.FAIL])
+def test_srun_node_failure_and_the_node_state_confirm_at_once_without_the_teardown(state: NodeState) -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    assert c.evaluate(10.1).verdict is Verdict.SUSPECT   # one source: the step still runs, heartbeats move
+    c.observe(NodeObservation(10.3, "t1", state, "scale-bench"))   # the supervisor's poll right after
+    assert c.evaluate(10.25).verdict is Verdict.SUSPECT   # not before the second signal's time
+    d = c.evaluate(10.3)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == NODE_STATE_KIND[state] and d.nodes == ("t1",)
+    assert d.confirmed_at == 10.3 and d.first_signal_at == 10.1 and d.het_offsets == (1,) and d.ranks == ()
+    assert "two sources" in d.reasons[0]
+
+
+@pytest.mark.parametrize("second", [
+    NodeObservation(10.3, "t1", NodeState.DRAINED, "maintenance"),           # not a node that ended the step
+    NodeObservation(10.3, "t1", NodeState.NOT_RESPONDING, ""),
+    NodeObservation(10.3, "t2", NodeState.DOWN, ""),                          # another node
+    NodeObservation(10.3, "t1", NodeState.DOWN, "srun: node failure", source="srun"),   # srun twice is one source
+])
+def test_one_source_or_a_soft_state_or_another_node_does_not_corroborate(second: NodeObservation) -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(second)
+    assert c.evaluate(10.4).verdict is Verdict.SUSPECT
+
+
+def test_corroboration_off_or_the_node_back_waits_for_the_other_rules() -> None:
+    c = Confirmer(ConfirmConfig(corroborate=False), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(NodeObservation(10.3, "t1", NodeState.DOWN))
+    assert c.evaluate(10.4).verdict is Verdict.SUSPECT
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(NodeObservation(10.2, "t1", NodeState.IDLE))   # back (resumed): its signals end
+    c.observe(NodeObservation(10.3, "t1", NodeState.DOWN))
+    assert c.evaluate(10.4).verdict is Verdict.SUSPECT
