@@ -90,6 +90,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
+SPARES = 1
+"""Spare nodes per job: the node loss takes it; a crashed or hung rank's node is alive and kept."""
 PATHS = ("inalloc", "alloc")
 """inalloc: sbatch, the supervisor in the batch script; alloc: salloc --no-shell, the supervisor
 outside with --allocation (allocation mode, docs/allocation-mode.md)."""
@@ -215,7 +217,7 @@ class Size:
         self.runner = CommandRunner(self.cluster.env, timeout_s=60)
         # the bench's own polls: one quick try (a slurmctld gone must not hold the table for minutes)
         self.poller = CommandRunner(self.cluster.env, timeout_s=20, retries=1)
-        self.result = Result(nodes=nodes, ranks=TASKS_PER_NODE * (nodes - len(args.faults)))
+        self.result = Result(nodes=nodes, ranks=TASKS_PER_NODE * (nodes - SPARES))
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} n={self.nodes}] {msg}", flush=True)
@@ -294,9 +296,9 @@ class Job:
             "PYTHONPATH": REPO}.items()}
 
     def supervise_argv(self) -> list[str]:
-        active = self.nodes - len(self.args.faults)
+        active = self.nodes - SPARES
         return [sys.executable, "-m", "slurm_omni.cli.main", "supervise",
-                f"--stages=main:{active}:{TASKS_PER_NODE}:{len(self.args.faults)}", "--heartbeat-interval=1",
+                f"--stages=main:{active}:{TASKS_PER_NODE}:{SPARES}", "--heartbeat-interval=1",
                 "--no-standby", *([f"--allocation={self.job_id}"] if self.path == "alloc" else []),
                 "--", sys.executable, "-S", str(LIGHT_RANK)]
 
@@ -331,8 +333,8 @@ class Job:
                 self.proc = subprocess.Popen(self.supervise_argv(), env=env, cwd=REPO, stdout=out,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
-        self.log(f"job {self.job_id}: {self.ranks} light ranks on {self.nodes - len(self.args.faults)} nodes + "
-                 f"{len(self.args.faults)} spares")
+        self.log(f"job {self.job_id}: {self.ranks} light ranks on {self.nodes - SPARES} nodes + "
+                 f"{SPARES} spare")
 
     # -- reading ------------------------------------------------------------------------------
     def journal(self) -> SupervisorJournal:
@@ -588,8 +590,7 @@ def run_value(r: Result, path: str, fault: str, p: str) -> float | None:
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
-    spares = len(args.faults)
-    print(f"\nrecovery: {TASKS_PER_NODE} light ranks per active node, {spares} spares (one per fault), phases in "
+    print(f"\nrecovery: {TASKS_PER_NODE} light ranks per active node, {SPARES} spare, the faults in turn, phases in "
           "seconds from the one before; cpu/rec: the supervisor's CPU (with its sruns) fault -> first step, "
           "ctld: slurmctld's")
     head = (f"{'nodes':>5} {'ranks':>5} {'path':>7} {'fault':>5} " + " ".join(f"{p:>10}" for p in (*PHASES, "total"))
@@ -746,7 +747,7 @@ def main() -> int:
                    "default: results.json in the run's folder under --work.")
     p.add_argument("--run-saturated", action="store_true", help="Run a size even when the one before stepped "
                    f"{SATURATED:g}x slower than paced (the figures are then the machine's).")
-    p.add_argument("--max-steps", type=int, default=60)
+    p.add_argument("--max-steps", type=int, default=45)
     p.add_argument("--step-delay", type=float, default=0.5, help="Seconds per light step.")
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--cpu-window", type=float, default=10.0, help="Seconds of steady state the CPU is measured over.")
@@ -761,14 +762,14 @@ def main() -> int:
         p.error(f"--faults: some of {', '.join(FAULTS)} (each once); --paths: some of {', '.join(PATHS)}; "
                 f"got {', '.join(bad) or 'none'}")
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    if any(n < len(args.faults) + 1 for n in sizes):
-        p.error(f"--sizes: every size needs more nodes than the {len(args.faults)} spares (one per fault)")
+    if any(n < SPARES + 2 for n in sizes):
+        p.error(f"--sizes: every size needs at least {SPARES + 2} nodes")
     needed = args.ckpt_every * (2 * len(args.faults) + 2)
     if args.max_steps < needed:
         p.error(f"--max-steps {args.max_steps}: {len(args.faults)} faults, each after a checkpoint of its launch, "
                 f"need at least {needed} steps at --ckpt-every {args.ckpt_every}")
     root = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
-    spares = len(args.faults)
+    spares = SPARES
     results: list[Result] = []
     started = time.monotonic()
     try:
