@@ -30,7 +30,8 @@ and times each recovery from the product's own timestamps:
                  first metrics line: srun to 4 x active nodes processes)
   rendezvous  -> every rank joined rank 0's store and agreed on the restored step (the last
                  ``groups_ready_at``)
-  first step  -> the first step after the restore (journal ``first_step``)
+  first step  -> every rank made its first step after the restore (the last rank's first metrics
+                 line of the new launch; one paced step, --step-delay, is in it)
 
 with the control plane's CPU: the supervisor's (utime + stime from /proc) per heartbeat poll (every
 0.5 s) in steady state, and per recovery (fault -> first step) the supervisor's with its sruns,
@@ -50,6 +51,7 @@ the next size is refused beforehand when it would not fit in MemAvailable.
 from __future__ import annotations
 
 import argparse
+import calendar
 import dataclasses
 import json
 import math
@@ -350,6 +352,9 @@ class Job:
                 return True
             if self.job_finished():
                 return bool(cond())
+            if self.args.stop_at and time.time() >= self.args.stop_at:
+                raise TimeoutError(f"--stop-at {time.strftime('%H:%M:%S', time.gmtime(self.args.stop_at))} UTC "
+                                   "reached: the cluster goes down now")
             time.sleep(1.0)
         return False
 
@@ -506,17 +511,19 @@ class Job:
         first = self.first_lines(l1.incarnation)
         started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
         ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]
+        stepped = [float(x["time"]) for x in first.values() if x.get("time")]   # each rank's first step's line
         marks: list[tuple[str, float | None]] = [
             ("detect", conf.get("detected_at")), ("confirm", conf.get("confirmed_at")), ("decide", l1.started_at),
             ("launch", max(started) if len(started) == self.ranks else None),
-            ("rendezvous", max(ready) if len(ready) == self.ranks else None), ("first_step", l1.first_step_at)]
+            ("rendezvous", max(ready) if len(ready) == self.ranks else None),
+            ("first_step", max(stepped) if len(stepped) == self.ranks else None)]
         prev: float | None = run.fault_at
         for name, at in marks:
             if at is not None and prev is not None:
                 run.phases[name] = float(at) - prev
             prev = float(at) if at is not None else None
-        if l1.first_step_at is not None:
-            run.total = l1.first_step_at - run.fault_at
+        if run.phases.get("first_step") is not None:
+            run.total = sum(run.phases.values())
 
     def check(self, finished: bool) -> None:
         r, st = self.size.result, self.journal().state
@@ -590,6 +597,7 @@ def run_value(r: Result, path: str, fault: str, p: str) -> float | None:
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
+    results = sorted(results, key=lambda r: r.nodes)
     print(f"\nrecovery: {TASKS_PER_NODE} light ranks per active node, {SPARES} spare, the faults in turn, phases in "
           "seconds from the one before; cpu/rec: the supervisor's CPU (with its sruns) fault -> first step, "
           "ctld: slurmctld's")
@@ -668,12 +676,29 @@ def machine_limit(a: Result, b: Result, args: argparse.Namespace) -> str:
             "launch and rendezvous grow with the ranks here whatever the control plane does")
 
 
+def load_results(path: Path) -> list[Result]:
+    """The sizes of an earlier run's results.json (``--include``), its source in every size's checks."""
+    doc = json.loads(path.read_text())
+    out = []
+    for size in doc["sizes"]:
+        r = Result(nodes=size["nodes"], ranks=size["ranks"], na=size["na"], step_s=size.get("step_s"),
+                   cpu_per_poll=dict(size.get("cpu_per_poll_s") or {}), elapsed_s=size.get("elapsed_s"),
+                   runs=[Run(**x) for x in size["runs"]], checks=list(size.get("checks") or []),
+                   memory=dict(size.get("memory") or {}), up_s=size.get("up_s"), load=size.get("load") or 0.0,
+                   scan=tuple(size["scan"]) if size.get("scan") else None)
+        r.checks.append(f"(from {path}: {doc.get('source', '?')}, measured {doc.get('measured', '?')})")
+        out.append(r)
+    return out
+
+
 def write_json(results: list[Result], path: Path, args: argparse.Namespace) -> None:
     """The figures for bench/goodput (``--scale-json``): per size, path and fault, the phases."""
     doc = {"source": "bench/scale_bench.py " + " ".join(sys.argv[1:]), "tasks_per_node": TASKS_PER_NODE,
+           "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "step_delay_s": args.step_delay, "heartbeat_interval_s": 1.0,
            "sizes": [{"nodes": r.nodes, "ranks": r.ranks, "na": r.na, "step_s": r.step_s,
-                      "cpu_per_poll_s": r.cpu_per_poll, "elapsed_s": r.elapsed_s,
+                      "cpu_per_poll_s": r.cpu_per_poll, "elapsed_s": r.elapsed_s, "checks": r.checks,
+                      "memory": r.memory, "up_s": r.up_s, "scan": r.scan, "load": r.load,
                       "runs": [dataclasses.asdict(x) for x in r.runs]} for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -747,10 +772,16 @@ def main() -> int:
                    "default: results.json in the run's folder under --work.")
     p.add_argument("--run-saturated", action="store_true", help="Run a size even when the one before stepped "
                    f"{SATURATED:g}x slower than paced (the figures are then the machine's).")
-    p.add_argument("--max-steps", type=int, default=45)
+    p.add_argument("--stop-at", default="", help="HH:MM (UTC): stop whatever runs then, take the cluster down "
+                   "and print what was measured (a window the machine is lent in).")
+    p.add_argument("--include", default="", help="A results.json of an earlier run: its sizes join the table and "
+                   "the slopes (marked with that run's source), for sizes measured apart.")
+    p.add_argument("--max-steps", type=int, default=0, help="Steps of the run; 0: what the steady-state window "
+                   "and the faults need when the ranks step as paced (the window's steps + ckpt-every x (2 x faults + 2)).")
     p.add_argument("--step-delay", type=float, default=0.5, help="Seconds per light step.")
-    p.add_argument("--ckpt-every", type=int, default=5)
-    p.add_argument("--cpu-window", type=float, default=10.0, help="Seconds of steady state the CPU is measured over.")
+    p.add_argument("--ckpt-every", type=int, default=3)
+    p.add_argument("--cpu-window", type=float, default=5.0, help="Seconds of steady state the CPU per poll is "
+                   "measured over (in launch 0, before the first fault).")
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds each wait of a size may take.")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="Memory left to the rest of the machine.")
     p.add_argument("--keep-cluster", action="store_true", help="Leave the last size's cluster up.")
@@ -764,16 +795,27 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if any(n < SPARES + 2 for n in sizes):
         p.error(f"--sizes: every size needs at least {SPARES + 2} nodes")
-    needed = args.ckpt_every * (2 * len(args.faults) + 2)
+    needed = math.ceil(args.cpu_window / args.step_delay) + args.ckpt_every * (2 * len(args.faults) + 2)
+    args.max_steps = args.max_steps or needed
     if args.max_steps < needed:
-        p.error(f"--max-steps {args.max_steps}: {len(args.faults)} faults, each after a checkpoint of its launch, "
-                f"need at least {needed} steps at --ckpt-every {args.ckpt_every}")
+        p.error(f"--max-steps {args.max_steps}: the steady-state window and {len(args.faults)} faults, each after a "
+                f"checkpoint of its launch, need at least {needed} steps at --ckpt-every {args.ckpt_every}")
+    if args.stop_at:
+        try:
+            hh, mm = (int(x) for x in args.stop_at.split(":"))
+            now = time.gmtime()
+            args.stop_at = calendar.timegm((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, 0))
+        except ValueError:
+            p.error(f"--stop-at {args.stop_at!r}: expected HH:MM (UTC)")
     root = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
     spares = SPARES
-    results: list[Result] = []
+    results: list[Result] = load_results(Path(args.include)) if args.include else []
     started = time.monotonic()
     try:
         for n in sizes:
+            if args.stop_at and time.time() >= args.stop_at:
+                results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na="not started: --stop-at"))
+                continue
             scan = scan_cost(TASKS_PER_NODE * (n - spares), root)
             why = fits(n, results, args.reserve_gib * 1024, spares) or (
                 "" if args.run_saturated else saturated(n, results, args.step_delay, spares))
