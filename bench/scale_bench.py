@@ -92,6 +92,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
+SLACK_STEPS = 6
+"""Steps the ranks may make between a fault and the kill of their step (a crash or a node loss
+leaves the others stepping until the supervisor confirms): a fault is injected only this far
+from the last step, so that the relaunch has steps left to make."""
 SPARES = 1
 """Spare nodes per job: the node loss takes it; a crashed or hung rank's node is alive and kept."""
 PATHS = ("inalloc", "alloc")
@@ -464,7 +468,7 @@ class Job:
             if not ok:
                 raise TimeoutError(f"launch {k}: the ranks did not all checkpoint step {base + every} "
                                    f"within {args.timeout:.0f}s")
-            if max(x.step for x in self.beats(inc)) >= args.max_steps - every:
+            if max(x.step for x in self.beats(inc)) >= args.max_steps - SLACK_STEPS:
                 raise TimeoutError(f"launch {k} got too close to max steps before the {fault} fault "
                                    "(raise --max-steps)")
             run = Run(self.path, fault, load=os.getloadavg()[0])
@@ -757,7 +761,15 @@ def fits(nodes: int, measured: list[Result], reserve_mib: float, spares: int) ->
     return ""
 
 
+def _stop(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    # SIGTERM, and SIGINT also where a background start ignored it: stop like Ctrl-C, through every
+    # finally (the jobs cancelled, nodes resumed, the cluster down, the table printed)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="8,64,256,512", help="Node counts, comma-separated.")
     p.add_argument("--state-dir", default=str(REPO / ".omni" / "cluster-scale"))
@@ -777,7 +789,7 @@ def main() -> int:
     p.add_argument("--include", default="", help="A results.json of an earlier run: its sizes join the table and "
                    "the slopes (marked with that run's source), for sizes measured apart.")
     p.add_argument("--max-steps", type=int, default=0, help="Steps of the run; 0: what the steady-state window "
-                   "and the faults need when the ranks step as paced (the window's steps + ckpt-every x (2 x faults + 2)).")
+                   "and the faults need when the ranks step as paced (the window's steps + (ckpt-every + 6) x (faults + 1)).")
     p.add_argument("--step-delay", type=float, default=0.5, help="Seconds per light step.")
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--cpu-window", type=float, default=5.0, help="Seconds of steady state the CPU per poll is "
@@ -795,7 +807,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if any(n < SPARES + 2 for n in sizes):
         p.error(f"--sizes: every size needs at least {SPARES + 2} nodes")
-    needed = math.ceil(args.cpu_window / args.step_delay) + args.ckpt_every * (2 * len(args.faults) + 2)
+    needed = math.ceil(args.cpu_window / args.step_delay) + (args.ckpt_every + SLACK_STEPS) * (len(args.faults) + 1)
     args.max_steps = args.max_steps or needed
     if args.max_steps < needed:
         p.error(f"--max-steps {args.max_steps}: the steady-state window and {len(args.faults)} faults, each after a "
