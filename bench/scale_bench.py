@@ -651,6 +651,12 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         print(f"  {'cpu/poll':<14} " + " ".join(
             f"{slope((a.nodes, a.cpu_per_poll.get(path)), (b.nodes, b.cpu_per_poll.get(path))):>13}"
             for path, _ in cols))
+        small, large = measured[0], measured[-1]
+        for path in args.paths:
+            v0, v1 = (run_value(small, path, "node", "detect+confirm"), run_value(large, path, "node", "detect+confirm"))
+            if v0 and v1 is not None:
+                print(f"  {path}: a node loss confirmed (fault -> confirmed) in {v1:.2f} s at {large.nodes} nodes, "
+                      f"{v1 / v0:.1f} x the {v0:.2f} s at {small.nodes} nodes")
         limit = machine_limit(a, b, args)
         if limit:
             print(f"  {limit}")
