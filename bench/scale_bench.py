@@ -56,6 +56,7 @@ import dataclasses
 import json
 import math
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -92,10 +93,18 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
-SLACK_STEPS = 6
-"""Steps the ranks may make between a fault and the kill of their step (a crash or a node loss
-leaves the others stepping until the supervisor confirms): a fault is injected only this far
-from the last step, so that the relaunch has steps left to make."""
+SLACK_S = 3.0
+"""Seconds the ranks may step between a fault and the kill of their step (a crash or a node loss
+leaves the others stepping until the supervisor confirms: 6 paced steps at 64 nodes): a fault is
+injected only this many steps (at least 3) from the last, so that the relaunch has steps left."""
+
+
+def step_plan(args: argparse.Namespace, pace_s: float) -> tuple[int, int]:
+    """(max steps, slack steps) for ranks stepping every ``pace_s``: the steady-state window's steps,
+    then per fault a checkpoint and the slack, and as much for the last life. The ranks of a larger
+    size step no faster than those of a smaller one, so the smaller size's pace over-counts."""
+    slack = max(3, math.ceil(SLACK_S / pace_s))
+    return math.ceil(args.cpu_window / pace_s) + (args.ckpt_every + slack) * (len(args.faults) + 1), slack
 SPARES = 1
 """Spare nodes per job: the node loss takes it; a crashed or hung rank's node is alive and kept."""
 PATHS = ("inalloc", "alloc")
@@ -212,8 +221,11 @@ def process_tree_cpu(root: int) -> float | None:
 class Size:
     """One cluster size: the cluster up once, then one job per path, each running every fault in turn."""
 
-    def __init__(self, args: argparse.Namespace, nodes: int, root: Path) -> None:
+    def __init__(self, args: argparse.Namespace, nodes: int, root: Path, pace_s: float = 0.0) -> None:
         self.args = args
+        planned, self.slack = step_plan(args, max(pace_s, args.step_delay))
+        self.max_steps = args.max_steps or planned
+        """``--max-steps``, else planned at the smaller sizes' measured step time (``pace_s``)."""
         self.nodes = nodes
         self.root = root
         self.spec = ClusterSpec(nodes=nodes, nodes_per_switch=4 if nodes <= 8 else 16, cpus_per_node=TASKS_PER_NODE,
@@ -296,7 +308,7 @@ class Job:
         return {k: str(v) for k, v in {
             "OMNI_CKPT_DIR": w / "ckpt", "OMNI_HEARTBEAT_DIR": w / "hb", "OMNI_METRICS_DIR": w / "metrics",
             "OMNI_LOG_DIR": w / "logs", "OMNI_DP_SIZE": self.ranks, "OMNI_STAGES": "main",
-            "OMNI_MAX_STEPS": self.args.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
+            "OMNI_MAX_STEPS": self.size.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
             "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}-{self.path}", "OMNI_STANDBY": 0,
             "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
             "PYTHONPATH": REPO}.items()}
@@ -308,7 +320,27 @@ class Job:
                 "--no-standby", *([f"--allocation={self.job_id}"] if self.path == "alloc" else []),
                 "--", sys.executable, "-S", str(LIGHT_RANK)]
 
+    def wait_idle(self) -> None:
+        """Every node idle (the job before may still be completing: its steps' teardown at 64 nodes
+        took over 2 min once), so that the allocation of every node starts at once."""
+        started = time.monotonic()
+        busy: list[str] = []
+        while time.monotonic() - started < self.args.timeout:
+            out = self.size.poller.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
+            busy = sorted({line.split()[0] + " " + line.split()[1] for line in out.splitlines()
+                           if len(line.split()) == 2 and line.split()[1] != "idle"})
+            if out.strip() and not busy:
+                if time.monotonic() - started > 2:
+                    self.log(f"every node idle after {time.monotonic() - started:.0f}s")
+                return
+            if self.args.stop_at and time.time() >= self.args.stop_at:
+                break
+            time.sleep(2.0)
+        raise TimeoutError(f"nodes not idle after {time.monotonic() - started:.0f}s: {', '.join(busy[:5])}"
+                           f"{' ...' if len(busy) > 5 else ''}")
+
     def submit(self) -> None:
+        self.wait_idle()
         w = self.work
         for d in ("ckpt", "hb", "metrics", "logs"):
             (w / d).mkdir(parents=True, exist_ok=True)
@@ -328,7 +360,8 @@ class Job:
         else:
             proc = self.size.runner.run(["salloc", "--no-shell", "--no-kill", f"--nodes={self.nodes}",
                                          f"--ntasks-per-node={TASKS_PER_NODE}", "--time=01:00:00",
-                                         f"--job-name={name}"], timeout_s=120)
+                                         f"--job-name={name}"], timeout_s=max(120.0, self.args.timeout),
+                                        retry_unreachable=False)
             words = (proc.stderr + proc.stdout).split()
             found = [words[i + 1] for i, x in enumerate(words[:-1]) if x == "allocation" and words[i + 1].isdigit()]
             if not found:
@@ -468,7 +501,7 @@ class Job:
             if not ok:
                 raise TimeoutError(f"launch {k}: the ranks did not all checkpoint step {base + every} "
                                    f"within {args.timeout:.0f}s")
-            if max(x.step for x in self.beats(inc)) >= args.max_steps - SLACK_STEPS:
+            if max(x.step for x in self.beats(inc)) >= self.size.max_steps - self.size.slack:
                 raise TimeoutError(f"launch {k} got too close to max steps before the {fault} fault "
                                    "(raise --max-steps)")
             run = Run(self.path, fault, load=os.getloadavg()[0])
@@ -540,7 +573,7 @@ class Job:
                             f"{sorted(s for s in restored if s is not None)}")
         last = st.launches[-1]
         beats = self.beats(last.incarnation)
-        done = [b for b in beats if b.phase == "done" and b.exit_code == 0 and b.step == self.args.max_steps]
+        done = [b for b in beats if b.phase == "done" and b.exit_code == 0 and b.step == self.size.max_steps]
         state = self.job_state()
         # in-allocation the batch script ends the job; in allocation mode the supervisor releases it
         want = "COMPLETED" if self.path == "inalloc" else "CANCELLED"
@@ -550,7 +583,7 @@ class Job:
               and len(st.launches) == len(self.args.faults) + 1)
         r.checks.append(f"{'PASS' if ok else 'FAIL'} {self.path}: the run finished after {len(st.launches) - 1} "
                         f"relaunches: journal {st.outcome or '-'}, {len(done)}/{self.ranks} ranks done at step "
-                        f"{self.args.max_steps}, job {state}{rc}")
+                        f"{self.size.max_steps}, job {state}{rc}")
 
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -660,6 +693,11 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         limit = machine_limit(a, b, args)
         if limit:
             print(f"  {limit}")
+        start = start_cpu_s()
+        print(f"  process start on this machine: one light rank's interpreter takes {1000 * start:.0f} ms of CPU to "
+              f"start (median of 5, now); the launch's floor, every rank started on {os.cpu_count()} cores: "
+              f"{launch_floor(a, start)}, {launch_floor(b, start)} (slope +1.00 by construction: the launch grows "
+              "with the ranks on one machine whatever srun does; a cluster starts them on their own nodes)")
     print("\none heartbeat scan (read_heartbeats, the supervisor's and the manager's per poll) over synthetic "
           "files, CPU / wall, median of 5")
     for r in results:
@@ -670,6 +708,27 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     for r in results:
         for line in r.checks or ([f"n/a: {r.na}"] if r.na else []):
             print(f"  {r.nodes:>4} nodes: {line}")
+
+
+def start_cpu_s() -> float:
+    """CPU seconds one light rank's task takes to start (its bash wrapper, then the interpreter and
+    what it imports), the median of 5 (``python -S`` with its C modules, measured from the children's rusage): the work a
+    launch of R ranks puts on the machine's cores before any rank runs."""
+    # as the step starts each task: bash (the stage wrapper of slurm/steps.py), then the interpreter
+    argv = ["bash", "-c", 'exec "$@"', "omni-task", sys.executable, "-S", "-c", "import _json, _signal, _socket, select, time"]
+    runs = []
+    for _ in range(5):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(argv, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        runs.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return sorted(runs)[2]
+
+
+def launch_floor(r: Result, start_s: float) -> str:
+    """The launch's floor on this machine: every rank's start on its cores, one after the other."""
+    cores = os.cpu_count() or 1
+    return f"{r.ranks} x {1000 * start_s:.0f} ms / {cores} cores = {r.ranks * start_s / cores:.1f} s at {r.nodes} nodes"
 
 
 def machine_limit(a: Result, b: Result, args: argparse.Namespace) -> str:
@@ -795,7 +854,8 @@ def main() -> int:
     p.add_argument("--include", default="", help="A results.json of an earlier run: its sizes join the table and "
                    "the slopes (marked with that run's source), for sizes measured apart.")
     p.add_argument("--max-steps", type=int, default=0, help="Steps of the run; 0: what the steady-state window "
-                   "and the faults need when the ranks step as paced (the window's steps + (ckpt-every + 6) x (faults + 1)).")
+                   "and the faults need at the pace the sizes before stepped (the window's steps + (ckpt-every + 3 s of steps) "
+                   "x (faults + 1)).")
     p.add_argument("--step-delay", type=float, default=0.5, help="Seconds per light step.")
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--cpu-window", type=float, default=5.0, help="Seconds of steady state the CPU per poll is "
@@ -813,9 +873,8 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if any(n < SPARES + 2 for n in sizes):
         p.error(f"--sizes: every size needs at least {SPARES + 2} nodes")
-    needed = math.ceil(args.cpu_window / args.step_delay) + (args.ckpt_every + SLACK_STEPS) * (len(args.faults) + 1)
-    args.max_steps = args.max_steps or needed
-    if args.max_steps < needed:
+    needed, _ = step_plan(args, args.step_delay)
+    if args.max_steps and args.max_steps < needed:
         p.error(f"--max-steps {args.max_steps}: the steady-state window and {len(args.faults)} faults, each after a "
                 f"checkpoint of its launch, need at least {needed} steps at --ckpt-every {args.ckpt_every}")
     if args.stop_at:
@@ -841,7 +900,9 @@ def main() -> int:
                 results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na=why, scan=scan))
                 print(f"[n={n}] n/a: {why}", flush=True)
                 continue
-            size = Size(args, n, root)
+            paces = [r.step_s for r in results if r.step_s]
+            size = Size(args, n, root, pace_s=max(paces, default=0.0))
+            size.log(f"{size.max_steps} steps (ranks of the sizes before stepped in {fmt(max(paces, default=None))})")
             size.result.scan = scan
             t0 = time.monotonic()
             try:
