@@ -543,14 +543,15 @@ class Job:
     def phases(self, run: Run, k: int) -> None:
         la = self.launches()
         l0, l1 = la[k], la[k + 1]
-        conf = l0.confirmed or {}
-        run.cause = str(conf.get("cause", ""))
+        conf = l0.confirmed
+        run.cause = conf.cause if conf else ""
         first = self.first_lines(l1.incarnation)
         started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
         ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]
         stepped = [float(x["time"]) for x in first.values() if x.get("time")]   # each rank's first step's line
         marks: list[tuple[str, float | None]] = [
-            ("detect", conf.get("detected_at")), ("confirm", conf.get("confirmed_at")), ("decide", l1.started_at),
+            ("detect", conf.detected_at if conf else None), ("confirm", conf.confirmed_at if conf else None),
+            ("decide", l1.started_at),
             ("launch", max(started) if len(started) == self.ranks else None),
             ("rendezvous", max(ready) if len(ready) == self.ranks else None),
             ("first_step", max(stepped) if len(stepped) == self.ranks else None)]
