@@ -326,9 +326,19 @@ class Job:
         started = time.monotonic()
         busy: list[str] = []
         while time.monotonic() - started < self.args.timeout:
-            out = self.size.poller.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
-            busy = sorted({line.split()[0] + " " + line.split()[1] for line in out.splitlines()
-                           if len(line.split()) == 2 and line.split()[1] != "idle"})
+            out = self.size.poller.run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], check=False).stdout
+            rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+            busy = sorted({f"{n} {t}" for n, t, _ in rows if t != "idle"})
+            # slurmd drains a node whose tasks outlived UnkillableStepTimeout: on this loaded host a
+            # killed rank can take that long to go; the job that left it is over, so back to service
+            stuck = sorted({n for n, t, why in rows if t in ("drained", "draining") and why == "Kill task failed"})
+            if stuck:
+                self.log(f"{','.join(stuck)} drained by slurmd ('Kill task failed': the last job's tasks died "
+                         "slower than UnkillableStepTimeout): resumed")
+                self.size.runner.run(["scontrol", "update", f"nodename={','.join(stuck)}", "state=RESUME"],
+                                     check=False)
+                self.size.result.checks.append(f"note: {self.path}: {len(stuck)} node(s) drained 'Kill task failed' "
+                                               "before this job, resumed")
             if out.strip() and not busy:
                 if time.monotonic() - started > 2:
                     self.log(f"every node idle after {time.monotonic() - started:.0f}s")
