@@ -267,6 +267,7 @@ def test_config_loads_from_toml_table() -> None:
     from slurm_omni.config.schema import load_dataclass
     cfg = load_dataclass(ConfirmConfig, {"hang_floor_s": 60, "level1_alone": ["down"]}, source="site.toml")
     assert cfg.hang_floor_s == 60.0 and cfg.level1_alone == ("down",)
+    assert cfg.corroborate and not load_dataclass(ConfirmConfig, {"corroborate": False}, source="site.toml").corroborate
     with pytest.raises(ConfigError, match="level1_alone"):
         load_dataclass(ConfirmConfig, {"level1_alone": ["oops"]}, source="site.toml")
 
