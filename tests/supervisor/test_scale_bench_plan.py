@@ -1,0 +1,48 @@
+"""bench/scale_bench.py's pure parts: the run's steps planned from the measured pace, the slopes, and
+an earlier run's figures read back for --include (the bench itself needs a cluster: docs/in-allocation.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.scale_bench import FAULTS, Result, Run, load_results, log_slope, run_value, step_plan, write_json
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base = {"cpu_window": 5.0, "ckpt_every": 3, "faults": list(FAULTS), "step_delay": 0.5}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_steps_are_planned_at_the_pace_the_smaller_sizes_measured() -> None:
+    # paced 0.5 s: a 10-step window, then per fault (and the last life) a checkpoint and 3 s of steps
+    assert step_plan(_args(), 0.5) == (10 + (3 + 6) * 4, 6)
+    # ranks stepping in 2.5 s: 2 window steps and the slack's floor of 3 steps; far fewer steps to finish
+    assert step_plan(_args(), 2.5) == (2 + (3 + 3) * 4, 3)
+
+
+def test_slopes_and_the_phase_sums() -> None:
+    assert log_slope((64, 1.0), (512, 8.0)) == pytest.approx(1.0)
+    assert log_slope((64, 2.0), (512, 2.0)) == pytest.approx(0.0)
+    assert log_slope((64, None), (512, 2.0)) is None and log_slope((64, 0.0), (512, 2.0)) is None
+    r = Result(nodes=64, ranks=252, runs=[Run("inalloc", "node", phases={
+        "detect": 0.1, "confirm": 1.0, "decide": 0.5, "launch": 4.0, "rendezvous": 0.2, "first_step": 0.5})])
+    assert run_value(r, "inalloc", "node", "detect+confirm") == pytest.approx(1.1)
+    assert run_value(r, "inalloc", "node", "start") == pytest.approx(4.7)
+    assert run_value(r, "alloc", "node", "launch") is None
+
+
+def test_an_earlier_run_reads_back_with_its_source(tmp_path: Path) -> None:
+    r = Result(nodes=8, ranks=28, step_s=0.5, cpu_per_poll={"inalloc": 0.004}, checks=["PASS x"],
+               memory={"rank_mib": 4.0}, scan=(0.001, 0.002),
+               runs=[Run("inalloc", "crash", load=3.0, phases={"detect": 0.2}, total=2.0), Run("alloc", "hang", na="timeout")])
+    out = tmp_path / "results.json"
+    write_json([r], out, _args())
+    doc = json.loads(out.read_text())
+    assert doc["sizes"][0]["runs"][1]["na"] == "timeout" and "measured" in doc
+    back = load_results(out)
+    assert len(back) == 1 and back[0].runs == r.runs and back[0].step_s == 0.5 and back[0].scan == (0.001, 0.002)
+    assert back[0].checks[0] == "PASS x" and back[0].checks[-1].startswith(f"(from {out}:")
