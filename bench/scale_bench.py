@@ -416,7 +416,7 @@ class Job:
         return "?"
 
     def job_finished(self) -> bool:
-        return self.job_state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "?")
+        return self.job_state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
     def beats(self, incarnation: int) -> list[Any]:
         return [b for b in read_heartbeats(self.work / "hb") if b.incarnation == incarnation]
