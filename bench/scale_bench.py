@@ -311,7 +311,10 @@ class Job:
             "OMNI_MAX_STEPS": self.size.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
             "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}-{self.path}", "OMNI_STANDBY": 0,
             "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
-            "PYTHONPATH": REPO}.items()}
+            "PYTHONPATH": REPO,
+            # one heartbeat file per node (elastic/heartbeat.py), as K=6's lane option had it
+            **({"OMNI_HEARTBEAT_NODE_DIR": self.args.heartbeat_node_dir} if self.args.heartbeat_node_dir else {}),
+        }.items()}
 
     def supervise_argv(self) -> list[str]:
         active = self.nodes - SPARES
@@ -646,7 +649,10 @@ def run_value(r: Result, path: str, fault: str, p: str) -> float | None:
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
     results = sorted(results, key=lambda r: r.nodes)
-    print(f"\nrecovery: {TASKS_PER_NODE} light ranks per active node, {SPARES} spare, the faults in turn, phases in "
+    beats = (f"a heartbeat file per node (OMNI_HEARTBEAT_NODE_DIR={args.heartbeat_node_dir})"
+             if args.heartbeat_node_dir else "a heartbeat file per rank")
+    print(f"\n{beats}")
+    print(f"recovery: {TASKS_PER_NODE} light ranks per active node, {SPARES} spare, the faults in turn, phases in "
           "seconds from the one before; cpu/rec: the supervisor's CPU (with its sruns) fault -> first step, "
           "ctld: slurmctld's")
     head = (f"{'nodes':>5} {'ranks':>5} {'path':>7} {'fault':>5} " + " ".join(f"{p:>10}" for p in (*PHASES, "total"))
@@ -874,6 +880,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds each wait of a size may take.")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="Memory left to the rest of the machine.")
     p.add_argument("--keep-cluster", action="store_true", help="Leave the last size's cluster up.")
+    p.add_argument("--heartbeat-node-dir", default="",
+                   help="OMNI_HEARTBEAT_NODE_DIR for the ranks (e.g. /dev/shm): one heartbeat file per node instead "
+                        "of one per rank (bench/heartbeat_bench.py measures both)")
     args = p.parse_args()
     args.faults = [f for f in args.faults.split(",") if f]
     args.paths = [x for x in args.paths.split(",") if x]
