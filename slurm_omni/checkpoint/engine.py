@@ -23,7 +23,7 @@ from typing import Any, Self
 import torch
 
 from slurm_omni.checkpoint import format as fmt
-from slurm_omni.checkpoint import memtier
+from slurm_omni.checkpoint import memtier, peer
 from slurm_omni.checkpoint.fence import await_raise, raise_fence
 from slurm_omni.checkpoint.persist import PersistStats, persist
 from slurm_omni.checkpoint.restore import Restore, open_restore
@@ -123,6 +123,8 @@ class CheckpointEngine:
                 self.memory = memtier.MemoryTier(job, base=config.memory_dir, cap_bytes=config.memory_cap_bytes)
             except CheckpointError as e:   # the tier is a speed-up: the file system still holds everything
                 log.warning("%s; checkpoints go to the file system only", e)
+        self.peers: peer.Replicas | None = None
+        """This rank's peers (``peer.py``): where its node's copies are replicated, and fetched from."""
         try:
             # someone else's folder could hold a planted FENCE
             ensure_own_dir(config.root, what="checkpoint")
@@ -130,6 +132,8 @@ class CheckpointEngine:
             raise CheckpointError(str(e)) from e
         except OSError as e:
             raise CheckpointError(f"checkpoint: couldn't create root {config.root}: {e.strerror}") from e
+        if self.memory is not None:
+            self.peers = peer.Replicas.from_env(config.root, self.memory)
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -211,8 +215,16 @@ class CheckpointEngine:
         memory = self.memory
         if memory is None:
             return None
-        return lambda path: memory.publish(path, step=step, rank=self.layout.rank, incarnation=self.incarnation,
-                                           root=self.config.root, number=self.number)
+        peers = self.peers
+
+        def keep(path: Path) -> Path | None:
+            copy = memory.publish(path, step=step, rank=self.layout.rank, incarnation=self.incarnation,
+                                  root=self.config.root, number=self.number)
+            if copy is not None and peers is not None:   # and a replica on the ring peer (peer.py)
+                peers.send(copy, step=step, rank=self.layout.rank, incarnation=self.incarnation, number=self.number)
+            return copy
+
+        return keep
 
     def _raise_fence(self) -> None:
         """Rank 0, once: shut older incarnations out of the root before reading or writing it."""
@@ -265,7 +277,7 @@ class CheckpointEngine:
                                critical=critical if critical is not None else self.config.critical,
                                modules=modules, into=into, device=device,
                                threads=self.config.restore_threads, direct_io=self.config.direct_io,
-                               apply_rng=apply_rng, memory=self.memory)
+                               apply_rng=apply_rng, memory=self.memory, peers=self.peers)
         if session is not None:
             self._last_step = session.step
         return session

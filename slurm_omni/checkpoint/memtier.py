@@ -20,9 +20,9 @@ A per-node cap (``memory_cap_bytes``) and a full tmpfs each give one line and le
 file system. ``free_job`` removes the job's folder: the standby server calls it when it is stopped
 at the job's end (``cli/standby.py``).
 
-This is the seam for a second, remote source (a peer's memory): ``sources`` answers, per shard, a
-path that the reader opens; a peer copy would be fetched into this folder (or read from a socket by a
-reader of its own) and verified the same way.
+The second source, a peer's memory, is ``peer.py``: a keeper per node keeps its ring predecessor's
+copies in ``<job>/peer/`` (freed with the job's folder), and a rank whose node lacks a shard fetches
+it into this folder under the same name, read and checked as above.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DIR = Path("/dev/shm")
 PARTIAL = ".partial"
+PEER_AREA = "peer"
+"""The job folder's subfolder of copies kept for other nodes (``peer.py``)."""
 _COPY = 64 << 20
 _NAME = re.compile(r"^step-(\d+)\.(rank-\d{5})\.(.+)\.h5$")
 
@@ -77,6 +79,12 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     if env.get("OMNI_MEMORY_DIR"):
         out["memory_dir"] = Path(env["OMNI_MEMORY_DIR"])
     return out
+
+
+def parse_name(name: str) -> tuple[int, str] | None:
+    """(step, shard) of a copy's file name (``step-N.rank-NNNNN.<incarnation>.h5``); None for others."""
+    m = _NAME.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
 
 
 def job_dir(base: Path, job: str) -> Path:
@@ -148,6 +156,10 @@ class MemoryTier:
             return None
         os.replace(partial, final)
         return final
+
+    def fits(self, step: int, size: int) -> bool:
+        """Room for one more ``size``-byte copy of ``step`` (a peer's copy fetched for a restore too)."""
+        return self._fits(step, size)
 
     def _fits(self, step: int, size: int) -> bool:
         if self.cap_bytes is not None:
@@ -239,23 +251,41 @@ def free_job(job: str, *, base: Path = DEFAULT_DIR) -> int:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         log.warning("checkpoint: not freeing %s: not a folder of ours", path)
         return 0
-    freed = 0
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        for name in os.listdir(fd):
-            try:
-                freed += os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
-                os.unlink(name, dir_fd=fd)
-            except IsADirectoryError:
-                log.warning("checkpoint: left %s/%s (a folder: nothing the tier writes)", path, name)
-            except OSError:
-                continue
+        freed = _empty(fd, path, sub=PEER_AREA)
     finally:
         os.close(fd)
     try:
         os.rmdir(path)
     except OSError as e:
         log.warning("checkpoint: couldn't remove %s: %s", path, e.strerror)
+    return freed
+
+
+def _empty(fd: int, path: Path, *, sub: str | None = None) -> int:
+    """Unlink the files of the open folder ``fd`` (and those of its folder ``sub``, then it); bytes freed."""
+    freed = 0
+    for name in os.listdir(fd):
+        try:
+            freed += os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
+            os.unlink(name, dir_fd=fd)
+        except IsADirectoryError:
+            if name != sub:
+                log.warning("checkpoint: left %s/%s (a folder: nothing the tier writes)", path, name)
+                continue
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                if os.fstat(child).st_uid == os.geteuid():
+                    freed += _empty(child, path / name)
+            finally:
+                os.close(child)
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError as e:
+                log.warning("checkpoint: couldn't remove %s/%s: %s", path, name, e.strerror)
+        except OSError:
+            continue
     return freed
 
 

@@ -21,6 +21,7 @@ import torch
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
 from slurm_omni.checkpoint.memtier import MemoryTier
+from slurm_omni.checkpoint.peer import Replicas
 from slurm_omni.checkpoint.reader import Restore
 from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
 from slurm_omni.errors import CheckpointError
@@ -34,7 +35,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
                  critical: Iterable[str] | None = None, modules: Iterable[str] | None = None,
                  into: Mapping[str, Mapping[str, Any]] | None = None, device: torch.device | str = "cpu",
                  threads: int = 4, direct_io: bool = True, apply_rng: bool = True,
-                 memory: MemoryTier | None = None) -> Restore | None:
+                 memory: MemoryTier | None = None, peers: Replicas | None = None) -> Restore | None:
     """Load the newest complete checkpoint that verifies; None when there is none at all.
 
     A truncated file or a checksum mismatch in the manifest or a critical unit marks that checkpoint
@@ -45,6 +46,9 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     ``memory``: this node's memory tier; the shards it holds a copy of (by the committing incarnation)
     are read from there, checked the same way; a bad copy is dropped (one line) and the step read again
     from the files, so a bad copy never fails a restore nor marks the checkpoint.
+
+    ``peers``: the shards this node lacks are fetched from the node that keeps their replica
+    (``peer.py``) into this node's memory tier first, then read and checked like its own copies.
     """
     candidates = fmt.complete(root)
     if max_step is not None:   # the ranks agreed on no newer step (checkpoint/agree.py)
@@ -60,20 +64,21 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     for entry in candidates:
         session = None
         sources: dict[str, Path] = {}
+        fetched: frozenset[str] = frozenset()
         try:
             manifest = fmt.read_manifest(entry.path)
             units, wanted = _select(manifest, layout, critical, modules)
-            sources = _memory_sources(memory, manifest, units)
+            sources, fetched = _memory_sources(memory, manifest, units, peers)
             session = _open(entry.path, manifest, layout, units, wanted, sources, into=into, device=device,
-                            threads=threads, direct_io=direct_io)
+                            threads=threads, direct_io=direct_io, fetched=fetched)
         except CheckpointCorrupt as e:
             if session is not None:
                 session.close()
             if sources and memory is not None:
                 # the copy in memory, not the checkpoint, may be what is bad: drop it, read the files
                 memory.drop(sources)
-                log.warning("%s (read from this node's memory); dropped the copy and reading step-%d from the "
-                            "file system", e, entry.step)
+                log.warning("%s (read from %s); dropped the copy and reading step-%d from the file system", e,
+                            "a peer's memory" if fetched else "this node's memory", entry.step)
                 try:
                     session = _open(entry.path, manifest, layout, units, wanted, {}, into=into,
                                     device=device, threads=threads, direct_io=direct_io)
@@ -102,7 +107,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
 
 def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[fmt.Unit], wanted: list[str],
           sources: dict[str, Path], *, into: Mapping[str, Mapping[str, Any]] | None, device: torch.device | str,
-          threads: int, direct_io: bool) -> Restore:
+          threads: int, direct_io: bool, fetched: frozenset[str] = frozenset()) -> Restore:
     """A session whose critical units are in memory (all units when some come from the memory tier:
     reading them is fast, and a bad copy must be found before training starts on it)."""
     _check_files(path, manifest, sources)
@@ -111,7 +116,8 @@ def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[f
     try:
         needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces}
         if sources:
-            session.source = "memory" if needed <= set(sources) else "memory and file system"
+            here = "peer memory" if fetched & needed else "memory"
+            session.source = here if needed <= set(sources) else f"{here} and file system"
         session.wait(session.units if sources else wanted)
         early = session.hand_out()
         if isinstance(early, CheckpointCorrupt):
@@ -122,12 +128,18 @@ def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[f
     return session
 
 
-def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: list[fmt.Unit]) -> dict[str, Path]:
-    """The shards this rank reads that its node's memory holds a copy of."""
+def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: list[fmt.Unit],
+                    peers: Replicas | None = None) -> tuple[dict[str, Path], frozenset[str]]:
+    """The shards this rank reads that its node's memory holds a copy of (fetched from their peers
+    first where it lacks one), and which of them came from a peer."""
     if memory is None:
-        return {}
+        return {}, frozenset()
     needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces}
-    return {shard: path for shard, path in memory.sources(manifest).items() if shard in needed}
+    found = {shard: path for shard, path in memory.sources(manifest).items() if shard in needed}
+    fetched: dict[str, Path] = {}
+    if peers is not None and needed - set(found):
+        fetched = peers.fetch(manifest, needed - set(found))
+    return {**found, **fetched}, frozenset(fetched)
 
 
 def _check_files(path: Path, manifest: fmt.Manifest, sources: Mapping[str, Path] | None = None) -> None:

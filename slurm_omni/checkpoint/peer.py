@@ -1,0 +1,616 @@
+"""The memory tier's second source: a copy of each rank's shard in a peer node's memory.
+
+Each node of a job with the memory tier runs a replica keeper (``Keeper``): a process started by the
+node's standby server (``cli/standby.py``), so it outlives every trainer of the job and ends with it.
+It listens on TCP, keeps what its ring predecessor sends in the peer area of the user's tmpfs folder
+(``/dev/shm/omni-<uid>/<job>/peer/``, 0700, apart from the node's own copies), and serves it back to
+a replacement node. Which node keeps whose copy is policy (``policy/replica_ring.py``: another leaf
+switch where the layout allows it); the supervisor passes the ring to the step (``OMNI_MEMTIER_RING``).
+
+Trust: only holders of the job's secret talk to a keeper. The secret is 32 random bytes in the job's
+private checkpoint folder (``<root>/.memtier/secret``, 0600 in a 0700 folder of the user's: other
+users cannot read it). Every request and reply carries an HMAC-SHA256 under it, bound to a fresh nonce
+of each side (no replay, and the client knows it talks to a keeper of the job). The shard bytes
+themselves are not trusted either way: a restore checks them against the manifest's per-tensor xxh3
+like every other source, and drops a bad copy for the file system (``restore.open_restore``).
+
+The fence holds here too: a keeper stores a copy only while its sender's incarnation is not fenced
+(``fence.py``), under a name that carries the sender's incarnation, so an older life neither publishes
+after a newer one started nor replaces what the newer one sent.
+
+Where a copy is: each sender records its last replica in ``<root>/.memtier/replicas/rank-NNNNN.json``
+(the holder's node name), and each keeper its address in ``keepers/<node>.json``. A rank whose own
+node lacks its shard (a replacement node) reads the record of each shard it needs and asks the holder
+(``PeerSource``); anything missing, stale or refused leaves that shard to the file system.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import logging
+import mmap
+import os
+import secrets
+import signal
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import memtier
+from slurm_omni.checkpoint.fence import fenced_by
+from slurm_omni.errors import CheckpointError
+from slurm_omni.formats import RecordRejected, decode, encode
+from slurm_omni.formats.memtier_peer import (
+    MAX_RECORD_BYTES,
+    KeeperAddress,
+    PeerReply,
+    PeerRequest,
+    ReplicaRecord,
+)
+from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
+from slurm_omni.ownership import NotOwnedError, ensure_own_dir
+from slurm_omni.policy.replica_ring import decode_ring
+
+log = logging.getLogger(__name__)
+
+SUBDIR = ".memtier"
+PEER_AREA = memtier.PEER_AREA
+RING_ENV = "OMNI_MEMTIER_RING"
+ADDR_ENV = "OMNI_NODE_ADDR"
+MAGIC = b"OMNIPEER1"
+NONCE = 16
+MAC = 32
+_MAX_HEADER = 4096
+_CHUNK = 8 << 20
+_TIMEOUT_S = 30.0
+_CONNECT_S = 5.0
+
+
+class PeerError(CheckpointError):
+    """A peer copy could not be stored or fetched (the file system still has the step)."""
+
+
+# -- the secret and the records ---------------------------------------------------------------------
+
+def meta_dir(root: Path) -> Path:
+    return root / SUBDIR
+
+
+def load_secret(root: Path, *, create: bool = True) -> bytes:
+    """The job's secret (made once, by whoever asks first: a link that fails when another won)."""
+    folder = meta_dir(root)
+    try:
+        ensure_own_dir(folder, what="checkpoint memory tier", private=True)
+    except NotOwnedError as e:
+        raise PeerError(str(e)) from e
+    path = folder / "secret"
+    if create and not os.path.lexists(path):
+        tmp = write_atomic(folder / f".secret.{os.getpid()}.{secrets.token_hex(4)}", secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise PeerError(f"checkpoint: couldn't read the job's peer secret {path}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            raise PeerError(f"checkpoint: couldn't use the job's peer secret {path}: not a 0600 file of "
+                            f"uid {os.geteuid()} (remove it; the next start makes a new one)")
+        key = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    if len(key) < 32:
+        raise PeerError(f"checkpoint: couldn't use the job's peer secret {path}: {len(key)} bytes (32 expected)")
+    return key
+
+
+def _write_record(path: Path, record: msgspec.Struct) -> None:
+    ensure_own_dir(path.parent, what="checkpoint memory tier", private=True)
+    write_atomic(path, encode(record), durable=False)
+
+
+def _read_record(path: Path, kind: type[msgspec.Struct]) -> msgspec.Struct | None:
+    try:
+        return decode(read_bounded(path, MAX_RECORD_BYTES), kind, str(path))
+    except RecordRejected as e:
+        log.warning("checkpoint: ignoring %s: %s", path, e)
+        return None
+    except FileRejected:
+        return None
+
+
+def keeper_path(root: Path, node: str) -> Path:
+    return meta_dir(root) / "keepers" / f"{fmt.safe_name(node)}.json"
+
+
+def replica_path(root: Path, rank: int) -> Path:
+    return meta_dir(root) / "replicas" / f"{fmt.shard_name(rank)}.json"
+
+
+def read_keeper(root: Path, node: str) -> KeeperAddress | None:
+    rec = _read_record(keeper_path(root, node), KeeperAddress)
+    return rec if isinstance(rec, KeeperAddress) else None
+
+
+def read_replica(root: Path, rank: int) -> ReplicaRecord | None:
+    rec = _read_record(replica_path(root, rank), ReplicaRecord)
+    return rec if isinstance(rec, ReplicaRecord) else None
+
+
+def copy_name(step: int, rank: int, incarnation: str) -> str:
+    """The one name of rank ``rank``'s shard of ``step`` written by ``incarnation``, in either area."""
+    return f"step-{step}.{fmt.shard_name(rank)}.{fmt.safe_name(incarnation)}.h5"
+
+
+# -- the wire ---------------------------------------------------------------------------------------
+
+def _mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, label + b"".join(parts), hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    at = 0
+    while at < n:
+        got = sock.recv_into(view[at:], n - at)
+        if got == 0:
+            raise ConnectionError(f"the peer closed the connection ({at} of {n} bytes)")
+        at += got
+    return bytes(buf)
+
+
+def _send_signed(sock: socket.socket, key: bytes, label: bytes, nonces: bytes, record: msgspec.Struct) -> None:
+    body = msgspec.json.encode(record)
+    sock.sendall(struct.pack("!I", len(body)) + body + _mac(key, label, nonces, body))
+
+
+def _recv_signed(sock: socket.socket, key: bytes, label: bytes, nonces: bytes, kind: type[msgspec.Struct]
+                 ) -> msgspec.Struct:
+    (length,) = struct.unpack("!I", _recv_exact(sock, 4))
+    if length > _MAX_HEADER:
+        raise ConnectionError(f"a {length}-byte header (at most {_MAX_HEADER})")
+    body = _recv_exact(sock, length)
+    if not hmac.compare_digest(_recv_exact(sock, MAC), _mac(key, label, nonces, body)):
+        raise PermissionError("its HMAC does not match the job's secret")
+    return decode(body, kind, "a peer record")
+
+
+def _recv_into_file(sock: socket.socket, fd: int, size: int) -> None:
+    """``size`` bytes from ``sock`` straight into the (tmpfs) file ``fd``: one copy, as a raw recv."""
+    os.ftruncate(fd, size)
+    if size == 0:
+        return
+    os.posix_fallocate(fd, 0, size)   # a full tmpfs is ENOSPC here, not SIGBUS while writing the map
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+        view = memoryview(mm)
+        try:
+            at = 0
+            while at < size:
+                got = sock.recv_into(view[at:], min(_CHUNK, size - at))
+                if got == 0:
+                    raise ConnectionError(f"the peer closed the connection after {at} of {size} bytes")
+                at += got
+        finally:
+            view.release()
+
+
+def _send_file(sock: socket.socket, fd: int, size: int) -> None:
+    at = 0
+    while at < size:
+        sent = os.sendfile(sock.fileno(), fd, at, min(_CHUNK, size - at))
+        if sent == 0:
+            raise ConnectionError(f"the file ended at {at} of {size} bytes")
+        at += sent
+
+
+class _Conn:
+    """One authenticated exchange with a keeper (the client's side)."""
+
+    def __init__(self, host: str, port: int, key: bytes, *, timeout_s: float = _TIMEOUT_S) -> None:
+        self.key = key
+        self.sock = socket.create_connection((host, port), timeout=_CONNECT_S)   # a lost node: soon refused
+        try:
+            self.sock.settimeout(timeout_s)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hello = _recv_exact(self.sock, len(MAGIC) + NONCE)
+            if hello[:len(MAGIC)] != MAGIC:
+                raise ConnectionError("not a replica keeper")
+            self.server_nonce = hello[len(MAGIC):]
+            self.nonce = secrets.token_bytes(NONCE)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    @property
+    def nonces(self) -> bytes:
+        return self.server_nonce + self.nonce
+
+    def ask(self, request: PeerRequest) -> PeerReply:
+        _send_signed(self.sock, self.key, b"req", self.server_nonce, request)
+        return self.reply(b"rep")
+
+    def reply(self, label: bytes) -> PeerReply:
+        try:
+            rec = _recv_signed(self.sock, self.key, label, self.nonces, PeerReply)
+        except ConnectionError as e:
+            raise ConnectionError(f"the keeper closed the connection (not this job's keeper, or a secret "
+                                  f"that differs: {e})") from e
+        if not isinstance(rec, PeerReply):
+            raise ConnectionError("a malformed reply")
+        return rec
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def put(host: str, port: int, key: bytes, *, job: str, name: str, path: Path, number: int | None) -> int:
+    """Send the file ``path`` to the keeper as ``name``; its size once the keeper stored it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        conn = _Conn(host, port, key)
+        try:
+            first = conn.ask(PeerRequest(op="put", job=job, name=name, size=size, number=number, nonce=conn.nonce))
+            if not first.ok:
+                raise PeerError(f"checkpoint: the keeper at {host}:{port} refused {name}: {first.error}")
+            _send_file(conn.sock, fd, size)
+            done = conn.reply(b"end")
+            if not done.ok:
+                raise PeerError(f"checkpoint: the keeper at {host}:{port} did not keep {name}: {done.error}")
+            return size
+        finally:
+            conn.close()
+    finally:
+        os.close(fd)
+
+
+def get(host: str, port: int, key: bytes, *, job: str, name: str, into: int, size: int) -> int:
+    """Fetch ``name`` (``size`` bytes expected; 0: any) from the keeper into the open file ``into``."""
+    conn = _Conn(host, port, key)
+    try:
+        rep = conn.ask(PeerRequest(op="get", job=job, name=name, size=size, nonce=conn.nonce))
+        if not rep.ok:
+            raise PeerError(f"checkpoint: the keeper at {host}:{port} has no {name}: {rep.error}")
+        if size and rep.size != size:
+            raise PeerError(f"checkpoint: the keeper at {host}:{port} holds {rep.size} bytes of {name}, "
+                            f"the shard has {size}")
+        _recv_into_file(conn.sock, into, rep.size)
+        return rep.size
+    finally:
+        conn.close()
+
+
+# -- the keeper ---------------------------------------------------------------------------------------
+
+class Keeper:
+    """The node's replica keeper for one job: stores what peers send, serves it back."""
+
+    def __init__(self, job: str, root: Path, node: str, *, base: Path = memtier.DEFAULT_DIR,
+                 host: str = "", bind: str = "0.0.0.0", port: int = 0, cap_bytes: int | None = None,
+                 keep: int = 2) -> None:
+        self.job, self.root, self.node, self.keep, self.cap_bytes = job, root, node, keep, cap_bytes
+        self.key = load_secret(root)
+        self.job_path = memtier.job_dir(base, job)
+        self.area = self.job_path / PEER_AREA
+        try:
+            ensure_own_dir(self.job_path, below=base, what="checkpoint memory tier")
+            ensure_own_dir(self.area, below=self.job_path, what="checkpoint memory tier peer area", private=True)
+        except NotOwnedError as e:
+            raise PeerError(str(e)) from e
+        self.sock = socket.create_server((bind, port), backlog=128)
+        self.port = int(self.sock.getsockname()[1])
+        self.host = host or _own_address()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def advertise(self) -> None:
+        _write_record(keeper_path(self.root, self.node),
+                      KeeperAddress(node=self.node, host=self.host, port=self.port, pid=os.getpid(), job=self.job))
+
+    def serve_forever(self) -> None:
+        self.advertise()
+        log.info("checkpoint: replica keeper of job %s on %s:%d (peer area %s)", self.job, self.host, self.port,
+                 self.area)
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                if self._stopped.is_set():
+                    return
+                raise
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def start(self) -> threading.Thread:
+        """Serve from a thread (tests, benchmarks)."""
+        thread = threading.Thread(target=self.serve_forever, daemon=True, name="omni-replica-keeper")
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stopped.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(_TIMEOUT_S)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            server_nonce = secrets.token_bytes(NONCE)
+            conn.sendall(MAGIC + server_nonce)
+            try:
+                req = _recv_signed(conn, self.key, b"req", server_nonce, PeerRequest)
+            except PermissionError:
+                log.warning("checkpoint: replica keeper refused a connection: its request is not signed "
+                            "with the job's secret")
+                return
+            if not isinstance(req, PeerRequest):
+                return
+            nonces = server_nonce + req.nonce
+            reply = self._put if req.op == "put" else self._get
+            reply(conn, req, nonces)
+        except (OSError, ConnectionError, RecordRejected, struct.error) as e:
+            log.debug("checkpoint: replica keeper: a connection failed: %s", e)
+        finally:
+            conn.close()
+
+    def _refuse(self, conn: socket.socket, nonces: bytes, error: str, label: bytes = b"rep") -> None:
+        _send_signed(conn, self.key, label, nonces, PeerReply(ok=False, error=error[:400]))
+
+    def _put(self, conn: socket.socket, req: PeerRequest, nonces: bytes) -> None:
+        parsed = memtier.parse_name(req.name)
+        if req.job != self.job or parsed is None:
+            self._refuse(conn, nonces, f"not a shard copy of job {self.job}: {req.name}")
+            return
+        step, shard = parsed
+        with self._lock:
+            self._retire(shard, step)
+            problem = self._room(req.size)
+        if problem:
+            self._refuse(conn, nonces, problem)
+            return
+        _send_signed(conn, self.key, b"rep", nonces, PeerReply(ok=True, size=req.size))
+        final = self.area / req.name
+        partial = self.area / f".{req.name}.{secrets.token_hex(4)}{memtier.PARTIAL}"
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                _recv_into_file(conn, fd, req.size)
+            finally:
+                os.close(fd)
+            fence = fenced_by(self.root, req.number)
+            if fence is not None:
+                _unlink(partial)
+                self._refuse(conn, nonces, f"incarnation {fence.incarnation} started since", b"end")
+                return
+            os.replace(partial, final)
+        except BaseException:
+            _unlink(partial)
+            raise
+        _send_signed(conn, self.key, b"end", nonces, PeerReply(ok=True, size=req.size))
+
+    def _get(self, conn: socket.socket, req: PeerRequest, nonces: bytes) -> None:
+        if req.job != self.job or memtier.parse_name(req.name) is None:
+            self._refuse(conn, nonces, f"not a shard copy of job {self.job}: {req.name}")
+            return
+        try:
+            fd = os.open(self.area / req.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            self._refuse(conn, nonces, e.strerror or "missing")
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                self._refuse(conn, nonces, "not a regular file of the job's user")
+                return
+            if req.size and st.st_size != req.size:
+                self._refuse(conn, nonces, f"{st.st_size} bytes, {req.size} asked")
+                return
+            _send_signed(conn, self.key, b"rep", nonces, PeerReply(ok=True, size=st.st_size))
+            _send_file(conn, fd, st.st_size)
+        finally:
+            os.close(fd)
+
+    def _room(self, size: int) -> str:
+        if self.cap_bytes is not None:
+            used = _tree_bytes(self.job_path)
+            if used + size > self.cap_bytes:
+                return (f"{(used + size) / 2**30:.2f} GiB on {self.node} would pass the cap of "
+                        f"{self.cap_bytes / 2**30:.2f} GiB")
+        try:
+            vfs = os.statvfs(self.area)
+        except OSError:
+            return ""
+        if vfs.f_bavail * vfs.f_frsize < size:
+            return f"{vfs.f_bavail * vfs.f_frsize / 2**30:.2f} GiB free on {self.node}, {size / 2**30:.2f} needed"
+        return ""
+
+    def _retire(self, shard: str, step: int) -> None:
+        """Room for ``step`` of ``shard``: its copies but the ``keep - 1`` newest older steps go."""
+        mine: list[tuple[int, str]] = []
+        for name in os.listdir(self.area):
+            parsed = memtier.parse_name(name)
+            if parsed is not None and parsed[1] == shard:
+                mine.append((parsed[0], name))
+        steps = sorted({s for s, _ in mine if s < step}, reverse=True)[:self.keep - 1]
+        for s, name in mine:
+            if s not in steps and s != step:
+                _unlink(self.area / name)
+
+
+def _own_address() -> str:
+    """This node's address for its peers: OMNI_NODE_ADDR, else what its host name resolves to."""
+    given = os.environ.get(ADDR_ENV, "")
+    if given:
+        return given
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def run_keeper(job: str, root: Path, node: str, *, base: Path, cap_bytes: int | None,
+               parent: int | None = None) -> None:
+    """A keeper process's life: serve until SIGTERM, or until ``parent`` (the standby) is gone."""
+    keeper = Keeper(job, root, node, base=base, cap_bytes=cap_bytes)
+    signal.signal(signal.SIGTERM, lambda *_: keeper.stop())
+    if parent is not None:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            keeper.stop()
+        threading.Thread(target=watch, daemon=True).start()
+    keeper.serve_forever()
+
+
+# -- the trainer's side --------------------------------------------------------------------------------
+
+class Replicas:
+    """A rank's view of its job's peers: sends its shard copies to its ring peer, fetches the shards
+    its node lacks from whoever holds them. Every failure is one line and leaves the file system."""
+
+    def __init__(self, job: str, root: Path, node: str, ring: Mapping[str, str], memory: memtier.MemoryTier) -> None:
+        self.job, self.root, self.node, self.ring, self.memory = job, root, node, dict(ring), memory
+        self.key = load_secret(root)
+        self._said: set[str] = set()
+
+    @classmethod
+    def from_env(cls, root: Path, memory: memtier.MemoryTier | None,
+                 env: Mapping[str, str] | None = None) -> Replicas | None:
+        """The peers of a rank whose step runs with a ring (the supervisor's ``OMNI_MEMTIER_RING``)."""
+        env = os.environ if env is None else env
+        if memory is None or not env.get(RING_ENV) or not env.get("SLURMD_NODENAME"):
+            return None
+        try:
+            return cls(memory.job, root, env["SLURMD_NODENAME"], decode_ring(env[RING_ENV]), memory)
+        except (CheckpointError, OSError) as e:
+            log.warning("%s; no peer copies: restores use this node's memory and the file system", e)
+            return None
+
+    @property
+    def peer(self) -> str | None:
+        return self.ring.get(self.node)
+
+    def send(self, copy: Path, *, step: int, rank: int, incarnation: str, number: int | None) -> bool:
+        """Send this node's copy of rank ``rank``'s shard of ``step`` to the ring peer, and record where."""
+        peer = self.peer
+        if peer is None:
+            return False
+        addr = read_keeper(self.root, peer)
+        if addr is None or addr.job != self.job:
+            self._say("nokeeper", f"checkpoint: no replica of step {step} on {peer}: its keeper has not said "
+                                  f"where it listens ({keeper_path(self.root, peer)}); the file system has it")
+            return False
+        name = copy_name(step, rank, incarnation)
+        try:
+            size = put(addr.host, addr.port, self.key, job=self.job, name=name, path=copy, number=number)
+        except (OSError, ConnectionError, RecordRejected, PeerError) as e:
+            self._say("put", f"checkpoint: no replica of step {step} on {peer} ({addr.host}:{addr.port}): {e}; "
+                             f"the file system has it")
+            return False
+        _write_record(replica_path(self.root, rank), ReplicaRecord(rank=rank, step=step, incarnation=incarnation,
+                                                                   holder=peer, name=name, size=size))
+        return True
+
+    def fetch(self, manifest: fmt.Manifest, shards: set[str]) -> dict[str, Path]:
+        """Copies of ``shards`` of ``manifest`` brought into this node's memory tier from their holders
+        (or found in this node's own peer area): shard -> path. Sizes checked here, bytes by the reader."""
+        found: dict[str, Path] = {}
+        for name in sorted(shards):
+            info = manifest.shards.get(name)
+            if info is None or info.file is None:
+                continue
+            path = self._fetch_one(manifest, info)
+            if path is not None:
+                found[name] = path
+        return found
+
+    def _fetch_one(self, manifest: fmt.Manifest, info: fmt.ShardInfo) -> Path | None:
+        rec = read_replica(self.root, info.rank)
+        want = copy_name(manifest.step, info.rank, manifest.incarnation)
+        if rec is None or rec.name != want or rec.size != info.file_bytes:
+            self._say("norecord", f"checkpoint: no peer copy of {info.name} of step-{manifest.step} (its last "
+                                  f"replica is {'none' if rec is None else f'step {rec.step}'}); reading the "
+                                  f"file system")
+            return None
+        if not self.memory.fits(manifest.step, info.file_bytes):
+            return None
+        final = self.memory.path / want
+        partial = self.memory.path / f".{want}.peer.{secrets.token_hex(4)}{memtier.PARTIAL}"
+        started = time.monotonic()
+        try:
+            fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                if rec.holder == self.node:   # this node kept the lost node's copy itself
+                    _copy_local(self.memory.path / PEER_AREA / want, fd, info.file_bytes)
+                else:
+                    addr = read_keeper(self.root, rec.holder)
+                    if addr is None or addr.job != self.job:
+                        raise PeerError(f"checkpoint: {rec.holder}'s keeper has not said where it listens")
+                    get(addr.host, addr.port, self.key, job=self.job, name=want, into=fd, size=info.file_bytes)
+            finally:
+                os.close(fd)
+            os.replace(partial, final)
+        except (OSError, ConnectionError, RecordRejected, PeerError) as e:
+            _unlink(partial)
+            self._say("get", f"checkpoint: couldn't fetch {info.name} of step-{manifest.step} from {rec.holder}: "
+                             f"{e}; reading the file system")
+            return None
+        log.info("checkpoint: fetched %s of step-%d from %s's memory (%.1f MB in %.2f s)", info.name,
+                 manifest.step, rec.holder, info.file_bytes / 1e6, time.monotonic() - started)
+        return final
+
+    def _say(self, kind: str, line: str) -> None:
+        log.log(logging.DEBUG if kind in self._said else logging.WARNING, "%s", line)
+        self._said.add(kind)
+
+
+def _copy_local(src_path: Path, dst: int, size: int) -> None:
+    src = os.open(src_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != size:
+            raise PeerError(f"checkpoint: {src_path}: not a {size}-byte file of ours")
+        at = 0
+        while at < size:
+            n = os.sendfile(dst, src, at, min(_CHUNK, size - at))
+            if n == 0:
+                raise OSError(errno.EIO, f"{src_path} ended at {at} of {size} bytes")
+            at += n
+    finally:
+        os.close(src)

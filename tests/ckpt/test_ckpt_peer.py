@@ -1,0 +1,167 @@
+"""The memory tier's peer copies (``checkpoint/peer.py``), three "nodes" in one process (each its own
+tmpfs folder, a keeper on TCP): a replacement node restores from its peer's memory, bitwise; a node
+lost with its peer, a bad replica, a wrong secret or a fenced sender each leave the file system."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import peer
+from slurm_omni.checkpoint.fence import raise_fence
+from slurm_omni.checkpoint.memtier import MemoryTier, free_job, job_dir
+
+SHM = Path("/dev/shm")
+pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
+RING = {"A": "B", "B": "A"}
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    base = SHM / f"omni-peertest-{uuid.uuid4().hex[:10]}"
+    base.mkdir(mode=0o700)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def keeper_b(tmp_path: Path, shm: Path) -> Iterator[peer.Keeper]:
+    keeper = peer.Keeper("j1", tmp_path, "B", base=shm / "B", bind="127.0.0.1", host="127.0.0.1")
+    keeper.start()
+    yield keeper
+    keeper.stop()
+
+
+def on_node(root: Path, shm: Path, node: str, **config: object):   # type: ignore[no-untyped-def]
+    eng = engine(root, memory_tier=True, memory_job="j1", memory_dir=shm / node, **config)
+    eng.peers = peer.Replicas("j1", root, node, RING, eng.memory)
+    return eng
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_replacement_node_restores_from_its_peers_memory_bitwise(tmp_path: Path, shm: Path,
+                                                                  keeper_b: peer.Keeper) -> None:
+    with on_node(tmp_path, shm, "A") as eng:
+        eng.save(100, shard_state(100), sync=True)
+        eng.save(200, shard_state(200), sync=True)
+    name = f"step-200.rank-00000.{eng.incarnation}.h5"
+    area = job_dir(shm / "B", "j1") / peer.PEER_AREA
+    assert stat.S_IMODE(area.stat().st_mode) == 0o700
+    assert sorted(os.listdir(area)) == [f"step-100.rank-00000.{eng.incarnation}.h5", name]
+    assert stat.S_IMODE((area / name).stat().st_mode) == 0o600
+    rec = peer.read_replica(tmp_path, 0)
+    assert rec is not None and rec.holder == "B" and rec.step == 200
+    # node A is gone (its memory with it), and the file system's shard too: only B's copy can answer
+    shutil.rmtree(shm / "A")
+    (fmt.step_dir(tmp_path, 200) / "rank-00000.h5").unlink()
+    with on_node(tmp_path, shm, "C") as eng, eng.restore() as r:
+        assert r.step == 200 and r.source == "peer memory"
+        for mod, want in modules(200).items():
+            assert_same(r.module(mod), want, mod)
+        assert_same(r.optimizer("text_decoder"), optimizer_state(200))
+    assert (job_dir(shm / "C", "j1") / name).exists()   # now C's own copy: the next restore is local
+    with on_node(tmp_path, shm, "C") as eng, eng.restore() as r:
+        assert r.source == "memory"
+
+
+def test_a_node_lost_with_its_peer_restores_from_the_file_system(
+        tmp_path: Path, shm: Path, keeper_b: peer.Keeper, caplog: pytest.LogCaptureFixture) -> None:
+    with on_node(tmp_path, shm, "A") as eng:
+        eng.save(100, shard_state(100), sync=True)
+    keeper_b.stop()                                       # B lost: its keeper and its memory
+    shutil.rmtree(shm / "A")
+    shutil.rmtree(shm / "B")
+    with on_node(tmp_path, shm, "C") as eng, eng.restore() as r:
+        assert r.step == 100 and r.source == "file system"
+        assert_same(r.module("projector"), modules(100)["projector"])
+    (line,) = warnings(caplog)
+    assert "couldn't fetch rank-00000 of step-100 from B" in line and "file system" in line
+
+
+def test_a_bad_replica_is_dropped_and_the_same_step_read_from_the_file_system(
+        tmp_path: Path, shm: Path, keeper_b: peer.Keeper, caplog: pytest.LogCaptureFixture) -> None:
+    with on_node(tmp_path, shm, "A") as eng:
+        eng.save(100, shard_state(100), sync=True)
+    manifest = fmt.read_manifest(fmt.step_dir(tmp_path, 100))
+    piece = manifest.units["text_decoder/model"].tensors["lm_head.weight"].pieces[0]
+    copy = job_dir(shm / "B", "j1") / peer.PEER_AREA / f"step-100.rank-00000.{manifest.incarnation}.h5"
+    with open(copy, "r+b") as f:
+        f.seek(piece.offset + 3)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with on_node(tmp_path, shm, "C") as eng, eng.restore() as r:
+        assert r.step == 100 and r.source == "file system"
+        assert_same(r.module("text_decoder"), modules(100)["text_decoder"])
+    (line,) = warnings(caplog)
+    assert "lm_head.weight" in line and "a peer's memory" in line and "file system" in line
+    assert sorted(e.step for e in fmt.complete(tmp_path)) == [100]   # not marked: the checkpoint is sound
+
+
+def test_a_keeper_answers_only_requests_signed_with_the_jobs_secret(
+        tmp_path: Path, shm: Path, keeper_b: peer.Keeper) -> None:
+    shard = tmp_path / "x.h5"
+    shard.write_bytes(os.urandom(1000))
+    wrong = bytes(32)
+    with pytest.raises(ConnectionError, match="secret"):
+        peer.put("127.0.0.1", keeper_b.port, wrong, job="j1", name="step-1.rank-00000.i.h5", path=shard,
+                 number=None)
+    assert os.listdir(keeper_b.area) == []
+    key = peer.load_secret(tmp_path)
+    assert peer.put("127.0.0.1", keeper_b.port, key, job="j1", name="step-1.rank-00000.i.h5", path=shard,
+                    number=None) == 1000
+    into = os.open(shm / "got", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(ConnectionError, match="secret"):
+            peer.get("127.0.0.1", keeper_b.port, wrong, job="j1", name="step-1.rank-00000.i.h5", into=into, size=0)
+        assert peer.get("127.0.0.1", keeper_b.port, key, job="j1", name="step-1.rank-00000.i.h5", into=into,
+                        size=1000) == 1000
+    finally:
+        os.close(into)
+    assert (shm / "got").read_bytes() == shard.read_bytes()
+    # no path out of the peer area, and only this job's names
+    for name in ("../../x.h5", "step-1.rank-00000.i.h5/../../x", "secret"):
+        with pytest.raises((peer.PeerError, ConnectionError)):
+            peer.put("127.0.0.1", keeper_b.port, key, job="j1", name=name, path=shard, number=None)
+    with pytest.raises(peer.PeerError, match="not a shard copy of job j1"):
+        peer.put("127.0.0.1", keeper_b.port, key, job="j2", name="step-2.rank-00000.i.h5", path=shard, number=None)
+    secret = peer.meta_dir(tmp_path) / "secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE(secret.parent.stat().st_mode) == 0o700
+
+
+def test_an_older_incarnation_cannot_replicate_after_a_newer_one_started(
+        tmp_path: Path, shm: Path, keeper_b: peer.Keeper) -> None:
+    with on_node(tmp_path, shm, "A", incarnation="j.1", incarnation_number=1) as old:
+        old.save(100, shard_state(100), sync=True)
+        raise_fence(tmp_path, 2, "j.2")
+        assert old.save(200, shard_state(200), sync=True).fenced
+    assert os.listdir(keeper_b.area) == ["step-100.rank-00000.j.1.h5"]
+    shard = fmt.step_dir(tmp_path, 100) / "rank-00000.h5"
+    key = peer.load_secret(tmp_path)
+    with pytest.raises(peer.PeerError, match="incarnation 2 started since"):
+        peer.put("127.0.0.1", keeper_b.port, key, job="j1", name="step-300.rank-00000.j.1.h5", path=shard, number=1)
+    assert peer.put("127.0.0.1", keeper_b.port, key, job="j1", name="step-300.rank-00000.j.2.h5", path=shard,
+                    number=2) > 0
+    assert sorted(os.listdir(keeper_b.area)) == ["step-100.rank-00000.j.1.h5", "step-300.rank-00000.j.2.h5"]
+
+
+def test_freeing_the_job_removes_the_peer_area(tmp_path: Path, shm: Path, keeper_b: peer.Keeper) -> None:
+    with on_node(tmp_path, shm, "A") as eng:
+        eng.save(100, shard_state(100), sync=True)
+    MemoryTier("j1", base=shm / "B")   # B's own copies live beside the peer area
+    assert os.listdir(keeper_b.area)
+    assert free_job("j1", base=shm / "B") > 0
+    assert not job_dir(shm / "B", "j1").exists()
