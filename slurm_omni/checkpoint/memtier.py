@@ -77,8 +77,15 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint: couldn't read OMNI_MEMORY_GIB: {gib!r} (GiB per node, "
                                   f"a number)") from e
     if env.get("OMNI_MEMORY_DIR"):
-        out["memory_dir"] = Path(env["OMNI_MEMORY_DIR"])
+        out["memory_dir"] = base_from_env(env)
     return out
+
+
+def base_from_env(env: Mapping[str, str] | None = None) -> Path:
+    """``OMNI_MEMORY_DIR`` (``%n``: the node's name, for several slurmd on one host), else /dev/shm."""
+    env = os.environ if env is None else env
+    given = env.get("OMNI_MEMORY_DIR", "")
+    return Path(given.replace("%n", fmt.safe_name(env.get("SLURMD_NODENAME", "")))) if given else DEFAULT_DIR
 
 
 def parse_name(name: str) -> tuple[int, str] | None:

@@ -30,13 +30,62 @@ def serve() -> None:
     except NotOwnedError as e:   # the clients refuse that folder too: the ranks on this node start cold
         raise NotOwnedError(f"{e}; no warm standby on {node}: its ranks start cold") from None
 
+    keeper = _start_keeper(job, node)
+
     def stop() -> None:
         # the job's end (the supervisor stops its standbys with SIGUSR2, Slurm a step with SIGTERM):
-        # free the job's memory tier on this node (checkpoint/memtier.py)
-        from pathlib import Path
+        # stop the replica keeper, then free the job's memory tier on this node (checkpoint/memtier.py)
+        from slurm_omni.checkpoint.memtier import base_from_env, free_job
 
-        from slurm_omni.checkpoint.memtier import DEFAULT_DIR, free_job
-
-        free_job(job, base=Path(os.environ.get("OMNI_MEMORY_DIR") or DEFAULT_DIR))
+        if keeper is not None:
+            _end_keeper(keeper)
+        free_job(job, base=base_from_env())
 
     run_server(path, on_stop=stop)
+
+
+def _start_keeper(job: str, node: str) -> int | None:
+    """Where the job keeps a memory tier: this node's replica keeper (``checkpoint/peer.py``), a child
+    forked before the server imports anything heavy or starts a thread; its pid."""
+    import logging
+    from pathlib import Path
+
+    if os.environ.get("OMNI_MEMORY_TIER") != "1" or not os.environ.get("OMNI_CKPT_DIR"):
+        return None
+    from slurm_omni.checkpoint import memtier, peer
+
+    settings = memtier.from_env({**os.environ, memtier.KEEPER_ENV: "standby"})   # this process frees it
+    if not settings:
+        return None
+    cap = settings.get("memory_cap_bytes")
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        peer.run_keeper(job, Path(os.environ["OMNI_CKPT_DIR"]), node, base=memtier.base_from_env(),
+                        cap_bytes=cap if isinstance(cap, int) else None, parent=parent)
+    except Exception as e:   # noqa: BLE001 - the keeper is a speed-up: one line, the ranks use the file system
+        logging.getLogger(__name__).warning("standby: no replica keeper on %s: %s", node, e)
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _end_keeper(pid: int) -> None:
+    import signal
+    import time
+
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)

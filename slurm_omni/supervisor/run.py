@@ -68,6 +68,7 @@ from slurm_omni.policy.pools import (
     span_end,
 )
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
+from slurm_omni.policy.replica_ring import encode_ring, replica_ring
 from slurm_omni.policy.start_failure import StartFailure, first_line, repeated_failure, stop_line
 from slurm_omni.policy.supervision import (
     PLANNED,
@@ -267,6 +268,8 @@ class Supervisor:
         """The allocation ``self._proc``'s srun runs in."""
         self._pool_seen: dict[str, float] = {}
         """Pool name -> when this supervisor first saw it granted (the standbys' warm-up bound)."""
+        self._leaf_of: dict[str, str] = {}
+        """Leaf switch of each node a launch ran on (the memory tier's replica ring)."""
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -426,6 +429,24 @@ class Supervisor:
             finally:
                 os.close(fd)
 
+    def _replica_ring(self, cur: Launch) -> dict[str, str]:
+        """The memory tier's ring for this launch (which node keeps whose replica, ``policy/replica_ring``),
+        only where the job keeps one (``OMNI_MEMORY_TIER``) and its ranks run through the standbys,
+        whose keepers hold the replicas."""
+        if os.environ.get("OMNI_MEMORY_TIER") != "1" or not self._standby:
+            return {}
+        nodes = list(cur.layout.nodes)
+        missing = [n for n in nodes if n not in self._leaf_of]
+        if missing:
+            try:
+                found, _, _ = self.slurm.node_info(missing)
+            except SlurmError as e:   # a speed-up only: no ring, no replicas this launch
+                log.warning("supervisor: no memory-tier replicas this launch: %s", e)
+                return {}
+            self._leaf_of.update({n.name: n.leaf_switch or "" for n in found})
+        ring = replica_ring(nodes, self._leaf_of)
+        return {"OMNI_MEMTIER_RING": encode_ring(ring)} if ring else {}
+
     def _stop_standbys(self) -> None:
         """SIGUSR2 first (srun forwards it to the task; its SIGTERM kills the step with SIGKILL): each
         standby frees its node's memory tier of the job and exits; whatever still runs after a few
@@ -459,6 +480,7 @@ class Supervisor:
             "MASTER_PORT": str(cur.port), "OMNI_DP_SIZE": str(cur.data_parallel_size),
             "OMNI_INCARNATION": str(cur.incarnation), "OMNI_LAUNCH": str(cur.number),
             "OMNI_STAGE_TASKS": ",".join(str(c.ntasks) for c in comps),
+            **self._replica_ring(cur),
         }
         log.warning("supervisor: launch %d: %s, dp %d, incarnation %d", cur.number,
                     " + ".join(f"{s.name} on {compress(c.nodes)}" for s, c in zip(self.opts.stages, comps, strict=True)),
@@ -669,6 +691,7 @@ class Supervisor:
         elif isinstance(effect, FirstLaunch):
             nodes, feats, _ = self.slurm.node_info(self.opts.allocation)
             leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
+            self._leaf_of.update(leaf_of)
             layout = first_layout(self.opts.stages, self.opts.allocation, features=feats, leaf_of=leaf_of)
             self.journal.append("allocation", nodes=list(self.opts.allocation))
             self._intend(0, layout, cause="", removed=(), added=())

@@ -7,7 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import socket
 import stat
+import subprocess
+import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,3 +171,39 @@ def test_freeing_the_job_removes_the_peer_area(tmp_path: Path, shm: Path, keeper
     assert os.listdir(keeper_b.area)
     assert free_job("j1", base=shm / "B") > 0
     assert not job_dir(shm / "B", "j1").exists()
+
+
+def test_the_standby_runs_the_nodes_keeper_and_frees_its_peer_area_when_stopped(tmp_path: Path, shm: Path) -> None:
+    """``omni standby serve`` (what the supervisor runs on every node) forks the node's keeper where the
+    job keeps a memory tier; stopped at the job's end, both go and nothing of the job stays in memory."""
+    short = Path(tempfile.mkdtemp(prefix="sb", dir="/tmp"))   # a socket's path has at most 107 bytes
+    env = {**os.environ, "SLURM_JOB_ID": "j1", "SLURMD_NODENAME": "B", "TMPDIR": str(short),
+           "OMNI_MEMORY_TIER": "1", "OMNI_CKPT_DIR": str(tmp_path), "OMNI_MEMORY_DIR": f"{shm}/%n",
+           "OMNI_NODE_ADDR": "127.0.0.1"}
+    env.pop("OMNI_MEMORY_KEEPER", None)
+    server = subprocess.Popen([sys.executable, "-m", "slurm_omni.cli.main", "standby", "serve"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while peer.read_keeper(tmp_path, "B") is None and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        addr = peer.read_keeper(tmp_path, "B")
+        assert addr is not None and addr.job == "j1", "the standby started no keeper"
+        shard = tmp_path / "x.h5"
+        shard.write_bytes(os.urandom(4096))
+        peer.put(addr.host, addr.port, peer.load_secret(tmp_path), job="j1", name="step-1.rank-00002.j1.0.h5",
+                 path=shard, number=None)
+        assert os.listdir(job_dir(shm / "B", "j1") / peer.PEER_AREA) == ["step-1.rank-00002.j1.0.h5"]
+        sock = short / f"omni-standby-{os.geteuid()}-j1" / "omni-standby-j1-B.sock"
+        while not sock.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        shutil.rmtree(short, ignore_errors=True)
+    assert not job_dir(shm / "B", "j1").exists()
+    with pytest.raises(OSError):
+        socket.create_connection((addr.host, addr.port), timeout=2).close()
