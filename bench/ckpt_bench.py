@@ -172,17 +172,25 @@ def main() -> None:
     ap.add_argument("--memory-dir", type=Path, default=memtier.DEFAULT_DIR,
                     help="The memory tier's tmpfs (default /dev/shm; a tmpfs mounted with huge=within_size "
                          "shows what huge pages give).")
+    ap.add_argument("--only", choices=("all", "peer"), default="all",
+                    help="peer: only the peer restore against a raw TCP copy (issue 22), minutes less.")
+    ap.add_argument("--keeper", nargs=4, metavar=("ROOT", "BASE", "JOB", "NODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
+    if args.keeper:
+        serve_peer(*args.keeper)
+        return
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     try:
-        figures = run(args, work)
+        figures = run(args, work) if args.only == "all" else {}
+        if args.only == "peer" or not args.memory:
+            figures["peer"] = run_peer(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
-    if args.goodput_json:
+    if args.goodput_json and "median" in figures:
         args.goodput_json.write_text(json.dumps(goodput_inputs(figures, args), indent=2))
 
 
@@ -507,6 +515,160 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "ratios": {name: value for name, value, _, _ in ratios}, "read_paths": read_paths,
             "memory_bytes": mem_bytes,
             "loadavg": os.getloadavg()}
+
+
+# -- the peer tier (issue 22): a replacement node restores from its peer's memory -----------------------
+
+PEER_RING = {"A": "B", "B": "A"}
+
+
+def serve_peer(root: str, base: str, job: str, node: str) -> None:
+    """The peer node's process: the job's replica keeper (what the standby forks on every node), and
+    beside it a raw TCP server that sends the same replica file with the same ``sendfile`` loop, no
+    handshake, no HMAC: the least work that moves those bytes between the two processes."""
+    import socket
+    import threading
+
+    from slurm_omni.checkpoint import peer
+
+    keeper = peer.Keeper(job, Path(root), node, base=Path(base), bind="127.0.0.1", host="127.0.0.1")
+    raw = socket.create_server(("127.0.0.1", 0))
+    (Path(root) / "raw-port").write_text(str(raw.getsockname()[1]))
+
+    def serve_raw() -> None:
+        while True:
+            conn, _ = raw.accept()
+            with conn:
+                name = conn.recv(512).decode()
+                fd = os.open(keeper.area / name, os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    conn.sendall(size.to_bytes(8, "big"))
+                    peer._send_file(conn, fd, size)
+                finally:
+                    os.close(fd)
+
+    threading.Thread(target=serve_raw, daemon=True).start()
+    keeper.serve_forever()
+
+
+def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Peer restore against a raw TCP copy of the same bytes between the same two processes, side by
+    side: node A's rank saves with the memory tier and replicates to node B's keeper (another process);
+    a rank on a fresh node C restores, fetching the shard from B, then reading it with the checksums."""
+    import socket
+    import subprocess
+    import sys
+    import uuid
+
+    from slurm_omni.checkpoint import peer
+
+    weights, optim = make_state(args.gib, args.tensors, "cpu")
+    state = ShardState(modules=weights, optimizer={u.split("/")[0]: t for u, t in optim.items()})
+    into: dict[str, Any] = {m: {k: torch.empty_like(t).zero_() for k, t in sd.items()} for m, sd in weights.items()}
+    into.update({u: {"state": {i: {k: torch.empty_like(v).zero_() for k, v in st.items()}
+                               for i, st in tree["state"].items()},
+                     "param_groups": tree["param_groups"]} for u, tree in optim.items()})
+    job = f"bench-peer-{os.getpid()}"
+    root = work / "omni-peer"
+    root.mkdir(mode=0o700)
+    base = Path(os.environ.get("OMNI_BENCH_SHM", "/dev/shm")) / f"omni-bench-{uuid.uuid4().hex[:8]}"
+    base.mkdir(mode=0o700)
+    keeper = subprocess.Popen([sys.executable, __file__, "--keeper", str(root), str(base / "B"), job, "B"])
+    rows: dict[str, list[float]] = {}
+    sources: set[str] = set()
+    try:
+        deadline = time.monotonic() + 300
+        while (peer.read_keeper(root, "B") is None or not (root / "raw-port").exists()) and keeper.poll() is None:
+            if time.monotonic() > deadline:
+                raise SystemExit("bench: the peer process never listened")
+            time.sleep(0.1)
+        raw_port = int((root / "raw-port").read_text())
+        writer = CheckpointEngine(CheckpointConfig(root=root, keep_last=1, load_order=tuple(SHARES),
+                                                   memory_tier=True, memory_job=job, memory_dir=base / "A"))
+        writer.peers = peer.Replicas(job, root, "A", PEER_RING, writer.memory)  # type: ignore[arg-type]
+        writer.prepare(state)
+        size = 0
+        buf = bytearray(0)
+
+        def raw_tcp(name: str) -> float:
+            """Connect, ask, receive every byte into a buffer touched before: the bytes' network copy."""
+            nonlocal buf
+            t = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", raw_port)) as conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.sendall(name.encode())
+                head = peer._recv_exact(conn, 8)
+                n = int.from_bytes(head, "big")
+                if len(buf) < n:
+                    buf = bytearray(n)
+                view = memoryview(buf)
+                at = 0
+                while at < n:
+                    got = conn.recv_into(view[at:n], min(8 << 20, n - at))
+                    if got == 0:
+                        raise SystemExit("bench: the raw copy ended early")
+                    at += got
+            return time.perf_counter() - t
+
+        def peer_restore() -> tuple[float, float]:
+            shutil.rmtree(base / "C", ignore_errors=True)   # a replacement node: nothing of its own
+            reader = CheckpointEngine(CheckpointConfig(root=root, memory_tier=True, memory_job=job,
+                                                       memory_dir=base / "C"))
+            reps = peer.Replicas(job, root, "C", PEER_RING, reader.memory)  # type: ignore[arg-type]
+            fetch_s = [0.0]
+            fetch = reps.fetch
+
+            def timed(manifest: fmt.Manifest, shards: set[str]) -> dict[str, Path]:
+                t0 = time.perf_counter()
+                try:
+                    return fetch(manifest, shards)
+                finally:
+                    fetch_s[0] += time.perf_counter() - t0
+
+            reps.fetch = timed  # type: ignore[method-assign]
+            reader.peers = reps
+            t = time.perf_counter()
+            session = reader.restore(into=into, apply_rng=False)
+            if session is None:
+                raise SystemExit("bench: nothing to restore from the peer")
+            session.wait()
+            full = time.perf_counter() - t
+            sources.add(session.source)
+            session.close()
+            reader.close()
+            return full, fetch_s[0]
+
+        for i in range(args.repeat + 1):   # the first round warms up (thread pools, first calls)
+            result = writer.save(i + 1, state)
+            result.persisted.result()
+            name = peer.copy_name(i + 1, 0, writer.incarnation)
+            if not (base / "B" / f"omni-{os.geteuid()}" / job / peer.PEER_AREA / name).exists():
+                raise SystemExit(f"bench: step {i + 1} was not replicated to the peer")
+            raw = raw_tcp(name)
+            full, fetch_s = peer_restore()
+            size = len(buf)
+            if i == 0:
+                continue
+            for key, value in (("raw_tcp_s", raw), ("peer_restore_s", full), ("peer_fetch_s", fetch_s)):
+                rows.setdefault(key, []).append(value)
+        writer.close()
+    finally:
+        keeper.terminate()
+        keeper.wait()
+        shutil.rmtree(base, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"\npeer tier (issue 22): {size / 2**30:.2f} GiB shard, two processes over TCP on 127.0.0.1")
+    print(f"{'figure':<28}{'median s':>10}{'GiB/s':>8}   all runs")
+    for k, v in med.items():
+        print(f"{k:<28}{v:>10.4f}{size / 2**30 / v:8.2f}   {', '.join(f'{x:.4f}' for x in rows[k])}")
+    ratio = med["raw_tcp_s"] / med["peer_restore_s"]
+    print(f"{'peer restore / raw TCP copy':<46}{ratio:>8.3f}   >= 0.8  {'PASS' if ratio >= 0.8 else 'MISS'}")
+    print(f"{'peer fetch / raw TCP copy':<46}{med['raw_tcp_s'] / med['peer_fetch_s']:>8.3f}   (no bar: the "
+          f"network part alone)")
+    print(f"restores read from {', '.join(sorted(sources))}; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return {"bytes": size, "runs": rows, "median": med, "ratio": ratio, "sources": sorted(sources)}
 
 
 if __name__ == "__main__":

@@ -196,7 +196,8 @@ def _recv_into_file(sock: socket.socket, fd: int, size: int) -> None:
     if size == 0:
         return
     os.posix_fallocate(fd, 0, size)   # a full tmpfs is ENOSPC here, not SIGBUS while writing the map
-    with mmap.mmap(fd, size, prot=mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)   # the pages mapped at once, not by faults
+    with mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE) as mm:
         view = memoryview(mm)
         try:
             at = 0
@@ -210,12 +211,12 @@ def _recv_into_file(sock: socket.socket, fd: int, size: int) -> None:
 
 
 def _send_file(sock: socket.socket, fd: int, size: int) -> None:
-    at = 0
-    while at < size:
-        sent = os.sendfile(sock.fileno(), fd, at, min(_CHUNK, size - at))
-        if sent == 0:
-            raise ConnectionError(f"the file ended at {at} of {size} bytes")
-        at += sent
+    """``size`` bytes of the file ``fd`` by ``sendfile`` (``socket.sendfile`` waits out a full send
+    buffer within the socket's timeout; ``os.sendfile`` on it would see EAGAIN)."""
+    with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+        sent = sock.sendfile(f, 0, size)
+    if sent != size:
+        raise ConnectionError(f"the file ended at {sent} of {size} bytes")
 
 
 class _Conn:

@@ -65,7 +65,8 @@ class MetricsLine(msgspec.Struct, frozen=True, kw_only=True):
     restored_at: _Seconds | None = None
     """...and its checkpoint restored (all ranks agreed on the step). Recovery benchmarks split a
     relaunch's time with them."""
-    restore_source: Literal["memory", "file system", "memory and file system"] | None = None
+    restore_source: Literal["memory", "file system", "memory and file system", "peer memory",
+                            "peer memory and file system"] | None = None
     """First line of a life that restored: where this rank's checkpoint bytes came from (its node's
     memory tier, docs/checkpoint.md, or the file system)."""
 
