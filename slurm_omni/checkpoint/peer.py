@@ -54,6 +54,7 @@ from slurm_omni.formats.memtier_peer import (
     KeeperAddress,
     PeerReply,
     PeerRequest,
+    ReplicaCopy,
     ReplicaRecord,
 )
 from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
@@ -73,6 +74,8 @@ _MAX_HEADER = 4096
 _CHUNK = 8 << 20
 _TIMEOUT_S = 30.0
 _CONNECT_S = 5.0
+KEEP = 2
+"""Copies a keeper keeps per rank (the newest steps), and a replica record lists."""
 
 
 class PeerError(CheckpointError):
@@ -303,7 +306,7 @@ class Keeper:
 
     def __init__(self, job: str, root: Path, node: str, *, base: Path = memtier.DEFAULT_DIR,
                  host: str = "", bind: str = "0.0.0.0", port: int = 0, cap_bytes: int | None = None,
-                 keep: int = 2) -> None:
+                 keep: int = KEEP) -> None:
         self.job, self.root, self.node, self.keep, self.cap_bytes = job, root, node, keep, cap_bytes
         self.key = load_secret(root)
         self.job_path = memtier.job_dir(base, job)
@@ -544,8 +547,11 @@ class Replicas:
             self._say("put", f"checkpoint: no replica of step {step} on {peer} ({addr.host}:{addr.port}): {e}; "
                              f"the file system has it")
             return False
-        _write_record(replica_path(self.root, rank), ReplicaRecord(rank=rank, step=step, incarnation=incarnation,
-                                                                   holder=peer, name=name, size=size))
+        # the newest copies the keepers hold (two a rank): the ranks may agree on the older step
+        before = read_replica(self.root, rank)
+        older = [c for c in before.copies if c.step < step][:KEEP - 1] if before is not None else []
+        _write_record(replica_path(self.root, rank), ReplicaRecord(rank=rank, copies=[
+            ReplicaCopy(step=step, incarnation=incarnation, holder=peer, name=name, size=size), *older]))
         return True
 
     def fetch(self, manifest: fmt.Manifest, shards: set[str]) -> dict[str, Path]:
@@ -562,12 +568,14 @@ class Replicas:
         return found
 
     def _fetch_one(self, manifest: fmt.Manifest, info: fmt.ShardInfo) -> Path | None:
-        rec = read_replica(self.root, info.rank)
+        record = read_replica(self.root, info.rank)
         want = copy_name(manifest.step, info.rank, manifest.incarnation)
-        if rec is None or rec.name != want or rec.size != info.file_bytes:
-            self._say("norecord", f"checkpoint: no peer copy of {info.name} of step-{manifest.step} (its last "
-                                  f"replica is {'none' if rec is None else f'step {rec.step}'}); reading the "
-                                  f"file system")
+        rec = next((c for c in record.copies if c.name == want and c.size == info.file_bytes), None) \
+            if record is not None else None
+        if rec is None:
+            held = ", ".join(f"step {c.step}" for c in record.copies) if record is not None else "none"
+            self._say("norecord", f"checkpoint: no peer copy of {info.name} of step-{manifest.step} (its "
+                                  f"replicas: {held or 'none'}); reading the file system")
             return None
         if not self.memory.fits(manifest.step, info.file_bytes):
             return None

@@ -11,8 +11,8 @@ job's secret)::
 Files, below ``<checkpoint root>/.memtier/`` (0700)::
 
     keepers/<node>.json     {"node": "node3", "host": "10.0.0.3", "port": 40122, "pid": 777, "job": "42"}
-    replicas/rank-00003.json {"rank": 3, "step": 30, "incarnation": "42.1", "holder": "node7",
-                              "name": "step-30.rank-00003.42.1.h5", "size": 1048576}
+    replicas/rank-00003.json {"rank": 3, "copies": [{"step": 30, "incarnation": "42.1", "holder": "node7",
+                              "name": "step-30.rank-00003.42.1.h5", "size": 1048576}, {"step": 25, ...}]}
 """
 
 from __future__ import annotations
@@ -52,10 +52,15 @@ class KeeperAddress(msgspec.Struct, frozen=True, kw_only=True):
     job: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
-class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
-    rank: _Count
+class ReplicaCopy(msgspec.Struct, frozen=True, kw_only=True):
     step: _Count
     incarnation: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     holder: _Node
     name: _Name
     size: _Count
+
+
+class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A rank's newest replicas (as many as a keeper keeps per rank), newest first."""
+    rank: _Count
+    copies: Annotated[list[ReplicaCopy], msgspec.Meta(max_length=8)]

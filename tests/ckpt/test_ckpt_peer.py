@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from malformed_inputs import garbage
 
 from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
 from slurm_omni.checkpoint import format as fmt
@@ -68,7 +70,7 @@ def test_a_replacement_node_restores_from_its_peers_memory_bitwise(tmp_path: Pat
     assert sorted(os.listdir(area)) == [f"step-100.rank-00000.{eng.incarnation}.h5", name]
     assert stat.S_IMODE((area / name).stat().st_mode) == 0o600
     rec = peer.read_replica(tmp_path, 0)
-    assert rec is not None and rec.holder == "B" and rec.step == 200
+    assert rec is not None and [(c.holder, c.step) for c in rec.copies] == [("B", 200), ("B", 100)]
     # node A is gone (its memory with it), and the file system's shard too: only B's copy can answer
     shutil.rmtree(shm / "A")
     (fmt.step_dir(tmp_path, 200) / "rank-00000.h5").unlink()
@@ -80,6 +82,21 @@ def test_a_replacement_node_restores_from_its_peers_memory_bitwise(tmp_path: Pat
     assert (job_dir(shm / "C", "j1") / name).exists()   # now C's own copy: the next restore is local
     with on_node(tmp_path, shm, "C") as eng, eng.restore() as r:
         assert r.source == "memory"
+
+
+def test_the_older_of_two_kept_steps_is_fetched_when_the_ranks_agree_on_it(
+        tmp_path: Path, shm: Path, keeper_b: peer.Keeper) -> None:
+    with on_node(tmp_path, shm, "A") as eng:
+        for step in (100, 200, 300):
+            eng.save(step, shard_state(step), sync=True)
+    rec = peer.read_replica(tmp_path, 0)
+    assert rec is not None and [c.step for c in rec.copies] == [300, 200]
+    assert len(os.listdir(keeper_b.area)) == 2
+    shutil.rmtree(shm / "A")
+    (fmt.step_dir(tmp_path, 200) / "rank-00000.h5").unlink()
+    with on_node(tmp_path, shm, "C") as eng, eng.restore(max_step=250) as r:   # the agreed bound
+        assert r.step == 200 and r.source == "peer memory"
+        assert_same(r.module("vision_encoder"), modules(200)["vision_encoder"])
 
 
 def test_a_node_lost_with_its_peer_restores_from_the_file_system(
@@ -207,3 +224,38 @@ def test_the_standby_runs_the_nodes_keeper_and_frees_its_peer_area_when_stopped(
     assert not job_dir(shm / "B", "j1").exists()
     with pytest.raises(OSError):
         socket.create_connection((addr.host, addr.port), timeout=2).close()
+
+
+KEEPER_REC = {"node": "n3", "host": "10.0.0.3", "port": 40122, "pid": 7, "job": "42"}
+REPLICA_REC = {"rank": 3, "copies": [{"step": 30, "incarnation": "42.1", "holder": "n7",
+                                      "name": "step-30.rank-00003.42.1.h5", "size": 10}]}
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(keeper=garbage(KEEPER_REC), replica=garbage(REPLICA_REC))
+def test_the_records_readers_take_any_bytes(tmp_path: Path, keeper: bytes, replica: bytes) -> None:
+    """Another process's files: a record or None (one line), never another exception."""
+    peer.keeper_path(tmp_path, "n3").parent.mkdir(parents=True, exist_ok=True)
+    peer.replica_path(tmp_path, 3).parent.mkdir(parents=True, exist_ok=True)
+    peer.keeper_path(tmp_path, "n3").write_bytes(keeper)
+    peer.replica_path(tmp_path, 3).write_bytes(replica)
+    got = peer.read_keeper(tmp_path, "n3")
+    assert got is None or 1 <= got.port <= 65535
+    rec = peer.read_replica(tmp_path, 3)
+    assert rec is None or all(c.size >= 0 for c in rec.copies)
+
+
+def test_a_keeper_survives_garbage_and_serves_the_next_client(tmp_path: Path, keeper_b: peer.Keeper) -> None:
+    for junk in (b"", b"\xff" * 8, b"\x00\x00\x00\x05{}}}}" + bytes(32), b"\x7f\xff\xff\xff" + b"x" * 100):
+        with socket.create_connection(("127.0.0.1", keeper_b.port), timeout=5) as s:
+            try:
+                s.sendall(junk)
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(4096):
+                    pass
+            except ConnectionResetError:   # the keeper hung up on it: what it should do
+                pass
+    shard = tmp_path / "x.h5"
+    shard.write_bytes(b"y" * 100)
+    assert peer.put("127.0.0.1", keeper_b.port, peer.load_secret(tmp_path), job="j1",
+                    name="step-1.rank-00000.i.h5", path=shard, number=None) == 100
