@@ -27,12 +27,14 @@ node lacks its shard (a replacement node) reads the record of each shard it need
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import hmac
 import logging
 import mmap
 import os
 import secrets
+import select
 import signal
 import socket
 import stat
@@ -74,6 +76,9 @@ _MAX_HEADER = 4096
 _CHUNK = 8 << 20
 _TIMEOUT_S = 30.0
 _CONNECT_S = 5.0
+_PIPE = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_SPLICE_MOVE = getattr(os, "SPLICE_F_MOVE", 1)
 KEEP = 2
 """Copies a keeper keeps per rank (the newest steps), and a replica record lists."""
 
@@ -194,10 +199,53 @@ def _recv_signed(sock: socket.socket, key: bytes, label: bytes, nonces: bytes, k
 
 
 def _recv_into_file(sock: socket.socket, fd: int, size: int) -> None:
-    """``size`` bytes from ``sock`` straight into the (tmpfs) file ``fd``: one copy, as a raw recv."""
+    """``size`` bytes from ``sock`` straight into the (tmpfs) file ``fd``: spliced through a pipe (the
+    kernel moves the socket's pages, no copy through this process: as fast as a raw ``recv`` into a
+    buffer, where a mapping of the file paid its page faults), else through a mapping of the file."""
     os.ftruncate(fd, size)
     if size == 0:
         return
+    try:
+        _splice_into_file(sock, fd, size)
+    except _NoSplice:
+        _map_into_file(sock, fd, size)
+
+
+class _NoSplice(Exception):
+    """splice(2) refuses this socket or file (before any byte moved)."""
+
+
+def _splice_into_file(sock: socket.socket, fd: int, size: int) -> None:
+    r, w = os.pipe()
+    try:
+        try:
+            fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE)
+        except OSError:
+            pass
+        at = 0
+        while at < size:
+            try:
+                n = os.splice(sock.fileno(), w, min(_PIPE, size - at), flags=_SPLICE_MOVE)
+            except BlockingIOError:   # a socket with a timeout is non-blocking underneath
+                if not select.select([sock], [], [], sock.gettimeout())[0]:
+                    raise TimeoutError(f"no byte from the peer in {sock.gettimeout()} s ({at} of {size})") from None
+                continue
+            except OSError as e:
+                if at == 0 and e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise _NoSplice() from e
+                raise
+            if n == 0:
+                raise ConnectionError(f"the peer closed the connection after {at} of {size} bytes")
+            done = 0
+            while done < n:
+                done += os.splice(r, fd, n - done, offset_dst=at + done, flags=_SPLICE_MOVE)
+            at += n
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _map_into_file(sock: socket.socket, fd: int, size: int) -> None:
     os.posix_fallocate(fd, 0, size)   # a full tmpfs is ENOSPC here, not SIGBUS while writing the map
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)   # the pages mapped at once, not by faults
     with mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE) as mm:
