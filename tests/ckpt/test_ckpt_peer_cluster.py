@@ -129,8 +129,8 @@ def test_a_node_lost_with_its_peer_reads_the_file_system_and_a_replacement_its_p
     def replicated() -> int | None:
         """The step whose four shards each have a replica recorded (one step for all)."""
         recs = [peer.read_replica(ckpt, rank) for rank in range(4)]
-        steps = {r.step for r in recs if r is not None}
-        return steps.pop() if len(steps) == 1 and None not in recs else None
+        steps = {r.copies[0].step for r in recs if r is not None and r.copies}
+        return steps.pop() if len(steps) == 1 and all(r is not None and r.copies for r in recs) else None
 
     def placed() -> dict[int, str] | None:
         """rank -> node once all four ranks beat in one incarnation."""
