@@ -34,7 +34,6 @@ import logging
 import mmap
 import os
 import secrets
-import select
 import signal
 import socket
 import stat
@@ -226,10 +225,8 @@ def _splice_into_file(sock: socket.socket, fd: int, size: int) -> None:
         while at < size:
             try:
                 n = os.splice(sock.fileno(), w, min(_PIPE, size - at), flags=_SPLICE_MOVE)
-            except BlockingIOError:   # a socket with a timeout is non-blocking underneath
-                if not select.select([sock], [], [], sock.gettimeout())[0]:
-                    raise TimeoutError(f"no byte from the peer in {sock.gettimeout()} s ({at} of {size})") from None
-                continue
+            except BlockingIOError:   # SO_RCVTIMEO passed (``_blocking``)
+                raise TimeoutError(f"no byte from the peer in {_TIMEOUT_S:.0f} s ({at} of {size})") from None
             except OSError as e:
                 if at == 0 and e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise _NoSplice() from e
@@ -262,12 +259,27 @@ def _map_into_file(sock: socket.socket, fd: int, size: int) -> None:
 
 
 def _send_file(sock: socket.socket, fd: int, size: int) -> None:
-    """``size`` bytes of the file ``fd`` by ``sendfile`` (``socket.sendfile`` waits out a full send
-    buffer within the socket's timeout; ``os.sendfile`` on it would see EAGAIN)."""
-    with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-        sent = sock.sendfile(f, 0, size)
-    if sent != size:
-        raise ConnectionError(f"the file ended at {sent} of {size} bytes")
+    """``size`` bytes of the file ``fd`` by ``sendfile`` on a blocking socket (``_blocking``: a stalled
+    peer is EAGAIN after the kernel's send timeout)."""
+    at = 0
+    while at < size:
+        try:
+            sent = os.sendfile(sock.fileno(), fd, at, min(_CHUNK, size - at))
+        except BlockingIOError:
+            raise TimeoutError(f"the peer took no byte in {_TIMEOUT_S:.0f} s ({at} of {size})") from None
+        if sent == 0:
+            raise ConnectionError(f"the file ended at {at} of {size} bytes")
+        at += sent
+
+
+def _blocking(sock: socket.socket, timeout_s: float) -> None:
+    """A blocking socket whose every call gives up after ``timeout_s`` (SO_RCVTIMEO/SO_SNDTIMEO): the
+    bulk transfer runs in the kernel (sendfile, splice) without a poll per chunk, which a Python
+    socket timeout (non-blocking underneath) costs, and a stalled peer still ends it."""
+    sock.settimeout(None)
+    tv = struct.pack("ll", int(timeout_s), int((timeout_s % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
 class _Conn:
@@ -277,7 +289,7 @@ class _Conn:
         self.key = key
         self.sock = socket.create_connection((host, port), timeout=_CONNECT_S)   # a lost node: soon refused
         try:
-            self.sock.settimeout(timeout_s)
+            _blocking(self.sock, timeout_s)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = _recv_exact(self.sock, len(MAGIC) + NONCE)
             if hello[:len(MAGIC)] != MAGIC:
@@ -403,7 +415,7 @@ class Keeper:
 
     def _handle(self, conn: socket.socket) -> None:
         try:
-            conn.settimeout(_TIMEOUT_S)
+            _blocking(conn, _TIMEOUT_S)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             server_nonce = secrets.token_bytes(NONCE)
             conn.sendall(MAGIC + server_nonce)
