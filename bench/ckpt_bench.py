@@ -17,6 +17,12 @@ turns so that the page cache and the allocator see the same history. Bars (from 
   memory restore           >= 0.9 x a warm memcpy of the same bytes (issue 22: the node's own copy in
                            /dev/shm, checked by the same xxh3; also shown against one preadv of the
                            /dev/shm copies, the least work that gets those bytes out)
+  peer restore             >= 0.8 x a raw TCP copy of the same bytes between the same two processes
+                           (issue 22; ``--only peer`` runs just this part: node A's rank replicates to
+                           node B's keeper, another process; a rank on an empty node C restores, its
+                           shard fetched from B then read with the checksums; the raw copy is B's
+                           process sending the same replica file with the same sendfile loop to a
+                           recv into a buffer touched before, no handshake, no HMAC)
 
 "Cold" drops the files' pages with posix_fadvise(DONTNEED) before each read (the pages are clean after
 fsync), for the raw read and the restore alike. The raw read is one buffered ``preadv`` per file into
@@ -52,6 +58,16 @@ load 13-40: wall times of one round vary 5-10 x, so the CPU seconds are the figu
   What limits it (docs/checkpoint.md): the kernel's read of a 4 KiB-page tmpfs alone costs 1.4 x a
   memcpy, a mapping's page tables as much as the copy; the xxh3 the memcpy does not do is a quarter of
   it. The bar needs huge pages: a site's tmpfs mounted with huge=within_size ([checkpoint] memory_dir).
+
+Peer tier (issue 22; ``--only peer --gib 0.5 --repeat 7``, 2026-12-02, the machine shared by 7 sessions):
+  load 7-13: raw TCP 0.18-2.08 s (median 0.52), peer fetch 0.28-4.04 (0.84), peer restore 0.49-5.46
+  (1.05): restore / raw 0.49, fetch / raw 0.62: MISS (load 15-35: 0.35 and 0.52). The restore is two
+  passes, the fetch into this node's tmpfs (the copy a later restore finds locally) and then the local
+  memory restore with the checksums (the 0.9 x memcpy row above); the fetch itself splices the socket
+  into the file (a micro-run at load 8-30: splice 0.34-0.38 s against a raw recv's 0.19-0.37 s for
+  0.5 GiB, a mapping of the file 0.6-1.06 s).
+  Closing the gap: overlap the two passes (the reader starting on the units whose bytes have arrived)
+  or read the units from the socket into the tensors; not done. Figures at this load move 3x run to run.
 """
 
 from __future__ import annotations
