@@ -474,8 +474,11 @@ class Keeper:
         if req.job != self.job or memtier.parse_name(req.name) is None:
             self._refuse(conn, nonces, f"not a shard copy of job {self.job}: {req.name}")
             return
-        try:
-            fd = os.open(self.area / req.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:   # a copy kept for a peer, else this node's own (its writer asks: a replacement elsewhere)
+            try:
+                fd = os.open(self.area / req.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                fd = os.open(self.job_path / req.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
             self._refuse(conn, nonces, e.strerror or "missing")
             return
@@ -611,7 +614,8 @@ class Replicas:
         before = read_replica(self.root, rank)
         older = [c for c in before.copies if c.step < step][:KEEP - 1] if before is not None else []
         _write_record(replica_path(self.root, rank), ReplicaRecord(rank=rank, copies=[
-            ReplicaCopy(step=step, incarnation=incarnation, holder=peer, name=name, size=size), *older]))
+            ReplicaCopy(step=step, incarnation=incarnation, holder=peer, origin=self.node, name=name, size=size),
+            *older]))
         return True
 
     def fetch(self, manifest: fmt.Manifest, shards: set[str]) -> dict[str, Path]:
@@ -640,28 +644,34 @@ class Replicas:
         if not self.memory.fits(manifest.step, info.file_bytes):
             return None
         final = self.memory.path / want
-        partial = self.memory.path / f".{want}.peer.{secrets.token_hex(4)}{memtier.PARTIAL}"
         started = time.monotonic()
-        try:
-            fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # the replica's holder first, then the node that wrote it (alive, a replacement elsewhere)
+        tried: list[str] = []
+        for node in dict.fromkeys(n for n in (rec.holder, rec.origin) if n):
+            partial = self.memory.path / f".{want}.peer.{secrets.token_hex(4)}{memtier.PARTIAL}"
             try:
-                if rec.holder == self.node:   # this node kept the lost node's copy itself
-                    _copy_local(self.memory.path / PEER_AREA / want, fd, info.file_bytes)
-                else:
-                    addr = read_keeper(self.root, rec.holder)
-                    if addr is None or addr.job != self.job:
-                        raise PeerError(f"checkpoint: {rec.holder}'s keeper has not said where it listens")
-                    get(addr.host, addr.port, self.key, job=self.job, name=want, into=fd, size=info.file_bytes)
-            finally:
-                os.close(fd)
-            os.replace(partial, final)
-        except (OSError, ConnectionError, RecordRejected, PeerError) as e:
-            _unlink(partial)
-            self._say("get", f"checkpoint: couldn't fetch {info.name} of step-{manifest.step} from {rec.holder}: "
-                             f"{e}; reading the file system")
+                fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                try:
+                    if node == self.node:   # this node kept that copy itself (for the lost node)
+                        _copy_local(self.memory.path / PEER_AREA / want, fd, info.file_bytes)
+                    else:
+                        addr = read_keeper(self.root, node)
+                        if addr is None or addr.job != self.job:
+                            raise PeerError(f"checkpoint: {node}'s keeper has not said where it listens")
+                        get(addr.host, addr.port, self.key, job=self.job, name=want, into=fd, size=info.file_bytes)
+                finally:
+                    os.close(fd)
+                os.replace(partial, final)
+                break
+            except (OSError, ConnectionError, RecordRejected, PeerError) as e:
+                _unlink(partial)
+                tried.append(f"from {node}: {e}")
+        else:
+            self._say("get", f"checkpoint: couldn't fetch {info.name} of step-{manifest.step} "
+                             f"{'; '.join(tried) or '(nobody holds it)'}; reading the file system")
             return None
         log.info("checkpoint: fetched %s of step-%d from %s's memory (%.1f MB in %.2f s)", info.name,
-                 manifest.step, rec.holder, info.file_bytes / 1e6, time.monotonic() - started)
+                 manifest.step, node, info.file_bytes / 1e6, time.monotonic() - started)
         return final
 
     def _say(self, kind: str, line: str) -> None:

@@ -58,6 +58,8 @@ class ReplicaCopy(msgspec.Struct, frozen=True, kw_only=True):
     holder: _Node
     name: _Name
     size: _Count
+    origin: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    """The node that wrote it (its own copy there; asked when the holder does not answer)."""
 
 
 class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):

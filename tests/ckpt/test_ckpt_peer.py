@@ -113,6 +113,27 @@ def test_a_node_lost_with_its_peer_restores_from_the_file_system(
     assert "couldn't fetch rank-00000 of step-100 from B" in line and "file system" in line
 
 
+def test_with_the_holder_lost_the_writer_nodes_own_copy_is_fetched(
+        tmp_path: Path, shm: Path, keeper_b: peer.Keeper, caplog: pytest.LogCaptureFixture) -> None:
+    """A lost holder, the writer's node alive (its rank moved elsewhere): its keeper serves its own copy."""
+    keeper_a = peer.Keeper("j1", tmp_path, "A", base=shm / "A", bind="127.0.0.1", host="127.0.0.1")
+    keeper_a.start()
+    try:
+        with on_node(tmp_path, shm, "A") as eng:
+            eng.save(100, shard_state(100), sync=True)
+        rec = peer.read_replica(tmp_path, 0)
+        assert rec is not None and (rec.copies[0].holder, rec.copies[0].origin) == ("B", "A")
+        keeper_b.stop()
+        shutil.rmtree(shm / "B")
+        (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").unlink()
+        with on_node(tmp_path, shm, "C") as eng, eng.restore() as r:
+            assert r.step == 100 and r.source == "peer memory"
+            assert_same(r.module("projector"), modules(100)["projector"])
+        assert warnings(caplog) == []
+    finally:
+        keeper_a.stop()
+
+
 def test_a_bad_replica_is_dropped_and_the_same_step_read_from_the_file_system(
         tmp_path: Path, shm: Path, keeper_b: peer.Keeper, caplog: pytest.LogCaptureFixture) -> None:
     with on_node(tmp_path, shm, "A") as eng:
