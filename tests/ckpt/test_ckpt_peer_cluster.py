@@ -1,11 +1,12 @@
 """On the embedded cluster, the memory tier's peer copies (issue 22): an in-allocation demo job (its
 text stage on two nodes: three nodes in the ring) keeps its checkpoints in each node's memory (one
 tmpfs folder per node, ``OMNI_MEMORY_DIR=.../%n``: the 8 slurmd share one host) and a replica on its
-ring peer. Two nodes are lost at once, X and the peer P that holds X's replica (set DOWN, then their
-standbys, keepers and memory gone; neither is the batch host). The supervisor relaunches on two
-spares: X's shards come from the file system (its replica died with P), P's from the third node's
-keeper (each text rank reads both: ``peer memory and file system``), the third node's ranks restore
-from their own memory; every rank the same step. The loss equals a run that never failed, bitwise, and nothing of the job stays in memory. A few
+ring peer. Lost-with-its-peer: two nodes at once, X and the peer P that holds X's replica (set DOWN,
+then their standbys, keepers and memory gone; neither is the batch host); the supervisor relaunches
+on two spares: X's shards come from the file system (its replica died with P), P's from the third
+node's keeper (each text rank reads both: ``peer memory and file system``), the third node's ranks
+restore from their own memory; every rank the same step. Lost-alone: X only; every rank restores
+from memory, the replacement's shards from their holders' keepers. The loss equals a run that never failed, bitwise, and nothing of the job stays in memory. A few
 minutes on 2 shared cores (a 60-step job, a relaunch, the reference run beside it): behind
 ``OMNI_MEMTIER_CLUSTER=1``, as the memory tier's other cluster test."""
 
@@ -97,8 +98,9 @@ def _ring_of_a_rank(job_id: int) -> dict[str, str] | None:
     return None
 
 
-def test_a_node_lost_with_its_peer_reads_the_file_system_and_a_replacement_its_peers_memory(
-        slurm_cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_holder", [True, False], ids=["lost-with-its-peer", "lost-alone"])
+def test_a_lost_node_restores_from_its_peers_memory_or_with_its_peer_from_the_file_system(
+        slurm_cluster, tmp_path: Path, with_holder: bool) -> None:
     files = story.DemoFiles(tmp_path / "demo")
     story.write_files(files, slurm_cluster.cluster)
     site = files.site.read_text()
@@ -154,7 +156,7 @@ def test_a_node_lost_with_its_peer_reads_the_file_system_and_a_replacement_its_p
         lost = next(x for x in sorted(ring) if batch_host not in (x, ring[x]))
         holder = ring[lost]                       # lost together with the replica it keeps of ``lost``
         assert ring[holder] == batch_host         # ``holder``'s own replica survives on the third node
-        _lose(runner, job_id, [lost, holder], shm, downed)
+        _lose(runner, job_id, [lost, holder] if with_holder else [lost], shm, downed)
         reference = start_reference(files.job, files.reference)
         wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(), 600,
                    "the job to finish")
@@ -171,13 +173,21 @@ def test_a_node_lost_with_its_peer_reads_the_file_system_and_a_replacement_its_p
     # each rank reads every shard of its stage (its data-parallel peers' too): the ranks of a stage that
     # ran on the lost nodes read the lost holder's shard from the file system and the other from the
     # third node's keeper; the third node's ranks only their own memory
-    lost_stage = {rank for rank, node in nodes.items() if node in (lost, holder)}
-    want = {rank: "peer memory and file system" if rank in lost_stage else "memory" for rank in nodes}
+    stage = {rank for rank, node in nodes.items() if node != batch_host}   # the text ranks, each reading both
+    if with_holder:
+        # the lost nodes' ranks read the lost holder's shard from the file system, the other from the
+        # third node's keeper; the third node's ranks only their own memory
+        want = {rank: "peer memory and file system" if rank in stage else "memory" for rank in nodes}
+        logs = "\n".join(p.read_text(errors="replace") for p in [*files.work.rglob("*.log"),
+                                                                   *files.work.rglob("*.out")])
+        lost_shards = sorted(f"rank-{rank:05d}" for rank, node in nodes.items() if node == lost)
+        assert all(f"couldn't fetch {shard} of step-" in logs and f"from {holder}" in logs
+                   for shard in lost_shards), [line for line in logs.splitlines() if "fetch" in line][:5]
+    else:
+        # one node lost: every shard from memory, the lost node's from its holder, the survivor's own
+        # from its node (the replacement asks the holder, else the node that wrote it)
+        want = {rank: "peer memory" if rank in stage else "memory" for rank in nodes}
     assert source == want, (source, nodes, ring)
-    logs = "\n".join(p.read_text(errors="replace") for p in [*files.work.rglob("*.log"), *files.work.rglob("*.out")])
-    lost_shards = sorted(f"rank-{rank:05d}" for rank, node in nodes.items() if node == lost)
-    assert all(f"couldn't fetch {shard} of step-" in logs and f"from {holder}" in logs for shard in lost_shards), \
-        [line for line in logs.splitlines() if "fetch" in line][:5]
     eq = story.compare(files, metrics, ref_metrics)
     assert eq.ok, eq.problems
     assert eq.loss.mode == "bitwise" and eq.loss.steps_compared == 60
