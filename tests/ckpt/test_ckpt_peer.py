@@ -17,14 +17,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from malformed_inputs import garbage
 
 from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
+from slurm_omni.checkpoint import CheckpointEngine, peer
 from slurm_omni.checkpoint import format as fmt
-from slurm_omni.checkpoint import peer
 from slurm_omni.checkpoint.fence import raise_fence
 from slurm_omni.checkpoint.memtier import MemoryTier, free_job, job_dir
 
@@ -49,8 +50,9 @@ def keeper_b(tmp_path: Path, shm: Path) -> Iterator[peer.Keeper]:
     keeper.stop()
 
 
-def on_node(root: Path, shm: Path, node: str, **config: object):   # type: ignore[no-untyped-def]
+def on_node(root: Path, shm: Path, node: str, **config: Any) -> CheckpointEngine:
     eng = engine(root, memory_tier=True, memory_job="j1", memory_dir=shm / node, **config)
+    assert eng.memory is not None
     eng.peers = peer.Replicas("j1", root, node, RING, eng.memory)
     return eng
 

@@ -17,7 +17,9 @@ import os
 import shutil
 import signal
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import wait_until
@@ -74,13 +76,22 @@ def _lose(runner: CommandRunner, job_id: int, nodes: list[str], shm: Path, downe
         shutil.rmtree(shm / node, ignore_errors=True)
 
 
-def _firsts(metrics: Path) -> dict[tuple[int, int], dict]:   # type: ignore[type-arg]
-    firsts: dict[tuple[int, int], dict] = {}   # type: ignore[type-arg]
+def _firsts(metrics: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    firsts: dict[tuple[int, int], dict[str, Any]] = {}
     for path in metrics.glob("metrics-*.jsonl"):
         for line in path.read_text().splitlines():
             doc = json.loads(line)
             firsts.setdefault((doc["incarnation"], doc["rank"]), doc)
     return firsts
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """The job's per-node tmpfs folders (``OMNI_MEMORY_DIR=<this>/%n``), removed whatever the outcome."""
+    path = Path("/dev/shm") / f"omni-peerdrill-{uuid.uuid4().hex[:8]}"
+    path.mkdir(mode=0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _ring_of_a_rank(job_id: int) -> dict[str, str] | None:
@@ -100,7 +111,7 @@ def _ring_of_a_rank(job_id: int) -> dict[str, str] | None:
 
 @pytest.mark.parametrize("with_holder", [True, False], ids=["lost-with-its-peer", "lost-alone"])
 def test_a_lost_node_restores_from_its_peers_memory_or_with_its_peer_from_the_file_system(
-        slurm_cluster, tmp_path: Path, with_holder: bool) -> None:
+        slurm_cluster, tmp_path: Path, shm: Path, with_holder: bool) -> None:
     files = story.DemoFiles(tmp_path / "demo")
     story.write_files(files, slurm_cluster.cluster)
     site = files.site.read_text()
@@ -118,15 +129,13 @@ def test_a_lost_node_restores_from_its_peers_memory_or_with_its_peer_from_the_fi
         job = job.replace(key, value)
     files.job.write_text(job)
     story.synthesize(files)
-    shm = Path("/dev/shm") / f"omni-peerdrill-{uuid.uuid4().hex[:8]}"
-    shm.mkdir(mode=0o700)
     # every rank's and standby's environment (sbatch passes the submitter's on): one folder per node
     env = {**story.job_environment(slurm_cluster.cluster), "OMNI_STEP_DELAY_S": "0.5",
            "OMNI_MEMORY_DIR": f"{shm}/%n"}
     ckpt = tmp_path / "demo" / "ckpt" / current_user() / NAME
     metrics = load_site(files.site).manager.metrics_for(current_user()) / NAME
     runner = CommandRunner(slurm_cluster.env)
-    job_id, downed = 0, []
+    job_id, downed = 0, list[str]()
 
     def replicated() -> int | None:
         """The step whose four shards each have a replica recorded (one step for all)."""
@@ -193,4 +202,3 @@ def test_a_lost_node_restores_from_its_peers_memory_or_with_its_peer_from_the_fi
     assert eq.loss.mode == "bitwise" and eq.loss.steps_compared == 60
     wait_until(lambda: not any(job_dir(shm / n, str(job_id)).exists() for n in os.listdir(shm)) or None, 60,
                "the job's memory freed on every node")
-    shutil.rmtree(shm, ignore_errors=True)
