@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from support import find_cycle
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "slurm_omni.manager"
 
@@ -29,29 +31,6 @@ def manager_imports(path: Path) -> set[str]:
 
 def import_graph(folder: Path) -> dict[str, set[str]]:
     return {f"{PACKAGE}.{p.stem}": manager_imports(p) for p in sorted(folder.glob("*.py")) if p.stem != "__init__"}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One cycle of ``graph`` as its modules in order (empty: none)."""
-    state: dict[str, int] = {}   # 1: on the path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        state[node] = 2
-        path.pop()
-        return []
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return []
 
 
 def test_manager_modules_import_without_a_cycle() -> None:

@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from support import find_cycle
 
 ROOT = Path(__file__).resolve().parents[2] / "slurm_omni"
 
@@ -42,28 +43,6 @@ def module(path: Path) -> str:
 def graph(folder: Path) -> dict[str, set[str]]:
     mods = {module(p): p for p in sorted(folder.glob("*.py"))}
     return {name: {m for m in imports(p) if m in mods and m != name} for name, p in mods.items()}
-
-
-def find_cycle(g: dict[str, set[str]]) -> list[str]:
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(g.get(node, ())):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        state[node] = 2
-        path.pop()
-        return []
-
-    for node in sorted(g):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return []
 
 
 @pytest.mark.parametrize(("folder", "banned"), [("policy", NOT_IN_POLICY), ("formats", NOT_IN_FORMATS)])
