@@ -1,7 +1,8 @@
 """``omni demo --busy`` whole (allocation mode on a busy cluster): a vision node, a text node and the
 allocation's first node lost in turn, each recovered inside the same Slurm job with a spare, then a
-shrink once the spares are gone, the loss bitwise equal to the reference before the shrink. About
-2 minutes on an idle machine, so it runs only in its lane: ``OMNI_BUSY_DEMO=1`` (README.md, "Test
+shrink once the spares are gone, a pool allocation of the missing node that waits behind the
+fillers and the grow-back onto it (dp 1 -> 2, same Slurm job), the loss bitwise equal to the reference
+before the shrink. About 6 minutes at load 10-20, so it runs only in its lane: ``OMNI_BUSY_DEMO=1`` (README.md, "Test
 lanes"); the default suite keeps the demo's short tests (test_demo_phases.py, test_shapes_demo.py)."""
 
 from __future__ import annotations
@@ -35,4 +36,7 @@ def test_busy_demo_recovers_every_node_in_the_allocation_the_first_included(slur
     assert all("dp 2 -> 2" in line for line in relaunches[:3]) and "dp 2 -> 1" in relaunches[3], relaunches
     assert "0 spare(s) left" in relaunches[2], relaunches
     assert re.search(r"fault to first step: [\d.]+ s, [\d.]+ s, [\d.]+ s, [\d.]+ s; median", out), out
+    assert re.search(r"pool asked: pool allocation \d+ for the missing node: PENDING", out), out
+    grow = [line for line in out.splitlines() if "grow-back: pool" in line]
+    assert len(grow) == 1 and "dp 1 -> 2 across the allocation and the pool" in grow[0], out
     assert "loss bitwise equal to the reference over" in out and "before the shrink at step" in out, out
