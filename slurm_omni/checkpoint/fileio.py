@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import xxhash
@@ -152,6 +153,20 @@ class Bounce:
         self.view = self.tensor.numpy().data.cast("B")
 
 
+class Stream(Protocol):
+    """A shard's bytes arriving in file order (``peer.PeerStream``: a keeper sending its copy)."""
+
+    size: int
+    at: int
+    node: str
+
+    def recv_into(self, view: memoryview) -> int: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(slots=True)
 class Job:
     """One piece to read, and the memory it goes to."""
@@ -177,11 +192,13 @@ class ShardFiles:
     """The open shard files of one checkpoint: descriptors per thread, page-cache residency, buffers."""
 
     def __init__(self, path: Path, manifest: fmt.Manifest, *, direct_io: bool,
-                 sources: Mapping[str, Path] | None = None) -> None:
+                 sources: Mapping[str, Path | Stream] | None = None) -> None:
         self.path = path
         self.manifest = manifest
-        self.sources = dict(sources or {})
+        self.sources = {k: v for k, v in (sources or {}).items() if isinstance(v, Path)}
         """Shards read from another copy than ``path``'s file (the memory tier: ``memtier.py``)."""
+        self.streams: dict[str, Stream] = {k: v for k, v in (sources or {}).items() if not isinstance(v, Path)}
+        """Shards whose bytes arrive on a stream (a peer's memory: ``peer.py``), read once, in file order."""
         self.read_bytes = {"buffered": 0, "direct": 0}
         """Bytes read through the page cache and with O_DIRECT so far (gaps between datasets included)."""
         self._lock = threading.Lock()
@@ -203,13 +220,16 @@ class ShardFiles:
         with self._lock:
             known = self._direct.get(shard)
         if known is None:
-            known = self._direct_io and shard not in self.sources and self._can_direct(shard)
+            known = (self._direct_io and shard not in self.sources and shard not in self.streams
+                     and self._can_direct(shard))
             with self._lock:
                 known = self._direct.setdefault(shard, known)
         return known
 
     def close(self) -> None:
         with self._lock:
+            for stream in self.streams.values():
+                stream.close()
             for fd in [*self._fds.values(), *self._direct_fds.values()]:
                 if fd is not None:
                     os.close(fd)
@@ -337,6 +357,40 @@ class ShardFiles:
                 raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: checksum mismatch in {job.where} "
                                         f"({job.piece.shard}.h5)")
         return True
+
+    def read_stream(self, shard: str, job: Job) -> None:
+        """The next piece this rank needs of a streamed shard (pieces asked in ascending offsets): the
+        bytes before it (metadata, pieces of other ranks) into a scratch buffer, then the piece straight
+        into its memory a step at a time, each step checksummed right after it lands (one pass: no copy
+        of the shard kept anywhere), then its whole xxh3 checked against the manifest. A short stream, a
+        broken connection or a mismatch raises ``CheckpointCorrupt``: the restore reads the file system."""
+        stream = self.streams[shard]
+        off, n = job.piece.offset, job.piece.nbytes
+        where = f"step-{self.manifest.step}: {shard}.h5's copy from {stream.node}'s memory"
+        if off < stream.at or off + n > stream.size:
+            raise CheckpointCorrupt(f"checkpoint: {where}: {job.where} at {off}+{n} is outside what is left "
+                                    f"of its {stream.size} bytes (from {stream.at})")
+        digest = xxhash.xxh3_64()
+        try:
+            while stream.at < off:
+                skip = self._gap(min(off - stream.at, _STEP))
+                if stream.recv_into(skip) < len(skip):
+                    raise CheckpointCorrupt(f"checkpoint: {where}: it ended at {stream.at} of {stream.size} "
+                                            f"bytes, before {job.where}")
+            buf = job.buf
+            for a in range(0, n, _STEP):
+                view = buf[a:min(n, a + _STEP)]
+                if stream.recv_into(view) < len(view):
+                    raise CheckpointCorrupt(f"checkpoint: {where}: it ended at {stream.at} of {stream.size} "
+                                            f"bytes, inside {job.where}")
+                digest.update(view)   # just received: still in the CPU cache
+        except OSError as e:   # a broken connection, a peer silent past the timeout
+            raise CheckpointCorrupt(f"checkpoint: {where}: {e}, inside {job.where}") from e
+        if digest.hexdigest() != job.piece.xxh3:
+            raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: checksum mismatch in {job.where} "
+                                    f"({shard}.h5 from {stream.node}'s memory)")
+        with self._lock:
+            self.read_bytes["peer"] = self.read_bytes.get("peer", 0) + n
 
     def _read_memory(self, shard: str, run: list[Job], sums: list[xxhash.xxh3_64], stop: Callable[[], bool]) -> bool:
         """A shard in memory (the memory tier's copy on a tmpfs), each step checksummed right after it

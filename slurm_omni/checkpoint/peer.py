@@ -345,6 +345,53 @@ def put(host: str, port: int, key: bytes, *, job: str, name: str, path: Path, nu
 
 def get(host: str, port: int, key: bytes, *, job: str, name: str, into: int, size: int) -> int:
     """Fetch ``name`` (``size`` bytes expected; 0: any) from the keeper into the open file ``into``."""
+    stream = open_stream(host, port, key, job=job, name=name, size=size)
+    try:
+        _recv_into_file(stream.sock, into, stream.size)
+        return stream.size
+    finally:
+        stream.close()
+
+
+class PeerStream:
+    """A keeper sending one shard copy: its bytes in file order on a connected socket, read once by
+    the restore straight into the tensors (``fileio.ShardFiles.read_stream``) and checked there by the
+    same per-tensor xxh3 as a file's. ``size`` is what the keeper holds (checked against the manifest)."""
+
+    def __init__(self, sock: socket.socket, size: int, node: str, name: str) -> None:
+        self.sock, self.size, self.node, self.name = sock, size, node, name
+        self.at = 0
+        """Bytes received so far."""
+
+    def recv_into(self, view: memoryview) -> int:
+        """Fill ``view`` from the stream; the bytes received (fewer only where the peer hung up)."""
+        got = 0
+        want = len(view)
+        while got < want:
+            try:
+                n = self.sock.recv_into(view[got:], want - got)
+            except BlockingIOError:   # SO_RCVTIMEO passed (``_blocking``)
+                raise TimeoutError(f"no byte from {self.node} in {_TIMEOUT_S:.0f} s ({self.at} of {self.size})") \
+                    from None
+            if n == 0:
+                break
+            got += n
+            self.at += n
+        return got
+
+    def abort(self) -> None:
+        """Wake a thread blocked receiving (another thread closes the restore)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def open_stream(host: str, port: int, key: bytes, *, job: str, name: str, size: int, node: str = "") -> PeerStream:
+    """Ask the keeper for ``name`` (``size`` bytes expected; 0: any); the stream of its bytes."""
     conn = _Conn(host, port, key)
     try:
         rep = conn.ask(PeerRequest(op="get", job=job, name=name, size=size, nonce=conn.nonce))
@@ -353,10 +400,10 @@ def get(host: str, port: int, key: bytes, *, job: str, name: str, into: int, siz
         if size and rep.size != size:
             raise PeerError(f"checkpoint: the keeper at {host}:{port} holds {rep.size} bytes of {name}, "
                             f"the shard has {size}")
-        _recv_into_file(conn.sock, into, rep.size)
-        return rep.size
-    finally:
+    except BaseException:
         conn.close()
+        raise
+    return PeerStream(conn.sock, rep.size, node or host, name)
 
 
 # -- the keeper ---------------------------------------------------------------------------------------
@@ -618,20 +665,27 @@ class Replicas:
             *older]))
         return True
 
-    def fetch(self, manifest: fmt.Manifest, shards: set[str]) -> dict[str, Path]:
-        """Copies of ``shards`` of ``manifest`` brought into this node's memory tier from their holders
-        (or found in this node's own peer area): shard -> path. Sizes checked here, bytes by the reader."""
-        found: dict[str, Path] = {}
-        for name in sorted(shards):
-            info = manifest.shards.get(name)
-            if info is None or info.file is None:
-                continue
-            path = self._fetch_one(manifest, info)
-            if path is not None:
-                found[name] = path
+    def fetch(self, manifest: fmt.Manifest, shards: set[str]) -> dict[str, Path | PeerStream]:
+        """Where to read ``shards`` of ``manifest`` that this node's memory lacks: this node's own peer
+        area where it keeps that replica (a path), else a stream from the holder's (or the writer
+        node's) keeper, the request answered and the size checked, its bytes not read yet: the restore
+        reads them once, straight into the tensors, checking each tensor's xxh3 as it lands. A shard
+        nobody can send is left out (one line): the file system has it."""
+        found: dict[str, Path | PeerStream] = {}
+        try:
+            for name in sorted(shards):
+                info = manifest.shards.get(name)
+                if info is None or info.file is None:
+                    continue
+                source = self._open_one(manifest, info)
+                if source is not None:
+                    found[name] = source
+        except BaseException:
+            close_streams(found)
+            raise
         return found
 
-    def _fetch_one(self, manifest: fmt.Manifest, info: fmt.ShardInfo) -> Path | None:
+    def _open_one(self, manifest: fmt.Manifest, info: fmt.ShardInfo) -> Path | PeerStream | None:
         record = read_replica(self.root, info.rank)
         want = copy_name(manifest.step, info.rank, manifest.incarnation)
         rec = next((c for c in record.copies if c.name == want and c.size == info.file_bytes), None) \
@@ -641,55 +695,43 @@ class Replicas:
             self._say("norecord", f"checkpoint: no peer copy of {info.name} of step-{manifest.step} (its "
                                   f"replicas: {held or 'none'}); reading the file system")
             return None
-        if not self.memory.fits(manifest.step, info.file_bytes):
-            return None
-        final = self.memory.path / want
-        started = time.monotonic()
         # the replica's holder first, then the node that wrote it (alive, a replacement elsewhere)
         tried: list[str] = []
         for node in dict.fromkeys(n for n in (rec.holder, rec.origin) if n):
-            partial = self.memory.path / f".{want}.peer.{secrets.token_hex(4)}{memtier.PARTIAL}"
             try:
-                fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                try:
-                    if node == self.node:   # this node kept that copy itself (for the lost node)
-                        _copy_local(self.memory.path / PEER_AREA / want, fd, info.file_bytes)
-                    else:
-                        addr = read_keeper(self.root, node)
-                        if addr is None or addr.job != self.job:
-                            raise PeerError(f"checkpoint: {node}'s keeper has not said where it listens")
-                        get(addr.host, addr.port, self.key, job=self.job, name=want, into=fd, size=info.file_bytes)
-                finally:
-                    os.close(fd)
-                os.replace(partial, final)
-                break
+                if node == self.node:   # this node kept that copy itself (for the lost node): read it there
+                    return _own_replica(self.memory.path / PEER_AREA / want, info.file_bytes)
+                addr = read_keeper(self.root, node)
+                if addr is None or addr.job != self.job:
+                    raise PeerError(f"checkpoint: {node}'s keeper has not said where it listens")
+                stream = open_stream(addr.host, addr.port, self.key, job=self.job, name=want,
+                                     size=info.file_bytes, node=node)
             except (OSError, ConnectionError, RecordRejected, PeerError) as e:
-                _unlink(partial)
                 tried.append(f"from {node}: {e}")
-        else:
-            self._say("get", f"checkpoint: couldn't fetch {info.name} of step-{manifest.step} "
-                             f"{'; '.join(tried) or '(nobody holds it)'}; reading the file system")
-            return None
-        log.info("checkpoint: fetched %s of step-%d from %s's memory (%.1f MB in %.2f s)", info.name,
-                 manifest.step, node, info.file_bytes / 1e6, time.monotonic() - started)
-        return final
+                continue
+            log.info("checkpoint: reading %s of step-%d from %s's memory (%.1f MB)", info.name, manifest.step,
+                     node, info.file_bytes / 1e6)
+            return stream
+        self._say("get", f"checkpoint: couldn't fetch {info.name} of step-{manifest.step} "
+                         f"{'; '.join(tried) or '(nobody holds it)'}; reading the file system")
+        return None
 
     def _say(self, kind: str, line: str) -> None:
         log.log(logging.DEBUG if kind in self._said else logging.WARNING, "%s", line)
         self._said.add(kind)
 
 
-def _copy_local(src_path: Path, dst: int, size: int) -> None:
-    src = os.open(src_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        st = os.fstat(src)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != size:
-            raise PeerError(f"checkpoint: {src_path}: not a {size}-byte file of ours")
-        at = 0
-        while at < size:
-            n = os.sendfile(dst, src, at, min(_CHUNK, size - at))
-            if n == 0:
-                raise OSError(errno.EIO, f"{src_path} ended at {at} of {size} bytes")
-            at += n
-    finally:
-        os.close(src)
+def close_streams(sources: Mapping[str, object]) -> None:
+    """Hang up the peer streams among ``sources`` (a restore that ends or falls back)."""
+    for source in sources.values():
+        if isinstance(source, PeerStream):
+            source.close()
+
+
+def _own_replica(path: Path, size: int) -> Path:
+    """This node's peer-area copy of a shard, read in place: ours, 0600, a regular file of ``size`` bytes."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077 \
+            or st.st_size != size:
+        raise PeerError(f"checkpoint: {path}: not a 0600 {size}-byte file of ours")
+    return path

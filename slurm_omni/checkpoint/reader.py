@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -39,10 +40,12 @@ class Restore:
 
     def __init__(self, path: Path, manifest: fmt.Manifest, layout: ShardLayout, *,
                  units: list[fmt.Unit], into: Mapping[str, Mapping[str, Any]], device: torch.device,
-                 threads: int, direct_io: bool = True, sources: Mapping[str, Path] | None = None) -> None:
+                 threads: int, direct_io: bool = True,
+                 sources: Mapping[str, Path | fileio.Stream] | None = None) -> None:
         self.path = path
         self.sources = dict(sources or {})
-        """Shards read from the memory tier instead of ``path`` (their bytes checked the same way)."""
+        """Shards read from the memory tier instead of ``path`` (their bytes checked the same way): a
+        copy on this node's tmpfs, or a stream from a peer's keeper (read by one thread, in order)."""
         self.source = "file system"
         """Where this rank's bytes came from: "memory", "file system", or "memory and file system"."""
         self.manifest = manifest
@@ -70,9 +73,15 @@ class Restore:
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="omni-ckpt-restore")
         self.started = time.monotonic()
         self.loaded_s: dict[str, float] = {}
+        self._streamed: dict[str, list[_Streamed]] = {shard: [] for shard in self._files.streams}
         for u in units:
             targets = into.get(u.name, into.get(u.module) if u.part == MODEL else None)
             self._schedule(u, targets or {}, device)
+        self._stream_threads = [threading.Thread(target=self._read_stream, args=(shard, items, device), daemon=True,
+                                                 name=f"omni-ckpt-peer-{shard}")
+                                for shard, items in self._streamed.items()]
+        for thread in self._stream_threads:
+            thread.start()
         self._prefetcher = threading.Thread(target=self._prefetch, args=(units,), daemon=True,
                                             name="omni-ckpt-prefetch")
         self._prefetcher.start()
@@ -130,8 +139,12 @@ class Restore:
         """Stop loading (pending reads are dropped) and release the files."""
         with self._lock:
             self._closed = True
+        for stream in self._files.streams.values():
+            stream.abort()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._prefetcher.join()
+        for thread in self._stream_threads:
+            thread.join()
         self._files.close()
         for event in self._ready.values():
             event.set()   # whoever still waits gets an error, not a hang
@@ -200,9 +213,16 @@ class Restore:
         if pending[0] == 0:
             finish()
         # A few batches per unit, each a run of ascending offsets of about equal bytes: every I/O thread
-        # busy, each reading sequentially (read-ahead works cold), and no task per small tensor.
-        todo = sorted(((path, entry, piece) for path, entry, pieces in jobs for piece in pieces),
+        # busy, each reading sequentially (read-ahead works cold), and no task per small tensor. The
+        # pieces of a streamed shard go to its stream's thread instead, which takes them in file order.
+        todo = sorted(((path, entry, piece) for path, entry, pieces in jobs for piece in pieces
+                       if piece.shard not in self._streamed),
                       key=lambda j: (j[2].shard, j[2].offset))
+        for path, entry, pieces in jobs:
+            for piece in pieces:
+                if piece.shard in self._streamed:
+                    direct = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
+                    self._streamed[piece.shard].append(_Streamed(unit, path, entry, piece, direct, done))
         share = sum(j[2].nbytes + 4096 for j in todo) / self._threads
         batch: list[tuple[str, fmt.TensorEntry, fmt.Piece]] = []
         filled = 0
@@ -214,6 +234,24 @@ class Restore:
                 batch, filled = [], 0
         if batch:
             self._pool.submit(read_batch, batch)
+
+    def _read_stream(self, shard: str, items: list[_Streamed], device: torch.device) -> None:
+        """Every piece this rank needs of a streamed shard, in file order, as its bytes arrive."""
+        try:
+            for item in sorted(items, key=lambda i: i.piece.offset):
+                if self._error is not None or self._closed:
+                    return
+                job = self._job(item.unit, item.path, item.entry, item.piece, item.target, device)
+                self._files.read_stream(shard, job)
+                if job.dest is not None:
+                    job.dest.copy_(job.out)   # synchronous: the staging buffer is reused by the next piece
+                item.done(item.path, item.piece, job.dest if job.dest is not None else job.out)
+        except CheckpointError as e:
+            self._fail(e)
+        except Exception as e:  # noqa: BLE001 - a worker's error must reach the waiter
+            self._fail(CheckpointCorrupt(f"checkpoint: couldn't load step-{self.step}'s {shard} from a peer: {e!r}"))
+        finally:
+            self._files.streams[shard].close()   # the rest of the stream is not needed
 
     def _prefetch(self, units: list[fmt.Unit]) -> None:
         """Ask the kernel for each unit's byte ranges, one unit after the other in loading order: from a
@@ -227,7 +265,7 @@ class Restore:
                         lo, hi = spans.get(p.shard, (p.offset, p.offset + p.nbytes))
                         spans[p.shard] = (min(lo, p.offset), max(hi, p.offset + p.nbytes))
             for shard, (lo, hi) in spans.items():
-                if shard in self._files.sources or self._files.direct(shard):
+                if shard in self._files.sources or shard in self._files.streams or self._files.direct(shard):
                     continue   # in memory already; or WILLNEED would fill the page cache behind the direct reads' back
                 if self._closed or self._error is not None:
                     return
@@ -334,6 +372,18 @@ class Restore:
             log.error("%s; marked it CORRUPT (restart to restore the previous checkpoint)", error)
         for event in self._ready.values():
             event.set()
+
+
+@dataclass(frozen=True, slots=True)
+class _Streamed:
+    """A piece of a streamed shard, where it goes, and whom to tell once it is in and checked."""
+
+    unit: fmt.Unit
+    path: str
+    entry: fmt.TensorEntry
+    piece: fmt.Piece
+    target: torch.Tensor | None
+    done: Callable[[str, fmt.Piece, torch.Tensor], None]
 
 
 def _piece_rows(entry: fmt.TensorEntry) -> list[tuple[fmt.Piece, int]]:

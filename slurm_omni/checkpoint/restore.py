@@ -21,7 +21,7 @@ import torch
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
 from slurm_omni.checkpoint.memtier import MemoryTier
-from slurm_omni.checkpoint.peer import Replicas
+from slurm_omni.checkpoint.peer import PeerStream, Replicas, close_streams
 from slurm_omni.checkpoint.reader import Restore
 from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
 from slurm_omni.errors import CheckpointError
@@ -47,8 +47,10 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     are read from there, checked the same way; a bad copy is dropped (one line) and the step read again
     from the files, so a bad copy never fails a restore nor marks the checkpoint.
 
-    ``peers``: the shards this node lacks are fetched from the node that keeps their replica
-    (``peer.py``) into this node's memory tier first, then read and checked like its own copies.
+    ``peers``: the shards this node lacks are read from the node that keeps their replica (``peer.py``):
+    its keeper sends the copy and the reader receives it straight into the tensors, checking each
+    tensor's xxh3 as it lands (one pass over the bytes; no copy is kept on this node), a bad or broken
+    stream handled like a bad copy in memory.
     """
     candidates = fmt.complete(root)
     if max_step is not None:   # the ranks agreed on no newer step (checkpoint/agree.py)
@@ -63,7 +65,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     reasons: list[str] = []
     for entry in candidates:
         session = None
-        sources: dict[str, Path] = {}
+        sources: dict[str, Path | PeerStream] = {}
         fetched: frozenset[str] = frozenset()
         try:
             manifest = fmt.read_manifest(entry.path)
@@ -74,11 +76,14 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
         except CheckpointCorrupt as e:
             if session is not None:
                 session.close()
+            close_streams(sources)
             if sources and memory is not None:
                 # the copy in memory, not the checkpoint, may be what is bad: drop it, read the files
-                memory.drop(sources)
-                log.warning("%s (read from %s); dropped the copy and reading step-%d from the file system", e,
-                            "a peer's memory" if fetched else "this node's memory", entry.step)
+                copies = {k: v for k, v in sources.items() if isinstance(v, Path)}
+                memory.drop(copies)
+                log.warning("%s (read from %s); %sreading step-%d from the file system", e,
+                            "a peer's memory" if fetched else "this node's memory",
+                            "dropped the copy and " if copies else "", entry.step)
                 try:
                     session = _open(entry.path, manifest, layout, units, wanted, {}, into=into,
                                     device=device, threads=threads, direct_io=direct_io)
@@ -93,6 +98,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
         except BaseException:
             if session is not None:
                 session.close()
+            close_streams(sources)
             raise
         session.fallbacks = tuple(reasons)
         if apply_rng:
@@ -106,7 +112,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
 
 
 def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[fmt.Unit], wanted: list[str],
-          sources: dict[str, Path], *, into: Mapping[str, Mapping[str, Any]] | None, device: torch.device | str,
+          sources: dict[str, Path | PeerStream], *, into: Mapping[str, Mapping[str, Any]] | None, device: torch.device | str,
           threads: int, direct_io: bool, fetched: frozenset[str] = frozenset()) -> Restore:
     """A session whose critical units are in memory (all units when some come from the memory tier:
     reading them is fast, and a bad copy must be found before training starts on it)."""
@@ -129,25 +135,27 @@ def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[f
 
 
 def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: list[fmt.Unit],
-                    peers: Replicas | None = None) -> tuple[dict[str, Path], frozenset[str]]:
-    """The shards this rank reads that its node's memory holds a copy of (fetched from their peers
-    first where it lacks one), and which of them came from a peer."""
+                    peers: Replicas | None = None) -> tuple[dict[str, Path | PeerStream], frozenset[str]]:
+    """The shards this rank reads that its node's memory holds a copy of (else a peer's: a stream from
+    its keeper), and which of them come from a peer."""
     if memory is None:
         return {}, frozenset()
     needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces}
-    found = {shard: path for shard, path in memory.sources(manifest).items() if shard in needed}
-    fetched: dict[str, Path] = {}
+    found: dict[str, Path | PeerStream] = {shard: path for shard, path in memory.sources(manifest).items()
+                                           if shard in needed}
+    fetched: dict[str, Path | PeerStream] = {}
     if peers is not None and needed - set(found):
         fetched = peers.fetch(manifest, needed - set(found))
     return {**found, **fetched}, frozenset(fetched)
 
 
-def _check_files(path: Path, manifest: fmt.Manifest, sources: Mapping[str, Path] | None = None) -> None:
+def _check_files(path: Path, manifest: fmt.Manifest, sources: Mapping[str, Path | PeerStream] | None = None) -> None:
     for name, shard in manifest.shards.items():
-        if shard.file is None:
-            continue
+        source = (sources or {}).get(name)
+        if shard.file is None or isinstance(source, PeerStream):
+            continue   # a stream's size is the keeper's, checked against the manifest before it was opened
         try:
-            st = os.lstat((sources or {}).get(name) or path / shard.file)
+            st = os.lstat(source or path / shard.file)
         except FileNotFoundError as e:
             raise CheckpointCorrupt(f"checkpoint: {path.name}: {shard.file} is missing") from e
         if not stat.S_ISREG(st.st_mode):
