@@ -17,7 +17,7 @@ from slurm_omni.checkpoint import ShardState, fileio
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
 
-STEP = fileio._STEP
+STEP = fileio._MEM_STEP   # the step of a copy in memory and of a stream
 BIG = 5 * STEP // 4 + 1000   # float32 elements: about 5 steps, the last one short
 
 
