@@ -25,10 +25,12 @@ Defaults live in the dataclasses below (each field says where its number comes f
      "critical_bytes": 268435456,        # optional: bytes of the critical modules
      "memory_bytes": 1073807360,         # optional: bytes of the memory tier's copies restored ...
      "memory_restore_s": 0.35,           # ... restore() from the node's own memory tier, every unit
+     "peer_bytes": 536936448,            # optional: bytes of a shard restored from a peer's memory ...
+     "peer_restore_s": 0.31,             # ... restore() on a replacement node, the shard sent by its peer
      "source": "bench/ckpt_bench.py ..."}
 
 ``python bench/ckpt_bench.py --goodput-json OUT`` writes one (its medians; ``--memory``: the memory
-tier's snapshot and restore only).
+tier's snapshot, its restore from the node's own memory and from a peer's; ``--only peer``: the peer's).
 
 ``--scale-json FILE`` (written by ``bench/scale_bench.py``: per size, path and fault, the recovery's
 phases): detection (fault -> confirmed, per fault kind) and the job start (srun to every task
@@ -130,6 +132,11 @@ class StorageConfig:
     relaunch reads the shared file system). With it, an in-allocation relaunch's survivors read their
     state from memory and only the replacement node reads the file system (alone: its own client's
     rate, not a share of the aggregate)."""
+    peer_read_bw: float | None = None
+    """Restore rate of a replacement node from its peer's memory (issue 22: the shard sent by the keeper
+    that holds its replica, received straight into the tensors): the checkpoint benchmark's peer_bytes /
+    peer_restore_s. With the memory tier, the replacement node then reads its state from its peer at this
+    rate instead of the file system. None: not measured (the replacement reads the file system)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -319,7 +326,7 @@ def _seconds(data: dict[str, Any], key: str, path: Path) -> float | None:
 DRILL_KEYS = {"detection_s", "detection_by_kind", "resubmit_s", "start_s", "restore_s", "recovery_s",
               "nodes", "gpus", "source", "runs"}
 CKPT_KEYS = {"bytes", "blocking_s", "persist_s", "restore_full_s", "restore_critical_s", "critical_bytes",
-             "memory_bytes", "memory_restore_s", "source"}
+             "memory_bytes", "memory_restore_s", "peer_bytes", "peer_restore_s", "source"}
 
 
 def apply_drill(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]:
@@ -497,5 +504,12 @@ def apply_ckpt(cfg: SimConfig, path: Path) -> tuple[SimConfig, list[Provenance]]
                           f"(expected > 0)")
     if memory:
         bws["memory_read_bw"] = memory_bytes / memory
+    peer = _seconds(data, "peer_restore_s", path)
+    peer_bytes = data.get("peer_bytes", size)
+    if isinstance(peer_bytes, bool) or not isinstance(peer_bytes, (int, float)) or peer_bytes <= 0:
+        raise ConfigError(f"goodput: couldn't use checkpoint file {path}: peer_bytes = {peer_bytes!r} "
+                          f"(expected > 0)")
+    if peer:
+        bws["peer_read_bw"] = peer_bytes / peer
     prov = [Provenance(f"storage.{k}", v, source) for k, v in bws.items()]
     return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, **bws)), prov

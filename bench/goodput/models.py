@@ -216,14 +216,15 @@ def successor_lead(cfg: SimConfig) -> float:
 
 def memory_relaunch_restore(cfg: SimConfig) -> float:
     """An in-allocation relaunch's restore with the memory tier: the survivors read their critical
-    modules from their own node's memory, the replacement node from the shared file system, alone (its
-    client's full rate: no other node reads); training starts when the slower has, plus the small run's
-    fixed restore overhead."""
+    modules from their own node's memory, the replacement node from its peer's memory where that rate
+    was measured (``peer_read_bw``), else from the shared file system, alone (its client's full rate: no
+    other node reads); training starts when the slower has, plus the small run's fixed restore overhead."""
     run, st = cfg.run, cfg.storage
     weights_per_node = run.gpus_per_node * run.params * run.weight_bytes_per_param / (
         run.tensor_parallel * run.pipeline_parallel)
     memory_bw = st.memory_read_bw or st.node_read_bw
-    replacement = weights_per_node / min(st.critical_read_bw or st.node_read_bw, st.aggregate_read_bw)
+    replacement_bw = st.peer_read_bw or min(st.critical_read_bw or st.node_read_bw, st.aggregate_read_bw)
+    replacement = weights_per_node / replacement_bw
     return cfg.omni.restore_small_s + max(weights_per_node / memory_bw, replacement)
 
 

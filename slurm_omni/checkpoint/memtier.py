@@ -21,8 +21,8 @@ file system. ``free_job`` removes the job's folder: the standby server calls it 
 at the job's end (``cli/standby.py``).
 
 The second source, a peer's memory, is ``peer.py``: a keeper per node keeps its ring predecessor's
-copies in ``<job>/peer/`` (freed with the job's folder), and a rank whose node lacks a shard fetches
-it into this folder under the same name, read and checked as above.
+copies in ``<job>/peer/`` (freed with the job's folder), and a rank whose node lacks a shard receives
+it from that keeper straight into its tensors, checked by the same xxh3 as it lands.
 """
 
 from __future__ import annotations
@@ -163,10 +163,6 @@ class MemoryTier:
             return None
         os.replace(partial, final)
         return final
-
-    def fits(self, step: int, size: int) -> bool:
-        """Room for one more ``size``-byte copy of ``step`` (a peer's copy fetched for a restore too)."""
-        return self._fits(step, size)
 
     def _fits(self, step: int, size: int) -> bool:
         if self.cap_bytes is not None:
