@@ -59,25 +59,26 @@ Figures on the 2-core shared machine (1 GiB, 400 tensors, ``--repeat 5``, median
         before), the raw reads' 0.64-1.09 (buffered) and 0.69-1.12 (O_DIRECT): the disk and the load
         move the raw reads more than anything the restore does.
 
-Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, the machine shared by 8 sessions,
-load 13-40: wall times of one round vary 5-10 x, so the CPU seconds are the figure to trust):
-  /dev/shm (4 KiB pages), preadv per I/O thread: memcpy CPU / restore CPU 0.40 (0.26 CPU s for the
-        restore, 0.11 for the memcpy), wall 0.34: MISS. Before, the same run (one MAP_POPULATE mapping
-        set up by one thread): CPU 0.30 (0.41 CPU s), wall 0.32 (0.47 at load 8-20 in the first slice).
-  tmpfs mounted huge=within_size (``--memory-dir``): CPU 0.79 and 0.78, wall 0.66 and 1.00 in two runs.
-  What limits it (docs/checkpoint.md): the kernel's read of a 4 KiB-page tmpfs alone costs 1.4 x a
-  memcpy, a mapping's page tables as much as the copy; the xxh3 the memcpy does not do is a quarter of
-  it. The bar needs huge pages: a site's tmpfs mounted with huge=within_size ([checkpoint] memory_dir).
+Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, the machine shared by
+5 sessions: wall times of one round vary 3-10 x, the CPU seconds far less):
+  /dev/shm (4 KiB pages), load 10-17: restore / memcpy 0.26 wall, 0.47 CPU: MISS, and the machine's
+        limit: the raw read of the same copies (preadv, no checksum, the same 4 threads) is 0.42 x the
+        memcpy in wall time and 0.49 in CPU: the restore is at 95 % of what the kernel's copy from 4 KiB
+        tmpfs pages allows. (Before: 0.40 CPU at load 13-40, 0.53 at load 3-5.)
+  tmpfs mounted huge=within_size (``--memory-dir``), load 8-12: 1.21 wall (per round 0.44-1.46, median
+        0.72: the memcpy's median moved with the load), 0.73 CPU: MISS in CPU; the raw read reaches 0.93
+        CPU there, so the restore's own cost (xxh3 0.02 CPU s/GiB, the 512 KiB step loop, about 0.012 s
+        of manifest and scheduling per restore) is what is left. preadv instead of the mapping's
+        GIL-held copy: 0.42 -> 0.62 wall and 0.72 -> 0.83 CPU in a paired run at load 5-6.
+  The bar needs huge pages on the tier's tmpfs ([checkpoint] memory_dir) and then a restore that costs at
+  most 1.1 x a memcpy's CPU where the raw read costs 0.93-1.07 x: not reached here.
 
-Peer tier (issue 22; ``--only peer --gib 0.5 --repeat 7``, 2026-12-02, the machine shared by 7 sessions):
-  load 7-13: raw TCP 0.18-2.08 s (median 0.52), peer fetch 0.28-4.04 (0.84), peer restore 0.49-5.46
-  (1.05): restore / raw 0.49, fetch / raw 0.62: MISS (load 15-35: 0.35 and 0.52). The restore is two
-  passes, the fetch into this node's tmpfs (the copy a later restore finds locally) and then the local
-  memory restore with the checksums (the 0.9 x memcpy row above); the fetch itself splices the socket
-  into the file (a micro-run at load 8-30: splice 0.34-0.38 s against a raw recv's 0.19-0.37 s for
-  0.5 GiB, a mapping of the file 0.6-1.06 s).
-  Closing the gap: overlap the two passes (the reader starting on the units whose bytes have arrived)
-  or read the units from the socket into the tensors; not done. Figures at this load move 3x run to run.
+Peer tier (issue 22; 2026-12-02): the restore receives the keeper's stream straight into the tensors,
+checking each 512 KiB step as it lands (one pass). ``--only peer --gib 0.5 --repeat 7`` at load 6-7:
+raw TCP 0.84 s median (0.26-1.30), peer restore 0.86 (0.26-1.44): 0.98, PASS (per round 0.65-1.52,
+median 0.87); the receiver's CPU, raw / restore, 0.73. In the ``--memory`` run above (1 GiB, load 10-14):
+0.84, PASS. Before (fetch into this node's tmpfs, then read it back with the checksums: two passes):
+0.49 at load 7-13, 0.35 at load 15-35.
 """
 
 from __future__ import annotations
@@ -767,7 +768,7 @@ def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"{'peer connect (handshake, HMAC) / raw TCP copy':<46}{med['peer_connect_s'] / med['raw_tcp_s']:>8.3f}   "
           f"(no bar: part of the restore)")
     print("both receive on one thread: the raw copy in recv_into calls of 8 MiB into one buffer, the restore "
-          "its one stream in 256 KiB steps straight into the tensors, each step's xxh3 taken as it lands; "
+          "its one stream in 512 KiB steps straight into the tensors, each step's xxh3 taken as it lands; "
           "the same keeper process sends both with the same sendfile loop")
     print(f"restores read from {', '.join(sorted(sources))}; load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
