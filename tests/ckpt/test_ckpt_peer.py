@@ -157,6 +157,27 @@ def test_a_bad_replica_is_dropped_and_the_same_step_read_from_the_file_system(
     assert sorted(e.step for e in fmt.complete(tmp_path)) == [100]   # not marked: the checkpoint is sound
 
 
+def test_a_stream_broken_midway_falls_back_to_the_file_system_with_one_line(
+        tmp_path: Path, shm: Path, keeper_b: peer.Keeper, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with on_node(tmp_path, shm, "A") as eng:
+        eng.save(100, shard_state(100), sync=True)
+    real = peer._send_file
+
+    def half(sock: socket.socket, fd: int, size: int) -> None:   # the holder dies halfway through
+        real(sock, fd, size // 2)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    monkeypatch.setattr(peer, "_send_file", half)
+    with on_node(tmp_path, shm, "C") as eng, eng.restore() as r:
+        assert r.step == 100 and r.source == "file system"
+        assert_same(r.module("text_decoder"), modules(100)["text_decoder"])
+        assert_same(r.optimizer("text_decoder"), optimizer_state(100))
+    (line,) = warnings(caplog)
+    assert "from B's memory: it ended at" in line and "a peer's memory" in line and "file system" in line, line
+    assert sorted(e.step for e in fmt.complete(tmp_path)) == [100]   # not marked: the checkpoint is sound
+
+
 def test_a_keeper_answers_only_requests_signed_with_the_jobs_secret(
         tmp_path: Path, shm: Path, keeper_b: peer.Keeper) -> None:
     shard = tmp_path / "x.h5"
