@@ -7,7 +7,10 @@ the newest step and heartbeat time go to the job's progress row), fed to the job
 ``Confirmer``, and every change of verdict is journaled as a decision. What a recovery does next is
 one state machine's (``policy/recovery.py``): the loop turns what it saw into the machine's
 observations (a CONFIRMED verdict, Slurm's requeue or end of the life, the next life running, its
-first step, a tick) and ``recovery.feed`` carries out the effects it returns.
+first step, a tick) and ``recovery.feed`` carries out the effects it returns. What the watched
+job's life is (queued, running, requeued and settling, ended; its restart counts, nodes, verdict)
+is another table's (``policy/watch_lifecycle.py``): the poll feeds it through ``_carry_out_life``,
+and nothing else here changes it.
 
 The runtime's exit codes are not failures: a rank whose last heartbeat says ``done`` (exit 0) or
 ``stopping`` (exit 75, checkpointed for requeue) never goes stale, a fault record with exit 0 or 75
@@ -44,7 +47,7 @@ from slurm_omni.manager.start_failures import StartFailures
 from slurm_omni.manager.status import START_FAILURE_VERDICT as START_FAILURE
 from slurm_omni.manager.status import write_timeline
 from slurm_omni.manager.supervisor_reports import read_reports, read_status, supervised
-from slurm_omni.manager.watch import Watch, new_watch, restore_watch
+from slurm_omni.manager.watch import Watch, live, new_watch, restore_watch
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir, user_folder
 from slurm_omni.policy.bad_input import (
     BadInput,
@@ -70,6 +73,23 @@ from slurm_omni.policy.recovery_events import (
     first_step_seen,
 )
 from slurm_omni.policy.supervision import supervisor_gone
+from slurm_omni.policy.watch_lifecycle import (
+    Ended,
+    Gone,
+    JobStateSet,
+    Judged,
+    NodesLost,
+    NumberLife,
+    Polled,
+    Restarted,
+    RestartSeen,
+    Shown,
+    StaleRecord,
+    Started,
+    StateChanged,
+    TaskRecord,
+)
+from slurm_omni.policy.watch_lifecycle import Event as LifeEvent
 from slurm_omni.slurm.backend import ClusterSnapshot, SlurmBackend
 from slurm_omni.slurm.types import Job, JobState, Node
 from slurm_omni.supervisor.outside import process_alive, read_process
@@ -85,8 +105,6 @@ SUPERVISOR_STALE_S = 30.0
 """Allocation mode: a supervisor on another host is taken as gone when its status file (rewritten
 every node poll, 3 s) is this old."""
 UNMATCHED_TTL_S = 120.0
-SLURM_SPECIAL_STEPS = 0xFFFFFFF0
-"""Step ids from here up are Slurm's own (batch, extern, interactive): not launches of the job's step."""
 """A spool event that concerns none of the watched jobs stays this long before it is journaled
 (under no job) and removed."""
 
@@ -279,13 +297,12 @@ class Manager:
         elif isinstance(event, FaultRecord):
             if event.signal is None and event.exit_code in (EXIT_DONE, EXIT_CHECKPOINTED):
                 return   # the runtime's own "done" / "checkpointed for requeue": not a fault
-            if event.step_id < SLURM_SPECIAL_STEPS:
-                if event.step_id <= w.stale_step_max:
+            for effect in live(w, TaskRecord(step_id=event.step_id), self.clock()):
+                if isinstance(effect, StaleRecord):
                     log.info("manager: %s: a task of step %d.%d (an earlier launch) exited on %s after the "
                              "relaunch: not counted against launch %s", w.key, event.job_id, event.step_id,
-                             event.node, w.relaunched_incarnation)
+                             event.node, effect.launch)
                     return
-                w.step_id_max = max(w.step_id_max, event.step_id)
             w.confirmer.observe(TaskExit(event.time, event.node, event.het_offset if w.array_task is None else 0,
                                          event.task_id, event.exit_code, event.signal))
 
@@ -341,10 +358,10 @@ class Manager:
     def _first_heartbeat_due(self, w: Watch, now: float) -> None:
         """A running life without a heartbeat: past ``detection.first_heartbeat_s``, and no life of
         the job ever beat, its command never calls elastic.init: cancel it, do not restart it."""
-        if not w.running or w.running_since is None or w.slurm_ended or w.slurm_id is None or not w.recovery.judging:
+        if not w.running or w.life.running_since is None or w.life.ended or w.slurm_id is None or not w.recovery.judging:
             return
         limit = self.config.site.detection.first_heartbeat_s
-        running_for = now - w.running_since
+        running_for = now - w.life.running_since
         if running_for < limit:
             return
         bad = never_beat(label=self._label(w), running_for_s=running_for, limit_s=limit, beats=0,
@@ -393,9 +410,8 @@ class Manager:
         if not present:
             return
         for report in read_reports(w.reg.ckpt_dir, w.slurm_id):
-            lost = [n for n in report.failed_nodes if n not in w.quarantine.active(now)]
-            if lost:   # a node the job lost is never used again by it
-                w.quarantine = w.quarantine.add(lost, now, w.placement.quarantine_s)
+            # a node the job lost is never used again by it
+            live(w, NodesLost(nodes=tuple(report.failed_nodes), seconds=w.placement.quarantine_s), now)
             recovery.feed(self, w, report.observation, now)
 
     def _keep_supervisor(self, w: Watch, now: float) -> None:
@@ -408,7 +424,7 @@ class Manager:
         if record is None or now - self._supervisor_started.get(w.key, 0.0) < SUPERVISOR_RESTART_S:
             return
         status = read_status(w.reg.ckpt_dir, w.slurm_id)
-        if not supervisor_gone(phase=status.phase if status else "launching", job_state=w.slurm_state,
+        if not supervisor_gone(phase=status.phase if status else "launching", job_state=w.life.slurm_state,
                                alive=process_alive(record),
                                status_age_s=now - status.updated_at if status else None,
                                stale_after_s=SUPERVISOR_STALE_S):
@@ -426,6 +442,9 @@ class Manager:
                     "(pid %d)", w.key, w.slurm_id, record.pid, record.host, pid)
 
     def _observe_poll(self, w: Watch, snap: ClusterSnapshot, nodes: dict[str, Node], now: float) -> None:
+        """What the poll shows of the job, fed to its life's table in order: its first sight, its
+        nodes' states (the confirmer's), its restart count (a requeue is the recovery's to judge),
+        then its state; the daemon carries out what the table returns."""
         if w.slurm_id is None:
             return
         self._bury(w, snap)
@@ -433,9 +452,7 @@ class Manager:
         if job is None:
             if w.slurm_id in snap.unreadable_jobs:
                 return   # Slurm listed it but its record could not be read this poll: no news, not gone
-            if w.seen_in_slurm:
-                w.slurm_ended = True
-                self._ended(w, None, snap.taken_at)
+            self._carry_out_life(w, Gone(at=snap.taken_at), job, now)
             return
         if job.user != self.user:
             if w.key not in self._refused:
@@ -444,15 +461,11 @@ class Manager:
                                              {"slurm_user": job.user, "manager_user": self.user})
                 log.error("manager: couldn't act on %s: Slurm job %s belongs to %s, not %s", w.key,
                           w.slurm_id, job.user, self.user)
-            w.state = "failed"
+            live(w, JobStateSet(state="failed"), now)
             return
-        if not w.seen_in_slurm:   # a restarted manager learns the restart count from Slurm
-            w.seen_in_slurm = True
-            if not w.expect_restart:
-                w.restart_count = w.slurm_restart_count = job.restart_count
-                if w.array_task is not None and not w.recovery.open:
-                    w.incarnation = job.restart_count
-                    recovery.feed(self, w, LifeNumbered(incarnation=w.incarnation), now)
+        self._carry_out_life(w, Shown(at=snap.taken_at, restart_count=job.restart_count,
+                                      expect_restart=w.expect_restart,
+                                      numbered_by_restart=w.array_task is not None and not w.recovery.open), job, now)
         for name in w.node_set:
             node = nodes.get(name)
             if node is None or w.node_states.get(name) == node.state:
@@ -461,41 +474,43 @@ class Manager:
             obs = NodeObservation(snap.taken_at, name, node.state, node.reason)
             self.journal.record_observation(w.key, w.incarnation, "node_state", snap.taken_at, obs)
             w.confirmer.observe(obs)
-        if job.restart_count != w.slurm_restart_count:
-            w.slurm_restart_count = job.restart_count
-            self._restarted(w, job, snap.taken_at)
-            if not w.recovery.judging or w.slurm_id != job.job_id:
-                return   # a recovery started (and may have switched to the next incarnation)
-        if job.slurm_state != w.slurm_state:
-            w.slurm_state = job.slurm_state
-            self.journal.record_observation(w.key, w.incarnation, "job_state", snap.taken_at,
-                                            {"slurm_job_id": w.slurm_id, "state": job.slurm_state,
-                                             "reason": job.reason, "restart_count": job.restart_count})
-        if w.requeue_settling:
-            if job.state.finished:
-                # Slurm 22.05 shows a requeued job with its new restart count but the old life's
-                # FAILED (or CANCELLED) until it is PENDING again: not the end of the incarnation.
-                return
-            w.requeue_settling = False
-        w.slurm_ended = job.state.finished
-        if job.state is JobState.RUNNING:
-            w.running_restart_count = max(w.running_restart_count, job.restart_count)
-        if job.state is JobState.RUNNING and not w.running:
-            w.started(job, snap.taken_at)
-            self.journal.add_incarnation(w.key, w.incarnation, {
-                "units": w.units, "data_parallel_size": w.shape.data_parallel_size_for(w.units),
-                "nodes": {str(k): list(v) for k, v in w.nodes.items()}, "restore_step": w.restore_step})
-            self.journal.set_incarnation(w.key, w.incarnation, slurm_job_id=str(w.slurm_id), started_at=snap.taken_at)
-            if w.awaiting is not None:
-                recovery.feed(self, w, LifeRunning(at=snap.taken_at), now)
-        if job.state.finished:
-            self._ended(w, job, snap.taken_at)
+        requeued = self._carry_out_life(w, RestartSeen(at=snap.taken_at, restart_count=job.restart_count), job, now)
+        if requeued and (not w.recovery.judging or w.slurm_id != job.job_id):
+            return   # a recovery started (and may have switched to the next incarnation)
+        self._carry_out_life(w, Polled(
+            at=snap.taken_at, slurm_state=job.slurm_state, running=job.state is JobState.RUNNING,
+            finished=job.state.finished, restart_count=job.restart_count, batch_host=job.batch_host,
+            nodes={c.het_offset: c.nodes for c in job.components} if w.array_task is None else {0: job.nodes}),
+            job, now)
+
+    def _carry_out_life(self, w: Watch, event: LifeEvent, job: Job | None, now: float) -> bool:
+        """Step ``w``'s life with what the poll showed and carry out the effects; whether there were any."""
+        effects = live(w, event, now)
+        for e in effects:
+            if isinstance(e, NumberLife):
+                recovery.feed(self, w, LifeNumbered(incarnation=e.incarnation), now)
+            elif isinstance(e, Restarted) and job is not None:
+                self._restarted(w, job, e.at)
+            elif isinstance(e, StateChanged) and job is not None:
+                self.journal.record_observation(w.key, w.incarnation, "job_state", e.at,
+                                                {"slurm_job_id": w.slurm_id, "state": e.slurm_state,
+                                                 "reason": job.reason, "restart_count": job.restart_count})
+            elif isinstance(e, Started):
+                self.journal.add_incarnation(w.key, w.incarnation, {
+                    "units": w.units, "data_parallel_size": w.shape.data_parallel_size_for(w.units),
+                    "nodes": {str(k): list(v) for k, v in w.nodes.items()}, "restore_step": w.restore_step})
+                self.journal.set_incarnation(w.key, w.incarnation, slurm_job_id=str(w.slurm_id), started_at=e.at)
+                if w.awaiting is not None:
+                    recovery.feed(self, w, LifeRunning(at=e.at), now)
+            elif isinstance(e, Ended):
+                self._ended(w, job, e.at)
+        return bool(effects)
 
     def _bury(self, w: Watch, snap: ClusterSnapshot) -> None:
         """An ended incarnation that came back (its batch script requeues itself when scancel's
         SIGTERM makes the ranks checkpoint and exit 75) would train beside its successor into the
         same checkpoints: cancel it again."""
-        for old_id in w.ended_ids:
+        for old_id in w.life.ended_ids:
             job = snap.job(old_id)
             if job is None or job.state not in _ALIVE or job.user != self.user:
                 continue
@@ -549,7 +564,7 @@ class Manager:
             at=at, slurm_state=job.slurm_state if job is not None else "",
             completed=(job is not None and job.state is JobState.COMPLETED) or phases == {"done"},
             cancelled=job is not None and job.state is JobState.CANCELLED, quiet=w.quiet, trained=bool(phases),
-            restart_count=w.restart_count, lost=w.lost_kinds()), self.clock())
+            restart_count=w.life.restart_count, lost=w.lost_kinds()), self.clock())
 
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, w: Watch, now: float, snap: ClusterSnapshot | None) -> None:
@@ -559,8 +574,7 @@ class Manager:
         if not w.recovery.judging or w.state in ENDED_STATES:
             return
         decision = w.confirmer.evaluate(now)
-        if decision.verdict is not w.verdict:
-            w.verdict = decision.verdict
+        if live(w, Judged(verdict=decision.verdict), now):   # a new verdict (RecordVerdict)
             self.journal.record_decision(w.key, w.incarnation, now, decision.verdict.value, decision.cause, decision)
         if decision.verdict is Verdict.CONFIRMED:
             recovery.feed(self, w, FailureConfirmed(decision=decision, lost=self._lost_now(w)), now)
@@ -583,8 +597,8 @@ class Manager:
             if s.since is not None and snap.taken_at >= s.since:
                 stopped = job is None or not any(st in _BUSY for st in (job.state, *(c.state for c in job.components)))
         lost = w.lost_kinds()
-        return Tick(quiet=w.quiet, running=w.running and not w.slurm_ended, ended=w.slurm_ended, stopped=stopped,
-                    state=state, lost=lost, batch_host_lost=w.batch_host if w.batch_host in lost else "")
+        return Tick(quiet=w.quiet, running=w.running and not w.life.ended, ended=w.life.ended, stopped=stopped,
+                    state=state, lost=lost, batch_host_lost=w.life.batch_host if w.life.batch_host in lost else "")
 
     def _lost_now(self, w: Watch) -> dict[str, str]:
         """Nodes of the life that a poll taken now shows failed, with their kind: tasks that died on

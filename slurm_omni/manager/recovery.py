@@ -2,7 +2,9 @@
 
 ``feed`` hands one observation to the watch's state machine and does what it returns, in order;
 the effects that ask something (``RequestPlan``, ``Launch``) are answered with the next observation.
-Nothing here decides: which step comes next is the state machine's.
+Nothing here decides: which step comes next is the state machine's. What the effects change of
+the watch's life (``NewLife``, ``WatchNext``, the job state) goes through the watch's own table
+(``policy/watch_lifecycle.py``, via ``manager/watch.live``).
 
 Every step is keyed in the journal so that a manager killed anywhere and restarted carries the
 recovery on and does each step at most once: the timeline row per failed incarnation
@@ -26,9 +28,9 @@ from slurm_omni.manager.actions import ResubmitRefused
 from slurm_omni.manager.context import ManagerContext
 from slurm_omni.manager.journal import action_key, incarnation_tag, perform_once
 from slurm_omni.manager.sources import read_job_heartbeats
-from slurm_omni.manager.watch import Watch
+from slurm_omni.manager.watch import Watch, live
 from slurm_omni.policy.cluster_index import ClusterIndex
-from slurm_omni.policy.confirm import Decision, Verdict
+from slurm_omni.policy.confirm import Decision, TaskExit, Verdict
 from slurm_omni.policy.placement import Action, Plan, nodes_to_replace, plan_recovery
 from slurm_omni.policy.recovery import step
 from slurm_omni.policy.recovery_events import (
@@ -53,6 +55,14 @@ from slurm_omni.policy.recovery_events import (
     SetJobState,
     SignalCheckpoint,
     WatchNext,
+)
+from slurm_omni.policy.watch_lifecycle import (
+    JobStateSet,
+    PlanPolled,
+    Relaunched,
+    Requeued,
+    Switched,
+    TaskRequeued,
 )
 from slurm_omni.slurm.backend import ClusterSnapshot
 
@@ -100,7 +110,7 @@ def _carry_out(m: ManagerContext, w: Watch, e: Effect, now: float) -> Observatio
     elif isinstance(e, SetJobState):
         if e.state == "waiting" and w.state != "waiting":
             log.warning("manager: %s waits for nodes", w.key)
-        w.state = e.state
+        live(w, JobStateSet(state=e.state), now)
         m.journal.set_job_state(w.key, e.state)
     elif isinstance(e, RequestPlan):
         plan = _plan(m, w, fresh=e.fresh, now=now)
@@ -117,19 +127,38 @@ def _carry_out(m: ManagerContext, w: Watch, e: Effect, now: float) -> Observatio
     elif isinstance(e, Launch):
         return _launch(m, w, e)
     elif isinstance(e, WatchNext):
-        _watch_next(m, w, e)
-    elif isinstance(e, NewLife):
-        w.restart_count = e.restart_count
-        if e.incarnation is not None:
-            w.incarnation = e.incarnation
-        w.requeued()
+        _watch_next(m, w, e, now)
+    elif isinstance(e, NewLife):   # Slurm's requeue: the same job, the judged life moves on
+        live(w, Requeued(restart_count=e.restart_count, incarnation=e.incarnation), now)
     elif isinstance(e, FailAll):
-        w.fail_all(e.at, e.why)
+        _fail_all(w, e)
     elif isinstance(e, Close):
-        w.close(m.journal, e.state, e.at, e.reason)
+        _close(m, w, e, now)
     elif isinstance(e, HandOver):   # a supervisor's effect; the manager never runs in that role
         log.error("manager: %s: unexpected hand-over (%s)", w.key, e.reason)
     return None
+
+
+def _fail_all(w: Watch, e: FailAll) -> None:
+    """Slurm says the incarnation ended badly: a level-1 signal on every node of the job (it agrees
+    with whichever rank goes stale)."""
+    log.info("manager: %s incarnation %d: %s", w.key, w.incarnation, e.why)
+    for offset, nodes in w.nodes.items():
+        for node in nodes:
+            w.confirmer.observe(TaskExit(e.at, node, offset, -1, 1, None))
+
+
+def _close(m: ManagerContext, w: Watch, e: Close, now: float) -> None:
+    """The job's last incarnation ended for good (``e.state``: done, cancelled or failed)."""
+    live(w, JobStateSet(state=e.state), now)
+    m.journal.set_incarnation(w.key, w.incarnation, ended_at=e.at, end_reason=e.reason)
+    m.journal.set_job_state(w.key, e.state)
+    if e.state == "done":
+        log.info("manager: %s finished training", w.key)
+    elif e.state == "cancelled":
+        log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
+    else:
+        log.error("manager: %s: %s; not resubmitting", w.key, e.reason)
 
 
 def _once(m: ManagerContext, w: Watch, kind: str, suffix: str, incarnation: int, slurm_job_id: int | None,
@@ -146,12 +175,12 @@ def _plan(m: ManagerContext, w: Watch, *, fresh: bool, now: float) -> Plan | Non
     if fresh:
         snap = m.poller.poll(force=True) or m.poller.last
     else:
-        if w.last_plan_poll == m.poller.polls:
+        if not w.life.plan_due(m.poller.polls):
             return None
         snap = m.poller.last
     if snap is None:
         return None
-    w.last_plan_poll = m.poller.polls
+    live(w, PlanPolled(poll=m.poller.polls), now)
     return _make_plan(m, w, snap, now)
 
 
@@ -198,9 +227,9 @@ def next_incarnation(m: ManagerContext, w: Watch) -> int:
         return int(recorded[0])
     lives = [w.judged_incarnation, w.incarnation]
     if w.recovery_config.supervised:   # a requeue adds REQUEUE_INCARNATION_STRIDE, a relaunch one
-        lives.append(w.allocation_incarnation(w.running_restart_count))
+        lives.append(w.allocation_incarnation(w.life.running_restart_count))
     else:   # a requeue adds one
-        lives.append(w.incarnation + w.running_restart_count)
+        lives.append(w.incarnation + w.life.running_restart_count)
     if w.slurm_id is not None:
         lives += [hb.incarnation for hb in read_job_heartbeats(w.heartbeat_dir, w.slurm_id)]
     try:   # a life that restored (it raised the checkpoint fence) but never beat
@@ -249,12 +278,11 @@ def _requeue_task(m: ManagerContext, w: Watch, incarnation: int) -> Launched:
 
 
 # -- WatchNext --------------------------------------------------------------------------------------
-def _watch_next(m: ManagerContext, w: Watch, e: WatchNext) -> None:
+def _watch_next(m: ManagerContext, w: Watch, e: WatchNext, now: float) -> None:
     if e.path is RecoveryPath.REQUEUED:
         # The failed life is over: its verdict must not confirm again, and its last heartbeats (read
         # until Slurm shows the restart) are no sign of the next life training.
-        w.restore_step = e.restore_step
-        w.requeued()
+        live(w, TaskRequeued(restore_step=e.restore_step), now)
     elif e.path is RecoveryPath.IN_ALLOCATION:
         # the same Slurm job trains the next life: journaled as an incarnation of its own
         m.journal.add_incarnation(w.key, e.incarnation, {
@@ -262,7 +290,7 @@ def _watch_next(m: ManagerContext, w: Watch, e: WatchNext) -> None:
             "nodes": {str(k): list(v) for k, v in w.nodes.items()}, "restore_step": latest_step(w.reg.ckpt_dir),
             "in_allocation": True})
         m.journal.set_incarnation(w.key, e.incarnation, slurm_job_id=str(e.slurm_job_id), started_at=m.clock())
-        w.relaunched(e.incarnation)
+        live(w, Relaunched(incarnation=e.incarnation), now)
     else:
-        w.switch_to(e.incarnation, e.slurm_job_id, e.units or w.units, restore_step=e.restore_step,
-                    quarantine=e.quarantine or w.quarantine)
+        live(w, Switched(incarnation=e.incarnation, slurm_id=e.slurm_job_id, units=e.units or w.units,
+                         restore_step=e.restore_step, quarantine=e.quarantine or w.quarantine), now)

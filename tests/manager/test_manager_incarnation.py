@@ -25,9 +25,11 @@ from slurm_omni.manager.journal import Journal
 from slurm_omni.manager.recovery import next_incarnation
 from slurm_omni.manager.registry import parse_record
 from slurm_omni.manager.shape import Shape
-from slurm_omni.manager.watch import Watch
+from slurm_omni.manager.watch import Watch, live
 from slurm_omni.policy.confirm import ConfirmConfig, Confirmer
 from slurm_omni.policy.placement import Action, Plan
+from slurm_omni.policy.watch_lifecycle import Relaunched, Requeued
+from slurm_omni.policy.watch_lifecycle import initial as initial_life
 from slurm_omni.render import ArrayJobRequest
 
 
@@ -63,11 +65,10 @@ def test_a_resubmitted_script_numbers_its_lives_from_the_managers_incarnation(
 def _watch(incarnation: int, restart_count: int, *, array_task: int | None = None,
            ckpt_dir: Path = Path("/nonexistent")) -> Watch:
     reg: Any = SimpleNamespace(ckpt_dir=ckpt_dir, tasks=())
-    w = Watch(key="inc-7", reg=reg, shape=None, placement=None, confirmer=None,  # type: ignore[arg-type]
-              heartbeat_dir=Path("/nonexistent"), incarnation=incarnation, slurm_id=41, units=1,
-              array_task=array_task)
-    w.restart_count = w.slurm_restart_count = w.running_restart_count = restart_count
-    return w
+    life = replace(initial_life(incarnation, 41, 1), restart_count=restart_count, slurm_restart_count=restart_count,
+                   running_restart_count=restart_count)
+    return Watch(key="inc-7", reg=reg, shape=None, placement=None, confirmer=None,  # type: ignore[arg-type]
+                 heartbeat_dir=Path("/nonexistent"), life=life, array_task=array_task)
 
 
 def test_the_life_judged_and_the_next_incarnation_follow_every_earlier_life(tmp_path: Path) -> None:
@@ -81,9 +82,9 @@ def test_the_life_judged_and_the_next_incarnation_follow_every_earlier_life(tmp_
         # Slurm requeued incarnation 0 for a lost node and the recovery cancelled it while PENDING:
         # that life never ran and takes no number
         requeued = _watch(0, 0)
-        requeued.slurm_restart_count = 1
+        requeued.life = replace(requeued.life, slurm_restart_count=1)
         assert next_incarnation(m, requeued) == 1
-        requeued.running_restart_count = 1   # ...but once Slurm showed it RUNNING, it did
+        requeued.life = replace(requeued.life, running_restart_count=1)   # ...but once Slurm showed it RUNNING, it did
         assert next_incarnation(m, requeued) == 2
         w = _watch(2, 1)
         assert next_incarnation(m, w) == 4
@@ -153,15 +154,14 @@ def test_an_in_allocation_job_numbers_requeued_lives_by_the_stride_and_the_manag
     # the manager, once the job is supervised, judges that life: after a quiet requeue (no report
     # names launch 0 of the requeued allocation) and after the supervisor's relaunch reports
     w = _watch(3, 0)
-    w.allocation_base, w.confirmer = 3, Confirmer(ConfirmConfig(), {})
+    w.confirmer = Confirmer(ConfirmConfig(), {})
     w.recovery_config = replace(w.recovery_config, supervised=True)
     assert w.judged_incarnation == 3
-    w.relaunched(4)                     # relaunched-4.json: launch 1 of the first allocation
+    live(w, Relaunched(incarnation=4), 0.0)     # relaunched-4.json: launch 1 of the first allocation
     assert w.judged_incarnation == 4
-    w.restart_count = int(restart_count or 0)
-    w.requeued()                        # Slurm requeued it after the ranks checkpointed
+    live(w, Requeued(restart_count=int(restart_count or 0)), 0.0)   # Slurm requeued it after the ranks checkpointed
     assert str(w.judged_incarnation) == expected
-    w.relaunched(int(expected) + 1)     # the requeued allocation's supervisor relaunched once
+    live(w, Relaunched(incarnation=int(expected) + 1), 0.0)   # the requeued allocation's supervisor relaunched once
     assert w.judged_incarnation == int(expected) + 1
 
 
@@ -174,15 +174,15 @@ def test_after_a_requeue_a_relaunched_incarnation_is_the_watchs_and_the_next_one
     try:
         m: Any = SimpleNamespace(journal=journal, poller=SimpleNamespace(last=None))
         w = _watch(3, 0)
-        w.allocation_base, w.confirmer = 3, Confirmer(ConfirmConfig(), {})
+        w.confirmer = Confirmer(ConfirmConfig(), {})
         w.recovery_config = replace(w.recovery_config, supervised=True)
         journal.register_job(w.key, 1000, {}, 0.0)
         journal.add_incarnation(w.key, 3, {})
-        w.restart_count = w.slurm_restart_count = w.running_restart_count = 1
-        w.requeued()
+        w.life = replace(w.life, slurm_restart_count=1, running_restart_count=1)
+        live(w, Requeued(restart_count=1), 0.0)
         assert w.judged_incarnation == 103
         journal.add_incarnation(w.key, 104, {"in_allocation": True})
-        w.relaunched(104)
+        live(w, Relaunched(incarnation=104), 0.0)
         assert (w.incarnation, w.judged_incarnation) == (104, 104)
         assert next_incarnation(m, w) == 105
     finally:

@@ -14,7 +14,9 @@ from slurm_omni.config.site import load_site
 from slurm_omni.manager.daemon import Manager, ManagerConfig
 from slurm_omni.manager.events import parse_fault_record
 from slurm_omni.manager.sources import SpoolItem
-from slurm_omni.manager.watch import Watch
+from slurm_omni.manager.watch import Watch, live
+from slurm_omni.policy.watch_lifecycle import Relaunched
+from slurm_omni.policy.watch_lifecycle import initial as initial_life
 from slurm_omni.slurm.cli_backend import CliBackend
 
 
@@ -34,7 +36,7 @@ def test_a_killed_launchs_late_task_exits_do_not_count_against_the_relaunch(tmp_
     seen: list[Any] = []
     reg: Any = SimpleNamespace(ckpt_dir=tmp_path, tasks=())
     w = Watch(key="own-9", reg=reg, shape=None, placement=None, confirmer=SimpleNamespace(observe=seen.append, reset=lambda _: None),  # type: ignore[arg-type]
-              heartbeat_dir=tmp_path, incarnation=0, slurm_id=9, units=1)
+              heartbeat_dir=tmp_path, life=initial_life(0, 9, 1))
 
     def exit_of(step: int, node: str, task: int, at: float) -> SpoolItem:
         record = {"version": 1, "kind": "task_exit", "job_id": 9, "het_job_id": -1, "het_offset": -1, "step_id": step,
@@ -45,7 +47,7 @@ def test_a_killed_launchs_late_task_exits_do_not_count_against_the_relaunch(tmp_
 
     try:
         m._observe_event(w, exit_of(6, "node3", 5, 100.0))      # launch 0 (step 6): the lost node's rank
-        w.relaunched(1)                                           # the supervisor's report: launch 1
+        live(w, Relaunched(incarnation=1), 101.0)                 # the supervisor's report: launch 1
         m._observe_event(w, exit_of(6, "node1", 1, 101.0))      # launch 0's ranks, killed, reaped late
         m._observe_event(w, exit_of(6, "node2", 3, 102.0))
         m._observe_event(w, exit_of(7, "node4", 5, 130.0))      # launch 1 (step 7) failing: counted

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -50,12 +51,12 @@ def test_own_jobs_unreadable_record_is_no_news_not_the_job_gone(manager: Manager
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     manager.tick(force_poll=True)
     (w,) = manager.watches.values()
-    w.seen_in_slurm = True                       # as if an earlier poll had seen it running
+    w.life = replace(w.life, seen=True)          # as if an earlier poll had seen it running
     ended: list[int | None] = []
     monkeypatch.setattr(manager, "_ended", lambda w, job, at: ended.append(w.slurm_id))
     skipped = ClusterSnapshot((), (), Topology(), time.time(), unreadable_jobs=frozenset({JOB_ID}))
     manager._observe_poll(w, skipped, {}, time.time())
-    assert ended == [] and not w.slurm_ended
+    assert ended == [] and not w.life.ended
     gone = ClusterSnapshot((), (), Topology(), time.time())
     manager._observe_poll(w, gone, {}, time.time())
-    assert ended == [JOB_ID] and w.slurm_ended
+    assert ended == [JOB_ID] and w.life.ended
