@@ -17,11 +17,12 @@ observers (confirmer, heartbeat scanner). One life, in one direction::
     SETTLING --Polled(not finished)--> QUEUED | RUNNING (Started)
     any --Relaunched--> the same phase, the next launch's incarnation (StartOver)
     any --Switched--> QUEUED, the next submission (StartOver)
+    RUNNING --Moved--> RUNNING on the successor allocation's nodes (StartOver)
 
 ``ended`` is a flag beside the phase (the newest poll showed the job ended or no longer showed
 it): a life that ran keeps RUNNING until it is requeued or replaced, as the recovery judges its
 end. ``TRANSITIONS`` lists every (phase, event) pair of the table: every event has a row in every
-phase; only ``Polled`` means something different in each.
+phase; only ``Polled`` and ``Moved`` mean something different in each.
 """
 
 from __future__ import annotations
@@ -173,6 +174,18 @@ class Polled:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Moved:
+    """Allocation mode: the poll shows the life in another allocation than its first (a successor
+    its supervisor moved it to at a time limit; the status file says which)."""
+
+    at: float
+    running: bool
+    """Slurm shows that allocation RUNNING."""
+    batch_host: str = ""
+    nodes: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Gone:
     """The poll no longer shows the job (and did not fail to read it)."""
 
@@ -249,7 +262,7 @@ class JobStateSet:
     state: str
 
 
-Event = (Shown | RestartSeen | Polled | Gone | TaskRecord | Judged | NodesLost | PlanPolled | Requeued | TaskRequeued
+Event = (Shown | RestartSeen | Polled | Moved | Gone | TaskRecord | Judged | NodesLost | PlanPolled | Requeued | TaskRequeued
          | Relaunched | Switched | JobStateSet)
 
 
@@ -390,6 +403,21 @@ def _polled_settling(s: WatchLife, e: Polled, now: float) -> tuple[WatchLife, Ef
     return _polled_queued(replace(s, phase=Phase.QUEUED), e, now)
 
 
+def _moved_running(s: WatchLife, e: Moved, now: float) -> tuple[WatchLife, Effects]:
+    """The running life's nodes are the new allocation's: confirmation starts over on them (the
+    node states of the old ones are forgotten; the ranks' phases are the same life's)."""
+    nodes = frozenset(n for ns in e.nodes.values() for n in ns)
+    if not e.running or nodes == s.node_set:
+        return s, ()
+    moved = replace(s, batch_host=e.batch_host, running_since=e.at, nodes=dict(e.nodes))
+    return moved, (StartOver(nodes=moved.nodes, forget_phases=False, forget_node_states=True),)
+
+
+def _moved_not_running(s: WatchLife, e: Moved, now: float) -> tuple[WatchLife, Effects]:
+    """Not running yet (or requeued): the next ``Polled`` starts it on the nodes it shows."""
+    return s, ()
+
+
 def _gone(s: WatchLife, e: Gone, now: float) -> tuple[WatchLife, Effects]:
     if not s.seen:
         return s, ()
@@ -484,6 +512,9 @@ _TABLE: dict[tuple[Phase, type], _Handler] = {
     (Phase.QUEUED, Polled): _polled_queued,
     (Phase.RUNNING, Polled): _polled_running,
     (Phase.SETTLING, Polled): _polled_settling,
+    (Phase.QUEUED, Moved): _moved_not_running,
+    (Phase.RUNNING, Moved): _moved_running,
+    (Phase.SETTLING, Moved): _moved_not_running,
 }
 TRANSITIONS: tuple[tuple[Phase, type], ...] = tuple(_TABLE)
 """Every (phase, event type) pair that has a transition (every pair: no event is refused in any phase)."""

@@ -22,6 +22,7 @@ from slurm_omni.policy.watch_lifecycle import (
     Gone,
     JobStateSet,
     Judged,
+    Moved,
     NodesLost,
     NumberLife,
     Phase,
@@ -155,6 +156,15 @@ CASES: list[Case] = [
                   StartOver(nodes={0: ("node4",)}, forget_phases=False, forget_node_states=True), Started(at=5.0)),
                  slurm_state="RUNNING", phase=Phase.RUNNING, running_restart_count=1, batch_host="node4",
                  running_since=5.0, nodes={0: ("node4",)})),
+    # allocation mode: the supervisor moved the life to a successor allocation
+    Case("moved", RUNNING, Moved(at=50.0, running=True, batch_host="node7", nodes={0: ("node7",), 1: ("node8",)}),
+         changed((StartOver(nodes={0: ("node7",), 1: ("node8",)}, forget_phases=False, forget_node_states=True),),
+                 batch_host="node7", running_since=50.0, nodes={0: ("node7",), 1: ("node8",)})),
+    Case("same-nodes", RUNNING, Moved(at=50.0, running=True, batch_host="node9", nodes={0: ("node3", "node1", "node2")}),
+         unchanged),
+    Case("successor-pending", RUNNING, Moved(at=50.0, running=False, nodes={0: ("node7",)}), unchanged),
+    Case("not-started", QUEUED, Moved(at=50.0, running=True, nodes={0: ("node7",)}), unchanged),
+    Case("requeued", SETTLING, Moved(at=50.0, running=True, nodes={0: ("node7",)}), unchanged),
     # the poll no longer shows the job
     *in_every_phase("gone", Gone(at=5.0), lambda s: changed((Ended(at=5.0),), ended=True),
                     lambda s: replace(s, seen=True)),
