@@ -64,10 +64,12 @@ Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, 
   /dev/shm (4 KiB pages), load 10-17: restore / memcpy 0.26 wall, 0.47 CPU: MISS, and the machine's
         limit: the raw read of the same copies (preadv, no checksum, the same 4 threads) is 0.42 x the
         memcpy in wall time and 0.49 in CPU: the restore is at 95 % of what the kernel's copy from 4 KiB
-        tmpfs pages allows. (Before: 0.40 CPU at load 13-40, 0.53 at load 3-5.)
+        tmpfs pages allows. Again at load 3.5-6: 0.48 wall (limit 0.62), 0.43 CPU (limit 0.48). (Before:
+        0.40 CPU at load 13-40, 0.53 at load 3-5.)
   tmpfs mounted huge=within_size (``--memory-dir``), load 8-12: 1.21 wall (per round 0.44-1.46, median
         0.72: the memcpy's median moved with the load), 0.73 CPU: MISS in CPU; the raw read reaches 0.93
-        CPU there, so the restore's own cost (xxh3 0.02 CPU s/GiB, the 512 KiB step loop, about 0.012 s
+        CPU there (again at load 6-12: 0.88 wall, per round 0.78; 0.73 CPU, the raw read 1.01), so the
+        restore's own cost (xxh3 0.02 CPU s/GiB, the 512 KiB step loop, about 0.012 s
         of manifest and scheduling per restore) is what is left. preadv instead of the mapping's
         GIL-held copy: 0.42 -> 0.62 wall and 0.72 -> 0.83 CPU in a paired run at load 5-6.
   The bar needs huge pages on the tier's tmpfs ([checkpoint] memory_dir) and then a restore that costs at
@@ -76,9 +78,9 @@ Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, 
 Peer tier (issue 22; 2026-12-02): the restore receives the keeper's stream straight into the tensors,
 checking each 512 KiB step as it lands (one pass). ``--only peer --gib 0.5 --repeat 7`` at load 6-7:
 raw TCP 0.84 s median (0.26-1.30), peer restore 0.86 (0.26-1.44): 0.98, PASS (per round 0.65-1.52,
-median 0.87); the receiver's CPU, raw / restore, 0.73. In the ``--memory`` run above (1 GiB, load 10-14):
-0.84, PASS. Before (fetch into this node's tmpfs, then read it back with the checksums: two passes):
-0.49 at load 7-13, 0.35 at load 15-35.
+median 0.87); the receiver's CPU, raw / restore, 0.73. In the ``--memory`` runs above (1 GiB): 0.84 at
+load 10-14, 0.91 at load 3.5-6, 0.86 at load 6-12: PASS. Before (fetch into this node's tmpfs, then
+read it back with the checksums: two passes): 0.49 at load 7-13, 0.35 at load 15-35.
 """
 
 from __future__ import annotations
