@@ -144,12 +144,17 @@ class CheckpointEngine:
         take(self._arena, -1, state, self.layout, self.config.load_order, copy=False)
 
     def save(self, step: int, state: ShardState, *, sync: bool = False,
-             commit_timeout_s: float | None = None) -> SaveResult:
+             commit_timeout_s: float | None = None, files: bool = True) -> SaveResult:
         """Snapshot ``state`` as of ``step``; persist it in the background, or before returning if ``sync``.
 
         ``sync`` is for the signal Slurm sends before a time limit or preemption: on rank 0 it returns
         once the checkpoint is complete (all ranks' shards committed), on other ranks once their shard
         is durable.
+
+        ``files=False`` (with the memory tier on): a memory-only step, the shard file written into the
+        memory tier (and its ring peer's) instead of the file system; the record, the manifest and the
+        marker are still committed on the file system, so the fence and the agreement are unchanged.
+        Every rank must pass the same ``files`` for a step (the runtime decides it from the step alone).
         """
         self._check_open()
         if step == self._last_step:
@@ -166,27 +171,30 @@ class CheckpointEngine:
         snap = take(self._arena, step, state, self.layout, self.config.load_order)
         timeout = commit_timeout_s or self.config.commit_timeout_s
         self._last_step = step   # taken back if the persist fails, so the step can be saved again
+        memory_only = not files and self.memory is not None
         if sync:
             future: Future[PersistStats] = Future()
             try:
-                future.set_result(self._persist(snap, timeout))
+                future.set_result(self._persist(snap, timeout, memory_only))
             except BaseException:
                 self._last_step = None
                 raise
             blocking = waited + snap.blocking_s + future.result().persist_s
         else:
-            future = self._writer.submit(self._persist, snap, timeout)
+            future = self._writer.submit(self._persist, snap, timeout, memory_only)
             self._inflight = future
             blocking = waited + snap.blocking_s
         return SaveResult(step, blocking, waited, snap.nbytes, future)
 
-    def _persist(self, snap: Any, timeout: float) -> PersistStats:
+    def _persist(self, snap: Any, timeout: float, memory_only: bool = False) -> PersistStats:
         try:
             if self.layout.rank == 0:
                 self._raise_fence()   # a run that saves before (or without) a restore
             stats = persist(self.config.root, snap, self.layout, incarnation=self.incarnation,
                             keep_last=self.config.keep_last, commit_timeout_s=timeout, number=self.number,
-                            abort=self._abort, on_shard=self._keeper(snap.step))
+                            abort=self._abort, on_shard=self._keeper(snap.step),
+                            memory=self.memory if memory_only else None,
+                            replicate=self._replicator(snap.step) if memory_only else None)
         except CheckpointError as e:
             log.debug("%s", e)    # raised to the training loop, which says it once
             raise
@@ -225,6 +233,17 @@ class CheckpointEngine:
             return copy
 
         return keep
+
+    def _replicator(self, step: int) -> Callable[[Path], object] | None:
+        """A memory-only step's copy to the ring peer (``peer.py``)."""
+        peers = self.peers
+        if peers is None:
+            return None
+
+        def send(copy: Path) -> None:
+            peers.send(copy, step=step, rank=self.layout.rank, incarnation=self.incarnation, number=self.number)
+
+        return send
 
     def _raise_fence(self) -> None:
         """Rank 0, once: shut older incarnations out of the root before reading or writing it."""

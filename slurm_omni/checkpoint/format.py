@@ -44,6 +44,8 @@ MANIFEST = "manifest.json"
 MARKER = "COMPLETE"
 CORRUPT = "CORRUPT"
 FENCED = "FENCED"
+MEMORY_ONLY = "MEMORY_ONLY"
+"""In a step directory some of whose shards are only in the memory tier (retention counts it apart)."""
 CHECKSUM = "xxh3_64"
 MARKER_LIMIT = 1 << 16
 MANIFEST_LIMIT = 1 << 30
@@ -151,6 +153,11 @@ def scan(root: Path) -> list[Entry]:
             status, reason, incarnation = _status_of(path)
             entries.append(Entry(step, path, status, reason, incarnation))
     return sorted(entries, key=lambda e: (e.step, e.status is Status.COMPLETE))
+
+
+def memory_only(path: Path) -> bool:
+    """Whether the step directory ``path`` holds shards in memory only (``MEMORY_ONLY``)."""
+    return os.path.lexists(path / MEMORY_ONLY)
 
 
 def complete(root: Path) -> list[Entry]:
@@ -326,6 +333,9 @@ class ShardInfo:
     file_bytes: int
     state: Any                     # the runtime's JSON state: data pipeline positions and so on
     rng: Any                       # rng.capture() output
+    memory_only: bool = False
+    """The shard file is only in the memory tier (its own node's, a peer's), not in the step directory:
+    a step saved between two file system checkpoints (docs/checkpoint.md, "Memory-only steps")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +374,7 @@ class Manifest:
             ],
             "shards": {
                 s.name: {"rank": s.rank, "file": s.file, "file_bytes": s.file_bytes, "state": s.state,
-                         "rng": s.rng}
+                         "rng": s.rng, **({"memory_only": True} if s.memory_only else {})}
                 for s in self.shards.values()
             },
             "units": {
@@ -393,7 +403,7 @@ class Manifest:
                                 data_parallel_rank=int(layout[name]["data_parallel_rank"]),
                                 data_parallel_size=int(layout[name]["data_parallel_size"]),
                                 file=s["file"], file_bytes=int(s["file_bytes"]), state=s["state"],
-                                rng=s["rng"])
+                                rng=s["rng"], memory_only=s.get("memory_only") is True)
                 for name, s in data["shards"].items()
             }
             units = {

@@ -164,6 +164,29 @@ class MemoryTier:
         os.replace(partial, final)
         return final
 
+    def staging(self, step: int, rank: int, incarnation: str, size: int) -> Path | None:
+        """Where this rank writes its shard of a memory-only step (a ``.partial`` in the tier, about
+        ``size`` bytes), or None when it does not fit (one line: the step goes to the file system)."""
+        shard = fmt.shard_name(rank)
+        self._retire(shard, step)
+        if not self._fits(step, size):
+            return None
+        return self.path / f"step-{step}.{shard}.{fmt.safe_name(incarnation)}.h5{PARTIAL}"
+
+    def place(self, partial: Path, *, step: int, root: Path | None = None, number: int | None = None) -> Path | None:
+        """Publish a copy written at :meth:`staging`'s path (0600): renamed into place unless a newer
+        incarnation started on ``root`` since (then removed, None)."""
+        os.chmod(partial, 0o600)
+        fence = fenced_by(root, number) if root is not None else None
+        if fence is not None:
+            _unlink(partial)
+            log.warning("checkpoint: step %d of incarnation %s not kept in memory: incarnation %d started since",
+                        step, number, fence.incarnation)
+            return None
+        final = partial.with_name(partial.name.removesuffix(PARTIAL))
+        os.replace(partial, final)
+        return final
+
     def _fits(self, step: int, size: int) -> bool:
         if self.cap_bytes is not None:
             used = self.used_bytes()

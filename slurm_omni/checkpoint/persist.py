@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 
@@ -43,6 +43,9 @@ from slurm_omni.checkpoint.snapshot import Item, ShardLayout, Snapshot
 from slurm_omni.checkpoint.tree import tensor_paths
 from slurm_omni.errors import CheckpointError
 from slurm_omni.fsio import fsync_dir, write_atomic
+
+if TYPE_CHECKING:
+    from slurm_omni.checkpoint.memtier import MemoryTier
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +60,30 @@ class PersistStats:
     persist_s: float    # shard written and durable (and, on rank 0, the commit)
     committed: bool     # this process wrote the COMPLETE marker
     fenced: bool = False   # refused: a newer incarnation started on the root (nothing committed)
+    memory_only: bool = False   # a memory-only step (its shard file in the memory tier, if it had room)
 
 
 def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str, keep_last: int,
             commit_timeout_s: float, number: int | None = None,
             abort: threading.Event | None = None,
-            on_shard: Callable[[Path], object] | None = None) -> PersistStats:
+            on_shard: Callable[[Path], object] | None = None, memory: MemoryTier | None = None,
+            replicate: Callable[[Path], object] | None = None) -> PersistStats:
     """``number``: this incarnation's OMNI_INCARNATION, checked against the root's fence (None: unfenced);
     ``abort``: once set, rank 0 stops waiting for the other ranks' shards (the run is ending);
-    ``on_shard``: called with this rank's shard file once it is durable (the memory tier copies it)."""
+    ``on_shard``: called with this rank's shard file once it is durable (the memory tier copies it).
+
+    ``memory``: a memory-only step: this rank's shard file is written into the memory tier instead of
+    the staging folder (its record, the manifest and the marker still go to the file system, the
+    manifest marking the shard ``memory_only``), then handed to ``replicate`` (the ring peer's copy).
+    Where the tier has no room, the shard goes to the file system as usual."""
     started = time.monotonic()
     if _fenced(root, snap.step, number, "before writing"):
         return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
     tmp = fmt.staging_dir(root, snap.step, incarnation, number)
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        written = write_shard(tmp, snap, layout, incarnation, root=root, number=number, on_shard=on_shard)
+        written = write_shard(tmp, snap, layout, incarnation, root=root, number=number, on_shard=on_shard,
+                              memory=memory, replicate=replicate)
     except FileNotFoundError:
         # a newer incarnation swept this one's staging folder: fenced, not a failure of this node
         if not _fenced(root, snap.step, number, "while writing its shard"):
@@ -92,7 +103,7 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
     persist_s = time.monotonic() - started   # durable and complete: what the figure means
     if committed:
         retire(root, keep_last=keep_last, newest=snap.step, number=number)
-    return PersistStats(snap.step, snap.nbytes, persist_s, committed)
+    return PersistStats(snap.step, snap.nbytes, persist_s, committed, memory_only=memory is not None)
 
 
 def _failed_name(rank: int, incarnation: str) -> str:
@@ -118,26 +129,43 @@ def _fenced(root: Path, step: int, number: int | None, when: str) -> bool:
 
 
 def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str, *, root: Path | None = None,
-                number: int | None = None, on_shard: Callable[[Path], object] | None = None) -> bool:
-    """This rank's shard file and record in ``tmp``; False (nothing left behind) when fenced out of ``root``."""
+                number: int | None = None, on_shard: Callable[[Path], object] | None = None,
+                memory: MemoryTier | None = None, replicate: Callable[[Path], object] | None = None) -> bool:
+    """This rank's shard file and record in ``tmp`` (the file in ``memory`` instead, for a memory-only
+    step: see :func:`persist`); False (nothing left behind) when fenced out of ``root``."""
     name = fmt.shard_name(layout.rank)
     owned = [i for i in snap.items if i.owned]
     file_name, file_bytes, offsets, sums = None, 0, [-1] * len(owned), [""] * len(owned)
+    in_memory = False
     if owned:
         file_name = f"{name}.h5"
-        # named by incarnation: two incarnations saving the same step never write the same file
-        partial = tmp / f"{file_name}.{fmt.safe_name(incarnation)}.partial"
-        try:
-            file_bytes = _write_file(partial, snap, owned, offsets, sums, layout, incarnation)
-        except BaseException:
-            partial.unlink(missing_ok=True)   # a full file system gets its space back
-            raise
+        partial = None
+        if memory is not None:
+            partial = _memory_file(memory, snap, layout, incarnation, offsets, sums, sum(i.nbytes for i in owned))
+        if partial is not None:
+            in_memory, file_bytes = True, partial[1]
+        else:
+            # named by incarnation: two incarnations saving the same step never write the same file
+            partial = (tmp / f"{file_name}.{fmt.safe_name(incarnation)}.partial", 0)
+            try:
+                file_bytes = _write_file(partial[0], snap, owned, offsets, sums, layout, incarnation)
+            except BaseException:
+                partial[0].unlink(missing_ok=True)   # a full file system gets its space back
+                raise
+        path = partial[0]
         if root is not None and _fenced(root, snap.step, number, "after writing its shard"):
-            partial.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             return False
-        if on_shard is not None:
-            on_shard(partial)   # before the rename: once the record is there, rank 0 may move the folder
-        os.replace(partial, tmp / file_name)
+        if in_memory and memory is not None:
+            placed = memory.place(path, step=snap.step, root=root, number=number)
+            if placed is None:
+                return False
+            if replicate is not None:
+                replicate(placed)
+        else:
+            if on_shard is not None:
+                on_shard(path)   # before the rename: once the record is there, rank 0 may move the folder
+            os.replace(path, tmp / file_name)
     units: dict[str, Any] = {}
     for unit in snap.skeletons:
         units[unit] = {"stage": snap.stages[unit], "spec": snap.spec_digest.get(unit, ""), "datasets": []}
@@ -154,11 +182,38 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
         "world_size": layout.world_size, "stage": layout.stage,
         "data_parallel_rank": layout.data_parallel_rank, "data_parallel_size": layout.data_parallel_size,
         "file": file_name, "file_bytes": file_bytes, "load_order": list(snap.load_order),
+        **({"memory_only": True} if in_memory else {}),
         "units": units, "state": json.loads(snap.state_json), "rng": snap.rng,
     }
     # Not fsynced: only the commit reads it, and the commit makes the directory durable as a whole.
     write_atomic(tmp / f"{name}.json", json.dumps(record).encode(), durable=False, owner=incarnation)
     return True
+
+
+def _memory_file(memory: MemoryTier, snap: Snapshot, layout: ShardLayout, incarnation: str, offsets: list[int],
+                 sums: list[str], nbytes: int) -> tuple[Path, int] | None:
+    """This rank's shard of a memory-only step written into the memory tier (not yet published): its
+    ``.partial`` path and size; None where the tier has no room for it (one line; the caller writes
+    it to the file system)."""
+    owned = [i for i in snap.items if i.owned]
+    partial = memory.staging(snap.step, layout.rank, incarnation, nbytes + (1 << 20))
+    if partial is None:
+        return None
+    try:
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        return partial, _write_file(partial, snap, owned, offsets, sums, layout, incarnation)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT) and not isinstance(e, BlockingIOError):
+            log.warning("checkpoint: couldn't keep step %d in memory only: %s; writing it to the file system",
+                        snap.step, " ".join(str(e).split())[:200])
+        else:
+            log.warning("checkpoint: couldn't keep step %d in memory only: %s is full; writing it to the file "
+                        "system", snap.step, memory.base)
+        return None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def _write_file(path: Path, snap: Snapshot, owned: list[Item], offsets: list[int], sums: list[str],
@@ -235,6 +290,10 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
         shutil.rmtree(tmp, ignore_errors=True)   # this incarnation's folder: nobody else's shards
         return None
     manifest = merge(records, step=step, incarnation=incarnation)
+    if any(s.memory_only for s in manifest.shards.values()):
+        # retention and ``omni ckpt ls`` tell it from a directory that holds every shard file
+        write_atomic(tmp / fmt.MEMORY_ONLY, b"some shard files of this step are only in the memory tier\n",
+                     durable=False)
     raw = json.dumps({**manifest.to_json(), **({"incarnation_number": number} if number is not None else {})}).encode()
     write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
     folder = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # follows it through the rename
@@ -397,7 +456,8 @@ def merge(records: list[dict[str, Any]], *, step: int, incarnation: str) -> fmt.
         r["shard"]: fmt.ShardInfo(name=r["shard"], rank=r["rank"], stage=r["stage"],
                                   data_parallel_rank=r["data_parallel_rank"],
                                   data_parallel_size=r["data_parallel_size"], file=r["file"],
-                                  file_bytes=r["file_bytes"], state=r["state"], rng=r["rng"])
+                                  file_bytes=r["file_bytes"], state=r["state"], rng=r["rng"],
+                                  memory_only=r.get("memory_only") is True)
         for r in records
     }
     order: list[str] = []
@@ -426,7 +486,14 @@ def retire(root: Path, *, keep_last: int, newest: int, number: int | None = None
     entries = fmt.scan(root)
     counted = {e.path for e in fmt.complete(root)}
     done = [e for e in entries if e.path in counted]
-    doomed = done[:-keep_last] if keep_last > 0 else []
+    # ``keep_last`` counts the steps whose files are all there; a memory-only step (its shards in the
+    # tier, which keeps two steps per rank) is kept while it is one of the two newest and newer than
+    # the newest step with files: an older one is never restored (that step is newer and complete)
+    in_memory = {e.path for e in done if fmt.memory_only(e.path)}
+    with_files = [e for e in done if e.path not in in_memory]
+    newest_files = with_files[-1].step if with_files else -1
+    doomed = with_files[:-keep_last] if keep_last > 0 else []
+    doomed += [e for e in done if e.path in in_memory and (e.step < newest_files or e not in done[-2:])]
     oldest_kept = min((e.step for e in done if e not in doomed), default=newest)
     for e in entries:
         older_staging = (e.status is fmt.Status.WRITING and number is not None and e.incarnation is not None

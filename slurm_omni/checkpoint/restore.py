@@ -51,6 +51,11 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     its keeper sends the copy and the reader receives it straight into the tensors, checking each
     tensor's xxh3 as it lands (one pass over the bytes; no copy is kept on this node), a bad or broken
     stream handled like a bad copy in memory.
+
+    A memory-only step (some shards only in the memory tier: ``ShardInfo.memory_only``) whose shards
+    this rank needs and no memory it reaches holds (or holds a bad copy of, or streams badly) is passed
+    over, not marked: the previous step is tried, and the agreement (``agree.py``) takes every rank to
+    the newest step each of them can restore from some valid source.
     """
     candidates = fmt.complete(root)
     if max_step is not None:   # the ranks agreed on no newer step (checkpoint/agree.py)
@@ -63,6 +68,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
         return None
     skipped = []
     reasons: list[str] = []
+    passed: list[str] = []
     for entry in candidates:
         session = None
         sources: dict[str, Path | PeerStream] = {}
@@ -71,6 +77,14 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
             manifest = fmt.read_manifest(entry.path)
             units, wanted = _select(manifest, layout, critical, modules)
             sources, fetched = _memory_sources(memory, manifest, units, peers)
+            lacking = _memory_only_lacking(manifest, units, sources)
+            if lacking:
+                close_streams(sources)
+                log.warning("checkpoint: step-%d: %s only in memory, and no memory this rank reaches holds %s; "
+                            "trying the previous checkpoint", entry.step, _names(lacking),
+                            "it" if len(lacking) == 1 else "them")
+                passed.append(f"step-{entry.step}")
+                continue
             session = _open(entry.path, manifest, layout, units, wanted, sources, into=into, device=device,
                             threads=threads, direct_io=direct_io, fetched=fetched)
         except CheckpointCorrupt as e:
@@ -81,6 +95,13 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
                 # the copy in memory, not the checkpoint, may be what is bad: drop it, read the files
                 copies = {k: v for k, v in sources.items() if isinstance(v, Path)}
                 memory.drop(copies)
+                if any(manifest.shards[s].memory_only for s in sources if s in manifest.shards):
+                    # no file to read it from: not the checkpoint's fault, nothing to mark
+                    log.warning("%s (read from %s); %sstep-%d is only in memory, trying the previous checkpoint",
+                                e, "a peer's memory" if fetched else "this node's memory",
+                                "dropped the copy: " if copies else "", entry.step)
+                    passed.append(f"step-{entry.step}")
+                    continue
                 log.warning("%s (read from %s); %sreading step-%d from the file system", e,
                             "a peer's memory" if fetched else "this node's memory",
                             "dropped the copy and " if copies else "", entry.step)
@@ -107,8 +128,13 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
                  session.source, ", ".join(wanted) or "nothing critical", time.monotonic() - session.started,
                  len(units) - len(wanted), f"; skipped {', '.join(skipped)}" if skipped else "")
         return session
+    if passed and not skipped:
+        raise CheckpointError(f"checkpoint: couldn't restore from {root}: {', '.join(passed)} only in memory, "
+                              f"which no memory this rank reaches holds, and no older checkpoint with files")
     raise CheckpointError(f"checkpoint: couldn't restore from {root}: every complete checkpoint is corrupt "
-                          f"({', '.join(skipped)}; see the CORRUPT file in each)")
+                          f"({', '.join(skipped)}; see the CORRUPT file in each)"
+                          + (f"; {', '.join(passed)} only in memory, which no memory this rank reaches holds"
+                             if passed else ""))
 
 
 def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[fmt.Unit], wanted: list[str],
@@ -149,11 +175,25 @@ def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: li
     return {**found, **fetched}, frozenset(fetched)
 
 
+def _memory_only_lacking(manifest: fmt.Manifest, units: list[fmt.Unit],
+                         sources: Mapping[str, Path | PeerStream]) -> list[str]:
+    """The shards this rank reads that are only in memory and that no memory it reaches holds."""
+    needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces if p.nbytes}
+    return sorted(s for s in needed if s in manifest.shards and manifest.shards[s].memory_only and s not in sources)
+
+
+def _names(shards: list[str]) -> str:
+    return (", ".join(shards[:4]) + (f" and {len(shards) - 4} more" if len(shards) > 4 else "")
+            + (" is" if len(shards) == 1 else " are"))
+
+
 def _check_files(path: Path, manifest: fmt.Manifest, sources: Mapping[str, Path | PeerStream] | None = None) -> None:
     for name, shard in manifest.shards.items():
         source = (sources or {}).get(name)
         if shard.file is None or isinstance(source, PeerStream):
             continue   # a stream's size is the keeper's, checked against the manifest before it was opened
+        if shard.memory_only and source is None:
+            continue   # no file: a memory-only shard this rank does not read (_memory_only_lacking)
         try:
             st = os.lstat(source or path / shard.file)
         except FileNotFoundError as e:

@@ -214,10 +214,31 @@ class CheckpointCadence:
     from there where a rank's node holds it (docs/checkpoint.md, "The memory tier"); in-allocation jobs
     only (their standby frees it at the job's end). The site's ``[checkpoint] memory_gib`` caps it."""
 
+    memory_every_steps: int = 0
+    """With ``memory_tier``: a snapshot into memory every this many steps; 0 (default): the fewest steps
+    that keep the snapshots' blocking under 1 % of training, from what the run measured
+    (``policy/snapshot_cadence.py``, chosen after the life's second checkpoint)."""
+    files_every: int = 0
+    """With ``memory_tier``: every this-many-th memory snapshot also goes to the file system; 0
+    (default): about every ``every_steps`` steps, as without the tier (fewer where the file system
+    write would block training more than the budget), or every ``files_every_s`` seconds."""
+    files_every_s: float = 0.0
+    """With ``memory_tier``: the file system about every this many seconds instead (0: unset)."""
+
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.keep_last < 1:
             raise ConfigError(f"checkpoint: every_steps = {self.every_steps} (>= 0), "
                               f"keep_last = {self.keep_last} (>= 1)")
+        for name, value in (("memory_every_steps", self.memory_every_steps), ("files_every", self.files_every),
+                            ("files_every_s", self.files_every_s)):
+            if isinstance(value, bool) or not 0 <= value < float("inf"):
+                raise ConfigError(f"checkpoint: {name} = {value} (0 or more; 0 lets the run choose)")
+            if value and not self.memory_tier:
+                raise ConfigError(f"checkpoint: {name} = {value} needs memory_tier = true (without it every "
+                                  f"checkpoint goes to the file system, every_steps)")
+        if self.files_every and self.files_every_s:
+            raise ConfigError(f"checkpoint: files_every = {self.files_every} and files_every_s = "
+                              f"{self.files_every_s:g}: set one of them")
 
 
 BUILTIN_STAGES = ("vision", "text")

@@ -50,6 +50,7 @@ from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint import memtier
 from slurm_omni.checkpoint.agree import Loaded, restore_agreed
 from slurm_omni.checkpoint.engine import CheckpointConfig, CheckpointEngine, SaveResult
+from slurm_omni.checkpoint.persist import PersistStats
 from slurm_omni.checkpoint.snapshot import ShardLayout, ShardState
 from slurm_omni.elastic import statecodec
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT
@@ -244,11 +245,15 @@ class Checkpointer:
         """Allocate the host buffers now, so that the first save blocks no longer than later ones."""
         self.engine.prepare(self._state(-1))
 
-    def save(self, step: int, *, sync: bool = False) -> SaveResult:
+    def save(self, step: int, *, sync: bool = False, files: bool = True) -> SaveResult:
         """Checkpoint as of ``step`` (completed global steps). Async: returns once the state is copied;
-        ``sync`` (the stop signal, the last step) returns once it is durable (committed, on rank 0)."""
+        ``sync`` (the stop signal, the last step) returns once it is durable (committed, on rank 0).
+        ``files=False``: a memory-only step (``CheckpointEngine.save``)."""
         self.poll()
-        result = self.engine.save(step, self._state(step), sync=sync)
+        previous = self._pending
+        result = self.engine.save(step, self._state(step), sync=sync, files=files)
+        if previous is not None and previous.persisted.done() and previous.persisted.exception() is None:
+            self._took(previous.persisted.result())   # the save waited for it: its figures count now
         self.last_blocking_s = result.blocking_s
         self.last_step = step
         self._pending = result
@@ -270,10 +275,14 @@ class Checkpointer:
             stats = self._pending.persisted.result() if self._pending is not None else None
             if stats is None:
                 return
-            if not stats.fenced:   # a newer incarnation started on the root: nothing was saved
-                self.last_persist_s = stats.persist_s
-                self.last_persisted_step = stats.step
+            self._took(stats)
             self._pending = None
+
+    def _took(self, stats: PersistStats) -> None:
+        if not stats.fenced and not stats.memory_only:   # fenced: a newer incarnation started on the root
+            self.last_persist_s = stats.persist_s
+        if not stats.fenced:
+            self.last_persisted_step = max(stats.step, self.last_persisted_step or stats.step)
 
     def wait(self) -> None:
         """Wait for the save in flight."""

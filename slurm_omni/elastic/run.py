@@ -31,7 +31,7 @@ from slurm_omni.elastic.metrics import MetricsLog
 from slurm_omni.elastic.stop import StopSignals
 from slurm_omni.elastic.timing import StepTimer
 from slurm_omni.errors import CheckpointError, OmniError, RuntimeLayoutError
-from slurm_omni.policy.snapshot_cadence import BUDGET, blocked_share, snapshot_every
+from slurm_omni.policy.snapshot_cadence import BUDGET, Cadence, blocked_share, plan_cadence, snapshot_every
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,12 @@ class Run:
         self.last_step_time_s: float | None = None
         self._last_async_save: int | None = None
         self._said_cadence = False
+        self.cadence: Cadence | None = None
+        """With the memory tier: how often this life snapshots into memory and to the file system,
+        decided at its second file system checkpoint from what every rank measured (None until then:
+        every checkpoint goes to the file system)."""
+        self._cadence_asked = _cadence_env()
+        self._last_files_save: int | None = None
         """Wall time of the last step :meth:`step_done` reported (from the end of the step before, or
         from the restore): what the heartbeat's ``step_time_s`` averages."""
         self._last_times: tuple[float, float] = (0.0, 0.0)
@@ -198,19 +204,74 @@ class Run:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.groups.world)
         return int(t.item())
 
-    def save(self, step: int, *, sync: bool = False) -> None:
-        """Checkpoint as of ``step``; the heartbeat says ``checkpointing`` while the save blocks."""
+    def save(self, step: int, *, sync: bool = False, files: bool = True) -> None:
+        """Checkpoint as of ``step``; the heartbeat says ``checkpointing`` while the save blocks.
+        ``files=False``: into the memory tier only (every rank alike: :meth:`checkpoint_due` says which)."""
         ckpt = self._ckpt()
         previous = self.heartbeat.phase
         self.heartbeat.update(phase="checkpointing")
         started = time.monotonic()
-        ckpt.save(step, sync=sync)
+        result = ckpt.save(step, sync=sync, files=files or sync)
         # the save's blocking time is the checkpoint's (ckpt_blocking_seconds), not the next step's
         self._step_started += time.monotonic() - started
-        if not sync:
-            self._say_cadence(step, ckpt.last_blocking_s)
+        if not sync and files:
+            if self._cadence_asked is not None:   # the job's environment: alike on every rank
+                self._plan_cadence(step, result.blocking_s - result.waited_s)
+            else:
+                self._say_cadence(step, ckpt.last_blocking_s)
         self.heartbeat.update(phase=previous if previous != "starting" else "training",
                               last_checkpoint_step=ckpt.last_persisted_step)
+
+    def checkpoint_due(self, step: int, every: int) -> str | None:
+        """What completed step ``step`` saves: ``"files"`` (a file system checkpoint, with its copy in the
+        memory tier where it is on), ``"memory"`` (a memory-only step) or None. ``every``: the job's
+        file system cadence in steps (0: none). The same answer on every rank (from the step alone)."""
+        if self.cadence is not None:
+            return self.cadence.kind(step)
+        return "files" if every and step % every == 0 else None
+
+    def _plan_cadence(self, step: int, snapshot_s: float) -> None:
+        """Memory tier (rank-wide, once a life, at its second asynchronous file system checkpoint: the
+        first pays one-time costs): every rank's snapshot, step and file system write times, their
+        maxima agreed by one all-reduce, give the cadence (``policy/snapshot_cadence.py``); rank 0 prints it."""
+        previous, self._last_files_save = self._last_files_save, step
+        if self.cadence is not None or previous is None or self._cadence_asked is None:
+            return
+        ckpt = self._ckpt()
+        every = step - previous
+        values = [max(0.0, snapshot_s), self.last_step_time_s or 0.0, ckpt.last_persist_s or 0.0,
+                  0.0 if ckpt.engine.memory is not None else 1.0]
+        if self._groups is not None and self.layout.world_size > 1:
+            t = torch.tensor(values, dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._groups.world)
+            values = [float(v) for v in t.tolist()]
+        snap, step_s, persist_s, lacking = values
+        head = f"elastic: job {self.layout.job_name}: memory tier:"
+        if lacking or not step_s > 0:
+            self._said_cadence = True
+            if self.layout.rank == 0:
+                print(f"{head} off on some rank (its line says why): every checkpoint goes to the file system, "
+                      f"every {every} steps", file=sys.stderr, flush=True)
+            self._cadence_asked = None
+            return
+        memory_every, files_every, files_every_s = self._cadence_asked
+        try:
+            cadence = plan_cadence(snapshot_s=snap, step_s=step_s, files_persist_s=persist_s, every_steps=every,
+                                   memory_every=memory_every, files_every=files_every, files_every_s=files_every_s)
+        except ValueError as e:   # the job file's checks make this unreachable; say it, keep today's cadence
+            self._cadence_asked = None
+            print(f"{head} {e}: every checkpoint goes to the file system", file=sys.stderr, flush=True)
+            return
+        self.cadence, self._said_cadence = cadence, True
+        if self.layout.rank == 0:
+            k = cadence.memory_every
+            files = (f"the file system every {cadence.files_every_steps} steps (every {cadence.files_every}"
+                     f"{_nth(cadence.files_every)} snapshot: {cadence.why}; its write {persist_s:.2f} s)"
+                     if cadence.files_every else "the file system only on a stop signal and at the end")
+            print(f"{head} a snapshot blocks {snap:.4f} s of a {step_s:.3f} s step: into memory every {k} "
+                  f"step{'s' if k > 1 else ''} ({blocked_share(snap, step_s, k):.2%} of training"
+                  f"{'' if memory_every else f', under {BUDGET:.0%}'}), {files}; from step {step}",
+                  file=sys.stderr, flush=True)
 
     def _say_cadence(self, step: int, blocking_s: float | None) -> None:
         """Once a life (rank 0, from its second asynchronous save: the first pays one-time costs): how
@@ -365,10 +426,10 @@ class Run:
         a stop signal save synchronously and exit 75 (checkpointed, requeue me)."""
         self.step_done(step, **metrics)
         last = self.max_steps is not None and step >= self.max_steps
-        due = last or bool(checkpoint_every and step % checkpoint_every == 0)
-        stop = self.should_stop(settle=due)
-        if stop or due:
-            self.save(step, sync=stop or last)
+        kind = "files" if last else self.checkpoint_due(step, checkpoint_every)
+        stop = self.should_stop(settle=kind == "files")
+        if stop or kind:
+            self.save(step, sync=stop or last, files=kind != "memory")
         if stop:
             self.exit(EXIT_CHECKPOINTED)
 
@@ -566,3 +627,28 @@ def init(stages: Sequence[str] | None = None, *, max_steps: int | None = None, b
               groups_ready_at=groups_ready_at)
     run._hook_exit()
     return run
+
+
+def _nth(n: int) -> str:
+    return "st" if n % 10 == 1 and n % 100 != 11 else "nd" if n % 10 == 2 and n % 100 != 12 else \
+        "rd" if n % 10 == 3 and n % 100 != 13 else "th"
+
+
+def _cadence_env(env: Mapping[str, str] | None = None) -> tuple[int, int, float] | None:
+    """The memory tier's cadence the job file set (``[training.checkpoint] memory_every_steps``,
+    ``files_every``, ``files_every_s``, rendered as OMNI_MEMORY_EVERY_STEPS, OMNI_FILES_EVERY,
+    OMNI_FILES_EVERY_S; 0: chosen by the run), or None where the job does not turn the tier on."""
+    env = os.environ if env is None else env
+    if env.get("OMNI_MEMORY_TIER", "") not in ("1", "true", "yes"):
+        return None
+    try:
+        memory_every = int(env.get("OMNI_MEMORY_EVERY_STEPS") or 0)
+        files_every = int(env.get("OMNI_FILES_EVERY") or 0)
+        files_every_s = float(env.get("OMNI_FILES_EVERY_S") or 0)
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint: couldn't read the memory tier's cadence: {e} (OMNI_MEMORY_EVERY_STEPS, "
+                              f"OMNI_FILES_EVERY: whole numbers; OMNI_FILES_EVERY_S: seconds)") from e
+    if memory_every < 0 or files_every < 0 or not files_every_s >= 0 or (files_every and files_every_s):
+        raise CheckpointError(f"checkpoint: couldn't use the memory tier's cadence: memory every {memory_every}, "
+                              f"files every {files_every} or {files_every_s:g} s (0 or more; one of the last two)")
+    return memory_every, files_every, files_every_s

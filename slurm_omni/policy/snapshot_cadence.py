@@ -5,6 +5,7 @@ measured (the snapshot's blocking time and the step time)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 BUDGET = 0.01
 """The share of training time the snapshots may block (issue 22: under 1 % of a step)."""
@@ -26,3 +27,75 @@ def blocked_share(blocking_s: float, step_s: float, every: int) -> float:
     if every < 1 or not step_s > 0:
         raise ValueError(f"snapshot cadence: every {every} steps of {step_s} s (positive)")
     return blocking_s / (every * step_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """With the memory tier: a snapshot into memory every ``memory_every`` steps, and every
+    ``files_every``-th of them (every ``memory_every * files_every`` steps) to the file system too;
+    ``files_every`` 0: the file system only on a stop signal and at the last step."""
+
+    memory_every: int
+    files_every: int
+    why: str = ""
+    """How ``files_every`` was chosen (printed once per life)."""
+
+    @property
+    def files_every_steps(self) -> int:
+        return self.memory_every * self.files_every
+
+    def kind(self, step: int) -> str | None:
+        """What step ``step`` saves: ``"files"``, ``"memory"`` or None (nothing). Every rank gets the
+        same answer from the step alone."""
+        if self.files_every and step % self.files_every_steps == 0:
+            return "files"
+        return "memory" if step % self.memory_every == 0 else None
+
+
+def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, every_steps: int,
+                 memory_every: int = 0, files_every: int = 0, files_every_s: float = 0.0,
+                 budget: float = BUDGET) -> Cadence:
+    """How often to snapshot into memory and how often to the file system, from what a run measured
+    (``snapshot_s``: the host copy a snapshot blocks; ``step_s``: a step; ``files_persist_s``: a file
+    system checkpoint's background write and commit) and the job's settings (0: not set).
+
+    - memory every k steps: ``memory_every``, else the smallest k that keeps the snapshots' blocking
+      under ``budget`` (:func:`snapshot_every`);
+    - the file system every m-th of those: ``files_every``; else every ``files_every_s`` seconds
+      (m = ceil(seconds / (k x step))); else every ``every_steps`` steps as without the tier (m =
+      ceil(every_steps / k); ``every_steps`` 0: never but on a stop signal and at the end). Unless the
+      job set m, m is raised until the wait a file system write causes (one persist at a time: the
+      snapshot after it waits for it, ``files_persist_s - k x step`` when positive) and the snapshots
+      together stay under ``budget``; where the snapshots alone use the budget up, m is left as set.
+
+    Raises ValueError for a value out of range (the caller turns it into one line)."""
+    for name, value in (("snapshot_s", snapshot_s), ("files_persist_s", files_persist_s),
+                        ("files_every_s", files_every_s)):
+        if not value >= 0 or math.isinf(value):
+            raise ValueError(f"snapshot cadence: {name} = {value} (a finite number, 0 or more)")
+    if not step_s > 0 or math.isinf(step_s) or not budget > 0:
+        raise ValueError(f"snapshot cadence: step {step_s} s, budget {budget} (positive)")
+    if every_steps < 0 or memory_every < 0 or files_every < 0:
+        raise ValueError(f"snapshot cadence: every_steps {every_steps}, memory_every {memory_every}, "
+                         f"files_every {files_every} (0 or more)")
+    if files_every and files_every_s:
+        raise ValueError(f"snapshot cadence: files_every {files_every} and files_every_s {files_every_s}: "
+                         f"set one of them")
+    k = memory_every or snapshot_every(snapshot_s, step_s, budget=budget)
+    if files_every:
+        return Cadence(k, files_every, "set by the job")
+    if files_every_s:
+        m, why = max(1, math.ceil(files_every_s / (k * step_s) - 1e-9)), f"every {files_every_s:g} s"
+    elif every_steps:
+        m, why = max(1, math.ceil(every_steps / k - 1e-9)), f"every_steps = {every_steps}"
+    else:
+        return Cadence(k, 0, "every_steps = 0")
+    wait = max(0.0, files_persist_s - k * step_s)
+    room = budget * k * step_s - snapshot_s   # what one memory snapshot leaves of its share of the budget
+    if wait > 0 and room > 0:
+        need = math.ceil(wait / room - 1e-9)
+        if need > m:
+            m = need
+            why = f"a {files_persist_s:.2f} s file system write every {need * k} steps stays under {budget:.0%} " \
+                  "with the snapshots"
+    return Cadence(k, m, why)

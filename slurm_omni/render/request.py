@@ -247,8 +247,12 @@ def _memory_env(job: JobFile, site: SiteConfig) -> dict[str, str]:
     if not job.training.checkpoint.memory_tier:
         return {}
     cap, where = site.checkpoint.memory_gib, site.checkpoint.memory_dir
+    c = job.training.checkpoint
+    cadence = {"OMNI_MEMORY_EVERY_STEPS": str(c.memory_every_steps), "OMNI_FILES_EVERY": str(c.files_every),
+               "OMNI_FILES_EVERY_S": f"{c.files_every_s:g}"}
     return {"OMNI_MEMORY_TIER": "1", **({"OMNI_MEMORY_GIB": f"{cap:g}"} if cap is not None else {}),
-            **({"OMNI_MEMORY_DIR": str(where)} if where is not None else {})}
+            **({"OMNI_MEMORY_DIR": str(where)} if where is not None else {}),
+            **{k: v for k, v in cadence.items() if v != "0"}}
 
 
 def _quoted_env(env: dict[str, str]) -> list[tuple[quoting.Quoted, quoting.Quoted]]:

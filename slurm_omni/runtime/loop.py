@@ -200,9 +200,9 @@ class Trainer:
                 run.trace(global_step, batch.ids.tolist())
                 stop = run.should_stop()
                 last = global_step == cfg.max_steps
-                every = cfg.checkpoint.every_steps
-                if stop or last or (every and global_step % every == 0):
-                    run.save(global_step, sync=stop or last)
+                kind = "files" if last else run.checkpoint_due(global_step, cfg.checkpoint.every_steps)
+                if stop or kind:
+                    run.save(global_step, sync=stop or last, files=kind != "memory")
                 ckpt.poll()
                 if global_step % cfg.log_every == 0 or last or stop:
                     self._log(global_step, loss, lr, grad_norm, pipeline, len(refs))

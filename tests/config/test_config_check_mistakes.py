@@ -56,6 +56,13 @@ def _site(tmp_path: Path, **kw: str) -> Path:
     ('', TRAINING.replace("global_batch_size = 8", "global_batch_size = 6"),
      "couldn't cut global_batch_size = 6 for 2 replicas of micro_batch_size = 2"),
     ('log_dir = "logs\\nevil"\n', TRAINING, "log_dir"),
+    # the memory tier's cadence (issue 22): set only with the tier, counts 0 or more, one of two file cadences
+    ('', TRAINING + "[training.checkpoint]\nmemory_tier = true\nmemory_every_steps = 1\nfiles_every = 20\n", None),
+    ('', TRAINING + "[training.checkpoint]\nmemory_every_steps = 2\n",
+     "memory_every_steps = 2 needs memory_tier = true"),
+    ('', TRAINING + "[training.checkpoint]\nmemory_tier = true\nfiles_every = -3\n", "files_every = -3 (0 or more"),
+    ('', TRAINING + "[training.checkpoint]\nmemory_tier = true\nfiles_every = 4\nfiles_every_s = 60.0\n",
+     "files_every = 4 and files_every_s = 60: set one of them"),
 ])
 def test_job_file_mistakes(capsys: pytest.CaptureFixture[str], tmp_path: Path, job_keys: str, training: str,
                            expected: str | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_omni.policy.snapshot_cadence import blocked_share, snapshot_every
+from slurm_omni.policy.snapshot_cadence import blocked_share, plan_cadence, snapshot_every
 
 
 @pytest.mark.parametrize(("blocking_s", "step_s", "every"), [
@@ -30,3 +30,51 @@ def test_another_budget() -> None:
 def test_nonsense_is_refused(blocking_s: float, step_s: float, budget: float) -> None:
     with pytest.raises(ValueError, match="snapshot cadence"):
         snapshot_every(blocking_s, step_s, budget=budget)
+
+
+# -- the memory tier's two cadences (plan_cadence): memory every k steps, the file system every m-th --
+
+
+def test_memory_every_k_and_the_file_system_about_as_often_as_without_the_tier() -> None:
+    # 0.004 s of a 0.52 s step: memory every step; every_steps = 10 -> files every 10th snapshot
+    c = plan_cadence(snapshot_s=0.004, step_s=0.52, files_persist_s=0.3, every_steps=10)
+    assert (c.memory_every, c.files_every, c.files_every_steps) == (1, 10, 10)
+    assert [c.kind(s) for s in (1, 9, 10, 20)] == ["memory", "memory", "files", "files"]
+    # a costlier snapshot: memory every 4 steps; files every 3rd snapshot (12 steps >= every_steps 10)
+    c = plan_cadence(snapshot_s=0.02, step_s=0.52, files_persist_s=0.3, every_steps=10)
+    assert (c.memory_every, c.files_every) == (4, 3)
+    assert [c.kind(s) for s in (1, 4, 8, 12, 13, 24)] == [None, "memory", "memory", "files", None, "files"]
+
+
+def test_a_file_system_write_that_would_block_too_long_is_made_rarer() -> None:
+    # one persist at a time: a 3 s write after a 1 s step makes the next snapshot wait 2 s; with a
+    # 0.002 s snapshot that stays under 1 % only with m large enough to spread the wait
+    c = plan_cadence(snapshot_s=0.002, step_s=1.0, files_persist_s=3.0, every_steps=10)
+    assert c.memory_every == 1
+    m = c.files_every
+    assert (m * 0.002 + 2.0) / (m * 1.0) <= 0.01 + 1e-12 < (((m - 1) * 0.002 + 2.0) / ((m - 1) * 1.0))
+    assert "file system write" in c.why
+    # a write that ends within the memory interval blocks nothing: every_steps stands
+    assert plan_cadence(snapshot_s=0.002, step_s=1.0, files_persist_s=0.9, every_steps=10).files_every == 10
+
+
+def test_the_jobs_settings_win() -> None:
+    c = plan_cadence(snapshot_s=0.5, step_s=1.0, files_persist_s=30.0, every_steps=10, memory_every=2,
+                     files_every=5)
+    assert (c.memory_every, c.files_every, c.why) == (2, 5, "set by the job")
+    # every N seconds: 60 s of 0.5 s steps, memory every 2 steps -> every 60th snapshot
+    c = plan_cadence(snapshot_s=0.001, step_s=0.5, files_persist_s=0.1, every_steps=10, memory_every=2,
+                     files_every_s=60)
+    assert (c.memory_every, c.files_every, c.files_every_steps) == (2, 60, 120)
+    # every_steps = 0: the file system only on a stop signal and at the end
+    c = plan_cadence(snapshot_s=0.001, step_s=0.5, files_persist_s=0.1, every_steps=0)
+    assert c.files_every == 0 and [c.kind(s) for s in (1, 100)] == ["memory", "memory"]
+
+
+@pytest.mark.parametrize("bad", [dict(snapshot_s=-1.0), dict(step_s=0.0), dict(files_persist_s=float("nan")),
+                                 dict(every_steps=-1), dict(memory_every=-2), dict(files_every=2, files_every_s=9.0),
+                                 dict(files_every_s=float("inf"))])
+def test_nonsense_cadence_inputs_are_refused(bad: dict[str, float]) -> None:
+    given = dict(snapshot_s=0.01, step_s=1.0, files_persist_s=1.0, every_steps=10) | bad
+    with pytest.raises(ValueError, match="snapshot cadence"):
+        plan_cadence(**given)  # type: ignore[arg-type]
