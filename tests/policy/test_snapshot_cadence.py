@@ -71,10 +71,10 @@ def test_the_jobs_settings_win() -> None:
     assert c.files_every == 0 and [c.kind(s) for s in (1, 100)] == ["memory", "memory"]
 
 
-@pytest.mark.parametrize("bad", [dict(snapshot_s=-1.0), dict(step_s=0.0), dict(files_persist_s=float("nan")),
-                                 dict(every_steps=-1), dict(memory_every=-2), dict(files_every=2, files_every_s=9.0),
-                                 dict(files_every_s=float("inf"))])
+@pytest.mark.parametrize("bad", [{"snapshot_s": -1.0}, {"step_s": 0.0}, {"files_persist_s": float("nan")},
+                                 {"every_steps": -1}, {"memory_every": -2}, {"files_every": 2, "files_every_s": 9.0},
+                                 {"files_every_s": float("inf")}])
 def test_nonsense_cadence_inputs_are_refused(bad: dict[str, float]) -> None:
-    given = dict(snapshot_s=0.01, step_s=1.0, files_persist_s=1.0, every_steps=10) | bad
+    given = {"snapshot_s": 0.01, "step_s": 1.0, "files_persist_s": 1.0, "every_steps": 10} | bad
     with pytest.raises(ValueError, match="snapshot cadence"):
         plan_cadence(**given)  # type: ignore[arg-type]
