@@ -278,6 +278,9 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         reference = start_reference(files.job, files.reference)
         s.phase("finish", lambda: wait_done(runner, timeout_s),
                 lambda _: f"job {h.name} reached step {h.max_steps}; reference run alongside")
+        restored = story.restore_line(h.metrics_dir)   # the ranks' own records (restore_source)
+        if restored:
+            s.say(restored)
         ref_metrics = s.phase("reference", lambda: finish_reference(reference, files.reference, timeout_s),
                               lambda p: f"a run that never failed, in {p}")
         eq = s.phase("compare", lambda: story.compare(files, h.metrics_dir, ref_metrics, h.stages),
@@ -297,6 +300,9 @@ def _full_story(s: Story, lc: LocalCluster, backend: CliBackend, files: DemoFile
         name = _job_name(files.job)
         for line in story.cleanup(backend, injector, submitted, manager, keys=[f"{name}-{j}" for j in submitted]):
             s.say(f"cleanup: {line}")
+        freed = story.free_memory(files, lost=[node for node in injector.downed])
+        if freed:
+            s.say(f"cleanup: {freed}")
 
 
 def _job_name(job_file: Path) -> str:

@@ -21,6 +21,7 @@ next relaunch spans the allocation and the pool at two replicas again (docs/allo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import time
@@ -46,14 +47,17 @@ SITE_EDITS = {"allow_allocation = true": "allow_allocation = true"}
 JOB_EDITS = {'name = "omni-demo"': 'name = "omni-demo-busy"',
              'name = "vision"\nnodes = 1': 'name = "vision"\nnodes = 2\nspares = 2',
              'name = "text"\nnodes = 1': 'name = "text"\nnodes = 2',
-             "max_steps = 80": f"max_steps = {MAX_STEPS}", "every_steps = 10": "every_steps = 5"}
+             "max_steps = 80": f"max_steps = {MAX_STEPS}", "every_steps = 10": "every_steps = 5",
+             # the busy story measures allocation-mode recovery as before: checkpoints on the file system only
+             "memory_tier = true\nmemory_every_steps = 1\nfiles_every = 10\n": "memory_tier = false\n"}
 
 
 def write_files(work: Path, cluster: LocalCluster, examples: Path) -> tuple[Path, Path]:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    values = {"{work}": str(work), "{spool}": str(cluster.paths.spool), "{nodes}": compress(cluster.spec.node_names)}
+    values = {"{work}": str(work), "{spool}": str(cluster.paths.spool), "{nodes}": compress(cluster.spec.node_names),
+              "{shm}": str(Path("/dev/shm") / f"omni-demo-busy-{os.geteuid()}")}   # unused: the tier is off
     out = []
     for src, edits in (("omni.toml", SITE_EDITS), ("job.toml", JOB_EDITS)):
         text = (examples / src).read_text()

@@ -9,6 +9,8 @@ runs as the user (drill/user_session.py), so nothing here switches users or hand
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -58,6 +60,11 @@ class DemoFiles:
     def drills(self) -> Path: return self.work / "drills"
     @property
     def report(self) -> Path: return self.work / "report"
+    @property
+    def shm(self) -> Path:
+        """The demo job's memory tier, one folder per node below it (the demo site's ``memory_dir``)."""
+        digest = hashlib.sha256(str(self.work).encode()).hexdigest()[:10]
+        return Path("/dev/shm") / f"omni-demo-{os.geteuid()}-{digest}"
 
 
 def omni_argv(*args: str) -> list[str]:
@@ -83,7 +90,8 @@ def write_files(files: DemoFiles, cluster: LocalCluster, examples: Path = EXAMPL
     if files.work.exists():
         shutil.rmtree(files.work)
     files.work.mkdir(parents=True)
-    values = {"{work}": str(files.work), "{spool}": str(cluster.paths.spool),
+    free_memory(files)   # an earlier demo's, should one have been stopped before its end
+    values = {"{work}": str(files.work), "{shm}": str(files.shm), "{spool}": str(cluster.paths.spool),
               "{nodes}": compress(cluster.spec.node_names)}
     job_src = examples / "job.toml"
     if job_file is not None:
@@ -313,3 +321,67 @@ def cleanup(backend: CliBackend, injector: Injector, job_ids: Collection[int], m
     except Exception as e:  # noqa: BLE001 (cleanup reports, it never hides the first failure)
         done.append(f"cleanup incomplete: {e}")
     return done
+
+
+def free_memory(files: DemoFiles, lost: Collection[str] = ()) -> str | None:
+    """Remove the demo's memory tier folder (``files.shm``, one folder per node) once its jobs ended,
+    and say what was left in it: the job's folders are its standbys' to free (``memtier.free_job``),
+    so files on a node other than one the drill took down (``lost``: its standby was killed with it, as
+    a node lost for real takes its memory along) are a leak, and the line says so."""
+    if not files.shm.is_dir() or files.shm.is_symlink():
+        return None
+    left: dict[str, int] = {}
+    for path in files.shm.rglob("*"):
+        if not path.is_dir():
+            node = path.relative_to(files.shm).parts[0]
+            left[node] = left.get(node, 0) + 1
+    shutil.rmtree(files.shm, ignore_errors=True)
+    leaked = {n: c for n, c in left.items() if n not in lost}
+    downed = {n: c for n, c in left.items() if n in lost}
+    parts = [f"{c} file(s) on {n}, the node the drill took down (its standby went with it)" for n, c in downed.items()]
+    parts += [f"{c} file(s) on {n} NOT freed by its standby" for n, c in leaked.items()]
+    if not parts:
+        return f"nothing of the job left in {files.shm} (its standbys freed it); folder removed"
+    return f"memory tier {files.shm}: " + "; ".join(parts) + "; removed"
+
+
+def restore_line(metrics: Path) -> str | None:
+    """Where each rank of the life after the first fault restored from and how many steps were lost,
+    from the ranks' own metrics lines (the new life's first line per rank: ``restore_source``; steps
+    lost: the faulted life's last step minus the step the next life restored). None before a relaunch."""
+    by_life: dict[int, list[dict[str, object]]] = {}
+    for path in sorted(metrics.glob("metrics-*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                doc = json.loads(line)
+                by_life.setdefault(int(doc["incarnation"]), []).append(doc)
+            except (ValueError, KeyError, TypeError):
+                continue
+    lives = sorted(by_life)
+    if len(lives) < 2:
+        return None
+    old, new = by_life[lives[0]], by_life[lives[1]]
+    firsts: dict[int, dict[str, object]] = {}
+    for doc in sorted(new, key=lambda d: int(d["step"])):  # type: ignore[call-overload]
+        firsts.setdefault(int(doc["rank"]), doc)  # type: ignore[call-overload]
+    last = max(int(d["step"]) for d in old)  # type: ignore[call-overload]
+    restored = min(int(d["step"]) for d in firsts.values()) - 1  # type: ignore[call-overload]
+    groups: dict[str, list[int]] = {}
+    for rank, doc in sorted(firsts.items()):
+        groups.setdefault(str(doc.get("restore_source") or "nothing"), []).append(rank)
+    where = "; ".join(f"rank{'s' if len(r) > 1 else ''} {compress_ranks(r)} from {src}" for src, r in groups.items())
+    lost = last - restored
+    return (f"restored step {restored}: {where}; {lost} step{'' if lost == 1 else 's'} lost "
+            f"(life {lives[0]} reached step {last})")
+
+
+def compress_ranks(ranks: list[int]) -> str:
+    """0,1,2,5 -> "0-2,5"."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)

@@ -65,13 +65,17 @@ def _demo(cluster, tmp_path: Path, *, name: str = NAME, site_edits: dict[str, st
     for key, value in {"use_spank_plugin = true": "use_spank_plugin = false",
                        "default_spares = 1": "default_spares = 0",    # the demo site's stages share one partition
                        "[elasticity]\n": '[elasticity]\nrecovery = "in_allocation"\n',
+                       # one /dev/shm for every node, as the embedded cluster has (not the demo's per node)
+                       f'memory_dir = "{files.shm}/%n"\n': "",
                        **(site_edits or {})}.items():
         assert key in site
         site = site.replace(key, value)
     files.site.write_text(site)
     job = files.job.read_text()
     for key, value in {'name = "omni-demo"': f'name = "{name}"', "max_steps = 80": "max_steps = 40",
-                       "every_steps = 10": "every_steps = 5\nmemory_tier = true"}.items():
+                       # a snapshot every 5 steps, each to memory and the file system (the demo's: memory every step)
+                       "every_steps = 10": "every_steps = 5",
+                       "memory_every_steps = 1\nfiles_every = 10": "memory_every_steps = 5\nfiles_every = 1"}.items():
         assert key in job
         job = job.replace(key, value)
     files.job.write_text(job)

@@ -117,14 +117,16 @@ def test_a_lost_node_restores_from_its_peers_memory_or_with_its_peer_from_the_fi
     site = files.site.read_text()
     for key, value in {"use_spank_plugin = true": "use_spank_plugin = false",
                        "default_spares = 1": "default_spares = 2",    # the demo site's stages share one partition
-                       "[elasticity]\n": '[elasticity]\nrecovery = "in_allocation"\n'}.items():
+                       "[elasticity]\n": '[elasticity]\nrecovery = "in_allocation"\n',
+                       f'memory_dir = "{files.shm}/%n"': f'memory_dir = "{shm}/%n"'}.items():
         assert key in site
         site = site.replace(key, value)
     files.site.write_text(site)
     job = files.job.read_text()
     for key, value in {'name = "omni-demo"': f'name = "{NAME}"', "max_steps = 80": "max_steps = 60",
                        'name = "text"\nnodes = 1': 'name = "text"\nnodes = 2',
-                       "every_steps = 10": "every_steps = 5\nmemory_tier = true"}.items():
+                       "every_steps = 10": "every_steps = 5",
+                       "memory_every_steps = 1\nfiles_every = 10": "memory_every_steps = 5\nfiles_every = 1"}.items():
         assert key in job
         job = job.replace(key, value)
     files.job.write_text(job)

@@ -38,6 +38,52 @@ def test_files_fill_the_examples_and_render(tmp_path: Path) -> None:
     assert request.recovery == "allocation" and request.in_allocation()[0] is not None
     script = request.materialize()
     assert "#SBATCH hetjob" not in script and "#SBATCH --no-kill" in script and "--stages=vision:1:2:1,text:1:2:1" in script
+    # the memory tier on (issue 22): a snapshot into memory every step, the file system every 10th, one
+    # tmpfs folder per node (the embedded nodes share one /dev/shm)
+    c = job.training.checkpoint
+    assert (c.memory_tier, c.memory_every_steps, c.files_every) == (True, 1, 10)
+    assert site.checkpoint.memory_dir == files.shm / "%n" and str(files.shm).startswith("/dev/shm/omni-demo-")
+    assert f"OMNI_MEMORY_DIR={files.shm}/%n" in script and "OMNI_FILES_EVERY=10" in script
+
+
+def _line(path: Path, docs: list[dict[str, object]]) -> None:
+    import json
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+def test_the_restore_line_comes_from_the_ranks_own_records(tmp_path: Path) -> None:
+    """Where each rank of the relaunch restored from (its first metrics line's restore_source) and the
+    steps lost (the faulted life's last step minus the step the next life restored)."""
+    assert story.restore_line(tmp_path) is None   # nothing yet
+    for rank, source in enumerate(["memory", "memory", "peer memory", "peer memory"]):
+        _line(tmp_path / f"metrics-s-{rank}.jsonl",
+              [{"incarnation": 0, "rank": rank, "step": s} for s in range(1, 31 if rank < 2 else 30)]
+              + [{"incarnation": 1, "rank": rank, "step": 30, "restore_source": source},
+                 {"incarnation": 1, "rank": rank, "step": 31}])
+    assert story.restore_line(tmp_path) == ("restored step 29: ranks 0-1 from memory; ranks 2-3 from peer memory; "
+                                            "1 step lost (life 0 reached step 30)")
+    _line(tmp_path / "metrics-s-3.jsonl", [{"incarnation": 1, "rank": 3, "step": 28, "restore_source": "file system"}])
+    assert story.restore_line(tmp_path) == ("restored step 27: ranks 0-1 from memory; rank 2 from peer memory; "
+                                            "rank 3 from file system; 3 steps lost (life 0 reached step 30)")
+
+
+def test_the_demos_memory_is_removed_and_a_leak_is_named(tmp_path: Path) -> None:
+    files = story.DemoFiles(tmp_path / "demo")
+    assert story.free_memory(files) is None
+    try:
+        for node in ("node1", "node2"):
+            (files.shm / node / "omni-0").mkdir(parents=True)
+        assert story.free_memory(files) == f"nothing of the job left in {files.shm} (its standbys freed it); folder removed"
+        assert not files.shm.exists()
+        for node in ("node1", "node2"):
+            (files.shm / node / "omni-0" / "7").mkdir(parents=True)
+            (files.shm / node / "omni-0" / "7" / "step-3.rank-00000.7.0.h5").write_bytes(b"x")
+        line = story.free_memory(files, lost=["node2"])
+        assert line is not None and "1 file(s) on node2, the node the drill took down" in line
+        assert "1 file(s) on node1 NOT freed by its standby" in line and not files.shm.exists()
+    finally:
+        import shutil
+        shutil.rmtree(files.shm, ignore_errors=True)
 
 
 @pytest.mark.parametrize(("recovery", "path", "het"), [(None, "allocation", False), ("allocation", "allocation", False),
