@@ -2,7 +2,7 @@
 
 Defaults live in the dataclasses below (each field says where its number comes from). A TOML file
 (``--config``) may override any of them, table by table (``[run]``, ``[storage]``, ``[start]``,
-``[manual]``, ``[slurm]``, ``[omni]``, ``[queue]``, ``[alloc]``), loaded strictly. Measured files override on top:
+``[manual]``, ``[slurm]``, ``[omni]``, ``[queue]``, ``[alloc]``, ``[memory]``), loaded strictly. Measured files override on top:
 
 ``--drill-json FILE`` (written by ``omni drill``; all keys optional, seconds)::
 
@@ -271,6 +271,37 @@ class AllocConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryConfig:
+    """The memory tier (issue 22; ``[training.checkpoint] memory_tier``): every rank's snapshot kept in its
+    node's memory and a ring peer's, every ``memory_every`` steps, and on the file system every
+    ``files_every``-th of them; a relaunch inside the allocation restores the survivors from their own
+    memory and the replacement node from its peer's. The two cadences are chosen as the runtime chooses
+    them (``slurm_omni.policy.snapshot_cadence.plan_cadence``, from the snapshot's blocking, the step and
+    the file system write at scale) unless set here."""
+
+    read_bw: float = 2.8e9
+    """Restore rate per node from a copy in the node's memory: measured 2.8 GB/s, 1 GiB restored from a
+    tmpfs with huge pages (``python bench/ckpt_bench.py --memory --memory-dir <tmpfs huge=within_size>``,
+    docs/checkpoint.md "The memory tier", 2-core machine). ``--ckpt-json`` with ``memory_restore_s``
+    replaces it (``storage.memory_read_bw``)."""
+    peer_bw: float = 12.5e9
+    """One node's copy to or from its ring peer (the keepers' TCP): an assumption, a 100 Gb/s front-end
+    NIC per node (the collectives' NICs are not used)."""
+    memory_every: int = 0
+    """A snapshot into memory every this many steps; 0: the runtime's policy (blocking under 1 %)."""
+    files_every: int = 0
+    """Every this-many-th memory snapshot also to the file system; 0: the runtime's policy (about as
+    often as slurm-omni checkpoints without the tier, fewer where a write would block)."""
+
+    def __post_init__(self) -> None:
+        if not self.read_bw > 0 or not self.peer_bw > 0:
+            raise ConfigError(f"memory: read_bw = {self.read_bw}, peer_bw = {self.peer_bw} (bytes/s, positive)")
+        if self.memory_every < 0 or self.files_every < 0:
+            raise ConfigError(f"memory: memory_every = {self.memory_every}, files_every = {self.files_every} "
+                              f"(0: the runtime's policy, or more)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SimConfig:
     run: RunConfig = field(default_factory=RunConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
@@ -280,6 +311,7 @@ class SimConfig:
     omni: OmniConfig = field(default_factory=OmniConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     alloc: AllocConfig = field(default_factory=AllocConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from typing import Literal
 from bench.goodput.failures import KINDS, kind_shares
 from bench.goodput.inputs import SimConfig
 from slurm_omni.policy.confirm import ConfirmConfig
+from slurm_omni.policy.snapshot_cadence import Cadence, plan_cadence
 
 Spread = Literal["uniform", "exponential"]
 
@@ -91,6 +92,11 @@ class PolicyCosts:
     successor_lead_s: float | None = None
     """With a time limit: request the successor allocation this long before it (None: resubmit at
     the limit and wait in the queue)."""
+    files_interval_s: float | None = None
+    """The memory tier: the file system's checkpoint interval (``ckpt_interval_s`` is then the memory
+    snapshots'). A relaunch inside the allocation restores from memory; a new allocation (a
+    resubmission) finds no memory of the job and loses the work since the last file system
+    checkpoint. None: every checkpoint is on the file system."""
 
     def __post_init__(self) -> None:
         if self.ckpt_interval_s <= 0:
@@ -228,8 +234,56 @@ def memory_relaunch_restore(cfg: SimConfig) -> float:
     return cfg.omni.restore_small_s + max(weights_per_node / memory_bw, replacement)
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryTier:
+    """The memory tier at scale (``memory_tier``): the cadence the runtime's policy chooses and what it costs."""
+
+    cadence: Cadence
+    interval_s: float
+    """Training between two memory snapshots (k steps)."""
+    blocking_s: float
+    """A memory snapshot's blocking (the host copy), plus each file system write's wait (one persist at
+    a time: the snapshot after it waits for the rest of it) spread over the m snapshots of a cycle."""
+    persist_s: float
+    """A memory snapshot -> durable: the shard written into the node's memory and sent to its ring peer."""
+    files_interval_s: float
+    restore_s: float
+    """A relaunch's restore: survivors from their own memory, the replacement node from its peer's."""
+    replacement_s: float
+
+
+def memory_tier(cfg: SimConfig, omni: PolicyCosts) -> MemoryTier:
+    """The memory tier's cadence and costs at scale: ``plan_cadence`` (the runtime's policy) on the
+    snapshot's blocking, the step time and the file system write at scale, with the file system about as
+    often as slurm-omni checkpoints without the tier (``omni.ckpt_interval_s``), unless ``[memory]`` sets
+    them. Memory snapshots: blocking the host copy; durable once this node's shard is in its memory
+    (memory read rate) and at its ring peer (``peer_bw``). A relaunch: the survivors read their critical
+    modules from their own memory; the replacement node fetches them from its peer (``peer_bw``) into its
+    memory and reads them from there, as ``checkpoint/peer.py`` does; training starts when the slower
+    has, plus the small run's fixed restore overhead."""
+    run, st, mem = cfg.run, cfg.storage, cfg.memory
+    step = run.step_time_s
+    write_per_gpu = run.params * (run.weight_bytes_per_param + run.optimizer_bytes_per_param) / run.gpus
+    write_per_node = write_per_gpu * run.gpus_per_node
+    files_persist = omni.ckpt_persist_s
+    every_steps = max(1, math.ceil(omni.ckpt_interval_s / step - 1e-9))
+    cadence = plan_cadence(snapshot_s=omni.ckpt_blocking_s, step_s=step, files_persist_s=files_persist,
+                           every_steps=every_steps, memory_every=mem.memory_every, files_every=mem.files_every)
+    memory_bw = st.memory_read_bw or mem.read_bw
+    persist = write_per_node / memory_bw + write_per_node / mem.peer_bw
+    interval = max(cadence.memory_every * step, persist)   # at most one save in flight (sim.segment)
+    wait = max(0.0, files_persist - interval)
+    blocking = omni.ckpt_blocking_s + (wait / cadence.files_every if cadence.files_every else 0.0)
+    weights_per_node = run.gpus_per_node * run.params * run.weight_bytes_per_param / (
+        run.tensor_parallel * run.pipeline_parallel)
+    replacement = weights_per_node / mem.peer_bw + weights_per_node / memory_bw
+    restore = cfg.omni.restore_small_s + max(weights_per_node / memory_bw, replacement)
+    files_interval = cadence.files_every_steps * step if cadence.files_every else cfg.run.wall_s
+    return MemoryTier(cadence, interval, blocking, persist, files_interval, restore, replacement)
+
+
 def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: bool = False,
-                  time_limit: bool = False) -> PolicyCosts:
+                  time_limit: bool = False, memory: bool | None = None) -> PolicyCosts:
     """(d) slurm-omni's in-allocation mode with ``per_100`` spares per 100 job nodes: detection and
     checkpoints as (c); a relaunch costs the small cluster's relaunch, the communicator set-up at
     scale, the critical-first restore and a step; out of spares and below the minimum data-parallel
@@ -239,7 +293,9 @@ def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: b
     ``pools``: (e) the control plane outside the allocations (issue 20): the first node's loss is
     recovered inside, running shrunk it asks for a pool allocation and grows back, and at a time
     limit a successor allocation requested ``successor_lead`` ahead takes over.
-    ``time_limit``: the allocation ends after ``[alloc] time_limit_h`` (else it never ends)."""
+    ``time_limit``: the allocation ends after ``[alloc] time_limit_h`` (else it never ends).
+    ``memory``: the memory tier (``memory_tier``: its cadence, lost work and restore); None: only where a
+    checkpoint file measured its restore (``storage.memory_read_bw``), and then its restore only."""
     run = cfg.run
     spares = round(per_100 * run.nodes / 100)
     init = cfg.start.init_s_per_1k_gpus * run.gpus / 1000.0
@@ -247,8 +303,14 @@ def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: b
     name = (f"(e) pools, {per_100:g} spares/100 nodes" if pools
             else f"(d) in allocation, {per_100:g} spares/100 nodes")
     restore = memory_relaunch_restore(cfg) if cfg.storage.memory_read_bw else omni.restore_s
-    if cfg.storage.memory_read_bw:
+    if memory is None and cfg.storage.memory_read_bw:
         name += ", memory tier"
+    if memory:
+        tier = memory_tier(cfg, omni)
+        omni = dataclasses.replace(omni, ckpt_interval_s=tier.interval_s, ckpt_blocking_s=tier.blocking_s,
+                                   ckpt_persist_s=tier.persist_s, files_interval_s=tier.files_interval_s)
+        restore = tier.restore_s
+        name = name.replace(", ", " + memory tier, ", 1)
     return dataclasses.replace(omni, name=name, spares=spares, relaunch_s=relaunch,
                                relaunch_restore_s=restore, batch_host=not pools, pools=pools,
                                repair_s=run.repair_s, time_limit_s=cfg.alloc.time_limit_h * 3600 if time_limit else 0.0,

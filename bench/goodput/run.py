@@ -42,7 +42,7 @@ from bench.goodput.inputs import (
     apply_timeline,
     load_config,
 )
-from bench.goodput.models import PolicyCosts, Scaled, in_allocation, scale
+from bench.goodput.models import PolicyCosts, Scaled, in_allocation, memory_tier, scale
 from bench.goodput.sim import BUCKETS, Outcome, simulate
 from slurm_omni.errors import OmniError
 
@@ -86,6 +86,8 @@ class SpareRow:
     spares: int
     summary: Summary
     pools: bool = False
+    memory: bool = False
+    """With the memory tier (``[memory]``; models.memory_tier)."""
 
 
 def traces(cfg: SimConfig, *, runs: int, seed: int) -> list[list[Interruption]]:
@@ -107,18 +109,20 @@ def limit_draw_lists(cfg: SimConfig, *, runs: int, seed: int) -> list[list[float
 
 def run_spares(cfg: SimConfig, scaled: Scaled, *, runs: int, seed: int,
                events: list[list[Interruption]] | None = None, pools: bool = False,
-               time_limit: bool = False, spares_per_100: Sequence[float] | None = None) -> list[SpareRow]:
+               time_limit: bool = False, spares_per_100: Sequence[float] | None = None,
+               memory: bool | None = None) -> list[SpareRow]:
     """The in-allocation mode for every ``alloc.spares_per_100`` (or ``spares_per_100``), on the
     same traces; ``pools``: the control plane outside, pools and successors (models.in_allocation);
-    ``time_limit``: allocations end after ``[alloc] time_limit_h``."""
+    ``time_limit``: allocations end after ``[alloc] time_limit_h``; ``memory``: the memory tier
+    (None: models.in_allocation's default)."""
     events = events if events is not None else traces(cfg, runs=runs, seed=seed)
     draws = limit_draw_lists(cfg, runs=len(events), seed=seed)
     rows = []
     for per_100 in (cfg.alloc.spares_per_100 if spares_per_100 is None else spares_per_100):
-        policy = in_allocation(cfg, scaled.omni, per_100, pools=pools, time_limit=time_limit)
+        policy = in_allocation(cfg, scaled.omni, per_100, pools=pools, time_limit=time_limit, memory=memory)
         rows.append(SpareRow(per_100, policy.spares or 0,
                              summarize([simulate(policy, cfg.run, trace, d) for trace, d in zip(events, draws, strict=True)]),
-                             pools))
+                             pools, bool(memory)))
     return rows
 
 
@@ -208,6 +212,12 @@ SOURCES: dict[str, str] = {
     "alloc.successor_lead_s": "policy: unset -> the time-limit section sweeps the queue wait's p50, p90, p99",
     "storage.aggregate_write_bw": "public: Llama 3 paper, Tectonic 2 TB/s sustained",
     "storage.aggregate_read_bw": "assumption: as the write bandwidth",
+    "memory.read_bw": ("measured: 2.8 GB/s restored from a tmpfs with huge pages, 1 GiB, python bench/ckpt_bench.py "
+                       "--memory --memory-dir <tmpfs huge=within_size> (docs/checkpoint.md); --ckpt-json's "
+                       "memory_restore_s replaces it"),
+    "memory.peer_bw": "assumption: a 100 Gb/s front-end NIC per node carries the keepers' TCP copies",
+    "memory.memory_every": "policy: 0 -> plan_cadence, the fewest steps that keep the snapshot's blocking under 1 %",
+    "memory.files_every": "policy: 0 -> plan_cadence, the file system about as often as without the tier",
 }
 
 
@@ -266,8 +276,9 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
             f"{s.policy:40} {s.ettr_mean:7.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} |                    "
             f"{h['detection']:6.1f} {h['restart']:7.1f} {h['restore']:7.1f} {h['queue']:6.1f} {h['waiting']:5.1f} "
             f"{h['recompute']:6.1f} {h['checkpoint']:5.2f} {h['shrunk']:6.2f} {h['grow']:5.2f} {s.spare_hours:5.1f}")
-    today = [r for r in rows if not r.pools]
-    pooled = {r.per_100: r for r in rows if r.pools}
+    today = [r for r in rows if not r.pools and not r.memory]
+    pooled = {r.per_100: r for r in rows if r.pools and not r.memory}
+    remembered = {r.per_100: r for r in rows if r.pools and r.memory}
     if rows:
         lines += ["", (f"ETTR against spares per 100 nodes (relaunch {f['relaunch_s']:.1f} s; shrink down to "
                        f"{cfg.alloc.min_dp_fraction:.0%} of dp {cfg.run.data_parallel}, then resubmit)"),
@@ -276,7 +287,7 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
                    "a pool allocation of the missing nodes, grown back by one relaunch when it starts"),
                   (f"  {'spares/100':>10} {'spares':>6} | {'(d) ETTR':>8} {'p5-p95':>15} {'shrinks':>7} {'resub':>5} "
                    f"{'host':>4} {'idle h':>6} | {'(e) ETTR':>8} {'p5-p95':>15} {'shrinks':>7} {'pools':>5} "
-                   f"{'grows':>5} {'idle h':>6}")]
+                   f"{'grows':>5} {'idle h':>6}" + (f" | {'(e)+memory':>10} {'p5-p95':>15}" if remembered else ""))]
         for d in today:
             s = d.summary
             line = (f"  {d.per_100:10g} {d.spares:6d} | {s.ettr_mean:8.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} "
@@ -286,7 +297,13 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
                 t = e.summary
                 line += (f" {t.ettr_mean:8.2%} {t.ettr_p5:7.2%}-{t.ettr_p95:<7.2%} {t.shrinks:7.1f} {t.pools:5.1f} "
                          f"{t.grows:5.1f} {t.spare_hours:6.1f}")
+            m = remembered.get(d.per_100)
+            if m is not None:
+                u = m.summary
+                line += f" | {u.ettr_mean:10.2%} {u.ettr_p5:7.2%}-{u.ettr_p95:<7.2%}"
             lines.append(line)
+        if remembered:
+            lines += memory_lines(cfg, scaled, pooled, remembered)
     name, top = best(summaries, rows)
     resub = summaries[-1]
     lines += ["", (f"best choice: {name}: ETTR {top.ettr_mean:.2%} (slurm-omni resubmission "
@@ -296,7 +313,8 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
         lines.append(f"best without pools: {no_pool.policy}: ETTR {no_pool.ettr_mean:.2%}")
     lines.append(f"best ETTR / {TARGET_ETTR:.0%} target = {top.ettr_mean / TARGET_ETTR:.3f} ({target_gap(top)})")
     best_rows = [x for x in (max(today, key=lambda x: x.summary.ettr_mean) if today else None,
-                         max(pooled.values(), key=lambda x: x.summary.ettr_mean) if pooled else None) if x]
+                         max(pooled.values(), key=lambda x: x.summary.ettr_mean) if pooled else None,
+                         max(remembered.values(), key=lambda x: x.summary.ettr_mean) if remembered else None) if x]
     if best_rows:
         lines += ["", "where the remaining time goes (hours; share of the paid time; ml-goodput-measurement's names):",
                   f"  {'cause':68} " + " ".join(f"{_short(x):>30}" for x in best_rows)]
@@ -366,7 +384,35 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
 
 
 def _short(row: SpareRow) -> str:
-    return f"{'(e) pools' if row.pools else '(d) no pools'}, {row.per_100:g} spares/100"
+    return f"{'(e) pools' if row.pools else '(d) no pools'}{' + memory' if row.memory else ''}, {row.per_100:g} spares/100"
+
+
+def memory_lines(cfg: SimConfig, scaled: Scaled, pooled: dict[float, SpareRow],
+                 remembered: dict[float, SpareRow]) -> list[str]:
+    """The memory tier against the same pools without it: its cadence, the work lost per interruption,
+    a relaunch's restore, and the best ETTR of each (every figure from the model and the simulation)."""
+    tier = memory_tier(cfg, scaled.omni)
+    c, step = tier.cadence, cfg.run.step_time_s
+    with_tier = max(remembered.values(), key=lambda x: x.summary.ettr_mean)
+    without = max(pooled.values(), key=lambda x: x.summary.ettr_mean) if pooled else None
+    files = (f"the file system every {c.files_every}{'st' if c.files_every == 1 else 'th'} ({c.files_every_steps} steps, "
+             f"{tier.files_interval_s:.0f} s: {c.why})" if c.files_every else "the file system only at planned saves")
+
+    def lost(row: SpareRow) -> float:
+        return row.summary.hours["recompute"] * 3600 / max(row.summary.relaunches + row.summary.resubmits, 1e-9)
+
+    out = ["", (f"  memory tier (models.memory_tier; the runtime's policy, policy/snapshot_cadence.py): a snapshot "
+                f"into memory every {c.memory_every} step{'s' if c.memory_every > 1 else ''} of {step:.1f} s (blocks "
+                f"{tier.blocking_s:.3f} s, {tier.blocking_s / tier.interval_s:.2%}; in memory and at the ring peer "
+                f"{tier.persist_s:.1f} s later), {files}"),
+           (f"    relaunch restore {in_allocation(cfg, scaled.omni, 0, memory=False).relaunch_restore_s:.1f} s -> "
+            f"{tier.restore_s:.1f} s (survivors from their memory, the replacement {tier.replacement_s:.1f} s from "
+            f"its peer's); a new allocation restores from the file system")]
+    if without is not None:
+        out.append(f"    work lost per interruption {lost(without):.1f} s -> {lost(with_tier):.1f} s; best ETTR "
+                   f"{without.summary.ettr_mean:.2%} ({_short(without)}) -> {with_tier.summary.ettr_mean:.2%} "
+                   f"({_short(with_tier)})")
+    return out
 
 
 def _queue_mean(p: PolicyCosts) -> float:
@@ -437,13 +483,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     events = traces(cfg, runs=args.runs, seed=args.seed)
     summaries = [summarize(o) for o in run_many(cfg, scaled, runs=args.runs, seed=args.seed, events=events)]
-    rows = run_spares(cfg, scaled, runs=args.runs, seed=args.seed, events=events)
-    pooled = run_spares(cfg, scaled, runs=args.runs, seed=args.seed, events=events, pools=True)
+    # with and without the memory tier, on the same traces ([memory]; --ckpt-json's memory restore feeds it)
+    rows = run_spares(cfg, scaled, runs=args.runs, seed=args.seed, events=events, memory=False)
+    pooled = run_spares(cfg, scaled, runs=args.runs, seed=args.seed, events=events, pools=True, memory=False)
+    remembered = run_spares(cfg, scaled, runs=args.runs, seed=args.seed, events=events, pools=True, memory=True)
     limits = (run_limits(cfg, scaled, runs=args.runs, seed=args.seed, events=events,
                          per_100_today=max(rows, key=lambda x: x.summary.ettr_mean).per_100,
                          per_100_pools=max(pooled, key=lambda x: x.summary.ettr_mean).per_100)
               if cfg.alloc.time_limit_h > 0 else [])
-    rows = [*rows, *pooled]
+    rows = [*rows, *pooled, *remembered]
     print(render(cfg, scaled, summaries, prov, runs=args.runs, seed=args.seed, rows=rows, limits=limits))
     if args.json:
         payload = {"target_ettr": TARGET_ETTR, "runs": args.runs, "seed": args.seed,
@@ -454,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       "ettr_p95": r.summary.ettr_p95, "lost_hours": r.summary.hours,
                                       "idle_spare_hours": r.summary.spare_hours,
                                       "relaunches": r.summary.relaunches, "resubmits": r.summary.resubmits,
-                                      "shrinks": r.summary.shrinks, "pools": r.pools,
+                                      "shrinks": r.summary.shrinks, "pools": r.pools, "memory_tier": r.memory,
                                       "pool_allocations": r.summary.pools, "grows": r.summary.grows,
                                       "batch_host_losses": r.summary.host_losses,
                                       "badput_hours": dict(badput(r.summary))} for r in rows],

@@ -46,6 +46,12 @@ is released), else the job stops at the limit and waits for it. A handover is a 
 fresh start on new nodes (start, restore, first step: ``handover``) with the full size and all
 spares; pending pools are released with the old allocation (pools have no limit of their own here).
 
+Memory tier (``PolicyCosts.files_interval_s`` set): ``ckpt_interval_s`` is then the memory snapshots',
+and a relaunch inside the allocation restores from memory (the work since the last memory snapshot is
+lost); a new allocation (a resubmission, the batch host lost) finds no memory of the job and goes back to
+the newest file system checkpoint, taken every ``files_interval_s`` of training (by step number, as the
+runtime does, across relaunches), or a planned save's: the rest of the work since is lost too.
+
 Every wall second lands in exactly one bucket: productive, detection, restart, restore, queue
 (waiting in the queue), waiting for nodes, recompute (lost work), checkpoint (blocking), shrunk,
 grow (the planned relaunch of a grow-back), handover (a new allocation after a time limit). Idle
@@ -168,6 +174,11 @@ class _Ledger:
         self.wall_s = wall_s
         self.t = 0.0
         self.seconds = dict.fromkeys(BUCKETS, 0.0)
+
+    def relose(self, seconds: float, frac: float) -> None:
+        """Work counted as productive that a restore from an older checkpoint takes back."""
+        self.seconds["productive"] -= seconds * frac
+        self.seconds["recompute"] += seconds * frac
 
     def charge(self, bucket: str, seconds: float) -> float:
         take = min(max(seconds, 0.0), self.wall_s - self.t)
@@ -330,6 +341,8 @@ def simulate_in_allocation(p: PolicyCosts, run: RunConfig, events: Iterable[Inte
 
     handover_at = new_allocation(0.0)
     alloc_end = p.time_limit_s if p.time_limit_s > 0 else math.inf
+    progress = 0.0   # training seconds the job's newest checkpoint holds (in memory, with the memory tier)
+    on_files = 0.0   # ... its newest planned save on the file system
     while not led.over:
         while ev is not None and ev.time_s < led.t:
             absorbed += 1
@@ -338,9 +351,14 @@ def simulate_in_allocation(p: PolicyCosts, run: RunConfig, events: Iterable[Inte
         pool_at = a.next_pool()
         end = min(fail_at, pool_at, handover_at, wall)
         failed = ev is not None and end == fail_at and end < wall
-        a.pay(led.train(p, end, failed, a.replicas / a.dp))
+        frac = a.replicas / a.dp
+        trained, _, durable = segment(p, max(end - led.t, 0.0))
+        progress += durable if failed else trained
+        a.pay(led.train(p, end, failed, frac))
         if led.over:
             break
+        if not failed:   # a planned save (a handover's, a grow's) is on the file system
+            on_files = progress
         if not failed and end == handover_at:   # the time limit, or the successor started before it
             handovers += 1
             led.charge("checkpoint", p.grow_save_s)   # a planned save: nothing lost
@@ -385,6 +403,10 @@ def simulate_in_allocation(p: PolicyCosts, run: RunConfig, events: Iterable[Inte
             a.pay(led.charge("restore", p.relaunch_restore_s))
         else:   # a new allocation, full size, all spares again
             resubmits += 1
+            if p.files_interval_s is not None:   # its memory is gone: back to the file system's newest
+                newest = max(on_files, math.floor(progress / p.files_interval_s + 1e-9) * p.files_interval_s)
+                led.relose(progress - newest, frac)
+                progress = on_files = newest
             led.charge("restart", p.resubmit_s + p.pending_s)
             led.charge("queue", p.queue_s(ev.queue_draw))
             a.reset()

@@ -137,7 +137,9 @@ def test_cli_prints_the_sweep_and_the_best_choice(tmp_path: Path, capsys: pytest
     assert "queue.median_s" in text and "command line" in text
     payload = json.loads(out_json.read_text())
     assert [r["spares_per_100"] for r in payload["in_allocation"] if not r["pools"]] == list(AllocConfig().spares_per_100)
-    assert [r["spares_per_100"] for r in payload["in_allocation"] if r["pools"]] == list(AllocConfig().spares_per_100)
+    for memory in (False, True):   # pools without and with the memory tier (issue 22)
+        assert [r["spares_per_100"] for r in payload["in_allocation"]
+                if r["pools"] and r["memory_tier"] == memory] == list(AllocConfig().spares_per_100)
     assert payload["best"] in {p["policy"] for p in payload["policies"] + payload["in_allocation"]}
 
 
