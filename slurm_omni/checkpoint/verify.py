@@ -32,6 +32,9 @@ class VerifyReport:
     datasets: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    in_memory: list[str] = field(default_factory=list)
+    """Shards of a memory-only step that are only in the memory tier (not checked here: a restore
+    checks them as it reads them, and passes over the step where no memory holds them)."""
 
     @property
     def ok(self) -> bool:
@@ -39,7 +42,8 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "step": self.step, "ok": self.ok, "problems": self.problems,
-                "datasets": self.datasets, "bytes": self.bytes, "seconds": round(self.seconds, 3)}
+                "datasets": self.datasets, "bytes": self.bytes, "seconds": round(self.seconds, 3),
+                "in_memory": self.in_memory}
 
 
 def resolve(path: Path) -> Path:
@@ -85,7 +89,10 @@ def verify(path: Path, *, progress: Callable[[int], None] | None = None) -> Veri
         try:   # the manifest names only rank-NNNNN.h5 (format._check_bounds); never through a link
             fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            report.problems.append(f"{shard.file}: missing")
+            if shard.memory_only:
+                report.in_memory.append(name)
+            else:
+                report.problems.append(f"{shard.file}: missing")
             continue
         except OSError as e:
             report.problems.append(f"{shard.file}: couldn't open: {e.strerror}")

@@ -56,7 +56,8 @@ def _row(e: fmt.Entry) -> dict[str, Any]:
     return {"step": e.step, "status": e.status.value, "path": str(e.path),
             "bytes": sum(p.stat().st_size for p in files), "shards": shards,
             "mtime": max((p.stat().st_mtime for p in files), default=e.path.stat().st_mtime),
-            "note": e.reason.splitlines()[0][:120] if e.reason else ""}
+            "note": e.reason.splitlines()[0][:120] if e.reason else
+            "shard files only in the memory tier" if e.status is fmt.Status.COMPLETE and fmt.memory_only(e.path) else ""}
 
 
 @ckpt.command()
@@ -113,7 +114,10 @@ def verify_cmd(path: Path, as_json: bool, progress: bool | None) -> None:
         for p in report.problems:
             click.echo(f"  {p}")
         if report.ok:
-            click.echo(f"{step_path}: ok ({report.datasets} datasets, {_size(report.bytes)} in {report.seconds:.1f} s)")
+            memory = (f"; {len(report.in_memory)} shard(s) only in the memory tier, not checked here"
+                      if report.in_memory else "")
+            click.echo(f"{step_path}: ok ({report.datasets} datasets, {_size(report.bytes)} in {report.seconds:.1f} s"
+                       f"{memory})")
     if not report.ok:
         raise CheckpointError(f"checkpoint: {step_path} failed verification: {len(report.problems)} problem(s)")
 

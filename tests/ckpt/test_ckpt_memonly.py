@@ -230,3 +230,22 @@ def test_the_jobs_cadence_reaches_the_ranks_environment(tmp_path: Path) -> None:
     assert not {"OMNI_MEMORY_EVERY_STEPS", "OMNI_FILES_EVERY", "OMNI_FILES_EVERY_S"} & set(env)
     assert _cadence_env(env) == (0, 0, 0.0)
     assert _cadence_env({}) is None   # no tier: every checkpoint to the file system, as before
+
+
+def test_omni_ckpt_ls_and_verify_tell_a_memory_only_step(tmp_path: Path, nodes: Path) -> None:
+    from click.testing import CliRunner
+
+    from slurm_omni.cli.main import cli
+
+    with engine(tmp_path, **tier(nodes)) as eng:
+        eng.save(100, shard_state(100), sync=True)
+        eng.save(101, shard_state(101), sync=True, files=False)
+    runner = CliRunner()
+    ls = runner.invoke(cli, ["ckpt", "ls", str(tmp_path)])
+    assert ls.exit_code == 0 and "shard files only in the memory tier" in ls.output.splitlines()[-1]
+    verify = runner.invoke(cli, ["ckpt", "verify", "--no-progress", str(tmp_path)])
+    assert verify.exit_code == 0, verify.output
+    assert "step-101: ok (0 datasets" in verify.output and "1 shard(s) only in the memory tier" in verify.output
+    # a shard file that should be there and is not is still a problem
+    (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").unlink()
+    assert runner.invoke(cli, ["ckpt", "verify", "--no-progress", str(fmt.step_dir(tmp_path, 100))]).exit_code != 0
