@@ -249,3 +249,14 @@ def test_omni_ckpt_ls_and_verify_tell_a_memory_only_step(tmp_path: Path, nodes: 
     # a shard file that should be there and is not is still a problem
     (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").unlink()
     assert runner.invoke(cli, ["ckpt", "verify", "--no-progress", str(fmt.step_dir(tmp_path, 100))]).exit_code != 0
+
+
+@pytest.mark.parametrize("env", [{"OMNI_MEMORY_EVERY_STEPS": "x"}, {"OMNI_FILES_EVERY": "-1"},
+                                 {"OMNI_FILES_EVERY": "2", "OMNI_FILES_EVERY_S": "30"}])
+def test_a_bad_cadence_in_the_environment_is_one_line(env: dict[str, str]) -> None:
+    from slurm_omni.elastic.run import _cadence_env
+    from slurm_omni.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="memory tier's cadence") as e:
+        _cadence_env({"OMNI_MEMORY_TIER": "1", **env})
+    assert "\n" not in str(e.value)
