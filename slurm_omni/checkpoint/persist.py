@@ -204,12 +204,13 @@ def _memory_file(memory: MemoryTier, snap: Snapshot, layout: ShardLayout, incarn
         return partial, _write_file(partial, snap, owned, offsets, sums, layout, incarnation)
     except OSError as e:
         partial.unlink(missing_ok=True)
-        if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT) and not isinstance(e, BlockingIOError):
-            log.warning("checkpoint: couldn't keep step %d in memory only: %s; writing it to the file system",
-                        snap.step, " ".join(str(e).split())[:200])
+        # one line per kind of trouble, then debug (a full tmpfs would say so every step)
+        if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+            memory._say("full", f"checkpoint: couldn't keep step {snap.step} in memory only: {memory.base} is full; "
+                                "writing it to the file system")
         else:
-            log.warning("checkpoint: couldn't keep step %d in memory only: %s is full; writing it to the file "
-                        "system", snap.step, memory.base)
+            memory._say("copy", f"checkpoint: couldn't keep step {snap.step} in memory only: "
+                                f"{' '.join(str(e).split())[:200]}; writing it to the file system")
         return None
     except BaseException:
         partial.unlink(missing_ok=True)

@@ -137,14 +137,14 @@ class Run:
         self.last_step_time_s: float | None = None
         self._last_async_save: int | None = None
         self._said_cadence = False
+        """Wall time of the last step :meth:`step_done` reported (from the end of the step before, or
+        from the restore): what the heartbeat's ``step_time_s`` averages."""
         self.cadence: Cadence | None = None
         """With the memory tier: how often this life snapshots into memory and to the file system,
         decided at its second file system checkpoint from what every rank measured (None until then:
         every checkpoint goes to the file system)."""
         self._cadence_asked = _cadence_env()
         self._last_files_save: int | None = None
-        """Wall time of the last step :meth:`step_done` reported (from the end of the step before, or
-        from the restore): what the heartbeat's ``step_time_s`` averages."""
         self._last_times: tuple[float, float] = (0.0, 0.0)
         self._startup: dict[str, float | str | None] = {
             "task_started_at": _env_time("OMNI_TASK_STARTED_AT"), "groups_ready_at": groups_ready_at}

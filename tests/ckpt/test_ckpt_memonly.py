@@ -260,3 +260,30 @@ def test_a_bad_cadence_in_the_environment_is_one_line(env: dict[str, str]) -> No
     with pytest.raises(CheckpointError, match="memory tier's cadence") as e:
         _cadence_env({"OMNI_MEMORY_TIER": "1", **env})
     assert "\n" not in str(e.value)
+
+
+def test_a_tmpfs_that_fills_while_writing_leaves_the_step_to_the_file_system_with_one_line(
+        tmp_path: Path, nodes: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from slurm_omni.checkpoint import persist
+
+    real = persist._write_file
+
+    def full_in_memory(path: Path, *args: object, **kw: object) -> int:
+        if str(path).startswith(str(nodes)):
+            with open(path, "wb") as f:
+                f.write(b"x" * 4096)   # a partial copy, which must not stay behind
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(persist, "_write_file", full_in_memory)
+    with engine(tmp_path, **tier(nodes)) as eng:
+        eng.save(100, shard_state(100), sync=True, files=False)
+        eng.save(101, shard_state(101), sync=True, files=False)
+    for step in (100, 101):
+        assert (fmt.step_dir(tmp_path, step) / "rank-00000.h5").exists()
+        assert not fmt.read_manifest(fmt.step_dir(tmp_path, step)).shards["rank-00000"].memory_only
+    assert not any(n.endswith(".partial") for n in copies(nodes))
+    (line,) = warnings(caplog)   # once, not every step
+    assert "is full" in line and "file system" in line
