@@ -60,7 +60,8 @@ def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, ev
     system checkpoint's background write and commit) and the job's settings (0: not set).
 
     - memory every k steps: ``memory_every``, else the smallest k that keeps the snapshots' blocking
-      under ``budget`` (:func:`snapshot_every`);
+      under ``budget`` (:func:`snapshot_every`), but never fewer snapshots than the job takes without
+      the tier (k <= ``every_steps`` where that is set: it accepted that blocking already);
     - the file system every m-th of those: ``files_every``; else every ``files_every_s`` seconds
       (m = ceil(seconds / (k x step))); else every ``every_steps`` steps as without the tier (m =
       ceil(every_steps / k); ``every_steps`` 0: never but on a stop signal and at the end). Unless the
@@ -82,6 +83,8 @@ def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, ev
         raise ValueError(f"snapshot cadence: files_every {files_every} and files_every_s {files_every_s}: "
                          f"set one of them")
     k = memory_every or snapshot_every(snapshot_s, step_s, budget=budget)
+    if not memory_every and every_steps:
+        k = min(k, every_steps)
     if files_every:
         return Cadence(k, files_every, "set by the job")
     if files_every_s:

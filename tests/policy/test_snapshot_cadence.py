@@ -78,3 +78,12 @@ def test_nonsense_cadence_inputs_are_refused(bad: dict[str, float]) -> None:
     given = {"snapshot_s": 0.01, "step_s": 1.0, "files_persist_s": 1.0, "every_steps": 10} | bad
     with pytest.raises(ValueError, match="snapshot cadence"):
         plan_cadence(**given)  # type: ignore[arg-type]
+
+
+def test_never_fewer_snapshots_than_without_the_tier() -> None:
+    # a snapshot that blocks 40 % of a short step: 40 steps under 1 %, but the job checkpointed every 5
+    # steps without the tier (it accepted that blocking): memory every 5, each also to the file system
+    c = plan_cadence(snapshot_s=0.04, step_s=0.1, files_persist_s=0.8, every_steps=5)
+    assert (c.memory_every, c.files_every, c.files_every_steps) == (5, 1, 5)
+    # without a file system cadence (every_steps = 0) the budget alone decides
+    assert plan_cadence(snapshot_s=0.04, step_s=0.1, files_persist_s=0.8, every_steps=0).memory_every == 40
