@@ -268,9 +268,11 @@ class Run:
             files = (f"the file system every {cadence.files_every_steps} steps (every {cadence.files_every}"
                      f"{_nth(cadence.files_every)} snapshot: {cadence.why}; its write {persist_s:.2f} s)"
                      if cadence.files_every else "the file system only on a stop signal and at the end")
+            share = blocked_share(snap, step_s, k)
+            why = "" if memory_every else f", under {BUDGET:.0%}" if share <= BUDGET else \
+                f"; {BUDGET:.0%} would take every {snapshot_every(snap, step_s)}: no fewer than every_steps"
             print(f"{head} a snapshot blocks {snap:.4f} s of a {step_s:.3f} s step: into memory every {k} "
-                  f"step{'s' if k > 1 else ''} ({blocked_share(snap, step_s, k):.2%} of training"
-                  f"{'' if memory_every else f', under {BUDGET:.0%}'}), {files}; from step {step}",
+                  f"step{'s' if k > 1 else ''} ({share:.2%} of training{why}), {files}; from step {step}",
                   file=sys.stderr, flush=True)
 
     def _say_cadence(self, step: int, blocking_s: float | None) -> None:
