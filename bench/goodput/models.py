@@ -256,7 +256,8 @@ def memory_tier(cfg: SimConfig, omni: PolicyCosts) -> MemoryTier:
     """The memory tier's cadence and costs at scale: ``plan_cadence`` (the runtime's policy) on the
     snapshot's blocking, the step time and the file system write at scale, with the file system about as
     often as slurm-omni checkpoints without the tier (``omni.ckpt_interval_s``), unless ``[memory]`` sets
-    them. Memory snapshots: blocking the host copy; durable once this node's shard is in its memory
+    them; the model knows the run's time between interruptions, so k is at least Young/Daly's (the
+    runtime, which does not know it, takes the 1 % budget alone). Memory snapshots: blocking the host copy; durable once this node's shard is in its memory
     (memory read rate) and at its ring peer (``peer_bw``). A relaunch: the survivors read their critical
     modules from their own memory; the replacement node fetches them from its peer (``peer_bw``) into its
     memory and reads them from there, as ``checkpoint/peer.py`` does; training starts when the slower
@@ -267,8 +268,10 @@ def memory_tier(cfg: SimConfig, omni: PolicyCosts) -> MemoryTier:
     write_per_node = write_per_gpu * run.gpus_per_node
     files_persist = omni.ckpt_persist_s
     every_steps = max(1, math.ceil(omni.ckpt_interval_s / step - 1e-9))
+    mtbf = run.wall_s / run.interruptions if run.interruptions else 0.0
     cadence = plan_cadence(snapshot_s=omni.ckpt_blocking_s, step_s=step, files_persist_s=files_persist,
-                           every_steps=every_steps, memory_every=mem.memory_every, files_every=mem.files_every)
+                           every_steps=every_steps, memory_every=mem.memory_every, files_every=mem.files_every,
+                           mtbf_s=mtbf)
     memory_bw = st.memory_read_bw or mem.read_bw
     persist = write_per_node / memory_bw + write_per_node / mem.peer_bw
     interval = max(cadence.memory_every * step, persist)   # at most one save in flight (sim.segment)
@@ -302,8 +305,9 @@ def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: b
     relaunch = cfg.alloc.relaunch_small_s + init + omni.first_step_s
     name = (f"(e) pools, {per_100:g} spares/100 nodes" if pools
             else f"(d) in allocation, {per_100:g} spares/100 nodes")
-    restore = memory_relaunch_restore(cfg) if cfg.storage.memory_read_bw else omni.restore_s
-    if memory is None and cfg.storage.memory_read_bw:
+    old_model = memory is None and bool(cfg.storage.memory_read_bw)   # the restore from memory only
+    restore = memory_relaunch_restore(cfg) if old_model else omni.restore_s
+    if old_model:
         name += ", memory tier"
     if memory:
         tier = memory_tier(cfg, omni)

@@ -395,13 +395,15 @@ def memory_lines(cfg: SimConfig, scaled: Scaled, pooled: dict[float, SpareRow],
     c, step = tier.cadence, cfg.run.step_time_s
     with_tier = max(remembered.values(), key=lambda x: x.summary.ettr_mean)
     without = max(pooled.values(), key=lambda x: x.summary.ettr_mean) if pooled else None
-    files = (f"the file system every {c.files_every}{'st' if c.files_every == 1 else 'th'} ({c.files_every_steps} steps, "
+    nth = {1: "st", 2: "nd", 3: "rd"}.get(c.files_every % 10 if c.files_every % 100 not in (11, 12, 13) else 0, "th")
+    files = (f"the file system every {c.files_every}{nth} ({c.files_every_steps} steps, "
              f"{tier.files_interval_s:.0f} s: {c.why})" if c.files_every else "the file system only at planned saves")
 
     def lost(row: SpareRow) -> float:
         return row.summary.hours["recompute"] * 3600 / max(row.summary.relaunches + row.summary.resubmits, 1e-9)
 
-    out = ["", (f"  memory tier (models.memory_tier; the runtime's policy, policy/snapshot_cadence.py): a snapshot "
+    out = ["", (f"  memory tier (models.memory_tier; the runtime's policy, policy/snapshot_cadence.py, with the run's "
+                f"time between interruptions: Young/Daly): a snapshot "
                 f"into memory every {c.memory_every} step{'s' if c.memory_every > 1 else ''} of {step:.1f} s (blocks "
                 f"{tier.blocking_s:.3f} s, {tier.blocking_s / tier.interval_s:.2%}; in memory and at the ring peer "
                 f"{tier.persist_s:.1f} s later), {files}"),

@@ -54,14 +54,16 @@ class Cadence:
 
 def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, every_steps: int,
                  memory_every: int = 0, files_every: int = 0, files_every_s: float = 0.0,
-                 budget: float = BUDGET) -> Cadence:
+                 budget: float = BUDGET, mtbf_s: float = 0.0) -> Cadence:
     """How often to snapshot into memory and how often to the file system, from what a run measured
     (``snapshot_s``: the host copy a snapshot blocks; ``step_s``: a step; ``files_persist_s``: a file
     system checkpoint's background write and commit) and the job's settings (0: not set).
 
     - memory every k steps: ``memory_every``, else the smallest k that keeps the snapshots' blocking
       under ``budget`` (:func:`snapshot_every`), but never fewer snapshots than the job takes without
-      the tier (k <= ``every_steps`` where that is set: it accepted that blocking already);
+      the tier (k <= ``every_steps`` where that is set: it accepted that blocking already); where the
+      time between interruptions is known (``mtbf_s`` > 0), k is at least Young/Daly's optimum
+      sqrt(2 x snapshot x mtbf) / step: snapshots more often than that block more than they save;
     - the file system every m-th of those: ``files_every``; else every ``files_every_s`` seconds
       (m = ceil(seconds / (k x step))); else every ``every_steps`` steps as without the tier (m =
       ceil(every_steps / k); ``every_steps`` 0: never but on a stop signal and at the end). Unless the
@@ -71,7 +73,7 @@ def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, ev
 
     Raises ValueError for a value out of range (the caller turns it into one line)."""
     for name, value in (("snapshot_s", snapshot_s), ("files_persist_s", files_persist_s),
-                        ("files_every_s", files_every_s)):
+                        ("files_every_s", files_every_s), ("mtbf_s", mtbf_s)):
         if not value >= 0 or math.isinf(value):
             raise ValueError(f"snapshot cadence: {name} = {value} (a finite number, 0 or more)")
     if not step_s > 0 or math.isinf(step_s) or not budget > 0:
@@ -83,6 +85,8 @@ def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, ev
         raise ValueError(f"snapshot cadence: files_every {files_every} and files_every_s {files_every_s}: "
                          f"set one of them")
     k = memory_every or snapshot_every(snapshot_s, step_s, budget=budget)
+    if not memory_every and mtbf_s:
+        k = max(k, round(math.sqrt(2 * snapshot_s * mtbf_s) / step_s))
     if not memory_every and every_steps:
         k = min(k, every_steps)
     if files_every:

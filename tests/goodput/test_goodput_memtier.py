@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,11 @@ def test_the_cadence_is_the_runtimes_policy_and_the_tier_beats_the_same_pools_wi
     tier = memory_tier(cfg, scaled.omni)
     f = scaled.figures
     want = plan_cadence(snapshot_s=f["blocking_s"], step_s=cfg.run.step_time_s, files_persist_s=f["persist_s"],
-                        every_steps=-(-f["omni_ckpt_interval_s"] // cfg.run.step_time_s).__int__())
+                        every_steps=-(-f["omni_ckpt_interval_s"] // cfg.run.step_time_s).__int__(),
+                        mtbf_s=f["mtbf_s"])
     assert tier.cadence == want
+    # Young/Daly on the memory snapshot: fewer snapshots than the 1 % budget alone would allow
+    assert want.memory_every == round(math.sqrt(2 * f["blocking_s"] * f["mtbf_s"]) / cfg.run.step_time_s) > 1
     assert tier.interval_s == pytest.approx(max(want.memory_every * cfg.run.step_time_s, tier.persist_s))
     assert tier.files_interval_s == pytest.approx(want.files_every_steps * cfg.run.step_time_s)
     p = in_allocation(cfg, scaled.omni, 1.0, pools=True, memory=True)

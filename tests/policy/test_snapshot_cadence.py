@@ -87,3 +87,15 @@ def test_never_fewer_snapshots_than_without_the_tier() -> None:
     assert (c.memory_every, c.files_every, c.files_every_steps) == (5, 1, 5)
     # without a file system cadence (every_steps = 0) the budget alone decides
     assert plan_cadence(snapshot_s=0.04, step_s=0.1, files_persist_s=0.8, every_steps=0).memory_every == 40
+
+
+def test_a_known_time_between_interruptions_takes_young_dalys_interval_at_least() -> None:
+    # 0.014 s of a 6 s step fits the budget every step, but with an interruption every 3 h a snapshot
+    # every sqrt(2 x 0.014 x 11124) = 17.6 s (3 steps) loses less to blocking than it costs in lost work
+    c = plan_cadence(snapshot_s=0.014, step_s=6.0, files_persist_s=2.8, every_steps=10, mtbf_s=11124.0)
+    assert c.memory_every == 3 and c.files_every == 4
+    assert plan_cadence(snapshot_s=0.014, step_s=6.0, files_persist_s=2.8, every_steps=10).memory_every == 1
+    # never past every_steps, and the job's own k wins
+    assert plan_cadence(snapshot_s=0.5, step_s=1.0, files_persist_s=0.1, every_steps=10, mtbf_s=1e6).memory_every == 10
+    assert plan_cadence(snapshot_s=0.014, step_s=6.0, files_persist_s=2.8, every_steps=10, mtbf_s=11124.0,
+                        memory_every=1).memory_every == 1
