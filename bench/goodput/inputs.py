@@ -286,7 +286,8 @@ class MemoryConfig:
     replaces it (``storage.memory_read_bw``)."""
     peer_bw: float = 12.5e9
     """One node's copy to or from its ring peer (the keepers' TCP): an assumption, a 100 Gb/s front-end
-    NIC per node (the collectives' NICs are not used)."""
+    NIC per node (the collectives' NICs are not used). A replacement node's restore uses
+    ``storage.peer_read_bw`` instead where ``--ckpt-json`` measured it (``peer_restore_s``)."""
     memory_every: int = 0
     """A snapshot into memory every this many steps; 0: the runtime's policy (blocking under 1 %)."""
     files_every: int = 0

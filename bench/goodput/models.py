@@ -259,8 +259,9 @@ def memory_tier(cfg: SimConfig, omni: PolicyCosts) -> MemoryTier:
     them; the model knows the run's time between interruptions, so k is at least Young/Daly's (the
     runtime, which does not know it, takes the 1 % budget alone). Memory snapshots: blocking the host copy; durable once this node's shard is in its memory
     (memory read rate) and at its ring peer (``peer_bw``). A relaunch: the survivors read their critical
-    modules from their own memory; the replacement node fetches them from its peer (``peer_bw``) into its
-    memory and reads them from there, as ``checkpoint/peer.py`` does; training starts when the slower
+    modules from their own memory; the replacement node receives them from its peer's keeper straight
+    into its tensors, as ``checkpoint/peer.py`` does (``storage.peer_read_bw`` where a checkpoint file
+    measured it, else the slower of ``peer_bw`` and a memory read); training starts when the slower
     has, plus the small run's fixed restore overhead."""
     run, st, mem = cfg.run, cfg.storage, cfg.memory
     step = run.step_time_s
@@ -279,7 +280,9 @@ def memory_tier(cfg: SimConfig, omni: PolicyCosts) -> MemoryTier:
     blocking = omni.ckpt_blocking_s + (wait / cadence.files_every if cadence.files_every else 0.0)
     weights_per_node = run.gpus_per_node * run.params * run.weight_bytes_per_param / (
         run.tensor_parallel * run.pipeline_parallel)
-    replacement = weights_per_node / mem.peer_bw + weights_per_node / memory_bw
+    # one pass: the keeper's stream is received straight into the tensors and checked as it lands
+    # (checkpoint/peer.py), at the measured peer restore rate, else the slower of the link and a memory read
+    replacement = weights_per_node / (st.peer_read_bw or min(mem.peer_bw, memory_bw))
     restore = cfg.omni.restore_small_s + max(weights_per_node / memory_bw, replacement)
     files_interval = cadence.files_every_steps * step if cadence.files_every else cfg.run.wall_s
     return MemoryTier(cadence, interval, blocking, persist, files_interval, restore, replacement)
