@@ -197,6 +197,18 @@ def successor_lead_s(queue_wait_s: float, relaunch_s: float, *, margin: float = 
     return max(0.0, queue_wait_s) * margin + max(0.0, relaunch_s)
 
 
+SUCCESSOR = "successor"
+"""The cause of the launch that moves the job onto its successor allocation at a time limit."""
+
+def successor_lead_for(queue_wait_s: float, launches: Iterable[tuple[float, float | None]]) -> float:
+    """:func:`successor_lead_s` with the relaunch the job measured: ``launches`` as (intent,
+    first step) of each launch, oldest first; the newest that stepped counts. 0 (no successor yet)
+    until one stepped: a job that has not trained has no relaunch to measure, and a successor asked
+    that early would only run beside it."""
+    measured = [first - start for start, first in launches if first is not None]
+    return successor_lead_s(queue_wait_s, measured[-1]) if measured and queue_wait_s > 0 else 0.0
+
+
 def successor_due(end_time: float | None, now: float, *, lead_s: float, stop_before_s: float,
                   asked: bool) -> bool:
     """Ask for the successor now? Once, when the time limit is ``lead_s`` away (or nearer), and

@@ -42,7 +42,7 @@ from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DON
 from slurm_omni.policy.confirm import Decision, Verdict
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
 from slurm_omni.policy.placement import Action, ComponentPlan, Plan
-from slurm_omni.policy.pools import GROW
+from slurm_omni.policy.pools import GROW, SUCCESSOR
 from slurm_omni.policy.recovery import Phase, RecoveryConfig, initial
 from slurm_omni.policy.recovery import step as recovery_step
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested, Planned, RequestPlan, Tick
@@ -147,7 +147,7 @@ def fruitless_launches(launches: Sequence[tuple[float | None, str]]) -> int:
     first step, back to one that stepped or was a planned replacement."""
     count = 0
     for first_step_at, cause in reversed(launches):
-        if first_step_at is not None or cause in (PLANNED, GROW):
+        if first_step_at is not None or cause in (PLANNED, GROW, SUCCESSOR):
             break
         count += 1
     return count

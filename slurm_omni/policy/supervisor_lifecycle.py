@@ -8,6 +8,9 @@ nothing. One launch of the step at a time::
     LAUNCHING --LaunchJournaled, LaunchRunning--> RUNNING
     RUNNING --Watched(confirmed)--> CONFIRMING (KillStep) --Watched(grace over)--> (LeaveStep)
     RUNNING --Watched(request accepted | time limit near | signal)--> STOPPING (SignalStep | ForwardStop)
+    RUNNING | STOPPING --SuccessorPolled--> (AskSuccessor)                    [allocation mode: the time limit]
+          | STOPPING (SignalStep: the planned save; the next launch moves to the successor)
+          | (DropSuccessor: it did not start before the stop, or it is gone: the manager's resubmission)
     LAUNCHING | RUNNING | STOPPING | CONFIRMING --LaunchEnded--> DONE | STOPPED | FALLBACK (Exit) | ENDED (Plan)
     ENDED --Planned--> RELAUNCHING | SHRINKING (IntendLaunch) --LaunchJournaled--> LAUNCHING
           --Planned(no launch fits, the relaunch limit)--> FALLBACK (GiveUp, Exit)
@@ -28,6 +31,7 @@ from enum import Enum
 from slurm_omni.elastic.codes import EXIT_DONE, EXIT_FAILED
 from slurm_omni.policy.confirm import Decision
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
+from slurm_omni.policy.pools import successor_due
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
 from slurm_omni.policy.recovery_events import HandOver as TableHandOver
 from slurm_omni.policy.supervision import (
@@ -99,6 +103,11 @@ class SupervisorState:
     stopping: bool = False
     """The step was asked to checkpoint for a planned replacement: its end is no failure."""
     killed_at: float | None = None
+    successor: str = ""
+    """Allocation mode: the successor allocation's state as the journal last said (``policy.pools.
+    SUCCESSOR_STATES``; empty: none asked for while this allocation runs)."""
+    moving: bool = False
+    """The step was asked to checkpoint because the successor started: the next launch runs there."""
 
 
 def initial(*, outside: bool) -> SupervisorState:
@@ -134,6 +143,8 @@ class Replayed:
 class LaunchJournaled:
     at: float
     launch: int
+    end_time: float | None = None
+    """The launch runs in a successor allocation: its time limit (the successor is now the allocation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +165,19 @@ class Watched:
     signalled: bool = False
     request_accepted: bool = False
     check_time_limit: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SuccessorPolled:
+    """Allocation mode, every node poll of a running launch: the successor allocation as the journal
+    knows it (``state``: empty when none was asked for, else ``policy.pools.SUCCESSOR_STATES``; a
+    restarted supervisor learns it from its journal here), and how long before this allocation's time
+    limit to ask for it (``lead_s``, :func:`policy.pools.successor_lead_s`)."""
+
+    at: float
+    state: str
+    lead_s: float
+    job_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +201,8 @@ class Planned:
     slurm_job_id: int
 
 
-Event = AllocationPolled | Replayed | LaunchJournaled | LaunchRunning | Watched | LaunchEnded | Planned
+Event = (AllocationPolled | Replayed | LaunchJournaled | LaunchRunning | Watched | SuccessorPolled | LaunchEnded
+         | Planned)
 
 
 # -- effects ----------------------------------------------------------------------------------------
@@ -222,6 +247,30 @@ class ForwardStop:
     batch shell had forwarded Slurm's signal."""
 
     signum: int
+
+
+@dataclass(frozen=True, slots=True)
+class AskSuccessor:
+    """Ask Slurm for a successor allocation of the job's whole shape now (in the background, journaled)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MoveToSuccessor:
+    """The successor started: the running step is asked to checkpoint (its ``SignalStep`` follows);
+    the next launch runs on the successor and this allocation is released."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DropSuccessor:
+    """No move: give the successor back (when it is still open) and say in one line that the time
+    limit's stop and the manager's resubmission follow (today's behaviour)."""
+
+    job_id: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +322,7 @@ class Exit:
 
 
 Effect = (TakeAllocation | StartStandbys | FirstLaunch | KillStep | LeaveStep | SignalStep | ForwardStop | JournalDone
-          | ReleaseAllocation | Plan | IntendLaunch | GiveUp | Exit)
+          | ReleaseAllocation | Plan | IntendLaunch | GiveUp | Exit | AskSuccessor | MoveToSuccessor | DropSuccessor)
 
 
 class IllegalTransition(ValueError):
@@ -296,11 +345,17 @@ def step(state: SupervisorState, event: Event, config: LifecycleConfig
             return state, (StartStandbys(), FirstLaunch())
         return replace(state, launch=event.launch), (StartStandbys(),)
     if isinstance(event, LaunchJournaled) and phase in (Phase.LAUNCHING, Phase.RELAUNCHING, Phase.SHRINKING):
-        return replace(state, phase=Phase.LAUNCHING, launch=event.launch, stopping=False, killed_at=None), ()
+        if event.end_time is not None:   # the launch runs in the successor: it is the allocation now
+            return replace(state, phase=Phase.LAUNCHING, launch=event.launch, stopping=False, killed_at=None,
+                           end_time=event.end_time, successor="", moving=False), ()
+        return replace(state, phase=Phase.LAUNCHING, launch=event.launch, stopping=False, killed_at=None,
+                       moving=False), ()
     if isinstance(event, LaunchRunning) and phase is Phase.LAUNCHING:
         return replace(state, phase=Phase.RUNNING, stopping=False, killed_at=None), ()
     if isinstance(event, Watched) and phase in _WATCHED:
         return _watched(state, event, config)
+    if isinstance(event, SuccessorPolled) and phase in (Phase.RUNNING, Phase.STOPPING):
+        return _successor(state, event, config)
     if isinstance(event, LaunchEnded) and phase in _ENDING:
         return _ended(state, event, config)
     if isinstance(event, Planned) and phase is Phase.ENDED:
@@ -330,7 +385,8 @@ def _watched(state: SupervisorState, e: Watched, c: LifecycleConfig) -> tuple[Su
     effects: list[Effect] = []
     asked = state.asked_to_stop or e.signalled
     stopping = state.stopping
-    if (e.check_time_limit and not asked and stop_due(state.end_time, e.at, c.stop_before_s)):
+    if (e.check_time_limit and not asked and not state.moving   # moving: the ranks already save
+            and stop_due(state.end_time, e.at, c.stop_before_s)):
         asked = True
         effects.append(ForwardStop(c.stop_signal))
     if e.request_accepted and not stopping:
@@ -343,8 +399,50 @@ def _watched(state: SupervisorState, e: Watched, c: LifecycleConfig) -> tuple[Su
     return replace(state, phase=phase, asked_to_stop=asked, stopping=stopping), tuple(effects)
 
 
+SUCCESSOR_OPEN = frozenset({"asking", "requested", "granted"})
+
+
+def _successor(state: SupervisorState, e: SuccessorPolled, c: LifecycleConfig
+               ) -> tuple[SupervisorState, tuple[Effect, ...]]:
+    """The time limit's successor (docs/allocation-mode.md, "Time limit"): asked once, ``lead_s``
+    ahead, while the step still trains; when it starts before the stop, the step checkpoints (a
+    planned save) and the next launch runs there; when it has not started by the stop (or Slurm ended
+    it before the move), it is dropped and the time limit's stop and resubmission follow."""
+    was = state.successor
+    state = replace(state, successor=e.state)
+    stop_at = None if state.end_time is None else state.end_time - c.stop_before_s
+    late = stop_at is not None and e.at >= stop_at
+    if state.moving:
+        if e.state in ("ended", "released"):   # gone between the planned save and the next launch
+            return replace(state, moving=False), (DropSuccessor(e.job_id, "it ended before the launch on it"),)
+        return state, ()
+    if not e.state:
+        if state.phase is Phase.RUNNING and not state.asked_to_stop and not state.stopping and successor_due(
+                state.end_time, e.at, lead_s=e.lead_s, stop_before_s=c.stop_before_s, asked=False):
+            left = (state.end_time or e.at) - e.at
+            return replace(state, successor="asking"), (
+                AskSuccessor(f"the allocation ends in {left:.0f} s; asked {e.lead_s:.0f} s ahead"),)
+        return state, ()
+    if e.state in ("ended", "released"):
+        if was in SUCCESSOR_OPEN:
+            return state, (DropSuccessor(e.job_id, "Slurm ended it before it was used"),)
+        return state, ()
+    if e.state == "granted" and not late and state.phase is Phase.RUNNING and not state.asked_to_stop \
+            and not state.stopping:
+        return replace(state, phase=Phase.STOPPING, stopping=True, moving=True), (
+            MoveToSuccessor(e.job_id), SignalStep(signal.SIGUSR1))
+    if late and e.state in SUCCESSOR_OPEN:
+        return replace(state, successor="released"), (
+            DropSuccessor(e.job_id, "it did not start before the time limit's stop"),)
+    return state, ()
+
+
 def _ended(state: SupervisorState, e: LaunchEnded, c: LifecycleConfig) -> tuple[SupervisorState, tuple[Effect, ...]]:
     what = after_launch(e.end, c.limits)
+    if state.moving and not e.end.asked_to_stop and not (isinstance(what, Finish) and what.phase == "done") \
+            and not isinstance(what, HandOver):
+        # the planned save for the successor: the next launch runs there, whatever this allocation does
+        return replace(state, phase=Phase.ENDED), (Plan(),)
     if isinstance(what, Finish):
         if what.phase == "done":
             return replace(state, phase=Phase.DONE), (JournalDone(release=c.outside), Exit(what.code))

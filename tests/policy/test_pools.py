@@ -15,6 +15,7 @@ from slurm_omni.policy.pools import (
     pool_warm,
     span_end,
     successor_due,
+    successor_lead_for,
     successor_lead_s,
 )
 
@@ -141,3 +142,10 @@ def test_a_launch_across_allocations_ends_with_its_every_srun_or_with_the_first_
     assert span_end([137, 1]) == (True, 137, False)                 # every srun ended already
     assert span_end([None, None]) == (True, None, False)            # adopted and gone: from the heartbeats
     assert span_end([None, 75]) == (True, 75, False)
+
+
+def test_the_successors_lead_uses_the_newest_relaunch_the_job_measured_and_none_before_it_stepped() -> None:
+    assert successor_lead_for(600.0, []) == 0.0
+    assert successor_lead_for(600.0, [(100.0, None)]) == 0.0
+    assert successor_lead_for(600.0, [(100.0, 130.0), (500.0, 510.0), (900.0, None)]) == successor_lead_s(600.0, 10.0)
+    assert successor_lead_for(0.0, [(100.0, 130.0)]) == 0.0          # the site asks for none
