@@ -34,10 +34,13 @@ from slurm_omni.errors import ConfigError
               help="Allocation mode: signal the step this many seconds before the job's time limit.")
 @click.option("--stop-signal", type=click.Choice(["USR1", "USR2"]), default="USR1", show_default=True,
               help="Allocation mode: the signal the ranks checkpoint on (the job's requeue_signal).")
+@click.option("--successor-queue-wait", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Allocation mode with pools: the queue wait a new allocation expects; a successor allocation is "
+                   "asked for ahead of the time limit by 1.5 times it plus one relaunch (0: none).")
 @click.argument("command", nargs=-1, required=True)
 def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: str, max_relaunches: int,
               heartbeat_interval: float, spank_ckpt: str, standby: bool, allocation: int | None, stop_before: int,
-              stop_signal: str, command: tuple[str, ...]) -> None:
+              stop_signal: str, successor_queue_wait: float, command: tuple[str, ...]) -> None:
     """Launch COMMAND as one heterogeneous step over the allocation's active nodes, and relaunch it
     inside the allocation on a confirmed failure (spares, then fewer replicas). Exits 0 when training
     is done, 75 when it stopped for requeue, 1 when the manager must take over."""
@@ -71,7 +74,7 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
         batch_host="" if allocation else env.get("SLURMD_NODENAME", ""), outside=allocation is not None,
         stop_before_s=stop_before, stop_signal=int(getattr(signal, f"SIG{stop_signal}")),
         workdir=Path(env.get("OMNI_WORKDIR") or os.getcwd()), job_name=env.get("OMNI_JOB_NAME", ""),
-        pool_salloc=pool_salloc)
+        pool_salloc=pool_salloc, successor_queue_wait_s=successor_queue_wait)
     sys.exit(Supervisor(opts, CommandRunner()).run())
 
 

@@ -170,6 +170,12 @@ class ElasticitySite:
     """Allocation mode: a job running shrunk (its spares used up) asks Slurm for a pool allocation of
     the nodes it misses (``salloc --no-shell``, the job's partition, gres and constraint) and grows
     back when it starts (docs/allocation-mode.md). False: it runs shrunk to its end."""
+    successor_queue_wait_s: float = 3600.0
+    """Allocation mode with pools: the queue wait this site's allocations expect. Ahead of the time
+    limit (this wait times 1.5 plus one relaunch: ``policy.pools.successor_lead_s``) the supervisor
+    asks for a successor allocation of the job's whole shape; when it starts, the ranks save and the
+    next launch runs there (docs/allocation-mode.md). 0: no successor, the time limit stops the step
+    and the manager resubmits."""
     default_spares: int = 0
     """Spare nodes per stage when a job file's stage gives no ``spares``."""
     max_spares: int = 4

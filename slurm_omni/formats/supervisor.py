@@ -131,6 +131,11 @@ class LaunchRecord(_Line, frozen=True, kw_only=True, tag="launch"):
     cause: Text = ""
     removed: list[Node] = msgspec.field(default_factory=list)
     added: list[Node] = msgspec.field(default_factory=list)
+    allocation: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    """Allocation mode: the Slurm job id of the allocation it runs in when that is a successor
+    allocation (empty: the job's first); from this launch on the successor is the job's allocation."""
+    end_time: Time | None = None
+    """That allocation's time limit (Unix time), when ``allocation`` is set."""
 
 
 class SrunRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,8 +225,26 @@ class PoolRecord(_Line, frozen=True, kw_only=True, tag="pool"):
     reason: Text = ""
 
 
+class SuccessorRecord(_Line, frozen=True, kw_only=True, tag="successor"):
+    """The time limit's successor allocation (``policy/pools.py``): asked for ``after`` the allocation
+    the job runs in: ``asking`` (its salloc about to start), ``requested`` (Slurm's job id),
+    ``granted`` (its nodes, its time limit), ``ended`` (Slurm ended it before it was used),
+    ``released`` (the supervisor gave it back unused). A launch journaled with its job id as
+    ``allocation`` is the move onto it."""
+
+    event: Literal["asking", "requested", "granted", "ended", "released"]
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+    after: Annotated[str, msgspec.Meta(max_length=255)]
+    """The job id of the allocation it succeeds."""
+    job: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    nodes: list[Node] = msgspec.field(default_factory=list)
+    end_time: Time | None = None
+    state: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    reason: Text = ""
+
+
 JournalRecord = (AllocationRecord | LaunchRecord | LaunchedRecord | EndedRecord | ConfirmedRecord | RequestRecord
-                 | FallbackRecord | DoneRecord | FirstStepRecord | LaunchFailedRecord | PoolRecord)
+                 | FallbackRecord | DoneRecord | FirstStepRecord | LaunchFailedRecord | PoolRecord | SuccessorRecord)
 JOURNAL_KINDS: tuple[str, ...] = tuple(str(t.__struct_config__.tag) for t in JournalRecord.__args__)
 
 
@@ -296,6 +319,22 @@ class SupervisorStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The journal's hand-over record, once the supervisor handed over."""
     pools: list[StatusPool] = msgspec.field(default_factory=list)
     """Pool allocations asked for (``policy/pools.py``), oldest first."""
+    allocation: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    """Allocation mode: the Slurm job id of the allocation the job runs in now, when the job moved to a
+    successor allocation at a time limit (empty: ``slurm_job_id``, the job's first). The manager
+    watches, cancels and confirms node failures on it."""
+    successor: StatusPool | None = None
+    """The successor allocation asked for while this allocation runs (``policy/pools.py``)."""
+
+    @property
+    def allocations(self) -> tuple[str, ...]:
+        """Every allocation the job holds now: the one it runs in, its granted pools, an open successor."""
+        out = [self.allocation or self.slurm_job_id]
+        out += [p.slurm_job_id for p in self.pools if p.state == "granted" and p.slurm_job_id]
+        if self.successor is not None and self.successor.state in ("requested", "granted") and \
+                self.successor.slurm_job_id:
+            out.append(self.successor.slurm_job_id)
+        return tuple(dict.fromkeys(out))
 
     @property
     def nodes(self) -> frozenset[str]:

@@ -87,6 +87,8 @@ class AllocationRequest:
                 f"--max-relaunches={r.site.elasticity.max_relaunches}",
                 f"--heartbeat-interval={r.site.detection.heartbeat_interval_s:g}",
                 f"--stop-before={r.job.job.signal_before_s}"]
+        if r.site.elasticity.pools and r.site.elasticity.successor_queue_wait_s > 0:
+            argv.append(f"--successor-queue-wait={r.site.elasticity.successor_queue_wait_s:g}")
         if r.site.use_spank_plugin:
             argv.append(f"--spank-ckpt={r.site.checkpoint.job_dir(r.user, r.job.job.name)}")
         return [*argv, "--", *command]

@@ -74,6 +74,22 @@ def pool_salloc_argv(base: Sequence[str], *, name: str, nodes: int, minutes: int
     return argv
 
 
+def successor_salloc_argv(base: Sequence[str], *, name: str, exclude: Sequence[str] = ()) -> list[str]:
+    """The time limit's successor allocation: the job's own salloc (``base``: its whole shape, nodes,
+    partition, gres, constraint, switches, time limit) under its own name, ``exclude`` (the nodes the
+    job lost) added to the job's own ``--exclude``. Pure."""
+    if not base or os.path.basename(base[0]) != "salloc" or "--no-shell" not in base:
+        raise SlurmError(f"salloc: couldn't build a successor allocation from {list(base)[:3]!r} "
+                         f"(salloc --no-shell only)")
+    argv = [a for a in base if not a.startswith(("--job-name=", "--exclude="))]
+    argv.append(f"--job-name={name}")
+    excluded = [n for a in base if a.startswith("--exclude=") for n in expand(a.split("=", 1)[1])]
+    excluded += [n for n in exclude if n not in excluded]
+    if excluded:
+        argv.append(f"--exclude={compress(excluded)}")
+    return argv
+
+
 def switch_wait(base: Sequence[str]) -> str:
     """The wait of the job's own ``--switches=N@WAIT`` (empty without one)."""
     for a in base:

@@ -43,6 +43,7 @@ from slurm_omni.formats.supervisor import (
     RequestRecord,
     StatusPool,
     StatusRecovery,
+    SuccessorRecord,
     SupervisorPhase,
     SupervisorReport,
     SupervisorRequest,
@@ -100,6 +101,20 @@ class Launch:
     """It failed before its first heartbeat: its exit code, line and log (policy/start_failure.py)."""
     extra: tuple[tuple[str, int, int], ...] = ()
     """A launch that spans allocations: its other sruns, (allocation's job id, pid, start time)."""
+    allocation: str = ""
+    """The successor allocation it runs in (empty: the one the job ran in before it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Successor:
+    """The time limit's successor allocation as the journal knows it (``SuccessorRecord``)."""
+
+    name: str
+    after: str
+    state: str
+    job_id: str = ""
+    nodes: tuple[str, ...] = ()
+    end_time: float | None = None
 
 
 @dataclass(slots=True)
@@ -115,6 +130,17 @@ class SupervisorState:
     fallback: FallbackRecord | None = None
     pools: dict[str, Pool] = field(default_factory=dict)
     """Pool allocations by name (``policy/pools.py``), in the order they were asked for."""
+    successors: dict[str, Successor] = field(default_factory=dict)
+    """The time limit's successor allocations by name, in the order they were asked for."""
+    allocation_job: str = ""
+    """The successor allocation the job moved to last (empty: the job's first allocation)."""
+    allocation_end: float | None = None
+    """Its time limit."""
+
+    def successor_of(self, job_id: str) -> Successor | None:
+        """The last successor asked for while allocation ``job_id`` ran."""
+        found = [s for s in self.successors.values() if s.after == job_id]
+        return found[-1] if found else None
 
     @property
     def current(self) -> Launch | None:
@@ -126,7 +152,11 @@ class SupervisorState:
         elif isinstance(rec, LaunchRecord):
             self.launches.append(Launch(
                 rec.launch, layout_from_record(rec.layout), rec.data_parallel_size, rec.port, rec.incarnation,
-                rec.time, tuple(rec.removed), tuple(rec.added), rec.cause))
+                rec.time, tuple(rec.removed), tuple(rec.added), rec.cause, allocation=rec.allocation))
+            if rec.allocation:
+                self.allocation_job = rec.allocation
+                if rec.end_time is not None:
+                    self.allocation_end = rec.end_time
         elif isinstance(rec, RequestRecord):
             self.requests[rec.id] = rec.outcome
         elif isinstance(rec, PoolRecord):
@@ -134,6 +164,11 @@ class SupervisorState:
             self.pools[rec.name] = Pool(job_id=rec.job or old.job_id, state=rec.event, name=rec.name,
                                         nodes=tuple(rec.nodes) or old.nodes,
                                         kind_of=dict(rec.kind_of) or dict(old.kind_of))
+        elif isinstance(rec, SuccessorRecord):
+            was = self.successors.get(rec.name) or Successor(rec.name, rec.after, rec.event)
+            self.successors[rec.name] = Successor(rec.name, rec.after, rec.event, rec.job or was.job_id,
+                                                  tuple(rec.nodes) or was.nodes,
+                                                  rec.end_time if rec.end_time is not None else was.end_time)
         elif isinstance(rec, (FallbackRecord, DoneRecord)):
             self.outcome = "fallback" if isinstance(rec, FallbackRecord) else "done"
             if isinstance(rec, FallbackRecord):
@@ -208,20 +243,25 @@ def status_document(state: SupervisorState, *, job_id: str, phase: SupervisorPha
     for prev, nxt in zip(state.launches, state.launches[1:], strict=False):
         conf = prev.confirmed
         recoveries.append(StatusRecovery(
-            slurm_job_id=job_id, slurm_job_id_after=job_id, launch=nxt.number,
+            slurm_job_id=prev.allocation or job_id, slurm_job_id_after=nxt.allocation or job_id, launch=nxt.number,
             cause=nxt.cause or (conf.cause if conf else ""), removed=list(nxt.removed), added=list(nxt.added),
             data_parallel_size_before=prev.data_parallel_size, data_parallel_size_after=nxt.data_parallel_size,
             spares_left=len(nxt.layout.spares), fault_at=conf.fault_at if conf else None,
             confirmed_at=conf.confirmed_at if conf else None, relaunched_at=nxt.started_at,
             first_step_at=nxt.first_step_at))
+    succ = state.successor_of(state.allocation_job or job_id)
+    moved = {"allocation": state.allocation_job,
+             "successor": None if succ is None else StatusPool(name=succ.name, slurm_job_id=succ.job_id,
+                                                               state=succ.state,  # type: ignore[arg-type]
+                                                               nodes=list(succ.nodes))}
     if cur is None:
         return SupervisorStatus(slurm_job_id=job_id, phase=phase, updated_at=now, recoveries=recoveries,
-                                fallback=state.fallback, pools=pools)
+                                fallback=state.fallback, pools=pools, **moved)  # type: ignore[arg-type]
     return SupervisorStatus(
         slurm_job_id=job_id, phase=phase, updated_at=now, launch=cur.number, data_parallel_size=cur.data_parallel_size,
         components=[list(c) for c in cur.layout.components], spares=list(cur.layout.spares),
         spares_left=len(cur.layout.spares), failed_nodes=list(cur.layout.failed), recoveries=recoveries,
-        fallback=state.fallback, pools=pools)
+        fallback=state.fallback, pools=pools, **moved)  # type: ignore[arg-type]
 
 
 def write_status(path: Path, status: SupervisorStatus) -> None:

@@ -57,6 +57,7 @@ from slurm_omni.policy.in_allocation import (
 from slurm_omni.policy.placement import SpareScope
 from slurm_omni.policy.pools import (
     GROW,
+    SUCCESSOR,
     Pool,
     PoolAsk,
     grow_now,
@@ -66,6 +67,7 @@ from slurm_omni.policy.pools import (
     pool_kinds,
     pool_warm,
     span_end,
+    successor_lead_for,
 )
 from slurm_omni.policy.recovery_events import FailureConfirmed, MigrationRequested
 from slurm_omni.policy.replica_ring import encode_ring, replica_ring
@@ -82,6 +84,8 @@ from slurm_omni.policy.supervision import (
 )
 from slurm_omni.policy.supervisor_lifecycle import (
     AllocationPolled,
+    AskSuccessor,
+    DropSuccessor,
     Exit,
     FirstLaunch,
     ForwardStop,
@@ -94,6 +98,7 @@ from slurm_omni.policy.supervisor_lifecycle import (
     LaunchRunning,
     LeaveStep,
     LifecycleConfig,
+    MoveToSuccessor,
     Phase,
     Plan,
     Planned,
@@ -101,6 +106,7 @@ from slurm_omni.policy.supervisor_lifecycle import (
     Replayed,
     SignalStep,
     StartStandbys,
+    SuccessorPolled,
     TakeAllocation,
     Watched,
     initial,
@@ -111,7 +117,7 @@ from slurm_omni.policy.supervisor_lifecycle import step as lifecycle_step
 from slurm_omni.slurm.allocation import AllocationView, jobs_named
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
-from slurm_omni.slurm.salloc import pool_salloc_argv, request_allocation, switch_wait
+from slurm_omni.slurm.salloc import pool_salloc_argv, request_allocation, successor_salloc_argv, switch_wait
 from slurm_omni.slurm.steps import (
     StepComponent,
     StepLog,
@@ -134,6 +140,7 @@ from slurm_omni.standby.server import WARM_LINE, open_standby_dir
 from slurm_omni.supervisor import outside, ports
 from slurm_omni.supervisor.journal import (
     Launch,
+    Successor,
     SupervisorJournal,
     journal_path,
     layout_to_json,
@@ -215,6 +222,11 @@ class SupervisorOptions:
     """A pool's time limit when the allocation's own end is unknown."""
     pool_warm_s: float = 60.0
     """The grow-back waits at most this long for the warm standbys on a pool's nodes."""
+    successor_queue_wait_s: float = 0.0
+    """Allocation mode with ``pool_salloc``: the queue wait a new allocation expects (the site's
+    figure); a successor allocation of the job's whole shape is asked for ``policy.pools.
+    successor_lead_for`` ahead of the time limit and the job moves to it when it starts. 0: none (the
+    time limit stops the step and the manager resubmits)."""
 
     @property
     def replicas_per_unit(self) -> int:
@@ -250,7 +262,9 @@ class Supervisor:
         self.state = initial(outside=opts.outside)
         """Where the lifecycle stands (``policy.supervisor_lifecycle``): only :meth:`_feed` changes it."""
         self.stop_signal: int | None = None
-        self.slurm = AllocationView(runner, opts.job_id)
+        self._alloc_id = self.journal.state.allocation_job or opts.job_id
+        """The allocation the job runs in: its first, or the successor it moved to (journaled)."""
+        self.slurm = AllocationView(runner, self._alloc_id)
         self._proc: subprocess.Popen[bytes] | None = None
         self._step_log: StepLog | None = None
         self._dying: list[subprocess.Popen[bytes]] = []
@@ -264,7 +278,7 @@ class Supervisor:
         """Ranks start through warm standbys (off when their folder is not ours)."""
         self._extra: list[_Srun] = []
         """A launch that spans allocations: its sruns in the pools (``self._proc`` runs the first)."""
-        self._proc_job = opts.job_id
+        self._proc_job = self._alloc_id
         """The allocation ``self._proc``'s srun runs in."""
         self._pool_seen: dict[str, float] = {}
         """Pool name -> when this supervisor first saw it granted (the standbys' warm-up bound)."""
@@ -285,6 +299,7 @@ class Supervisor:
             if code is not None:
                 return code
         st = self.journal.state
+        self._release_predecessors()
         code = self._feed(Replayed(self.clock(), st.outcome, st.current.number if st.current else None))
         if code is not None:
             self._release_pools()   # done or handed over before: its predecessor may have left a pool open
@@ -297,6 +312,7 @@ class Supervisor:
             code = self._after(cur, rc)
             if code is not None:
                 self._release_pools()   # the job leaves (done, stopped, handed over): nothing grows it back
+                self._drop_successor("the job leaves this allocation")
                 self._write_status()
                 self._stop_standbys()
                 return code
@@ -326,7 +342,7 @@ class Supervisor:
                 proc.send_signal(signum)
 
     def _intend(self, number: int, layout: StepLayout, *, cause: str, removed: Sequence[str],
-                added: Sequence[str]) -> Launch:
+                added: Sequence[str], end_time: float | None = None) -> Launch:
         dp = layout.units * self.opts.replicas_per_unit
         # the rendezvous port: one that nothing on the master's host listens on (rank 0 fails at once
         # on a taken one); journaled with the intent, so a restarted supervisor uses the same
@@ -337,11 +353,13 @@ class Supervisor:
                         ",".join(map(str, taken)), master, port)
         self.journal.append("launch", launch=number, layout=layout_to_json(layout), data_parallel_size=dp,
                             port=port, ports_taken=taken, incarnation=self.opts.incarnation + number, cause=cause,
-                            removed=list(removed), added=list(added))
+                            removed=list(removed), added=list(added),
+                            **({"allocation": self._alloc_id} if self._alloc_id != self.opts.job_id else {}),
+                            **({"end_time": end_time} if end_time is not None else {}))
         cur = self.journal.state.current
         if cur is None:
             raise OmniError("supervisor: couldn't journal the launch")
-        self._feed(LaunchJournaled(self.clock(), number))
+        self._feed(LaunchJournaled(self.clock(), number, end_time=end_time))
         self._write_status()
         return cur
 
@@ -398,7 +416,7 @@ class Supervisor:
             log.warning("supervisor: pid %d, named like step %s, runs as uid %s, not this job's (%d): not adopted",
                         pid, name, "?" if owner is None else owner, os.getuid())
         return find_step_process(name, uid=os.getuid(), journaled=journaled,
-                                 slurm_steps=lambda: job_step_names(self.runner, job or self.opts.job_id))
+                                 slurm_steps=lambda: job_step_names(self.runner, job or self._alloc_id))
 
     def _standby_folder_is_ours(self) -> bool:
         """The standbys' folder on this node is made (or found) ours and private; one that another user
@@ -414,7 +432,7 @@ class Supervisor:
         """One ``omni standby serve`` step per node (its own srun, so that a lost node ends only its
         own) of the allocation, or of ``nodes`` in allocation ``job`` (a pool's); a restarted
         supervisor starts only those it does not find running."""
-        job = job or self.opts.job_id
+        job = job or self._alloc_id
         for node in nodes or self.opts.allocation:
             name = _standby_name(job, node)
             if self._own_step(name, None, job) is not None:
@@ -472,7 +490,7 @@ class Supervisor:
                  for k, nodes in enumerate(cur.layout.components)]
         spank_stage = ",".join(f"{s.name}:{c.ntasks}" for s, c in zip(self.opts.stages, comps, strict=True))
         command = through_standby(self.opts.command) if self._standby else self.opts.command
-        argv = step_argv(comps, command, name=name, overlap=True, job_id=self.opts.job_id if self.opts.outside else "",
+        argv = step_argv(comps, command, name=name, overlap=True, job_id=self._alloc_id if self.opts.outside else "",
                          spank_stage=spank_stage if self.opts.spank_ckpt else "", spank_ckpt=self.opts.spank_ckpt,
                          chdir=str(self.opts.workdir) if self.opts.workdir is not None else "")
         env = {
@@ -485,9 +503,11 @@ class Supervisor:
         log.warning("supervisor: launch %d: %s, dp %d, incarnation %d", cur.number,
                     " + ".join(f"{s.name} on {compress(c.nodes)}" for s, c in zip(self.opts.stages, comps, strict=True)),
                     cur.data_parallel_size, cur.incarnation)
-        self._extra, self._proc_job = [], self.opts.job_id
+        self._extra, self._proc_job = [], self._alloc_id
         alloc_of = {n: self._alloc_of(n) for n in cur.layout.nodes}
-        if self.opts.outside and set(alloc_of.values()) != {self.opts.job_id}:
+        if self._alloc_id != self.opts.job_id:   # in a successor: every rank's heartbeat names this job
+            env["OMNI_JOB_ID"] = self.opts.job_id
+        if self.opts.outside and set(alloc_of.values()) != {self._alloc_id}:
             # across allocations: one srun each, one rendezvous; every rank's heartbeat names this job
             env["OMNI_JOB_ID"] = self.opts.job_id
             sruns = span_argvs(comps, alloc_of, command, name=name, stage_names=[st.name for st in self.opts.stages],
@@ -552,6 +572,9 @@ class Supervisor:
                     log.warning("supervisor: launch %d: a pool allocation started: SIGUSR1 to the step (the ranks "
                                 "checkpoint; the next launch grows back)", cur.number)
                     accepted = True   # as a planned replacement: the ranks checkpoint, the next launch grows
+                polled_successor = self._successor_polled(cur)
+                if polled_successor is not None:
+                    self._feed(polled_successor, cur=cur)
             self._feed(Watched(at=now, decision=confirmer.evaluate(now), signalled=self.stop_signal is not None,
                                request_accepted=accepted, check_time_limit=polled), cur=cur)
             if self.state.phase is Phase.CONFIRMING:
@@ -649,6 +672,10 @@ class Supervisor:
         if ended is None:
             raise OmniError("supervisor: couldn't plan: the launch's end was not recorded")
         planned, cause = self._planned(cur), PLANNED
+        succ = self.journal.state.successor_of(self._alloc_id)
+        if succ is not None and succ.state == "granted" and (
+                self.state.moving or (planned is None and ended.rc == EXIT_CHECKPOINTED)):
+            planned, cause = self._move_plan(cur, succ), SUCCESSOR
         if planned is None and ended.rc == EXIT_CHECKPOINTED:   # checkpointed: grow back if a pool started
             planned, cause = grow_plan(self.opts.stages, cur.layout, self.journal.state.pools.values(),
                                        units_divide=self.opts.units_divide), GROW
@@ -709,7 +736,7 @@ class Supervisor:
             log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
                         cur.number, "; ".join(observer.confirmer.evaluate(self.clock()).reasons))
             scancels = kill_step(self.runner, self._proc_job, self._step_name(cur),
-                                 observer.step_id if self._proc_job == self.opts.job_id else "")
+                                 observer.step_id if self._proc_job == self._alloc_id else "")
             for x in self._extra:
                 scancels += kill_step(self.runner, x.job, self._step_name(cur))
             self._dying.extend(scancels)
@@ -727,9 +754,30 @@ class Supervisor:
                 self.slurm.release()
         elif isinstance(effect, Plan) and cur is not None:
             return self._feed(self._make_plan(cur), cur=cur)
+        elif isinstance(effect, AskSuccessor):
+            self._ask_successor(effect.reason)
+        elif isinstance(effect, MoveToSuccessor):
+            log.warning("supervisor: successor allocation %s started: the ranks checkpoint (a planned save); the "
+                        "next launch runs there and allocation %s is released", effect.job_id, self._alloc_id)
+        elif isinstance(effect, DropSuccessor):
+            self._drop_successor(effect.reason)
         elif isinstance(effect, IntendLaunch) and cur is not None:
             relaunch = effect.relaunch
             cause = effect.cause
+            succ = self.journal.state.successor_of(self._alloc_id) if cause == SUCCESSOR else None
+            if succ is not None:
+                old = self._alloc_id
+                log.warning("supervisor: launch %d -> %d moves from allocation %s to its successor %s (%s)",
+                            cur.number, effect.number, old, succ.job_id, compress(succ.nodes))
+                self._switch_allocation(succ.job_id, succ.nodes)
+                nxt = self._intend(effect.number, relaunch.layout, cause=cause, removed=relaunch.removed,
+                                   added=relaunch.added, end_time=succ.end_time or self.clock())
+                AllocationView(self.runner, old).release()
+                log.warning("supervisor: allocation %s released (the job runs in %s now)", old, succ.job_id)
+                self._release_pools()   # the launch on the successor is the job's whole shape
+                self._report("relaunched", cur, nxt.incarnation, cause, relaunch.layout, relaunch.removed,
+                             relaunch.added, "; ".join(relaunch.reasons), relaunched_at=nxt.started_at)
+                return None
             log.warning("supervisor: launch %d -> %d: %s removed, %s added, units %d -> %d, %d spare(s) left (%s; "
                         "recovery %s)", cur.number, effect.number, ",".join(relaunch.removed) or "nothing",
                         ",".join(relaunch.added) or "nothing", relaunch.units_before, relaunch.layout.units,
@@ -874,7 +922,7 @@ class Supervisor:
         for pool in self.journal.state.pools.values():
             if pool.state == "granted" and node in pool.nodes:
                 return pool.job_id
-        return self.opts.job_id
+        return self._alloc_id
 
     def _with_pools(self, layout: StepLayout) -> StepLayout:
         """``layout`` with the granted pools' nodes it does not use among its spares (a replacement
@@ -971,6 +1019,105 @@ class Supervisor:
                 AllocationView(self.runner, job).release()
             self.journal.append("pool", event="released", name=pool.name, job=pool.job_id or ",".join(ids))
             log.warning("supervisor: pool allocation %s (%s) released", pool.job_id or "-", pool.name)
+
+    # -- the time limit's successor allocation (policy/pools.py, docs/allocation-mode.md) -------------
+    def _successor_polled(self, cur: Launch) -> SuccessorPolled | None:
+        """Every node poll of a launch in allocation mode: follow the successor asked for while this
+        allocation runs (its job id, its start, its end) and say where it stands."""
+        if not self.opts.outside or not self.opts.pool_salloc or self.opts.successor_queue_wait_s <= 0:
+            return None
+        succ = self.journal.state.successor_of(self._alloc_id)
+        if succ is not None and succ.state in ("asking", "requested", "granted"):
+            try:
+                self._follow_successor(succ.name)
+            except SlurmError as e:
+                log.warning("supervisor: couldn't follow successor %s: %s", succ.name, e)
+            succ = self.journal.state.successor_of(self._alloc_id)
+        lead = successor_lead_for(self.opts.successor_queue_wait_s,
+                                  [(la.started_at, la.first_step_at) for la in self.journal.state.launches])
+        return SuccessorPolled(at=self.clock(), state=succ.state if succ else "", lead_s=lead,
+                               job_id=succ.job_id if succ else "")
+
+    def _follow_successor(self, name: str) -> None:
+        succ = self.journal.state.successors[name]
+        if succ.state == "asking":   # a predecessor died between its salloc and the job id
+            ids = jobs_named(self.runner, name)
+            self.journal.append("successor", event="requested" if ids else "ended", name=name, after=succ.after,
+                                job=",".join(ids))
+            return
+        rec = AllocationView(self.runner, succ.job_id).job_record()
+        if rec.state in ("PENDING", "CONFIGURING") or (rec.state == "RUNNING" and not rec.nodes):
+            return
+        if rec.state == "RUNNING":
+            if succ.state == "requested":
+                self.journal.append("successor", event="granted", name=name, after=succ.after, job=succ.job_id,
+                                    nodes=list(rec.nodes), **({"end_time": rec.end_time} if rec.end_time else {}))
+                log.warning("supervisor: successor allocation %s (%s) started on %s", succ.job_id, name,
+                            compress(rec.nodes))
+                if self._standby:   # warm before the launch on it
+                    self._start_standbys(rec.nodes, succ.job_id)
+            return
+        self.journal.append("successor", event="ended", name=name, after=succ.after, job=succ.job_id,
+                            state=rec.state[:64])
+        log.warning("supervisor: successor allocation %s (%s) is %s", succ.job_id, name, rec.state or "gone")
+
+    def _ask_successor(self, reason: str) -> None:
+        name = f"omni-{self.opts.job_id}-successor-{len(self.journal.state.successors)}"
+        cur = self.journal.state.current
+        failed = sorted(cur.layout.failed) if cur is not None else []
+        argv = successor_salloc_argv(self.opts.pool_salloc, name=name, exclude=failed)
+        self.journal.append("successor", event="asking", name=name, after=self._alloc_id, reason=reason)
+        try:
+            job = request_allocation(self.runner, argv, Path(self._log_path(name)))
+        except SlurmError as e:
+            log.warning("supervisor: couldn't ask for a successor allocation: %s (the time limit's stop and the "
+                        "manager's resubmission follow)", e)
+            self.journal.append("successor", event="ended", name=name, after=self._alloc_id)
+            return
+        self.journal.append("successor", event="requested", name=name, after=self._alloc_id, job=str(job))
+        log.warning("supervisor: asked for successor allocation %s (%s): %s", job, name, reason)
+
+    def _drop_successor(self, reason: str) -> None:
+        """No move onto the successor: give it back if it is still open; one line."""
+        succ = self.journal.state.successor_of(self._alloc_id)
+        if succ is None or succ.state in ("ended", "released") and reason == "the job leaves this allocation":
+            return
+        if succ.state in ("asking", "requested", "granted"):
+            for job in [succ.job_id] if succ.job_id else jobs_named(self.runner, succ.name):
+                AllocationView(self.runner, job).release()
+            self.journal.append("successor", event="released", name=succ.name, after=succ.after, job=succ.job_id)
+        if reason != "the job leaves this allocation":
+            log.warning("supervisor: successor allocation %s (%s): %s: the time limit's stop and the manager's "
+                        "resubmission follow, as without one", succ.job_id or "-", succ.name, reason)
+
+    def _move_plan(self, cur: Launch, succ: Successor) -> Relaunch:
+        """The launch on the successor allocation: the job's whole shape on its nodes."""
+        nodes, feats, _ = AllocationView(self.runner, succ.job_id).node_info(succ.nodes)
+        leaf_of = {n.name: n.leaf_switch or "" for n in nodes}
+        self._leaf_of.update(leaf_of)
+        layout = first_layout(self.opts.stages, succ.nodes, features=feats, leaf_of=leaf_of)
+        return Relaunch(layout, tuple(cur.layout.nodes), tuple(layout.nodes), cur.layout.units,
+                        (f"successor allocation {succ.job_id} started before the time limit of {self._alloc_id}",))
+
+    def _switch_allocation(self, job_id: str, nodes: Sequence[str]) -> None:
+        """From now on the job runs in allocation ``job_id`` (journaled with the next launch)."""
+        self._alloc_id = job_id
+        self.slurm = AllocationView(self.runner, job_id)
+        self.opts = replace(self.opts, allocation=tuple(nodes))
+        os.environ["SLURM_JOB_ID"] = os.environ["SLURM_JOBID"] = job_id   # an srun without --jobid runs there
+
+    def _release_predecessors(self) -> None:
+        """A restarted supervisor whose job moved to a successor: the allocations before it are given
+        back (its predecessor may have died between the launch on the successor and the release)."""
+        if self._alloc_id == self.opts.job_id:
+            return
+        os.environ["SLURM_JOB_ID"] = os.environ["SLURM_JOBID"] = self._alloc_id
+        olds = [self.opts.job_id, *(s.job_id for s in self.journal.state.successors.values()
+                                    if s.job_id and s.job_id != self._alloc_id and s.state == "granted")]
+        for job in olds:
+            if AllocationView(self.runner, job).job_state() in ("RUNNING", "PENDING", "CONFIGURING"):
+                AllocationView(self.runner, job).release()
+                log.warning("supervisor: allocation %s released (the job runs in %s now)", job, self._alloc_id)
 
     def _fallback(self, cur: Launch, failed: Sequence[str], reasons: Sequence[str]) -> int:
         self.journal.append("fallback", launch=cur.number, failed_nodes=sorted(failed), reasons=list(reasons))

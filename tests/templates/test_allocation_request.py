@@ -12,7 +12,7 @@ from render_support import JOB_FILE
 
 from slurm_omni.config.job import JobFile
 from slurm_omni.config.site import ElasticitySite, SiteConfig
-from slurm_omni.errors import ConfigError
+from slurm_omni.errors import ConfigError, SlurmError
 from slurm_omni.render import HetJobRequest
 from slurm_omni.render.allocation import AllocationRequest, allocation_mode
 
@@ -82,6 +82,33 @@ def test_the_supervisor_gets_the_jobs_salloc_for_its_pools_unless_the_site_turns
     off = _site(site, allow=True)
     off = replace(off, elasticity=replace(off.elasticity, pools=False))
     assert "OMNI_POOL_SALLOC" not in AllocationRequest(_request(job, off, job_sha256)).supervisor_env(2001)
+
+
+def test_the_time_limits_successor_repeats_the_jobs_whole_salloc_under_its_own_name(
+        job: JobFile, site: SiteConfig, job_sha256: str) -> None:
+    import json
+
+    from slurm_omni.slurm.hostlist import expand
+    from slurm_omni.slurm.salloc import successor_salloc_argv
+
+    alloc = AllocationRequest(_request(job, _site(site, allow=True), job_sha256))
+    base = json.loads(alloc.supervisor_env(2001)["OMNI_POOL_SALLOC"])
+    succ = successor_salloc_argv([*base, "--exclude=node9"], name="omni-2001-successor-0", exclude=("node1",))
+    # the whole shape: every argument but the name and the exclusions as the job's own
+    assert [a for a in succ if not a.startswith(("--job-name=", "--exclude="))] == \
+        [a for a in base if not a.startswith("--job-name=")]
+    assert "--job-name=omni-2001-successor-0" in succ
+    (excluded,) = [a for a in succ if a.startswith("--exclude=")]
+    assert sorted(expand(excluded.split("=", 1)[1])) == ["node1", "node9"]
+    # the supervisor asks for it ahead by the site's expected queue wait; 0 or no pools: none
+    argv = alloc.supervisor_argv(2001)
+    assert "--successor-queue-wait=3600" in argv
+    off = _site(site, allow=True)
+    off = replace(off, elasticity=replace(off.elasticity, successor_queue_wait_s=0.0))
+    assert not any(a.startswith("--successor-queue-wait") for a in
+                   AllocationRequest(_request(job, off, job_sha256)).supervisor_argv(2001))
+    with pytest.raises(SlurmError, match="salloc --no-shell only"):
+        successor_salloc_argv(["sbatch", "x"], name="n")
 
 
 def test_a_site_that_does_not_allow_it_runs_the_job_in_allocation_with_a_batch_script(
