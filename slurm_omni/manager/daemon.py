@@ -46,7 +46,7 @@ from slurm_omni.manager.sources import Poller, SpoolItem, read_job_heartbeats, r
 from slurm_omni.manager.start_failures import StartFailures
 from slurm_omni.manager.status import START_FAILURE_VERDICT as START_FAILURE
 from slurm_omni.manager.status import write_timeline
-from slurm_omni.manager.supervisor_reports import read_reports, read_status, supervised
+from slurm_omni.manager.supervisor_reports import allocations_now, read_reports, read_status, supervised
 from slurm_omni.manager.watch import Watch, live, new_watch, restore_watch
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir, user_folder
 from slurm_omni.policy.bad_input import (
@@ -78,6 +78,7 @@ from slurm_omni.policy.watch_lifecycle import (
     Gone,
     JobStateSet,
     Judged,
+    Moved,
     NodesLost,
     NumberLife,
     Polled,
@@ -448,7 +449,8 @@ class Manager:
         if w.slurm_id is None:
             return
         self._bury(w, snap)
-        job = snap.job(w.slurm_id)
+        followed = self._allocation_now(w)
+        job = snap.job(followed)
         if job is None:
             if w.slurm_id in snap.unreadable_jobs:
                 return   # Slurm listed it but its record could not be read this poll: no news, not gone
@@ -474,14 +476,18 @@ class Manager:
             obs = NodeObservation(snap.taken_at, name, node.state, node.reason)
             self.journal.record_observation(w.key, w.incarnation, "node_state", snap.taken_at, obs)
             w.confirmer.observe(obs)
+        job_nodes = {c.het_offset: c.nodes for c in job.components} if w.array_task is None else {0: job.nodes}
+        if followed != w.slurm_id and self._carry_out_life(w, Moved(
+                at=snap.taken_at, running=job.state is JobState.RUNNING, batch_host=job.batch_host, nodes=job_nodes),
+                job, now):   # moved to a successor allocation: confirmation starts over on its nodes
+            log.warning("manager: %s runs in allocation %d now (after Slurm job %d)", w.key, followed, w.slurm_id)
         requeued = self._carry_out_life(w, RestartSeen(at=snap.taken_at, restart_count=job.restart_count), job, now)
         if requeued and (not w.recovery.judging or w.slurm_id != job.job_id):
             return   # a recovery started (and may have switched to the next incarnation)
         self._carry_out_life(w, Polled(
             at=snap.taken_at, slurm_state=job.slurm_state, running=job.state is JobState.RUNNING,
             finished=job.state.finished, restart_count=job.restart_count, batch_host=job.batch_host,
-            nodes={c.het_offset: c.nodes for c in job.components} if w.array_task is None else {0: job.nodes}),
-            job, now)
+            nodes=job_nodes), job, now)
 
     def _carry_out_life(self, w: Watch, event: LifeEvent, job: Job | None, now: float) -> bool:
         """Step ``w``'s life with what the poll showed and carry out the effects; whether there were any."""
@@ -505,6 +511,13 @@ class Manager:
             elif isinstance(e, Ended):
                 self._ended(w, job, e.at)
         return bool(effects)
+
+    def _allocation_now(self, w: Watch) -> int:
+        """The Slurm job the watched life runs in: in allocation mode its supervisor may have moved it
+        to a successor allocation at a time limit (the status file says which); else its own."""
+        if w.slurm_id is None or not supervised(w.reg.ckpt_dir, w.slurm_id):
+            return w.slurm_id or 0
+        return allocations_now(w.reg.ckpt_dir, w.slurm_id)[0]
 
     def _bury(self, w: Watch, snap: ClusterSnapshot) -> None:
         """An ended incarnation that came back (its batch script requeues itself when scancel's

@@ -28,6 +28,7 @@ from slurm_omni.manager.actions import ResubmitRefused
 from slurm_omni.manager.context import ManagerContext
 from slurm_omni.manager.journal import action_key, incarnation_tag, perform_once
 from slurm_omni.manager.sources import read_job_heartbeats
+from slurm_omni.manager.supervisor_reports import allocations_now
 from slurm_omni.manager.watch import Watch, live
 from slurm_omni.policy.cluster_index import ClusterIndex
 from slurm_omni.policy.confirm import Decision, TaskExit, Verdict
@@ -116,10 +117,11 @@ def _carry_out(m: ManagerContext, w: Watch, e: Effect, now: float) -> Observatio
         plan = _plan(m, w, fresh=e.fresh, now=now)
         return None if plan is None else Planned(plan=plan)
     elif isinstance(e, Cancel):
-        _once(m, w, "cancel", f"{e.incarnation}", e.incarnation, e.slurm_job_id, lambda: m.actions.cancel(e.slurm_job_id))
+        _once(m, w, "cancel", f"{e.incarnation}", e.incarnation, e.slurm_job_id,
+              lambda: "; ".join(m.actions.cancel(j) for j in _held(w, e.slurm_job_id)))
     elif isinstance(e, SignalCheckpoint):
         _once(m, w, "stop", f"{e.incarnation}", e.incarnation, e.slurm_job_id,
-              lambda: m.actions.signal_checkpoint(e.slurm_job_id))
+              lambda: m.actions.signal_checkpoint(_held(w, e.slurm_job_id)[0]))
         log.warning("manager: %s: checkpointing to move (%s)", w.key, w.recovery.cause)
     elif isinstance(e, Drain):
         _once(m, w, "drain", f"{e.incarnation}:{e.node}", e.incarnation, w.slurm_id,
@@ -159,6 +161,12 @@ def _close(m: ManagerContext, w: Watch, e: Close, now: float) -> None:
         log.warning("manager: %s was cancelled in Slurm; not resubmitting", w.key)
     else:
         log.error("manager: %s: %s; not resubmitting", w.key, e.reason)
+
+
+def _held(w: Watch, slurm_job_id: int) -> tuple[int, ...]:
+    """The allocations a life holds now: in allocation mode the one its supervisor runs it in (a
+    successor after a time limit) and its pools (the status file says), else its own Slurm job."""
+    return allocations_now(w.reg.ckpt_dir, slurm_job_id)
 
 
 def _once(m: ManagerContext, w: Watch, kind: str, suffix: str, incarnation: int, slurm_job_id: int | None,

@@ -55,8 +55,21 @@ from slurm_omni.policy.recovery_events import SupervisorReport
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_JOURNAL_BYTES", "MAX_REPORT_BYTES", "REQUEST_OUTCOMES", "Report", "SupervisorView", "parse_report",
-           "read_reports", "read_status", "read_status_view", "request_outcome", "supervised", "write_request"]
+__all__ = [
+    "MAX_JOURNAL_BYTES",
+    "MAX_REPORT_BYTES",
+    "REQUEST_OUTCOMES",
+    "Report",
+    "SupervisorView",
+    "allocations_now",
+    "parse_report",
+    "read_reports",
+    "read_status",
+    "read_status_view",
+    "request_outcome",
+    "supervised",
+    "write_request",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +153,16 @@ def read_status(ckpt_dir: Path, slurm_job_id: int) -> SupervisorStatus | None:
     except FileRejected as e:
         _log_once(f"manager: {e}")
         return None
+
+
+def allocations_now(ckpt_dir: Path, slurm_job_id: int) -> tuple[int, ...]:
+    """The Slurm jobs a job in allocation mode holds now, the allocation it runs in first (its
+    supervisor's status file: a successor it moved to at a time limit, its granted pools, an open
+    successor); ``(slurm_job_id,)`` without a status file. The manager watches the first and
+    cancels them all."""
+    status = read_status(ckpt_dir, slurm_job_id)
+    ids = [int(j) for j in (status.allocations if status is not None else ()) if j.isdigit()]
+    return tuple(ids) or (slurm_job_id,)
 
 
 def read_status_view(ckpt_dir: Path, slurm_job_id: int) -> SupervisorView | None:

@@ -10,8 +10,16 @@ from typing import Any
 
 import pytest
 
+from slurm_omni.formats.supervisor import StatusPool, SupervisorStatus
 from slurm_omni.manager.events import EventRejected
-from slurm_omni.manager.supervisor_reports import MAX_REPORT_BYTES, parse_report, read_reports, supervised
+from slurm_omni.manager.supervisor_reports import (
+    MAX_REPORT_BYTES,
+    allocations_now,
+    parse_report,
+    read_reports,
+    supervised,
+)
+from slurm_omni.supervisor.journal import status_path, write_status
 
 REPORT: dict[str, Any] = {
     "version": 1, "kind": "relaunched", "slurm_job_id": "42", "life_before": 0, "life_after": 1, "cause": "down",
@@ -137,3 +145,20 @@ def test_a_replacement_request_is_what_the_supervisor_reads_and_its_answer_comes
     assert request_outcome(tmp_path, 42, "other") == "no_spare" and request_outcome(tmp_path, 4, "other") is None
     (tmp_path / "supervisor" / "42.status.json").write_text('{"path": "in_allocation"}')
     assert read_status_view(tmp_path, 42) is None                      # malformed: none, logged once
+
+
+def test_the_manager_learns_the_allocations_a_job_holds_from_the_supervisors_status(tmp_path: Path) -> None:
+    assert allocations_now(tmp_path, 42) == (42,)                        # no status file: its own job
+    path = status_path(tmp_path, "42")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_status(path, SupervisorStatus(slurm_job_id="42", phase="running", updated_at=1.0))
+    assert allocations_now(tmp_path, 42) == (42,)
+    write_status(path, SupervisorStatus(
+        slurm_job_id="42", phase="running", updated_at=2.0, allocation="44",
+        pools=[StatusPool(name="p", slurm_job_id="45", state="granted"), StatusPool(name="q", state="asking")],
+        successor=StatusPool(name="omni-42-successor-1", slurm_job_id="46", state="requested")))
+    assert allocations_now(tmp_path, 42) == (44, 45, 46)                 # the one it runs in first
+    write_status(path, SupervisorStatus(
+        slurm_job_id="42", phase="running", updated_at=3.0, allocation="44",
+        successor=StatusPool(name="omni-42-successor-1", slurm_job_id="46", state="released")))
+    assert allocations_now(tmp_path, 42) == (44,)
