@@ -1,0 +1,144 @@
+"""The time limit's successor allocation, on the embedded cluster with the real trainer
+(docs/allocation-mode.md, "Time limit: a successor allocation"): a job in allocation mode with a
+2-minute allocation (``--time`` counts minutes) and the stop 60 s before its end. Ahead of the stop
+(the site's expected queue wait of 45 s times 1.5 plus the relaunch it measured) the supervisor asks
+Slurm for a successor allocation of the job's whole shape while the step trains; it starts at once on
+this idle cluster, the ranks checkpoint (a planned save, exit 75), the next launch runs on the
+successor, and the first allocation is released: its Slurm job ends and no resubmission follows.
+The manager follows the job to the new allocation (the supervisor's status names it). Training runs
+to its last step: every step once, the loss bitwise the reference's, every sample id exactly once.
+About 2-3 minutes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from manager_cluster_support import JOB, REPO, make_shards, manager_run
+from omni_configs import site_toml
+from support import wait_until
+
+from slurm_omni.drill.equivalence import check_equivalence, compare_losses
+from slurm_omni.drill.history import load_history
+from slurm_omni.drill.reference import JOB_ENV as REFERENCE_ENV
+from slurm_omni.drill.reference import finish_reference, start_reference
+from slurm_omni.elastic.codes import EXIT_CHECKPOINTED
+from slurm_omni.formats.supervisor import SupervisorStatus
+from slurm_omni.policy.pools import SUCCESSOR
+from slurm_omni.supervisor.journal import Successor, SupervisorJournal, journal_path, read_status, status_path
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
+
+MAX_STEPS = 240
+NAME = "successor"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True, capture_output=True, timeout=120)
+    return make_shards(tmp_path_factory.mktemp("successor-data"))
+
+
+def _site(tmp: Path, spool: Path) -> str:
+    text = site_toml(tmp, spool_dir=spool, tables='[elasticity]\nrecovery = "allocation"\nallow_allocation = true\n'
+                                                  'default_spares = 0\nsuccessor_queue_wait_s = 45\n')
+    return text.replace('partition = "vision"', 'partition = "debug"').replace('partition = "text"',
+                                                                                'partition = "debug"')
+
+
+def _steps(metrics: Path) -> list[int]:
+    steps = []
+    for f in metrics.rglob("metrics-*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if "step" in rec and "loss" in rec and rec.get("rank", 0) == 0:
+                steps.append(int(rec["step"]))
+    return sorted(steps)
+
+
+def test_a_successor_allocation_asked_ahead_of_the_time_limit_takes_the_job_over(slurm_cluster, shards: Path,
+                                                                               tmp_path: Path) -> None:
+    with manager_run(tmp_path, slurm_cluster.env, slurm_cluster.spool, shards, name=NAME, dp=1,
+                     max_steps=MAX_STEPS) as run:
+        run.site.write_text(_site(tmp_path, slurm_cluster.spool))
+        run.tmp.joinpath("job.toml").write_text(run.tmp.joinpath("job.toml").read_text().replace(
+            'time_limit = "00:10:00"', 'time_limit = "00:02:00"'))
+        assert 'time_limit = "00:10:00"' in JOB
+        run.env.update(REFERENCE_ENV)
+        job_id = run.submit()
+        run.start_manager()
+        run.wait_watching(job_id)
+        ckpt = run.heartbeat_dir.parent
+        sup_log = tmp_path / "logs" / f"{NAME}-{job_id}.supervisor.log"
+        runner = run.runner()
+        successor_name = f"omni-{job_id}-successor-0"
+
+        def say() -> str:
+            return sup_log.read_text(errors="replace")[-4000:] if sup_log.exists() else "(no supervisor log)"
+
+        def status() -> SupervisorStatus:
+            return read_status(status_path(ckpt, str(job_id))) or SupervisorStatus(
+                slurm_job_id=str(job_id), phase="waiting", updated_at=0.0)
+
+        def slurm_state(job: str) -> str:
+            return runner.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip()
+
+        try:
+            reference = start_reference(tmp_path / "job.toml", tmp_path / "reference")
+            run.wait_steps(job_id, 2, 3, timeout_s=120)
+            # asked for while the step trains, ahead of the stop
+            def asked() -> Successor | None:
+                succ = SupervisorJournal(journal_path(ckpt, str(job_id))).state.successors.get(successor_name)
+                return succ if succ is not None and succ.job_id else None
+            successor = wait_until(asked, 90, f"the successor's request\n{say()}", interval_s=0.5).job_id
+            run.extra_jobs.add(int(successor))
+            assert status().phase in ("running", "stopping"), say()
+            shown = runner.run(["scontrol", "show", "job", "-o", successor]).stdout
+            assert f"JobName={successor_name}" in shown and "Partition=debug" in shown and "NumNodes=2" in shown, shown
+            # the next launch runs on it, the first allocation ends, the manager follows
+            wait_until(lambda: any(la.allocation == successor for la in
+                                   SupervisorJournal(journal_path(ckpt, str(job_id))).state.launches), 90,
+                       f"the move\n{say()}", interval_s=0.5)
+            wait_until(lambda: slurm_state(str(job_id)) == "", 60, f"allocation {job_id} to end\n{say()}")
+            wait_until(lambda: status().phase == "done", 240, f"training to finish\n{say()}", interval_s=1.0)
+            held = {s.job_id for s in SupervisorJournal(journal_path(ckpt, str(job_id))).state.successors.values()}
+            wait_until(lambda: all(slurm_state(j) == "" for j in held), 60, "every allocation to be released")
+            wait_until(lambda: run.rows("SELECT state FROM jobs WHERE name = ?", run.key) == [("done",)], 60,
+                       f"the manager to close the job\n{run.manager_log()}")
+            ref_metrics = finish_reference(reference, tmp_path / "reference", 300)
+        finally:
+            for jid in runner.run(["squeue", "-h", "-o", "%i %j"], check=False).stdout.splitlines():
+                if f"omni-{job_id}-successor-" in jid:
+                    runner.run(["scancel", jid.split()[0]], check=False)
+
+        journal = SupervisorJournal(journal_path(ckpt, str(job_id))).state
+        assert journal.outcome == "done", say()
+        moves = [la for la in journal.launches if la.cause == SUCCESSOR]
+        assert moves and moves[0].allocation == successor, [(la.number, la.cause, la.allocation)
+                                                           for la in journal.launches]
+        before = journal.launches[moves[0].number - 1]
+        assert before.ended == EXIT_CHECKPOINTED, say()               # the planned save
+        assert set(moves[0].layout.nodes) <= set(journal.successors[successor_name].nodes)
+        assert "asked for successor allocation" in say() and "released (the job runs in" in say()
+        # the manager neither resubmitted nor lost the job: it followed it to the successor
+        manager_log = run.manager_log()
+        assert f"runs in allocation {successor} now (after Slurm job {job_id})" in manager_log, manager_log[-3000:]
+        assert "submitted as Slurm job" not in manager_log and "not resubmitting" not in manager_log, manager_log
+        # the launch on the successor resumed at the step the save wrote
+        text = (ckpt / "supervisor" / f"omni-{job_id}-launch-{moves[0].number}.log").read_text(errors="replace")
+        resumed = {line.split("resumed at step ")[1].split()[0] for line in text.splitlines()
+                   if "resumed at step" in line}
+        assert len(resumed) == 1, text[-2000:]
+        steps = _steps(tmp_path / "metrics")
+        assert steps == list(range(MAX_STEPS)) or len(set(steps)) == MAX_STEPS, steps[:5]
+        hist, ref = load_history(tmp_path / "metrics" / NAME), load_history(ref_metrics)
+        exact = compare_losses(hist.losses(), ref.losses(), bitwise=True, rtol=0.0)
+        assert exact.ok and exact.steps_compared == MAX_STEPS, exact
+        eq = check_equivalence(hist, ref)
+        assert eq.ok, eq.summary()
+        assert eq.data is not None and eq.data.ok, eq.summary()          # every sample id exactly once
