@@ -257,7 +257,9 @@ class AllocConfig:
     common at shared centres, not measured; set it to your site's."""
     successor_lead_s: float | None = None
     """With pools, the successor allocation is requested this long before the time limit; None: the
-    queue wait's 90th percentile (derived, so that 9 in 10 successors start before the limit)."""
+    supervisor's own policy (``slurm_omni.policy.pools.successor_lead_s``: 1.5 times the site's
+    expected queue wait plus one relaunch), the expected wait the queue's median (the time-limit
+    section also prints its 90th and 99th percentile)."""
 
     def __post_init__(self) -> None:
         if self.time_limit_h < 0 or (self.successor_lead_s is not None and self.successor_lead_s < 0):

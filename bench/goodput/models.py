@@ -38,6 +38,7 @@ from typing import Literal
 from bench.goodput.failures import KINDS, kind_shares
 from bench.goodput.inputs import SimConfig
 from slurm_omni.policy.confirm import ConfirmConfig
+from slurm_omni.policy.pools import successor_lead_s
 from slurm_omni.policy.snapshot_cadence import Cadence, plan_cadence
 
 Spread = Literal["uniform", "exponential"]
@@ -207,17 +208,21 @@ def scale(cfg: SimConfig) -> Scaled:
         "omni_ckpt_interval_s": interval, "omni_hang_detect_s": hang, "heartbeat_scan_s": scan,
         "mtbf_s": mtbf, **{f"share_{k}": v for k, v in shares.items()},
         "relaunch_s": in_allocation(cfg, omni, 0).relaunch_s + in_allocation(cfg, omni, 0).relaunch_restore_s,
-        "successor_lead_s": successor_lead(cfg),
+        "successor_lead_s": successor_lead(cfg, in_allocation(cfg, omni, 0).relaunch_s
+                                           + in_allocation(cfg, omni, 0).relaunch_restore_s),
     }
     return Scaled(manual, slurm, omni, figures)
 
 
-def successor_lead(cfg: SimConfig) -> float:
-    """How long before the time limit the successor is requested: ``[alloc] successor_lead_s``, or
-    the queue wait's 90th percentile."""
+def successor_lead(cfg: SimConfig, relaunch_s: float, queue_wait_s: float | None = None) -> float:
+    """How long before the time limit the successor is requested: ``[alloc] successor_lead_s``, else
+    the supervisor's own policy (``slurm_omni.policy.pools.successor_lead_s``: the site's expected
+    queue wait times its margin, plus one relaunch, ``relaunch_s``) with the site's figure
+    ``queue_wait_s``, by default the queue wait's median (what ``elasticity.successor_queue_wait_s``
+    defaults to: 1 h)."""
     if cfg.alloc.successor_lead_s is not None:
         return cfg.alloc.successor_lead_s
-    return cfg.queue.median_s * math.exp(cfg.queue.sigma * statistics.NormalDist().inv_cdf(0.9))
+    return successor_lead_s(cfg.queue.median_s if queue_wait_s is None else queue_wait_s, relaunch_s)
 
 
 def memory_relaunch_restore(cfg: SimConfig) -> float:
@@ -321,5 +326,6 @@ def in_allocation(cfg: SimConfig, omni: PolicyCosts, per_100: float, *, pools: b
     return dataclasses.replace(omni, name=name, spares=spares, relaunch_s=relaunch,
                                relaunch_restore_s=restore, batch_host=not pools, pools=pools,
                                repair_s=run.repair_s, time_limit_s=cfg.alloc.time_limit_h * 3600 if time_limit else 0.0,
-                               successor_lead_s=successor_lead(cfg) if pools and time_limit else None,
+                               successor_lead_s=successor_lead(cfg, relaunch + restore) if pools and time_limit
+                               else None,
                                min_replicas=max(1, math.ceil(cfg.alloc.min_dp_fraction * run.data_parallel)))

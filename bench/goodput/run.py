@@ -42,7 +42,7 @@ from bench.goodput.inputs import (
     apply_timeline,
     load_config,
 )
-from bench.goodput.models import PolicyCosts, Scaled, in_allocation, memory_tier, scale
+from bench.goodput.models import PolicyCosts, Scaled, in_allocation, memory_tier, scale, successor_lead
 from bench.goodput.sim import BUCKETS, Outcome, simulate
 from slurm_omni.errors import OmniError
 
@@ -137,18 +137,24 @@ class LimitRow:
 def run_limits(cfg: SimConfig, scaled: Scaled, *, runs: int, seed: int, events: list[list[Interruption]],
                per_100_today: float, per_100_pools: float) -> list[LimitRow]:
     """Allocations ending at ``[alloc] time_limit_h``: today's resubmission at the limit, and a
-    successor requested ahead of it, the lead at the queue wait's median, 90th and 99th percentile
-    (or the configured lead)."""
+    successor requested ahead of it by the supervisor's own lead policy
+    (``policy.pools.successor_lead_s``) with the site's expected queue wait at the queue's median,
+    90th and 99th percentile (or the configured lead)."""
     rows = [LimitRow("resubmit at the limit (today)", run_spares(
         cfg, scaled, runs=runs, seed=seed, events=events, time_limit=True, spares_per_100=[per_100_today])[0].summary)]
-    leads = ([cfg.alloc.successor_lead_s] if cfg.alloc.successor_lead_s is not None else
+    # the supervisor's own lead policy (policy.pools.successor_lead_s) with the site's expected
+    # queue wait set to the queue's median, 90th or 99th percentile (or the configured lead)
+    relaunch = scaled.figures["relaunch_s"]
+    waits = ([None] if cfg.alloc.successor_lead_s is not None else
              [cfg.queue.median_s * math.exp(cfg.queue.sigma * statistics.NormalDist().inv_cdf(q))
               for q in (0.5, 0.9, 0.99)])
-    for lead in leads:
+    for wait in waits:
+        lead = successor_lead(cfg, relaunch, wait)
         c = dataclasses.replace(cfg, alloc=dataclasses.replace(cfg.alloc, successor_lead_s=lead))
         if lead >= c.alloc.time_limit_h * 3600:
             continue
-        rows.append(LimitRow(f"successor requested {lead / 3600:.1f} h ahead", run_spares(
+        site = "" if wait is None else f" (site wait {wait / 3600:.1f} h)"
+        rows.append(LimitRow(f"successor requested {lead / 3600:.1f} h ahead{site}", run_spares(
             c, scaled, runs=runs, seed=seed, events=events, pools=True, time_limit=True,
             spares_per_100=[per_100_pools])[0].summary))
     return rows
@@ -325,10 +331,10 @@ def render(cfg: SimConfig, scaled: Scaled, summaries: Sequence[Summary], prov: S
     if limits:
         lines += ["", (f"at a time limit of {cfg.alloc.time_limit_h:g} h per allocation (every allocation, "
                        "pools included, ends by then; a planned save, then a fresh start on the next one):"),
-                  f"  {'next allocation':36} {'ETTR':>7} {'p5-p95':>15} {'handovers':>9} {'queue h':>7} {'idle h':>6}"]
+                  f"  {'next allocation':52} {'ETTR':>7} {'p5-p95':>15} {'handovers':>9} {'queue h':>7} {'idle h':>6}"]
         for row in limits:
             s = row.summary
-            lines.append(f"  {row.how:36} {s.ettr_mean:7.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} "
+            lines.append(f"  {row.how:52} {s.ettr_mean:7.2%} {s.ettr_p5:7.2%}-{s.ettr_p95:<7.2%} "
                          f"{s.handovers:9.1f} {s.hours['queue']:7.1f} {s.spare_hours:6.1f}   {s.policy}")
         top_limit = max(limits, key=lambda x: x.summary.ettr_mean)
         lines.append(f"  best at the limit: {top_limit.how}: {target_gap(top_limit.summary)}")

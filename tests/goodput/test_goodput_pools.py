@@ -16,6 +16,7 @@ from bench.goodput.models import PolicyCosts, in_allocation, scale, successor_le
 from bench.goodput.run import Summary, main, run_spares, target_gap, traces
 from bench.goodput.sim import BUCKETS, simulate
 from slurm_omni.errors import OmniError
+from slurm_omni.policy.pools import successor_lead_s
 
 KINDS = ("node_down", "task_crash", "hang")
 # 4 nodes, dp 4 (one node per replica), one hour
@@ -167,7 +168,11 @@ def test_pools_beat_the_same_spares_without_them_and_results_repeat() -> None:
         assert e.summary.host_losses == 0 and e.summary.resubmits == 0
     assert in_allocation(cfg, scaled.omni, 1.0, pools=True).batch_host is False
     assert in_allocation(cfg, scaled.omni, 1.0).batch_host is True
-    assert successor_lead(cfg) == pytest.approx(3600 * 3.6022, rel=1e-3)   # the queue wait's p90
+    relaunch = scaled.figures["relaunch_s"]                              # the supervisor's own lead policy
+    assert successor_lead(cfg, relaunch) == pytest.approx(successor_lead_s(3600.0, relaunch))
+    assert successor_lead(cfg, relaunch) == pytest.approx(1.5 * 3600 + relaunch)
+    assert in_allocation(cfg, scaled.omni, 1.0, pools=True, time_limit=True).successor_lead_s == \
+        pytest.approx(successor_lead(cfg, relaunch))
 
 
 def test_cli_prints_pools_badput_time_limit_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
