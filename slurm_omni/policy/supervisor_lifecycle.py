@@ -28,7 +28,7 @@ import signal
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from slurm_omni.elastic.codes import EXIT_DONE, EXIT_FAILED
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED
 from slurm_omni.policy.confirm import Decision
 from slurm_omni.policy.in_allocation import Fallback, Relaunch, StepLayout
 from slurm_omni.policy.pools import successor_due
@@ -439,8 +439,8 @@ def _successor(state: SupervisorState, e: SuccessorPolled, c: LifecycleConfig
 
 def _ended(state: SupervisorState, e: LaunchEnded, c: LifecycleConfig) -> tuple[SupervisorState, tuple[Effect, ...]]:
     what = after_launch(e.end, c.limits)
-    if state.moving and not e.end.asked_to_stop and not (isinstance(what, Finish) and what.phase == "done") \
-            and not isinstance(what, HandOver):
+    if state.moving and not e.end.asked_to_stop and not isinstance(what, HandOver) and not (
+            isinstance(what, Finish) and (what.phase == "done" or what.code == EXIT_BAD_INPUT)):
         # the planned save for the successor: the next launch runs there, whatever this allocation does
         return replace(state, phase=Phase.ENDED), (Plan(),)
     if isinstance(what, Finish):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 
-from slurm_omni.elastic.codes import EXIT_CHECKPOINTED
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.policy.in_allocation import Relaunch, StepLayout
 from slurm_omni.policy.pools import successor_lead_s
 from slurm_omni.policy.recovery_events import MigrationRequested
@@ -21,6 +21,7 @@ from slurm_omni.policy.supervisor_lifecycle import (
     Exit,
     ForwardStop,
     IntendLaunch,
+    JournalDone,
     LaunchEnded,
     LaunchJournaled,
     LaunchRunning,
@@ -124,6 +125,16 @@ def test_started_in_time_the_step_saves_and_the_next_launch_moves_to_it() -> Non
     assert state.phase is Phase.RUNNING and state.end_time == END + 7200 and state.successor == "" and not state.moving
     state, effects = step(state, polled(END + 7200 - LEAD), CONFIG)
     assert len(effects) == 1 and isinstance(effects[0], AskSuccessor)
+
+
+def test_a_bad_input_or_training_done_during_the_planned_save_is_not_moved() -> None:
+    moving = SupervisorState(phase=Phase.STOPPING, launch=0, end_time=END, stopping=True, moving=True)
+    bad = LaunchEnd(number=0, rc=1, asked_to_stop=False, job_state="RUNNING", fruitless=0, refused="bad shard")
+    state, effects = step(moving, LaunchEnded(END - 100, bad), CONFIG)
+    assert state.phase is Phase.STOPPED and effects == (Exit(EXIT_BAD_INPUT, "bad shard"),)
+    done = LaunchEnd(number=0, rc=EXIT_DONE, asked_to_stop=False, job_state="RUNNING", fruitless=0)
+    state, effects = step(moving, LaunchEnded(END - 100, done), CONFIG)
+    assert state.phase is Phase.DONE and effects == (JournalDone(release=True), Exit(EXIT_DONE))
 
 
 def test_not_started_before_the_stop_it_is_dropped_and_the_time_limit_stops_the_step() -> None:
