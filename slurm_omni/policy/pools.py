@@ -200,13 +200,20 @@ def successor_lead_s(queue_wait_s: float, relaunch_s: float, *, margin: float = 
 SUCCESSOR = "successor"
 """The cause of the launch that moves the job onto its successor allocation at a time limit."""
 
-def successor_lead_for(queue_wait_s: float, launches: Iterable[tuple[float, float | None]]) -> float:
+def successor_lead_for(queue_wait_s: float, launches: Iterable[tuple[float, float | None]], *,
+                       limit_s: float | None) -> float:
     """:func:`successor_lead_s` with the relaunch the job measured: ``launches`` as (intent,
-    first step) of each launch, oldest first; the newest that stepped counts. 0 (no successor yet)
-    until one stepped: a job that has not trained has no relaunch to measure, and a successor asked
-    that early would only run beside it."""
+    first step) of each launch, oldest first; the newest that stepped counts. 0 (no successor) until
+    one stepped (a job that has not trained has no relaunch to measure, and a successor asked that
+    early would only run beside it), and when the lead is not shorter than the allocation's time
+    limit ``limit_s``: it would be asked as the allocation starts, hold a second one for its whole
+    life, and every successor would ask for the next at once (the time limit's stop and the
+    manager's resubmission serve such a job)."""
     measured = [first - start for start, first in launches if first is not None]
-    return successor_lead_s(queue_wait_s, measured[-1]) if measured and queue_wait_s > 0 else 0.0
+    if not measured or queue_wait_s <= 0:
+        return 0.0
+    lead = successor_lead_s(queue_wait_s, measured[-1])
+    return lead if limit_s is not None and lead < limit_s else 0.0
 
 
 def successor_due(end_time: float | None, now: float, *, lead_s: float, stop_before_s: float,

@@ -24,6 +24,8 @@ class JobRecord:
     end_time: float | None
     """EndTime as a Unix time (the time limit), None when Slurm gives none."""
     user_id: int | None
+    start_time: float | None = None
+    """StartTime as a Unix time (for a running job: when it started; EndTime - StartTime is its limit)."""
 
 
 class AllocationView:
@@ -86,7 +88,8 @@ class AllocationView:
         nodes = r.get("NodeList", "")
         uid = r.get("UserId", "").partition("(")[2].rstrip(")")
         return JobRecord(r.get("JobState", ""), tuple(expand(nodes)) if nodes and nodes != "(null)" else (),
-                         _slurm_time(r.get("EndTime", "")), int(uid) if uid.isdigit() else None)
+                         _slurm_time(r.get("EndTime", "")), int(uid) if uid.isdigit() else None,
+                         _slurm_time(r.get("StartTime", "")))
 
     def release(self) -> None:
         """End an allocation that has no batch script to end it (``scancel J``; training is done)."""

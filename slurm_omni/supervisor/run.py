@@ -282,6 +282,8 @@ class Supervisor:
         """The allocation ``self._proc``'s srun runs in."""
         self._pool_seen: dict[str, float] = {}
         """Pool name -> when this supervisor first saw it granted (the standbys' warm-up bound)."""
+        self._limit_s: float | None = None
+        """Allocation mode: the allocation's time limit (its EndTime - StartTime), for the successor's lead."""
         self._leaf_of: dict[str, str] = {}
         """Leaf switch of each node a launch ran on (the memory tier's replica ring)."""
 
@@ -330,6 +332,8 @@ class Supervisor:
                                                has_nodes=bool(rec.nodes), end_time=rec.end_time,
                                                signalled=self.stop_signal is not None),
                               allocation=rec.nodes)
+            if rec.end_time is not None and rec.start_time is not None and rec.state == "RUNNING":
+                self._limit_s = rec.end_time - rec.start_time   # the allocation's time limit
             if code is not None or self.state.phase is not Phase.WAITING:
                 return code
             time.sleep(poll)
@@ -1034,7 +1038,8 @@ class Supervisor:
                 log.warning("supervisor: couldn't follow successor %s: %s", succ.name, e)
             succ = self.journal.state.successor_of(self._alloc_id)
         lead = successor_lead_for(self.opts.successor_queue_wait_s,
-                                  [(la.started_at, la.first_step_at) for la in self.journal.state.launches])
+                                  [(la.started_at, la.first_step_at) for la in self.journal.state.launches],
+                                  limit_s=self._limit_s)
         return SuccessorPolled(at=self.clock(), state=succ.state if succ else "", lead_s=lead,
                                job_id=succ.job_id if succ else "")
 

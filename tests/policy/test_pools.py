@@ -145,7 +145,13 @@ def test_a_launch_across_allocations_ends_with_its_every_srun_or_with_the_first_
 
 
 def test_the_successors_lead_uses_the_newest_relaunch_the_job_measured_and_none_before_it_stepped() -> None:
-    assert successor_lead_for(600.0, []) == 0.0
-    assert successor_lead_for(600.0, [(100.0, None)]) == 0.0
-    assert successor_lead_for(600.0, [(100.0, 130.0), (500.0, 510.0), (900.0, None)]) == successor_lead_s(600.0, 10.0)
-    assert successor_lead_for(0.0, [(100.0, 130.0)]) == 0.0          # the site asks for none
+    day = 86400.0
+    assert successor_lead_for(600.0, [], limit_s=day) == 0.0
+    assert successor_lead_for(600.0, [(100.0, None)], limit_s=day) == 0.0
+    assert successor_lead_for(600.0, [(100.0, 130.0), (500.0, 510.0), (900.0, None)], limit_s=day) == \
+        successor_lead_s(600.0, 10.0)
+    assert successor_lead_for(0.0, [(100.0, 130.0)], limit_s=day) == 0.0          # the site asks for none
+    # a lead as long as the allocation itself: none (it would be asked at once, for every successor)
+    assert successor_lead_for(3600.0, [(100.0, 130.0)], limit_s=600.0) == 0.0
+    assert successor_lead_for(3600.0, [(100.0, 130.0)], limit_s=None) == 0.0
+    assert successor_lead_for(40.0, [(100.0, 110.0)], limit_s=120.0) == 70.0
