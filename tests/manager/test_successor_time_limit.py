@@ -5,13 +5,17 @@
 Slurm for a successor allocation of the job's whole shape while the step trains; it starts at once on
 this idle cluster, the ranks checkpoint (a planned save, exit 75), the next launch runs on the
 successor, and the first allocation is released: its Slurm job ends and no resubmission follows.
-The manager follows the job to the new allocation (the supervisor's status names it). Training runs
+The manager follows the job to the new allocation (the supervisor's status names it); the
+supervisor SIGKILLed while the job trains in the successor is started again by the manager and
+adopts the launch there from its journal. Training runs
 to its last step: every step once, the loss bitwise the reference's, every sample id exactly once.
 About 2-3 minutes."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -28,6 +32,7 @@ from slurm_omni.elastic.codes import EXIT_CHECKPOINTED
 from slurm_omni.formats.supervisor import SupervisorStatus
 from slurm_omni.policy.pools import SUCCESSOR
 from slurm_omni.supervisor.journal import Successor, SupervisorJournal, journal_path, read_status, status_path
+from slurm_omni.supervisor.outside import process_alive, read_process
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -105,6 +110,17 @@ def test_a_successor_allocation_asked_ahead_of_the_time_limit_takes_the_job_over
                                    SupervisorJournal(journal_path(ckpt, str(job_id))).state.launches), 90,
                        f"the move\n{say()}", interval_s=0.5)
             wait_until(lambda: slurm_state(str(job_id)) == "", 60, f"allocation {job_id} to end\n{say()}")
+            # the supervisor SIGKILLed once the job trains in the successor: the manager starts another,
+            # which finds the allocation the job runs in from its journal and adopts the launch there
+            def moved_and_stepping() -> bool:
+                launches = SupervisorJournal(journal_path(ckpt, str(job_id))).state.launches
+                return any(la.allocation == successor and la.first_step_at is not None for la in launches)
+            wait_until(moved_and_stepping, 90, f"the first step on the successor\n{say()}", interval_s=0.5)
+            old = read_process(ckpt, str(job_id))
+            assert old is not None and process_alive(old)
+            os.kill(old.pid, signal.SIGKILL)
+            wait_until(lambda: (p := read_process(ckpt, str(job_id))) is not None and p.pid != old.pid
+                       and process_alive(p), 60, f"a new supervisor\n{run.manager_log()[-3000:]}")
             wait_until(lambda: status().phase == "done", 240, f"training to finish\n{say()}", interval_s=1.0)
             held = {s.job_id for s in SupervisorJournal(journal_path(ckpt, str(job_id))).state.successors.values()}
             wait_until(lambda: all(slurm_state(j) == "" for j in held), 60, "every allocation to be released")
@@ -125,6 +141,10 @@ def test_a_successor_allocation_asked_ahead_of_the_time_limit_takes_the_job_over
         assert before.ended == EXIT_CHECKPOINTED, say()               # the planned save
         assert set(moves[0].layout.nodes) <= set(journal.successors[successor_name].nodes)
         assert "asked for successor allocation" in say() and "released (the job runs in" in say()
+        # the restarted supervisor ran in the successor: it adopted the launch there (no relaunch)
+        full = sup_log.read_text(errors="replace")
+        assert f"launch {moves[0].number} (" in full and ": adopted" in full, full[-4000:]
+        assert [la.cause for la in journal.launches[1:]] == [SUCCESSOR] * (len(journal.launches) - 1), say()
         # the manager neither resubmitted nor lost the job: it followed it to the successor
         manager_log = run.manager_log()
         assert f"runs in allocation {successor} now (after Slurm job {job_id})" in manager_log, manager_log[-3000:]
