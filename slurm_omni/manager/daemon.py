@@ -265,12 +265,15 @@ class Manager:
     # -- sources --------------------------------------------------------------------------------
     def _spool(self, now: float) -> None:
         items = read_spool(self.config.site.manager.spool_dir, self.user)
+        followed = {w.key: self._allocation_now(w) for w in self.watches.values()
+                    if w.state not in ENDED_STATES} if items else {}
         for item in items:
             if item.shared and item.key in self._seen_shared:
                 continue
             matched = False
             for w in self.watches.values():
-                if w.state in ENDED_STATES or not item.concerns(w.slurm_id, w.node_set):
+                if w.state in ENDED_STATES or not (item.concerns(w.slurm_id, w.node_set) or item.concerns(
+                        followed.get(w.key), frozenset())):   # a task's fault record in a successor allocation
                     continue
                 matched = True
                 try:
