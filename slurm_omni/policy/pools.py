@@ -208,12 +208,15 @@ def successor_lead_for(queue_wait_s: float, launches: Iterable[tuple[float, floa
     early would only run beside it), and when the lead is not shorter than the allocation's time
     limit ``limit_s``: it would be asked as the allocation starts, hold a second one for its whole
     life, and every successor would ask for the next at once (the time limit's stop and the
-    manager's resubmission serve such a job)."""
+    manager's resubmission serve such a job). A lead longer than half the limit is cut to half: a
+    successor is never asked in the first half of an allocation's life (else, on a busy machine
+    where a relaunch is slow, each successor would ask for the next as soon as the job moved onto
+    it, and the job would hold two allocations most of the time)."""
     measured = [first - start for start, first in launches if first is not None]
-    if not measured or queue_wait_s <= 0:
+    if not measured or queue_wait_s <= 0 or limit_s is None:
         return 0.0
     lead = successor_lead_s(queue_wait_s, measured[-1])
-    return lead if limit_s is not None and lead < limit_s else 0.0
+    return min(lead, limit_s / 2.0) if lead < limit_s else 0.0
 
 
 def successor_due(end_time: float | None, now: float, *, lead_s: float, stop_before_s: float,

@@ -1,6 +1,6 @@
 """The time limit's successor that does not start in time, on the embedded cluster (a lane:
 ``OMNI_SUCCESSOR_LANE=1``, about 3-4 minutes; docs/allocation-mode.md, "Time limit: a successor
-allocation"): a job in allocation mode with a 2-minute allocation asks for its successor while the
+allocation"): a job in allocation mode with a 3-minute allocation asks for its successor while the
 step trains, but every other node is held by a filler job, so the successor waits in the queue.
 At the time limit's stop (60 s before the end) the supervisor gives it back with one line, the
 ranks checkpoint and exit 75 as without a successor, and the manager resubmits the job when the
@@ -40,7 +40,7 @@ def test_a_successor_that_does_not_start_by_the_stop_is_given_back_and_the_manag
                      max_steps=2000) as run:
         run.site.write_text(_site(tmp_path, slurm_cluster.spool))
         run.tmp.joinpath("job.toml").write_text(run.tmp.joinpath("job.toml").read_text().replace(
-            'time_limit = "00:10:00"', 'time_limit = "00:02:00"'))
+            'time_limit = "00:10:00"', 'time_limit = "00:03:00"'))
         job_id = run.submit()
         run.start_manager()
         run.wait_watching(job_id)

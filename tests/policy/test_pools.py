@@ -144,7 +144,7 @@ def test_a_launch_across_allocations_ends_with_its_every_srun_or_with_the_first_
     assert span_end([None, 75]) == (True, 75, False)
 
 
-def test_the_successors_lead_uses_the_newest_relaunch_the_job_measured_and_none_before_it_stepped() -> None:
+def test_the_successors_lead_uses_the_newest_relaunch_the_job_measured_within_half_the_allocation() -> None:
     day = 86400.0
     assert successor_lead_for(600.0, [], limit_s=day) == 0.0
     assert successor_lead_for(600.0, [(100.0, None)], limit_s=day) == 0.0
@@ -154,4 +154,7 @@ def test_the_successors_lead_uses_the_newest_relaunch_the_job_measured_and_none_
     # a lead as long as the allocation itself: none (it would be asked at once, for every successor)
     assert successor_lead_for(3600.0, [(100.0, 130.0)], limit_s=600.0) == 0.0
     assert successor_lead_for(3600.0, [(100.0, 130.0)], limit_s=None) == 0.0
-    assert successor_lead_for(40.0, [(100.0, 110.0)], limit_s=120.0) == 70.0
+    assert successor_lead_for(40.0, [(100.0, 110.0)], limit_s=1000.0) == 70.0
+    # never in the first half of the allocation's life (a slow relaunch on a busy machine)
+    assert successor_lead_for(40.0, [(100.0, 110.0)], limit_s=120.0) == 60.0
+    assert successor_lead_for(45.0, [(100.0, 143.0)], limit_s=180.0) == 90.0
