@@ -37,7 +37,8 @@ from slurm_omni.supervisor.outside import process_alive, read_process
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
 
-MAX_STEPS = 500
+MAX_STEPS = 300
+STEP_DELAY_S = "0.35"   # training outlasts the move (about 95 s into the allocation) on an idle machine
 NAME = "successor"
 
 
@@ -76,6 +77,7 @@ def test_a_successor_allocation_asked_ahead_of_the_time_limit_takes_the_job_over
             'time_limit = "00:10:00"', 'time_limit = "00:03:00"'))
         assert 'time_limit = "00:10:00"' in JOB
         run.env.update(REFERENCE_ENV)
+        run.env["OMNI_STEP_DELAY_S"] = STEP_DELAY_S
         job_id = run.submit()
         run.start_manager()
         run.wait_watching(job_id)
