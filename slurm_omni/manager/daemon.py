@@ -480,10 +480,12 @@ class Manager:
             self.journal.record_observation(w.key, w.incarnation, "node_state", snap.taken_at, obs)
             w.confirmer.observe(obs)
         job_nodes = {c.het_offset: c.nodes for c in job.components} if w.array_task is None else {0: job.nodes}
-        if followed != w.slurm_id and self._carry_out_life(w, Moved(
-                at=snap.taken_at, running=job.state is JobState.RUNNING, batch_host=job.batch_host, nodes=job_nodes),
-                job, now):   # moved to a successor allocation: confirmation starts over on its nodes
-            log.warning("manager: %s runs in allocation %d now (after Slurm job %d)", w.key, followed, w.slurm_id)
+        if followed != w.slurm_id:   # moved to a successor allocation: confirmation starts over on its nodes
+            before = w.node_set
+            self._carry_out_life(w, Moved(at=snap.taken_at, running=job.state is JobState.RUNNING,
+                                          batch_host=job.batch_host, nodes=job_nodes), job, now)
+            if w.node_set != before:
+                log.warning("manager: %s runs in allocation %d now (after Slurm job %d)", w.key, followed, w.slurm_id)
         requeued = self._carry_out_life(w, RestartSeen(at=snap.taken_at, restart_count=job.restart_count), job, now)
         if requeued and (not w.recovery.judging or w.slurm_id != job.job_id):
             return   # a recovery started (and may have switched to the next incarnation)

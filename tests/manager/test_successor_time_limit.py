@@ -1,8 +1,8 @@
 """The time limit's successor allocation, on the embedded cluster with the real trainer
 (docs/allocation-mode.md, "Time limit: a successor allocation"): a job in allocation mode with a
 3-minute allocation (``--time`` counts minutes) and the stop 60 s before its end. Ahead of the stop
-(the site's expected queue wait of 45 s times 1.5 plus the relaunch it measured, at most half the
-allocation: 77-90 s before its end) the supervisor asks
+(the site's expected queue wait of 60 s times 1.5 plus the relaunch it measured, cut to half the
+allocation: 90 s before its end) the supervisor asks
 Slurm for a successor allocation of the job's whole shape while the step trains; it starts at once on
 this idle cluster, the ranks checkpoint (a planned save, exit 75), the next launch runs on the
 successor, and the first allocation is released: its Slurm job ends and no resubmission follows.
@@ -50,7 +50,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _site(tmp: Path, spool: Path) -> str:
     text = site_toml(tmp, spool_dir=spool, tables='[elasticity]\nrecovery = "allocation"\nallow_allocation = true\n'
-                                                  'default_spares = 0\nsuccessor_queue_wait_s = 45\n')
+                                                  'default_spares = 0\nsuccessor_queue_wait_s = 60\n')
     return text.replace('partition = "vision"', 'partition = "debug"').replace('partition = "text"',
                                                                                 'partition = "debug"')
 
@@ -103,7 +103,7 @@ def test_a_successor_allocation_asked_ahead_of_the_time_limit_takes_the_job_over
             def asked() -> Successor | None:
                 succ = SupervisorJournal(journal_path(ckpt, str(job_id))).state.successors.get(successor_name)
                 return succ if succ is not None and succ.job_id else None
-            successor = wait_until(asked, 90, f"the successor's request\n{say()}", interval_s=0.5).job_id
+            successor = wait_until(asked, 150, f"the successor's request\n{say()}", interval_s=0.5).job_id
             run.extra_jobs.add(int(successor))
             assert status().phase in ("running", "stopping"), say()
             shown = runner.run(["scontrol", "show", "job", "-o", successor]).stdout
