@@ -48,6 +48,9 @@ class ClusterSpec:
     slurm_version: str = HOST_VERSION
     """Which Slurm runs the cluster: 22.05 (the host's packages), 24.11 or 26.05 (from a Debian root)."""
     hostname: str = field(default_factory=socket.gethostname)
+    scale_lane: bool = False
+    """The scale lane's settings (:data:`LARGE_SETTINGS`) at any size, so that its sizes compare
+    (``bench/scale_bench.py``); they apply above :data:`LARGE` nodes anyway."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -196,19 +199,38 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
     return "\n".join(lines) + "\n"
 
 
-def large_cluster_lines(spec: ClusterSpec) -> list[str]:
-    """Settings for many slurmd on one host (more than :data:`LARGE`), over the defaults above.
+LARGE_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("MessageTimeout", "60", "a message answered late is the one host's load, not a lost node"),
+    ("TCPTimeout", "10", "connections to 512 slurmd on 2 shared cores open slowly"),
+    ("SlurmdTimeout", "300", ("slurmctld pings every slurmd each SlurmdTimeout/3: one ping round per 100 s "
+                              "instead of per 20 s (512 RPCs a round); the lane sets nodes DOWN itself, never "
+                              "waits for a silent one")),
+    ("UnkillableStepTimeout", "600", ("a SIGKILLed step's 2,044 tasks take longer than 60 s to go at load "
+                                      "500+: slurmd drained 432 nodes 'Kill task failed' in the last 512 run")),
+    ("ProctrackType", "proctrack/pgid", ("a step's tasks by their process group (killpg): proctrack/linuxproc "
+                                         "reads every /proc/PID/stat of the host for each signal and each wait, "
+                                         "512 slurmstepd x 3,000 processes")),
+    ("SchedulerParameters", "bf_interval=30,bf_resolution=60", ("backfill walks every node: every 30 s, not "
+                                                                "every second (the lane's jobs start at submission "
+                                                                "by the main scheduler; no heterogeneous jobs)")),
+    ("SlurmctldDebug", "error", "512 slurmd log to the disk the job's files are on"),
+    ("SlurmdDebug", "error", "same"),
+)
+"""Settings for many slurmd on one host (more than :data:`LARGE`), over the defaults: (key, value,
+why). The scale bench prints them with their reasons."""
 
-    Every slurmd, slurmstepd and task shares the same few cores: a message that takes 5 s to be
-    answered is load there, not a lost node, so MessageTimeout and TCPTimeout grow, and a slurmd
-    answers a ping late without being set DOWN (SlurmdTimeout at least 60 s: the scale lane sets a
-    node DOWN itself, it does not wait for a silent slurmd). Logs at error only: 512 slurmd write
-    them on the disk the job's files are on. TreeWidth stays Slurm's (messages to the nodes fan out
-    through slurmd's tree)."""
-    if spec.nodes <= LARGE:
+
+def large_cluster_lines(spec: ClusterSpec) -> list[str]:
+    """:data:`LARGE_SETTINGS` as ``Key=Value`` lines for a cluster of more than :data:`LARGE` nodes.
+
+    Every slurmd, slurmstepd and task shares the same few cores: time is load, not failure
+    (MessageTimeout, TCPTimeout, SlurmdTimeout, UnkillableStepTimeout), and what slurmctld and every
+    slurmstepd do per node or per process is cut (fewer pings, no /proc walks, backfill rarely).
+    TreeWidth stays Slurm's (messages to the nodes fan out through slurmd's tree)."""
+    if spec.nodes <= LARGE and not spec.scale_lane:
         return []
-    return ["MessageTimeout=30", "TCPTimeout=10", f"SlurmdTimeout={max(60, spec.slurmd_timeout_s)}",
-            "SlurmctldDebug=error", "SlurmdDebug=error"]
+    return [f"{key}={max(int(value), spec.slurmd_timeout_s) if key == 'SlurmdTimeout' else value}"
+            for key, value, _ in LARGE_SETTINGS]
 
 
 def render_cgroup_conf() -> str:
