@@ -44,7 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from slurm_omni.errors import OmniError
+from slurm_omni.manager.events import read_heartbeats
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 8
@@ -167,11 +170,7 @@ class Run:
 
     def _record(self) -> None:
         while not self._stop.is_set():
-            for path in self.heartbeat_dir.glob("rank-*.json") if self.heartbeat_dir.is_dir() else ():
-                try:
-                    hb = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
+            for hb in self.beats():
                 key = (str(hb.get("job_id")), int(hb.get("rank", -1)), int(hb.get("step", -1)))
                 self.last_step[key[0]] = max(self.last_step.get(key[0], -1), key[2])
                 if hb.get("phase") == "training" and hb.get("compute_s") is not None and key not in self._seen:
@@ -180,13 +179,10 @@ class Run:
             self._stop.wait(0.2)
 
     def beats(self) -> list[dict[str, Any]]:
-        out = []
-        for path in self.heartbeat_dir.glob("rank-*.json") if self.heartbeat_dir.is_dir() else ():
-            try:
-                out.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue
-        return out
+        """Every rank's newest beat through the package's one reader (its own file or its node's)."""
+        if not self.heartbeat_dir.is_dir():
+            return []
+        return [msgspec.structs.asdict(b) for b in read_heartbeats(self.heartbeat_dir)]
 
     def live_job(self) -> str | None:
         """The Slurm job id whose ranks beat most recently."""

@@ -13,8 +13,8 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   OMNI_HEARTBEAT_INTERVAL, OMNI_MAX_STEPS, OMNI_STEP_DELAY_S (a step is this sleep), SLURMD_NODENAME;
 - the heartbeat file ``<OMNI_HEARTBEAT_DIR>/rank-<RANK>.json`` (``formats/heartbeat.HeartbeatRecord``:
   phase starting, then training from the restored step, a beat every interval, the last beat with
-  the exit code), replaced atomically; with OMNI_HEARTBEAT_NODE_DIR (a node-local folder) the beat
-  goes to the node and the rank holding the node's lock copies the node's beats into
+  the exit code), replaced atomically; under Slurm by default (OMNI_HEARTBEAT_NODE_DIR, a node-local
+  folder, /dev/shm when unset; ``off`` or empty: a file per rank) the beat goes to the node and the rank holding the node's lock copies the node's beats into
   ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl`` twice per interval, as ``elastic/heartbeat.py`` does
   (the rank's own file when no leader published for 1.5 intervals, and for its last beat);
 - the metrics lines ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl`` (``formats/metrics``), the
@@ -104,12 +104,13 @@ class Rank:
         self.next_beat = 0.0
         self.metrics = None
         self.relay = None
-        if env.get("OMNI_HEARTBEAT_NODE_DIR") and self.node:
+        node_dir = node_dir_setting(env)
+        if node_dir and self.node:
             # its own module, imported only here: compiling this script's source costs every rank
             # private memory in proportion to its size (0.4 MiB for the relay), a cached module not
             from light_relay import Relay
 
-            self.relay = Relay.open(env["OMNI_HEARTBEAT_NODE_DIR"], self.job_id, self.node, self.rank, self.hb_dir,
+            self.relay = Relay.open(node_dir, self.job_id, self.node, self.rank, self.hb_dir,
                                     self.interval)
         self.node_failed = False
         self.direct_at = 0.0
@@ -357,6 +358,15 @@ class Rank:
 
     def on_block(self, _signum: int, _frame: object) -> None:
         self.blocked = True
+
+
+def node_dir_setting(env: dict[str, str]) -> str:
+    """``formats.heartbeat.node_dir_setting`` without the package: the node-local folder, empty for
+    a file per rank."""
+    raw = env.get("OMNI_HEARTBEAT_NODE_DIR")
+    if raw is None:
+        return "/dev/shm" if os.path.isdir("/dev/shm") else ""
+    return "" if raw.strip().lower() in ("", "off", "none", "0") else raw
 
 
 def _int(env: dict[str, str], name: str, default: int) -> int:

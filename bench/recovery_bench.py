@@ -58,6 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 REPO = Path(__file__).resolve().parents[1]
 
 from slurm_omni.cluster.busy import BusyCluster
@@ -65,6 +67,7 @@ from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
 from slurm_omni.errors import OmniError
+from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.render import HetJobRequest
 from slurm_omni.runtime.synth import SynthSpec, write_shards
 from slurm_omni.slurm.cli_backend import CliBackend
@@ -490,7 +493,9 @@ class Bench:
             self.runner.run(["scontrol", "update", f"nodename={node}", "state=DOWN", "reason=recovery-bench"])
             return t, node, f"{node} DOWN"
         # by node, not by stage: torchrun's ranks run every stage and all report the first
-        beats = [json.loads(p.read_text()) for p in (work / "ckpt").rglob("heartbeat/rank-*.json")]
+        # the one reader: a rank's own file or its node's (per node by default, formats/heartbeat.py)
+        beats = [msgspec.structs.asdict(b) for folder in (work / "ckpt").rglob("heartbeat") if folder.is_dir()
+                 for b in read_heartbeats(folder)]
         beats = [b for b in beats if b.get("node") == node and b.get("phase") == "training"]
         if not beats:
             return 0.0, "", f"no training rank's heartbeat names {node}: no trainer to kill"

@@ -23,8 +23,8 @@ file is written to a temporary name and renamed, so a reader never sees a partia
 keeps beating while the main thread is inside a long collective, which is what lets the manager tell
 a slow step (beats, no progress) from a dead process (no beats).
 
-Per node instead of per rank (``OMNI_HEARTBEAT_NODE_DIR``, a node-local folder such as ``/dev/shm``;
-formats/heartbeat.py): the beat goes to ``<dir>/omni-beats-<uid>-<job>-<node>/rank-<RANK>.json``
+Per node instead of per rank, the default under Slurm (``OMNI_HEARTBEAT_NODE_DIR``, a node-local
+folder, ``/dev/shm`` when unset; ``off`` or empty: a file per rank; formats/heartbeat.py): the beat goes to ``<dir>/omni-beats-<uid>-<job>-<node>/rank-<RANK>.json``
 (0700, ours, checked by its descriptor) and the rank holding that folder's ``lock`` (``flock``; the
 next rank takes it over when its holder exits or dies) copies the node's beats of the newest life
 into ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl`` twice per interval: the shared file system sees one
@@ -58,6 +58,7 @@ from slurm_omni.formats.heartbeat import (
     RANK_PREFIX,
     HeartbeatRecord,
     NodeHeader,
+    node_dir_setting,
     node_file_name,
 )
 from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
@@ -74,9 +75,10 @@ class Heartbeat:
     def __init__(self, heartbeat_dir: Path, *, rank: int, stage: int, dp_rank: int, incarnation: int,
                  job_id: str, interval_s: float = 2.0, window: int = 5, node: str | None = None,
                  node_dir: Path | None = None) -> None:
-        """``node_dir``: the node-local folder of ``OMNI_HEARTBEAT_NODE_DIR`` (the default; empty:
-        none) under which the node's ranks aggregate their beats (``NodeRelay``); without a node name
-        (outside Slurm) every rank writes its own file."""
+        """``node_dir``: the node-local folder under which the node's ranks aggregate their beats
+        (``NodeRelay``; None: ``OMNI_HEARTBEAT_NODE_DIR``, ``/dev/shm`` when unset,
+        ``formats.heartbeat.node_dir_setting``); without a node name (outside Slurm) every rank
+        writes its own file."""
         self.path = heartbeat_dir / f"rank-{rank}.json"
         self.interval_s = interval_s
         self._lock = threading.Lock()
@@ -97,7 +99,7 @@ class Heartbeat:
         # the manager trusts only its own user's beats, in a folder only they can use
         ensure_own_dir(heartbeat_dir, what="heartbeat", private=True)
         if node_dir is None:
-            node_dir = Path(os.environ["OMNI_HEARTBEAT_NODE_DIR"]) if os.environ.get("OMNI_HEARTBEAT_NODE_DIR") else None
+            node_dir = node_dir_setting()
         self.relay: NodeRelay | None = None
         if node_dir is not None and node:
             try:

@@ -24,9 +24,10 @@ OMNI_CKPT_DIR               checkpoint root shared by all ranks (default RUN_DIR
 OMNI_HEARTBEAT_DIR          heartbeat files (default RUN_DIR/heartbeat)
 OMNI_METRICS_DIR            metrics JSON lines (default RUN_DIR/metrics)
 OMNI_HEARTBEAT_INTERVAL     seconds between heartbeat rewrites (default 2)
-OMNI_HEARTBEAT_NODE_DIR     a node-local folder (``/dev/shm``): the node's ranks beat there and one
-                            of them writes one file per node in the heartbeat folder (unset: a
-                            file per rank; ``elastic/heartbeat.py``)
+OMNI_HEARTBEAT_NODE_DIR     a node-local folder (default ``/dev/shm``): under Slurm the node's
+                            ranks beat there and one of them writes one file per node in the
+                            heartbeat folder (``off`` or empty: a file per rank, the fallback;
+                            ``elastic/heartbeat.py``)
 ==========================  ======================================================================
 
 Read by :func:`slurm_omni.elastic.init` and :class:`~slurm_omni.elastic.Run` beside the layout:

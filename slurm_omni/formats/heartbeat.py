@@ -10,8 +10,9 @@ training script's heartbeat, the built-in trainer's too); the manager (manager/e
 Keys this reader does not know are ignored (a newer writer may add measurements); the known ones are
 checked strictly.
 
-The per-node heartbeat file: ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl``, written where a job sets
-``OMNI_HEARTBEAT_NODE_DIR`` (a node-local folder such as ``/dev/shm``): each rank writes its beat
+The per-node heartbeat file: ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl``, the default under Slurm
+(``OMNI_HEARTBEAT_NODE_DIR``, a node-local folder, ``/dev/shm`` when unset; :func:`node_dir_setting`):
+each rank writes its beat
 there (``rank-<RANK>.json`` in ``<dir>/omni-beats-<uid>-<job>-<node>/``) and one rank per node, the
 one holding that folder's lock, copies every beat of its launch into one file on the shared file
 system, twice per interval (``elastic/heartbeat.py``). JSON lines: a header, then one line per rank,
@@ -29,6 +30,9 @@ no leader alive, a rank's last beat) and the contract of scripts that write thei
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
@@ -42,6 +46,10 @@ RANK_PREFIX = "rank-"
 NODE_PREFIX = "node-"
 NODE_SUFFIX = ".jsonl"
 MAX_METRICS = 16
+DEFAULT_NODE_DIR = Path("/dev/shm")
+"""Where the node's ranks aggregate their beats when ``OMNI_HEARTBEAT_NODE_DIR`` is unset."""
+NODE_DIR_OFF = ("", "off", "none", "0")
+"""``OMNI_HEARTBEAT_NODE_DIR`` set to one of these: every rank writes its own file (the fallback)."""
 MAX_ERROR_CHARS = 400
 PHASES = ("starting", "training", "checkpointing", "stopping", "done", "failed")
 Phase = Literal["starting", "training", "checkpointing", "stopping", "done", "failed"]
@@ -106,3 +114,14 @@ def newer(a: HeartbeatRecord, b: HeartbeatRecord) -> bool:
     """``a`` replaces ``b`` as a rank's newest beat: a later incarnation, or the same one written later
     (a beat that arrives late or out of order never replaces a newer one)."""
     return (a.incarnation, a.time, a.beats) > (b.incarnation, b.time, b.beats)
+
+
+def node_dir_setting(env: Mapping[str, str] | None = None) -> Path | None:
+    """The node-local folder the ranks aggregate their beats in (``OMNI_HEARTBEAT_NODE_DIR``):
+    :data:`DEFAULT_NODE_DIR` when unset and it exists, None (a file per rank) when set to one of
+    :data:`NODE_DIR_OFF` or when the default is missing (not Linux)."""
+    env = os.environ if env is None else env
+    raw = env.get("OMNI_HEARTBEAT_NODE_DIR")
+    if raw is None:
+        return DEFAULT_NODE_DIR if DEFAULT_NODE_DIR.is_dir() else None
+    return None if raw.strip().lower() in NODE_DIR_OFF else Path(raw)

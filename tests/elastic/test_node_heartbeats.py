@@ -95,9 +95,11 @@ def test_a_leader_that_stops_publishing_sends_the_ranks_to_their_own_files(tmp_p
             hb.stop("stopping")
 
 
-def test_without_a_node_name_or_node_folder_every_rank_writes_its_own_file(tmp_path: Path) -> None:
+def test_without_a_node_name_or_node_folder_every_rank_writes_its_own_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shared, shm = tmp_path / "hb", tmp_path / "shm"
     shm.mkdir()
+    monkeypatch.setenv("OMNI_HEARTBEAT_NODE_DIR", "off")   # a node folder is the default: told off
     (hb_a,) = ranks(shared, "", 1, shm)
     (hb_b,) = ranks(shared, "n1", 1, None, first=1)
     assert hb_a.relay is None and hb_b.relay is None
@@ -137,3 +139,35 @@ def test_a_node_folder_that_goes_away_sends_the_rank_to_its_own_file(tmp_path: P
                  and [b.step for b in read_heartbeats(shared)] == [2])
     finally:
         hb.stop("stopping")
+
+
+@pytest.mark.parametrize("setting, expect", [(None, "default"), ("off", None), ("", None), ("OFF", None),
+                                             ("/some/node/dir", "/some/node/dir")])
+def test_per_node_is_the_default_and_off_falls_back_to_a_file_per_rank(
+        monkeypatch: pytest.MonkeyPatch, setting: str | None, expect: str | None) -> None:
+    from slurm_omni.formats.heartbeat import DEFAULT_NODE_DIR, node_dir_setting
+
+    env = {} if setting is None else {"OMNI_HEARTBEAT_NODE_DIR": setting}
+    want = (DEFAULT_NODE_DIR if DEFAULT_NODE_DIR.is_dir() else None) if expect == "default" else \
+        (None if expect is None else Path(expect))
+    assert node_dir_setting(env) == want
+
+
+def test_a_rank_under_slurm_aggregates_in_dev_shm_unless_told_off(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every job's ranks (the runtime's Heartbeat) beat per node by default; ``off``: their own files."""
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm here: a file per rank is the fallback")
+    job = f"t{os.getpid()}-{time.monotonic_ns()}"   # /dev/shm is the machine's: a job id of this test alone
+    monkeypatch.delenv("OMNI_HEARTBEAT_NODE_DIR", raising=False)
+    hb = Heartbeat(tmp_path / "hb", rank=0, stage=0, dp_rank=0, incarnation=0, job_id=job, interval_s=INTERVAL,
+                   node="nX")
+    assert hb.relay is not None and str(hb.relay.folder.path).startswith("/dev/shm/omni-beats-")
+    hb.start()
+    wait_for("the node file", lambda: (tmp_path / "hb" / "node-nX.jsonl").exists())
+    hb.stop("done", exit_code=0)
+    assert not Path(hb.relay.folder.path).exists()   # the node's last rank left nothing in /dev/shm
+    monkeypatch.setenv("OMNI_HEARTBEAT_NODE_DIR", "off")
+    off = Heartbeat(tmp_path / "hb2", rank=0, stage=0, dp_rank=0, incarnation=0, job_id=job, interval_s=INTERVAL,
+                    node="nX")
+    assert off.relay is None

@@ -122,7 +122,7 @@ def test_runtime_heartbeat_file_parses(tmp_path: Path) -> None:
     layout = Layout.from_env(env=env)
     hb = Heartbeat(layout.heartbeat_dir, rank=layout.rank, stage=layout.stage, dp_rank=layout.data_parallel_rank,
                    incarnation=layout.incarnation, job_id=layout.job_id, interval_s=layout.heartbeat_interval_s,
-                   node="node3")
+                   node="node3", node_dir=tmp_path / "shm")   # per node (the default), on the test's own folder
     hb.update(step=3, step_time_s=0.2, phase="training", compute_s=0.15, data_s=0.01)
     hb.stop("done")
     recs = events.read_heartbeats(tmp_path)

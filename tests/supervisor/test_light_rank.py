@@ -10,25 +10,30 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
+from slurm_omni.formats.heartbeat import HeartbeatRecord
 from slurm_omni.formats.metrics import parse_line
-from slurm_omni.manager.events import parse_heartbeat, read_heartbeats
+from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.supervisor.ports import pick
 
 LIGHT_RANK = Path(__file__).resolve().parents[2] / "bench" / "light_rank.py"
 
 
 def _env(tmp_path: Path, rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    (tmp_path / "shm").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMNI_", "SLURM_"))}
     env.update(RANK=str(rank), WORLD_SIZE=str(world), OMNI_DP_SIZE=str(world), OMNI_DP_RANK=str(rank),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMNI_CKPT_DIR=str(tmp_path / "ckpt"),
                OMNI_HEARTBEAT_DIR=str(tmp_path / "hb"), OMNI_METRICS_DIR=str(tmp_path / "metrics"),
                OMNI_JOB_ID="42", OMNI_HEARTBEAT_INTERVAL="0.05", OMNI_STEP_DELAY_S="0.01",
-               OMNI_COLLECTIVE_TIMEOUT="60", SLURMD_NODENAME=f"node{rank + 1}")
+               OMNI_COLLECTIVE_TIMEOUT="60", SLURMD_NODENAME=f"node{rank + 1}",
+               # per node by default (/dev/shm); here the test's own node-local folder
+               OMNI_HEARTBEAT_NODE_DIR=str(tmp_path / "shm"))
     env.update(extra)
     return env
 
@@ -37,6 +42,11 @@ def _start(tmp_path: Path, world: int, **extra: str) -> list[subprocess.Popen[by
     port, _ = pick(range(41000, 41100))
     return [subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=_env(tmp_path, r, world, port, **extra),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
+
+
+def _beat(tmp_path: Path, rank: int) -> HeartbeatRecord | None:
+    """The rank's newest beat through the package's one reader (its own file or its node's)."""
+    return next((b for b in read_heartbeats(tmp_path / "hb") if b.rank == rank), None)
 
 
 def _codes(procs: list[subprocess.Popen[bytes]]) -> list[int]:
@@ -79,10 +89,9 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
 
 def test_a_stop_signal_saves_and_exits_75(tmp_path: Path) -> None:
     procs = _start(tmp_path, 2, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.05", OMNI_INCARNATION="3")
-    hb = tmp_path / "hb" / "rank-1.json"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if hb.exists() and parse_heartbeat(hb.read_bytes()).step >= 2:
+        if (b := _beat(tmp_path, 1)) is not None and b.step >= 2:
             break
         time.sleep(0.05)
     for p in procs:
@@ -98,23 +107,25 @@ def test_a_blocked_rank_beats_without_stepping_and_a_stop_ends_it_without_saving
     """The scale bench's hang: SIGURG puts a rank in a collective that never returns (it beats, it
     never steps); a stop signal then ends it with exit 1 and no new checkpoint."""
     procs = _start(tmp_path, 1, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.02", OMNI_LIGHT_CKPT_EVERY="1000")
-    hb = tmp_path / "hb" / "rank-0.json"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if hb.exists() and parse_heartbeat(hb.read_bytes()).step >= 2:
+        if (b := _beat(tmp_path, 0)) is not None and b.step >= 2:
             break
         time.sleep(0.05)
     procs[0].send_signal(signal.SIGURG)
     time.sleep(0.3)   # the step in flight ends; then no other starts
-    held = parse_heartbeat(hb.read_bytes())
+    held = _beat(tmp_path, 0)
+    assert held is not None
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and parse_heartbeat(hb.read_bytes()).beats < held.beats + 3:
+    while time.monotonic() < deadline and ((b := _beat(tmp_path, 0)) is None or b.beats < held.beats + 3):
         time.sleep(0.05)
-    later = parse_heartbeat(hb.read_bytes())
-    assert later.beats >= held.beats + 3 and later.step == held.step and later.phase == "training"
+    later = _beat(tmp_path, 0)
+    assert later is not None and later.beats >= held.beats + 3 and later.step == held.step
+    assert later.phase == "training"
     procs[0].send_signal(signal.SIGTERM)
     assert _codes(procs) == [1]
-    last = parse_heartbeat(hb.read_bytes())
+    last = _beat(tmp_path, 0)
+    assert last is not None
     assert (last.phase, last.exit_code, last.step) == ("failed", 1, held.step)
     assert last.last_checkpoint_step is None and not (tmp_path / "ckpt" / "light" / "rank-0").exists()
 
@@ -133,17 +144,15 @@ def test_input_no_restart_can_fix_exits_78_with_one_line(tmp_path: Path, bad: di
                           timeout=30, check=False)
     assert proc.returncode == EXIT_BAD_INPUT
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("light rank: couldn't")
-    hb = tmp_path / "hb" / "rank-1.json"
     if "WORLD_SIZE" not in bad:   # the rank knew who it was: its last beat says why
-        beat = parse_heartbeat(hb.read_bytes())
-        assert (beat.phase, beat.exit_code) == ("failed", EXIT_BAD_INPUT) and beat.error.startswith("light rank:")
+        beat = _beat(tmp_path, 1)
+        assert beat is not None and (beat.phase, beat.exit_code) == ("failed", EXIT_BAD_INPUT) and beat.error.startswith("light rank:")
 
 
 def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path) -> None:
-    """OMNI_HEARTBEAT_NODE_DIR: the 4 ranks of one node beat on the node and one of them copies their
+    """Per node (the default; OMNI_HEARTBEAT_NODE_DIR names the folder): the 4 ranks of one node beat on the node and one of them copies their
     beats into node-<NODE>.jsonl, which the package's reader decodes; the last beats are each rank's own."""
     shm = tmp_path / "shm"
-    shm.mkdir()
     procs = _start(tmp_path, 4, OMNI_MAX_STEPS="150", OMNI_INCARNATION="0", SLURMD_NODENAME="nodeA",
                    OMNI_HEARTBEAT_NODE_DIR=str(shm))
     node_file = tmp_path / "hb" / "node-nodeA.jsonl"
@@ -165,3 +174,28 @@ def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path) -> None:
     beats = read_heartbeats(tmp_path / "hb")
     assert {(b.rank, b.phase, b.step, b.exit_code) for b in beats} == {(r, "done", 150, 0) for r in range(4)}
     assert sorted(p.name for p in (tmp_path / "hb").glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
+
+
+@pytest.mark.parametrize("setting", [None, "off"])
+def test_beats_go_per_node_by_default_and_per_rank_when_off(tmp_path: Path, setting: str | None) -> None:
+    """Unset, OMNI_HEARTBEAT_NODE_DIR means /dev/shm (the node's ranks publish node-<NODE>.jsonl);
+    ``off``: every rank writes its own file and no node file appears."""
+    job = f"t{uuid.uuid4().hex[:12]}"   # /dev/shm is the machine's: a job id no other test uses
+    extra = {"OMNI_JOB_ID": job, "SLURMD_NODENAME": "nodeA", "OMNI_MAX_STEPS": "40", "OMNI_INCARNATION": "0"}
+    port, _ = pick(range(41000, 41100))
+    envs = [_env(tmp_path, r, 2, port, **extra) for r in range(2)]
+    for env in envs:
+        del env["OMNI_HEARTBEAT_NODE_DIR"]
+        if setting is not None:
+            env["OMNI_HEARTBEAT_NODE_DIR"] = setting
+    procs = [subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) for env in envs]
+    node_file, local = tmp_path / "hb" / "node-nodeA.jsonl", Path("/dev/shm") / f"omni-beats-{os.geteuid()}-{job}-nodeA"
+    seen_local = False
+    while any(p.poll() is None for p in procs):
+        seen_local |= local.exists()
+        time.sleep(0.02)
+    assert _codes(procs) == [EXIT_DONE] * 2
+    assert node_file.exists() == seen_local == (setting is None)
+    assert not local.exists()
+    assert {(b.rank, b.phase, b.step) for b in read_heartbeats(tmp_path / "hb")} == {(0, "done", 40), (1, "done", 40)}
