@@ -9,7 +9,9 @@ the schema of the keys readers use is :class:`slurm_omni.formats.metrics.Metrics
 is checked against it before it is written (a wrong value raises one line naming the key).
 ``<OMNI_METRICS_DIR>/omni-<stage>-<dp_rank>.prom``: the latest numeric values as gauges ``omni_<key>``
 labelled with job, rank, stage and dp_rank, written to a temporary name and renamed (node_exporter's
-textfile collector convention). Replica 0 removes the textfiles of replicas that no longer exist.
+textfile collector convention) at the first step, then at most once per :data:`PROM_EVERY_S` and at
+the end: a create and a rename per rank per step cost a parallel file system's metadata server in
+proportion to the ranks (issue 19); a scrape every 15 s or more sees no difference. Replica 0 removes the textfiles of replicas that no longer exist.
 ``<OMNI_METRICS_DIR>/samples-<stage>-<dp_rank>.jsonl`` (with OMNI_TRACE_SAMPLES=1): the sample ids of
 every step, ``{"step", "ids", "dp_rank", "incarnation"}``; ``omni demo`` checks them against a run
 that never failed (every sample once, both stages in step).
@@ -38,6 +40,8 @@ from slurm_omni.fsio import write_atomic
 from slurm_omni.ownership import NotOwnedError, ensure_dir
 
 _GAUGE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+PROM_EVERY_S = 10.0
+"""The textfile is rewritten at most this often (and at the first step and the end)."""
 
 
 class MetricsLog:
@@ -61,6 +65,8 @@ class MetricsLog:
                 if old.endswith(".prom") and stem == f"omni-{stage_name}" and suffix.isdigit() \
                         and int(suffix) >= dp_size:
                     os.unlink(old, dir_fd=self._dir.fd)
+        self._prom_at: float | None = None
+        self._prom_pending: Mapping[str, float | int | None] | None = None
         self._jsonl = self._append(self.jsonl_path.name)
         self._trace = self._append(self.trace_path.name) if trace else None
 
@@ -81,7 +87,12 @@ class MetricsLog:
         except RecordRejected as e:
             raise RuntimeLayoutError(f"elastic: {e}") from None
         self._jsonl.write(dumps(record))
-        self._write_prom(values)
+        now = time.monotonic()
+        if self._prom_at is None or now - self._prom_at >= PROM_EVERY_S:
+            self._prom_at, self._prom_pending = now, None
+            self._write_prom(values)
+        else:
+            self._prom_pending = dict(values)
 
     def trace(self, step: int, sample_ids: list[int]) -> None:
         if self._trace is not None:
@@ -104,6 +115,9 @@ class MetricsLog:
                      dir_fd=self._dir.fd)
 
     def close(self) -> None:
+        if self._prom_pending is not None:   # the last step's values, not those of up to PROM_EVERY_S before
+            self._write_prom(self._prom_pending)
+            self._prom_pending = None
         self._jsonl.close()
         if self._trace is not None:
             self._trace.close()

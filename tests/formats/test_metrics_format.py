@@ -130,3 +130,22 @@ def test_any_bytes_are_a_line_or_one_error_line(data: bytes) -> None:
         assert str(e).startswith(("couldn't read f line 1", "couldn't parse f line 1")) and "\n" not in str(e)
     else:
         assert line.time > 0 and line.step >= 0 and line.rank >= 0
+
+
+def test_the_textfile_is_written_at_the_first_step_then_at_most_every_interval_and_at_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create and a rename per rank per step cost a parallel file system's metadata server per rank
+    (issue 19): between the first step and the end, at most one rewrite per PROM_EVERY_S."""
+    from slurm_omni.elastic import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "PROM_EVERY_S", 1e9)   # no interval passes within this test
+    log = MetricsLog(tmp_path, stage_name="text", stage=1, rank=0, dp_rank=0, dp_size=1, incarnation=0, job_id="42")
+    prom = tmp_path / "omni-text-0.prom"
+    log.log_step({"step": 1, "loss": 2.5})
+    first = prom.stat().st_ino
+    for step in range(2, 6):
+        log.log_step({"step": step, "loss": 2.5 - step / 10})
+    assert prom.stat().st_ino == first and 'omni_step{job="42",rank="0",stage="text",dp_rank="0"} 1.0' in prom.read_text()
+    log.close()
+    assert 'omni_step{job="42",rank="0",stage="text",dp_rank="0"} 5.0' in prom.read_text()   # the last step's
+    assert len((tmp_path / "metrics-text-0.jsonl").read_text().splitlines()) == 5   # every line, as before
