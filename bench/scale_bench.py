@@ -56,6 +56,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import resource
 import shlex
 import signal
@@ -71,10 +72,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.light_rank import BLOCK_SIGNAL
 from slurm_omni.cluster.local import LocalCluster
-from slurm_omni.cluster.spec import ClusterSpec
+from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
 from slurm_omni.errors import SlurmError
 from slurm_omni.formats import encode
-from slurm_omni.formats.heartbeat import HeartbeatRecord
+from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord
 from slurm_omni.formats.metrics import parse_line
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.runner import CommandRunner
@@ -83,11 +84,18 @@ from slurm_omni.supervisor.run import SupervisorOptions
 
 LIGHT_RANK = REPO / "bench" / "light_rank.py"
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
+SPLIT = ("decide_cmds", "to_srun", "srun_to_task", "task_spread")
+"""decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
+work); to_srun: the next launch journaled -> its srun started; srun_to_task: -> the first task
+running; task_spread: the first task -> the last (launch = to_srun + srun_to_task + task_spread)."""
 TASKS_PER_NODE = 4
 _POLL = next(f.default for f in dataclasses.fields(SupervisorOptions) if f.name == "heartbeat_poll_s")
 HEARTBEAT_POLL_S = _POLL if isinstance(_POLL, float) else 0.5
 """The supervisor reads the heartbeats this often."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+_CMD_LINE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) slurm_omni\.slurm\.runner DEBUG "
+                       r"(?P<kind>ran|started) \((?P<argv>[^)]*)\)(?: -> -?\d+ in (?P<took>[\d.]+)s)?")
+"""The runner's debug lines: ``ran (argv) -> rc in Xs`` and ``started (argv)``."""
 
 
 FAULTS = ("node", "crash", "hang")
@@ -128,6 +136,11 @@ class Run:
     """The supervisor's CPU (with its sruns, scancels, squeues) from the fault to the first step."""
     ctld_cpu: float | None = None
     """slurmctld's CPU over the same time."""
+    split: dict[str, float] = field(default_factory=dict)
+    """decide and launch split (``SPLIT``): from the supervisor's debug log and the ranks' first lines."""
+    decide_cmds: list[str] = field(default_factory=list)
+    """The Slurm commands the supervisor ran or started between the confirmation and the next launch's
+    record, each ``name seconds`` (a started one ``name +``): none may be per node."""
 
 
 @dataclass
@@ -140,7 +153,8 @@ class Result:
     cpu_per_poll: dict[str, float] = field(default_factory=dict)
     """Per path: the supervisor's CPU seconds per heartbeat poll in steady state."""
     memory: dict[str, float] = field(default_factory=dict)
-    """Mean private MiB: slurmd, slurmstepd, rank; idle slurmd CPU (ms per s)."""
+    """Mean private MiB: slurmd, slurmstepd, rank; idle slurmd CPU (ms per s); in steady state the CPU
+    (ms per s) of a slurmstepd, a rank, slurmctld and all of them together (``*_cpu_ms_per_s``)."""
     checks: list[str] = field(default_factory=list)
     load: float = 0.0
     scan: tuple[float, float] | None = None
@@ -230,7 +244,7 @@ class Size:
         self.root = root
         self.spec = ClusterSpec(nodes=nodes, nodes_per_switch=4 if nodes <= 8 else 16, cpus_per_node=TASKS_PER_NODE,
                                 gpus_per_node=0, ctld_port=args.ctld_port, slurmd_base_port=args.slurmd_base_port,
-                                first_job_id=args.first_job_id, partitions=())
+                                first_job_id=args.first_job_id, partitions=(), scale_lane=True)
         self.cluster = LocalCluster(Path(args.state_dir), self.spec)
         self.runner = CommandRunner(self.cluster.env, timeout_s=60)
         # the bench's own polls: one quick try (a slurmctld gone must not hold the table for minutes)
@@ -312,7 +326,9 @@ class Job:
             "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}-{self.path}", "OMNI_STANDBY": 0,
             "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
             "PYTHONPATH": REPO,
-            # one heartbeat file per node (elastic/heartbeat.py), as K=6's lane option had it
+            # the supervisor logs every Slurm command it runs with its time: decide and launch split
+            "OMNI_LOG_LEVEL": "DEBUG",
+            # a heartbeat file per node is the default (/dev/shm); the option names another or "off"
             **({"OMNI_HEARTBEAT_NODE_DIR": self.args.heartbeat_node_dir} if self.args.heartbeat_node_dir else {}),
         }.items()}
 
@@ -450,13 +466,6 @@ class Job:
     def steady_state(self, sup: int) -> None:
         """The supervisor's CPU per heartbeat poll and memory per process, before the first fault."""
         r, window = self.size.result, self.args.cpu_window
-        b0 = cpu_s(sup)
-        time.sleep(window)
-        b1 = cpu_s(sup)
-        if b0 is not None and b1 is not None:
-            r.cpu_per_poll[self.path] = (b1 - b0) / (window / HEARTBEAT_POLL_S)
-        if r.memory.get("rank_mib"):
-            return
         steps, ranks = [], []
         tag = f"[{self.job_id}."
         for pid in pids():
@@ -465,7 +474,26 @@ class Job:
                 steps.append(pid)
             elif len(argv) == 3 and argv[1:] == ["-S", str(LIGHT_RANK)]:   # not srun, not the supervisor
                 ranks.append(pid)
+        ctld = self.size.cluster.running().get("slurmctld")
+        slurmds = [pid for name, pid in self.size.cluster.running().items() if name.startswith("slurmd:") and pid]
+        groups = {"stepd": steps, "rank": ranks, "ctld": [ctld] if ctld else [], "slurmd": slurmds}
+        before = {k: {p: cpu_s(p) for p in v} for k, v in groups.items()}
+        b0, t0 = cpu_s(sup), time.monotonic()
+        time.sleep(window)
+        b1, took = cpu_s(sup), time.monotonic() - t0
+        if b0 is not None and b1 is not None:
+            r.cpu_per_poll[self.path] = (b1 - b0) / (window / HEARTBEAT_POLL_S)
+        if r.memory.get("rank_cpu_ms_per_s") is None:
+            for k, v in before.items():
+                used = [c - b for p, b in v.items() if b is not None and (c := cpu_s(p)) is not None]
+                if used:
+                    r.memory[f"{k}_cpu_ms_per_s"] = 1000 * sum(used) / len(used) / took
+                    r.memory[f"{k}_all_cpu_ms_per_s"] = 1000 * sum(used) / took
+        if r.memory.get("rank_mib"):
+            return
         r.memory["slurmstepd_mib"] = mean([m for p in steps if (m := private_mib(p)) is not None]) or 0.0
+        # a slurmstepd's CPU so far: its start (the launch's work per node) and a few seconds at ~0.2 ms/s
+        r.memory["stepd_start_cpu_ms"] = 1000 * (mean([c for p in steps if (c := cpu_s(p)) is not None]) or 0.0)
         r.memory["rank_mib"] = mean([m for p in ranks[:256] if (m := private_mib(p)) is not None]) or 0.0
         r.memory["slurmstepd_count"] = len(steps)
         r.memory["rank_count"] = len(ranks)
@@ -553,6 +581,39 @@ class Job:
         self.check(finished)
         self.size.result.runs.extend(self.runs)
 
+    def commands(self) -> list[tuple[float, float, str, bool]]:
+        """The supervisor's Slurm commands from its debug log (slurm/runner.py): (when it started,
+        seconds it ran (0 for one started and not waited for), its name and first word, started only)."""
+        log_file = self.work / ("batch.out" if self.path == "inalloc" else "supervisor.log")
+        out = []
+        try:
+            text = log_file.read_text(errors="replace")
+        except OSError:
+            return []
+        for line in text.splitlines():
+            m = _CMD_LINE.match(line)
+            if m is None:
+                continue
+            at = time.mktime(time.strptime(m["at"], "%Y-%m-%d %H:%M:%S")) + int(m["ms"]) / 1000
+            words = [w.strip("' ") for w in m["argv"].split(",")]
+            name = " ".join(w for w in words[:2] if w)
+            took = float(m["took"]) if m["took"] else 0.0
+            out.append((at - took, took, name, m["kind"] == "started"))
+        return out
+
+    def split(self, run: Run, confirmed_at: float | None, journaled_at: float, tasks: list[float]) -> None:
+        """decide's commands and launch's parts (``SPLIT``)."""
+        cmds = self.commands()
+        if confirmed_at is not None:
+            inside = [c for c in cmds if confirmed_at - 0.01 <= c[0] <= journaled_at]
+            run.decide_cmds = [f"{name} +" if started else f"{name} {took:.2f}" for _, took, name, started in inside]
+            run.split["decide_cmds"] = sum(took for _, took, _, started in inside if not started)
+        sruns = [at for at, _, name, started in cmds if started and name.startswith("srun") and at >= journaled_at - 0.01]
+        if sruns and len(tasks) == self.ranks:
+            run.split["to_srun"] = sruns[0] - journaled_at
+            run.split["srun_to_task"] = min(tasks) - sruns[0]
+            run.split["task_spread"] = max(tasks) - min(tasks)
+
     def phases(self, run: Run, k: int) -> None:
         la = self.launches()
         l0, l1 = la[k], la[k + 1]
@@ -575,6 +636,8 @@ class Job:
             prev = float(at) if at is not None else None
         if run.phases.get("first_step") is not None:
             run.total = sum(run.phases.values())
+        if l1.started_at is not None:
+            self.split(run, conf.confirmed_at if conf else None, float(l1.started_at), started)
 
     def check(self, finished: bool) -> None:
         r, st = self.size.result, self.journal().state
@@ -638,6 +701,8 @@ def run_value(r: Result, path: str, fault: str, p: str) -> float | None:
         return run.total
     if p == "cpu/recovery":
         return run.cpu_recovery
+    if p in SPLIT:
+        return run.split.get(p)
     if p == "detect+confirm":
         d, c = run.phases.get("detect"), run.phases.get("confirm")
         return None if d is None or c is None else d + c
@@ -649,9 +714,12 @@ def run_value(r: Result, path: str, fault: str, p: str) -> float | None:
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
     results = sorted(results, key=lambda r: r.nodes)
-    beats = (f"a heartbeat file per node (OMNI_HEARTBEAT_NODE_DIR={args.heartbeat_node_dir})"
-             if args.heartbeat_node_dir else "a heartbeat file per rank")
+    setting = args.heartbeat_node_dir
+    beats = ("a heartbeat file per node (the default: /dev/shm on each node)" if not setting
+             else f"a heartbeat file per rank (OMNI_HEARTBEAT_NODE_DIR={setting})" if setting.lower() in NODE_DIR_OFF
+             else f"a heartbeat file per node (OMNI_HEARTBEAT_NODE_DIR={setting})")
     print(f"\n{beats}")
+    print_settings()
     print(f"recovery: {TASKS_PER_NODE} light ranks per active node, {SPARES} spare, the faults in turn, phases in "
           "seconds from the one before; cpu/rec: the supervisor's CPU (with its sruns) fault -> first step, "
           "ctld: slurmctld's")
@@ -669,6 +737,16 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
                 continue
             print(lead + " ".join(f"{fmt(run.phases.get(p)):>10}" for p in PHASES) + f" {fmt(run.total):>10}"
                   f" {fmt(run.cpu_recovery):>8} {fmt(run.ctld_cpu):>7} {run.load:>6.1f}")
+    print("\ndecide and launch split (seconds): decide_cmds, the blocking Slurm commands inside decide (the "
+          "rest is the supervisor's own work); launch = to_srun (journaled -> srun started) + srun_to_task "
+          "(-> the first task running) + task_spread (-> the last); the commands decide ran or started")
+    print(f"{'nodes':>5} {'path':>7} {'fault':>5} " + " ".join(f"{p:>12}" for p in SPLIT) + "  commands in decide")
+    for r in results:
+        for run in r.runs if not r.na else []:
+            if run.na or not (run.split or run.decide_cmds):
+                continue
+            print(f"{r.nodes:>5} {run.path:>7} {run.fault:>5} " + " ".join(f"{fmt(run.split.get(p)):>12}" for p in SPLIT)
+                  + "  " + (", ".join(run.decide_cmds) or "none"))
     print("\ncontrol plane in steady state: the supervisor's CPU per heartbeat poll "
           f"(every {HEARTBEAT_POLL_S} s, over {args.cpu_window:.0f} s)")
     for r in results:
@@ -686,6 +764,12 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
               f"{m.get('slurmctld_mib', 0):.1f} MiB, slurmstepd {m.get('slurmstepd_mib', 0):.1f} MiB "
               f"x {int(m.get('slurmstepd_count', 0))}, light rank {m.get('rank_mib', 0):.1f} MiB "
               f"x {int(m.get('rank_count', 0))}")
+        if m.get("rank_cpu_ms_per_s") is not None:
+            print(f"{'':>5}        CPU in steady state, ms per second: " + "; ".join(
+                f"{what} {m[k + '_cpu_ms_per_s']:.1f} each, {m[k + '_all_cpu_ms_per_s']:.0f} all"
+                for k, what in (("slurmd", "slurmd"), ("stepd", "slurmstepd"), ("rank", "light rank"),
+                                ("ctld", "slurmctld")) if m.get(k + "_cpu_ms_per_s") is not None)
+                  + f" (of the machine's {1000 * (os.cpu_count() or 1)})")
     measured = [r for r in results if not r.na and any(not x.na for x in r.runs)]
     from64 = [r for r in measured if r.nodes >= 64]
     pair = (from64[0], from64[-1]) if len(from64) >= 2 else (measured[0], measured[-1]) if len(measured) >= 2 else None
@@ -694,7 +778,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         print(f"\nlog-log slope {a.nodes} -> {b.nodes} nodes (1: linear in nodes; 0: flat)")
         cols = [(path, fault) for path in args.paths for fault in args.faults]
         print(f"  {'':<14} " + " ".join(f"{path + '/' + fault:>13}" for path, fault in cols))
-        for p in (*PHASES, "total", "cpu/recovery"):
+        for p in (*PHASES, *SPLIT, "total", "cpu/recovery"):
             print(f"  {p:<14} " + " ".join(
                 f"{slope((a.nodes, run_value(a, path, fault, p)), (b.nodes, run_value(b, path, fault, p))):>13}"
                 for path, fault in cols))
@@ -711,10 +795,17 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         if limit:
             print(f"  {limit}")
         start = start_cpu_s()
-        print(f"  process start on this machine: one light rank's interpreter takes {1000 * start:.0f} ms of CPU to "
-              f"start (median of 5, now); the launch's floor, every rank started on {os.cpu_count()} cores: "
-              f"{launch_floor(a, start)}, {launch_floor(b, start)} (slope +1.00 by construction: the launch grows "
-              "with the ranks on one machine whatever srun does; a cluster starts them on their own nodes)")
+        print(f"  process start on this machine: one light rank's task (bash, then the interpreter) takes "
+              f"{1000 * start:.0f} ms of CPU to start (median of 5, now), a slurmstepd what the size measured; the "
+              f"launch's floor, every node's slurmstepd and every rank started on {os.cpu_count()} cores: "
+              f"{launch_floor(a, start)}, {launch_floor(b, start)} (slope {slope((a.nodes, floor_s(a, start)), (b.nodes, floor_s(b, start)))}: "
+              "the launch grows with the processes started on one machine whatever srun does; a cluster starts "
+              "them on their own nodes' cores)")
+        for r in measured:
+            launches = sorted(v for x in r.runs if not x.na and (v := x.phases.get("launch")) is not None)
+            if launches:
+                print(f"  {r.nodes:>4} nodes: launch median {launches[len(launches) // 2]:.2f} s against the floor "
+                      f"{launch_floor(r, start)} (x{launches[len(launches) // 2] / max(1e-9, floor_s(r, start)):.1f})")
     print("\none heartbeat scan (read_heartbeats, the supervisor's and the manager's per poll) over synthetic "
           "files, CPU / wall, median of 5")
     for r in results:
@@ -725,6 +816,16 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     for r in results:
         for line in r.checks or ([f"n/a: {r.na}"] if r.na else []):
             print(f"  {r.nodes:>4} nodes: {line}")
+
+
+def print_settings() -> None:
+    """What keeps each component's cost down in this lane (module doc), printed above the table."""
+    print("the lane's settings (slurm.conf at every size, ClusterSpec.scale_lane; slurm_omni/cluster/spec.py):")
+    for key, value, why in LARGE_SETTINGS:
+        print(f"  slurm.conf {key}={value}: {why}")
+    print("  light rank (bench/light_rank.py): python -S with C modules only (about 4 MiB private), sleeps "
+          "between steps (--step-delay) and beats (1 s), one heartbeat file per node (a node-local folder, "
+          "one rank copies it twice per interval), no collectives; warm standbys off; one srun per allocation")
 
 
 def start_cpu_s() -> float:
@@ -742,10 +843,19 @@ def start_cpu_s() -> float:
     return sorted(runs)[2]
 
 
+def floor_s(r: Result, start_s: float) -> float:
+    """The launch's floor on this machine (seconds): every node's slurmstepd start (measured in the
+    size's steady state) and every rank's start on the machine's cores, one after the other."""
+    stepd = r.memory.get("stepd_start_cpu_ms", 0.0) / 1000
+    return ((r.nodes - SPARES) * stepd + r.ranks * start_s) / (os.cpu_count() or 1)
+
+
 def launch_floor(r: Result, start_s: float) -> str:
-    """The launch's floor on this machine: every rank's start on its cores, one after the other."""
+    """The launch's floor, said with its figures."""
     cores = os.cpu_count() or 1
-    return f"{r.ranks} x {1000 * start_s:.0f} ms / {cores} cores = {r.ranks * start_s / cores:.1f} s at {r.nodes} nodes"
+    stepd = r.memory.get("stepd_start_cpu_ms", 0.0)
+    return (f"({r.nodes - SPARES} slurmstepd x {stepd:.0f} ms + {r.ranks} ranks x {1000 * start_s:.0f} ms) / {cores} "
+            f"cores = {floor_s(r, start_s):.1f} s at {r.nodes} nodes")
 
 
 def machine_limit(a: Result, b: Result, args: argparse.Namespace) -> str:
@@ -881,8 +991,9 @@ def main() -> int:
     p.add_argument("--reserve-gib", type=float, default=3.0, help="Memory left to the rest of the machine.")
     p.add_argument("--keep-cluster", action="store_true", help="Leave the last size's cluster up.")
     p.add_argument("--heartbeat-node-dir", default="",
-                   help="OMNI_HEARTBEAT_NODE_DIR for the ranks (e.g. /dev/shm): one heartbeat file per node instead "
-                        "of one per rank (bench/heartbeat_bench.py measures both)")
+                   help="OMNI_HEARTBEAT_NODE_DIR for the ranks: a node-local folder (default: none set, the ranks' "
+                        "default /dev/shm, one heartbeat file per node) or 'off' (one per rank; "
+                        "bench/heartbeat_bench.py measures both)")
     args = p.parse_args()
     args.faults = [f for f in args.faults.split(",") if f]
     args.paths = [x for x in args.paths.split(",") if x]

@@ -141,8 +141,10 @@ class CommandRunner:
         that it outlives its caller and the caller's terminal (salloc, a step supervisor)."""
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise SlurmError(f"runner: couldn't start {argv!r}: argv must be a non-empty list of strings")
-        self.limiter.acquire()
+        waited = self.limiter.acquire()
         self.calls += 1
+        # the scale bench reads these (with --log-level debug) to split a recovery's decide and launch
+        log.debug("started %s (rate limit %.3fs)", tuple(argv), waited)
         try:
             return subprocess.Popen(list(argv), env={**self.environment(), **(env or {})}, stdin=subprocess.DEVNULL,
                                     stdout=stdout, stderr=stderr, start_new_session=detach)
@@ -162,7 +164,7 @@ class CommandRunner:
 
     def _once(self, argv: tuple[str, ...], env: dict[str, str], timeout_s: float,
               input_text: str | None, cwd: str | None) -> CommandResult:
-        self.limiter.acquire()
+        waited = self.limiter.acquire()
         self.calls += 1
         start = time.monotonic()
         try:
@@ -177,7 +179,7 @@ class CommandRunner:
         except subprocess.TimeoutExpired as e:
             raise SlurmUnreachable(f"{argv[0]}: couldn't finish within {timeout_s:.0f}s") from e
         duration = time.monotonic() - start
-        log.debug("ran %s -> %d in %.3fs", argv, proc.returncode, duration)
+        log.debug("ran %s -> %d in %.3fs (rate limit %.3fs)", argv, proc.returncode, duration, waited)
         return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, duration)
 
 
