@@ -111,15 +111,27 @@ WRITE_OPS = {IN_CREATE: "create", IN_MODIFY: "write", IN_MOVED_TO: "rename", IN_
 
 
 class Inotify:
-    """Counts the write-side operations in one folder (every process's), through libc's inotify."""
+    """Counts the write-side operations in folders (every process's), through libc's inotify; per
+    area (``add``) and operation."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path | None = None) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self.fd < 0 or self.libc.inotify_add_watch(self.fd, str(folder).encode(), sum(WRITE_OPS)) < 0:
-            raise SystemExit(f"heartbeat bench: couldn't watch {folder}: {os.strerror(ctypes.get_errno())}")
+        if self.fd < 0:
+            raise SystemExit(f"heartbeat bench: couldn't start inotify: {os.strerror(ctypes.get_errno())}")
+        self.area: dict[int, str] = {}
         self.counts = dict.fromkeys(WRITE_OPS.values(), 0)
+        self.by_area: dict[str, dict[str, int]] = {}
         self.overflow = False
+        if folder is not None:
+            self.add(folder, "heartbeat")
+
+    def add(self, folder: Path, area: str) -> None:
+        wd = self.libc.inotify_add_watch(self.fd, str(folder).encode(), sum(WRITE_OPS))
+        if wd < 0:
+            raise SystemExit(f"heartbeat bench: couldn't watch {folder}: {os.strerror(ctypes.get_errno())}")
+        self.area[wd] = area
+        self.by_area.setdefault(area, dict.fromkeys(WRITE_OPS.values(), 0))
 
     def drain(self) -> None:
         while True:
@@ -129,28 +141,40 @@ class Inotify:
                 return
             at = 0
             while at < len(buf):
-                _wd, mask, _cookie, size = struct.unpack_from("iIII", buf, at)
+                wd, mask, _cookie, size = struct.unpack_from("iIII", buf, at)
                 at += 16 + size
                 self.overflow |= bool(mask & IN_Q_OVERFLOW)
+                area = self.by_area.get(self.area.get(wd, ""))
                 for bit, name in WRITE_OPS.items():
                     if mask & bit:
                         self.counts[name] += 1
+                        if area is not None:
+                            area[name] += 1
 
     def reset(self) -> None:
         self.drain()
         self.counts = dict.fromkeys(self.counts, 0)
+        self.by_area = {k: dict.fromkeys(v, 0) for k, v in self.by_area.items()}
 
     def close(self) -> None:
         os.close(self.fd)
 
 
-def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float, warmup: float) -> dict[str, float]:
-    """Operations per second in the heartbeat folder of ``nodes`` x ``per_node`` light ranks."""
+AREAS = ("heartbeat", "checkpoint", "metrics")
+"""The folders counted: the heartbeat folder and the rest of the checkpoint folder (the ranks'
+checkpoint markers, ``light/rank-N/``), and the metrics folder (the site's, often the same file system)."""
+
+
+def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float, warmup: float,
+           ckpt_every: int = 100000) -> dict[str, float]:
+    """Operations per second in the job's folders of ``nodes`` x ``per_node`` light ranks: the
+    heartbeat folder's (``write_ops_s``, the reader's ``read_ops_s``) and, per area (``AREAS``),
+    ``<area>_meta_s`` (create, rename, unlink: the metadata server's) and ``<area>_data_s`` (writes)."""
     run = work / f"ops-{per_node}-{'node' if aggregate else 'rank'}"
-    hb, shm = run / "hb", run / "shm"
-    for d in (run, hb, shm):
-        d.mkdir(mode=0o700)
+    hb, shm, ckpt, metrics = run / "hb", run / "shm", run / "ckpt", run / "metrics"
     world = nodes * per_node
+    for d in (run, hb, shm, ckpt, metrics, ckpt / "light", *(ckpt / "light" / f"rank-{r}" for r in range(world))):
+        d.mkdir(mode=0o700)
     port, _ = pick(range(43000, 43200))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OMNI_", "SLURM_"))}
     procs = []
@@ -159,13 +183,18 @@ def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMNI_CKPT_DIR": str(run / "ckpt"),
                "OMNI_HEARTBEAT_DIR": str(hb), "OMNI_METRICS_DIR": str(run / "metrics"), "OMNI_JOB_ID": str(JOB),
                "OMNI_INCARNATION": "0", "OMNI_HEARTBEAT_INTERVAL": "1", "OMNI_STEP_DELAY_S": "0.5",
-               "OMNI_MAX_STEPS": "100000", "OMNI_LIGHT_CKPT_EVERY": "100000", "OMNI_COLLECTIVE_TIMEOUT": "60",
-               "SLURMD_NODENAME": f"node{r // per_node + 1}"}
-        if aggregate:
-            env["OMNI_HEARTBEAT_NODE_DIR"] = str(shm)
+               "OMNI_MAX_STEPS": "100000", "OMNI_LIGHT_CKPT_EVERY": str(ckpt_every), "OMNI_COLLECTIVE_TIMEOUT": "60",
+               "SLURMD_NODENAME": f"node{r // per_node + 1}",
+               # per node is the ranks' default (/dev/shm); here a folder of the bench's own, or off
+               "OMNI_HEARTBEAT_NODE_DIR": str(shm) if aggregate else "off"}
         procs.append(subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     watch = Inotify(hb)
+    watch.add(ckpt, "checkpoint")
+    watch.add(ckpt / "light", "checkpoint")
+    for r in range(world):
+        watch.add(ckpt / "light" / f"rank-{r}", "checkpoint")
+    watch.add(metrics, "metrics")
     scanner = HeartbeatScanner()
     reads = {"listdir": 0, "stat": 0, "open": 0}
     try:
@@ -196,9 +225,14 @@ def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float
         watch.close()
     if watch.overflow:
         raise SystemExit("heartbeat bench: the inotify queue overflowed: the counts would be low")
-    writes = sum(watch.counts.values())
-    return {"write_ops_s": writes / took, "read_ops_s": sum(reads.values()) / took,
-            **{f"{k}_s": v / took for k, v in watch.counts.items()}, **{f"{k}_s": v / took for k, v in reads.items()}}
+    writes = sum(watch.by_area["heartbeat"].values())
+    per_area = {}
+    for area, counts in watch.by_area.items():
+        per_area[f"{area}_meta_s"] = sum(v for k, v in counts.items() if k != "write") / took
+        per_area[f"{area}_data_s"] = counts["write"] / took
+    return {"write_ops_s": writes / took, "read_ops_s": sum(reads.values()) / took, **per_area,
+            **{f"{k}_s": v / took for k, v in watch.by_area["heartbeat"].items()},
+            **{f"{k}_s": v / took for k, v in reads.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2, help="nodes for the operations per second")
     ap.add_argument("--window", type=float, default=8.0, help="seconds of steady state counted per run")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds after every rank trains, before counting")
+    ap.add_argument("--ckpt-every", type=int, default=100000, help="the light ranks' checkpoint every this many "
+                    "steps (default: none in the window: steady state between checkpoints)")
+    ap.add_argument("--no-poll", action="store_true", help="skip the CPU per poll (part 1)")
     args = ap.parse_args(argv)
     per_node_counts = [int(x) for x in args.ranks_per_node.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="omni-hb-bench-") as tmp:
@@ -215,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CPU per poll of the manager's heartbeat reader at {args.ranks} ranks (4 per node; median of 5; "
               f"bar {1000 * BAR_S:.0f} ms)")
         print(f"  {'layout':<10} {'files':>6} {'cold':>9} {'steady':>9} {'idle':>9} {'steady/bar':>11}")
-        for layout in ("per-rank", "per-node"):
+        for layout in () if args.no_poll else ("per-rank", "per-node"):
             cpu = poll_cpu(work, args.ranks, 4, layout)
             files = args.ranks if layout == "per-rank" else args.ranks // 4
             print(f"  {layout:<10} {files:>6} " + " ".join(f"{1000 * cpu[k]:>7.1f}ms" for k in ("cold", "steady", "idle"))
@@ -225,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'mode':<9} {'ranks/node':>10} {'ranks':>6} {'write ops/s':>12} {'per node':>9} "
               f"{'read ops/s':>11} {'per node':>9}  writes (create/write/rename/unlink per s)")
         growth = []
+        others: list[tuple[str, int, dict[str, float]]] = []
         for aggregate in (False, True):
             totals = []
             for per_node in per_node_counts:
-                ops = fs_ops(work, per_node, args.nodes, aggregate, args.window, args.warmup)
+                ops = fs_ops(work, per_node, args.nodes, aggregate, args.window, args.warmup, args.ckpt_every)
+                others.append(("per-node" if aggregate else "per-rank", per_node, ops))
                 totals.append((ops["write_ops_s"] + ops["read_ops_s"]) / args.nodes)
                 detail = "/".join(f"{ops[f'{k}_s']:.1f}" for k in WRITE_OPS.values())
                 print(f"  {'per-node' if aggregate else 'per-rank':<9} {per_node:>10} {per_node * args.nodes:>6} "
@@ -240,6 +279,20 @@ def main(argv: list[str] | None = None) -> int:
         if growth:
             print(f"  growth of the operations per node, {per_node_counts[0]} -> {per_node_counts[-1]} ranks per node "
                   f"(1: flat): " + "; ".join(growth))
+        ckpt = ("none in the window (steady state between checkpoints)" if args.ckpt_every >= 100000
+                else f"every {args.ckpt_every} steps")
+        print(f"\nthe job's other folders, operations per second per node in the same windows (inotify; metadata: "
+              f"create, rename, unlink; data: writes; checkpoints {ckpt})")
+        print(f"  {'mode':<9} {'ranks/node':>10} " + " ".join(f"{a + ' meta':>15} {a + ' data':>15}" for a in AREAS[1:]))
+        for mode, per_node, ops in others:
+            print(f"  {mode:<9} {per_node:>10} " + " ".join(
+                f"{ops[a + '_meta_s'] / args.nodes:>15.2f} {ops[a + '_data_s'] / args.nodes:>15.2f}" for a in AREAS[1:]))
+        for mode in ("per-rank", "per-node"):
+            rows = [ops for m, _, ops in others if m == mode]
+            if len(rows) > 1:
+                print(f"  {mode}: {per_node_counts[0]} -> {per_node_counts[-1]} ranks per node: " + "; ".join(
+                    f"{a} {k} {rows[0][f'{a}_{k}_s'] / args.nodes:.2f} -> {rows[-1][f'{a}_{k}_s'] / args.nodes:.2f}"
+                    for a in AREAS[1:] for k in ("meta", "data")))
     return 0
 
 
