@@ -206,6 +206,16 @@ class Heartbeat:
             log.warning("heartbeat: couldn't write %s: %s", self.path, e)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process has that number now: not our rank's
+        return False
+    return True
+
+
 def _safe(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:64]
 
@@ -229,6 +239,29 @@ class NodeRelay:
         self.publishes = 0
         self._lock_fd = -1
         self._published_at = 0.0
+        self._clear_stale(time.time())
+
+    def _clear_stale(self, now: float) -> None:
+        """Beats left in the node folder by processes that are gone and that nobody rewrote for 10
+        intervals: ranks killed with their node in an earlier job of the same id on this node (a
+        cluster whose job ids start over, /dev/shm kept). Left there, the leader would copy them as
+        this job's. A rank stopped (SIGSTOP) is alive: its beat stays."""
+        fd = self.folder.fd
+        for entry in os.scandir(fd):
+            if not (entry.name.startswith(RANK_PREFIX) and entry.name.endswith(".json")) or entry.name == self.name:
+                continue
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime < 10 * self.interval_s:
+                    continue
+                raw = read_bounded(Path(entry.name), MAX_HEARTBEAT_BYTES, dir_fd=fd)
+                pid = msgspec.json.decode(raw, type=HeartbeatRecord).pid
+            except (OSError, FileRejected, msgspec.DecodeError, ValueError):
+                continue
+            if not _alive(pid):
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
 
     def beat(self, data: bytes, now: float, *, last: bool = False) -> float:
         """Write this rank's beat on the node (its last one: remove it, and hand the lead over); lead

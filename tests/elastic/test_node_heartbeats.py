@@ -5,6 +5,7 @@ when no leader publishes, and its last beat always."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from collections.abc import Callable
@@ -171,3 +172,25 @@ def test_a_rank_under_slurm_aggregates_in_dev_shm_unless_told_off(tmp_path: Path
     off = Heartbeat(tmp_path / "hb2", rank=0, stage=0, dp_rank=0, incarnation=0, job_id=job, interval_s=INTERVAL,
                     node="nX")
     assert off.relay is None
+
+
+def test_beats_a_gone_process_left_in_the_node_folder_long_ago_are_not_copied(tmp_path: Path) -> None:
+    """A job id used again on this node (a cluster whose ids start over, /dev/shm kept) finds the beats
+    of ranks killed with their node in the earlier job: they are removed, not copied as this job's."""
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    local = shm / f"omni-beats-{os.geteuid()}-42-n1"
+    local.mkdir(mode=0o700)
+    old = json.dumps({"rank": 7, "stage": 0, "dp_rank": 7, "pid": 2 ** 22 + 17, "incarnation": 5, "job_id": "42",
+                      "step": 90, "phase": "training", "time": 1.0, "node": "n1", "beats": 3})
+    (local / "rank-7.json").write_text(old)
+    os.utime(local / "rank-7.json", (1.0, 1.0))   # long ago
+    (hb,) = ranks(shared, "n1", 1, shm)
+    hb.update(step=1, phase="training")
+    hb.start()
+    try:
+        wait_for("the node file", lambda: (shared / "node-n1.jsonl").exists())
+        assert sorted(b.rank for b in read_heartbeats(shared)) == [0]   # not the earlier job's rank 7
+        assert not (local / "rank-7.json").exists()
+    finally:
+        hb.stop("done", exit_code=0)
