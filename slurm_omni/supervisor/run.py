@@ -539,6 +539,9 @@ class Supervisor:
         observer = self._observer or self._observe(cur)
         confirmer = observer.confirmer
         next_hb = next_nodes = 0.0
+        # nodes srun just reported failed: their Slurm state is read at once, theirs alone (one record
+        # from slurmctld whatever the job's size, issue 19); the full poll keeps its pace
+        named: set[str] = set()
         while True:
             now = self.clock()
             rc = self._poll(adopted)
@@ -547,12 +550,15 @@ class Supervisor:
             for event in self._step_log.drain() if self._step_log is not None else ():
                 observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
                 if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
-                    next_nodes = 0.0   # Slurm's node state now: with srun's report, two signals confirm
+                    named.add(event.node)   # Slurm's node state now: with srun's report, two signals confirm
             for x in self._extra:
                 for event in x.log.drain() if x.log is not None else ():
                     observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
                     if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
-                        next_nodes = 0.0
+                        named.add(event.node)
+            if named and self.state.phase is not Phase.CONFIRMING:
+                self._observe_nodes(cur, observer, sorted(named & set(cur.layout.nodes)))
+                named.clear()
             if self.state.phase is Phase.CONFIRMING:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer: the
                 # lifecycle relaunches without it after the grace (the next step overlaps its CPUs)
@@ -1187,9 +1193,12 @@ class Supervisor:
         if first is not None:
             self.journal.append("first_step", launch=cur.number, at=first[0], step=first[1])
 
-    def _observe_nodes(self, cur: Launch, observer: LaunchObserver) -> None:
+    def _observe_nodes(self, cur: Launch, observer: LaunchObserver, names: Sequence[str] | None = None) -> None:
+        """Slurm's state of the launch's nodes (``names``: of those alone) to the confirmation rule."""
+        if names is not None and not names:
+            return
         try:
-            nodes, _, _ = self.slurm.node_info(cur.layout.nodes)
+            nodes, _, _ = self.slurm.node_info(cur.layout.nodes if names is None else names)
         except SlurmError as e:
             log.warning("supervisor: couldn't read node states: %s", e)
             return
