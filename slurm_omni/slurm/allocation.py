@@ -42,12 +42,13 @@ class AllocationView:
             self._topology = parse_topology(result.stdout) if result.ok else Topology()
         return self._topology
 
-    def node_info(self, names: Sequence[str]) -> tuple[list[Node], dict[str, frozenset[str]], dict[str, str]]:
+    def node_info(self, names: Sequence[str], timeout_s: float = 10.0
+                  ) -> tuple[list[Node], dict[str, frozenset[str]], dict[str, str]]:
         """``scontrol show node`` of ``names``: the nodes, their features, their addresses (NodeAddr:
         names need not resolve, several slurmd may share a host)."""
         if not names:
             return [], {}, {}
-        text = self.runner.run(["scontrol", "show", "node", compress(names)], timeout_s=10).stdout
+        text = self.runner.run(["scontrol", "show", "node", compress(names)], timeout_s=timeout_s).stdout
         records = parse_records(text, "NodeName")
         feats = {r["NodeName"]: frozenset(f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)")
                  for r in records}
@@ -62,18 +63,18 @@ class AllocationView:
             self.node_info([name])
         return self._addrs.get(name, name)
 
-    def job_state_and_nodes(self, names: Sequence[str]) -> tuple[str, list[Node]]:
+    def job_state_and_nodes(self, names: Sequence[str], timeout_s: float = 10.0) -> tuple[str, list[Node]]:
         """:meth:`job_state` and :meth:`node_info` of ``names`` at once (two commands side by side:
         right after a failure slurmctld answers slowly, and the relaunch waits for both)."""
         with ThreadPoolExecutor(max_workers=2) as pool:
-            state = pool.submit(self.job_state)
-            nodes = pool.submit(self.node_info, names)
+            state = pool.submit(self.job_state, timeout_s)
+            nodes = pool.submit(self.node_info, names, timeout_s)
             return state.result(), nodes.result()[0]
 
-    def job_state(self) -> str:
+    def job_state(self, timeout_s: float = 10.0) -> str:
         """Slurm's state of the job (``squeue``), empty when it cannot tell."""
         out = self.runner.run(["squeue", "--noheader", f"--jobs={self.job_id}", "--format=%T"], check=False,
-                              timeout_s=10)
+                              timeout_s=timeout_s)
         words = out.stdout.split()
         return words[0] if out.ok and words else ""
 

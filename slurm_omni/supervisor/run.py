@@ -161,6 +161,8 @@ log = logging.getLogger(__name__)
 CRASH_ENV = "OMNI_SUPERVISOR_CRASH_AT"
 """Drills only: the supervisor SIGKILLs itself at this point (``relaunch:after_intent``,
 ``relaunch:after_start``), once per journal (a marker file beside it says it happened)."""
+SLOW_SLURM_S = 60.0
+"""The second, longer wait for slurmctld's answer before a relaunch (``_job_state_and_nodes``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -661,8 +663,7 @@ class Supervisor:
             self._step_log = None
         self._reap()
         ending = rc == EXIT_DONE or self.stop_signal is not None   # no relaunch follows: nothing to read
-        state, nodes = ("", []) if ending else self.slurm.job_state_and_nodes(
-            (*cur.layout.nodes, *cur.layout.spares))
+        state, nodes = ("", []) if ending else self._job_state_and_nodes((*cur.layout.nodes, *cur.layout.spares))
         lost_here = (self._observer.lost if self._observer is not None else set()) | \
             {n.name for n in nodes if n.state.failed}
         repeated = "" if ending else self._start_failure(cur, rc, lost_here, state)
@@ -674,6 +675,16 @@ class Supervisor:
                         repeated=repeated, refused=refused)
         self._ended = _Ended(rc, now, nodes, lost_here)
         return self._feed(LaunchEnded(now, end), cur=cur)
+
+    def _job_state_and_nodes(self, names: Sequence[str]) -> tuple[str, list[Node]]:
+        """The job's state and its nodes' for the relaunch; a slurmctld that does not answer within
+        10 s (hundreds of nodes on a loaded host, right after a failure) is asked once more, with
+        SLOW_SLURM_S, before the supervisor gives up on it (issue 19: the 512-node lane)."""
+        try:
+            return self.slurm.job_state_and_nodes(names)
+        except SlurmError as e:
+            log.warning("supervisor: slurmctld did not answer (%s): asking again, %.0f s", e, SLOW_SLURM_S)
+            return self.slurm.job_state_and_nodes(names, timeout_s=SLOW_SLURM_S)
 
     def _make_plan(self, cur: Launch) -> Planned:
         """The recovery's opening and the next launch's plan: a replacement that was asked for, else
