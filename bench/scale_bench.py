@@ -806,6 +806,17 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             if launches:
                 print(f"  {r.nodes:>4} nodes: launch median {launches[len(launches) // 2]:.2f} s against the floor "
                       f"{launch_floor(r, start)} (x{launches[len(launches) // 2] / max(1e-9, floor_s(r, start)):.1f})")
+        for r in measured:
+            runs = [x for x in r.runs if not x.na and x.phases.get("decide") is not None]
+            if not runs:
+                continue
+            counts = sorted(len(x.decide_cmds) for x in runs)
+            cmd_s = sorted(x.split.get("decide_cmds", 0.0) for x in runs)
+            dec = sorted(float(x.phases["decide"]) for x in runs)
+            print(f"  {r.nodes:>4} nodes: decide ran {counts[0]}-{counts[-1]} Slurm commands (none per node), "
+                  f"median {cmd_s[len(cmd_s) // 2]:.2f} s of them in a median decide of {dec[len(dec) // 2]:.2f} s, "
+                  f"at load {min(x.load for x in runs):.0f}-{max(x.load for x in runs):.0f}: what grows is "
+                  "slurmctld's answer on the loaded host, not the number of calls")
     print("\none heartbeat scan (read_heartbeats, the supervisor's and the manager's per poll) over synthetic "
           "files, CPU / wall, median of 5")
     for r in results:
