@@ -70,6 +70,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.heartbeat_bench import Inotify
 from bench.light_rank import BLOCK_SIGNAL
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
@@ -159,6 +160,9 @@ class Result:
     load: float = 0.0
     scan: tuple[float, float] | None = None
     """One heartbeat scan over this many ranks' files: CPU and wall seconds."""
+    fs_ops: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per path, in steady state: operations per second on the job's folders (``<area>_meta``: create,
+    rename, unlink; ``<area>_data``: writes), every node together."""
     step_s: float | None = None
     """The ranks' median step time in steady state (their heartbeats' step_time_s), paced at --step-delay."""
     elapsed_s: float | None = None
@@ -463,6 +467,23 @@ class Job:
                     out[rec.rank] = json.loads(line)
         return out
 
+    def watch_files(self) -> Inotify | None:
+        """inotify on the job's folders (heartbeat_bench.Inotify): the heartbeat folder, the checkpoint
+        folder's own files and the supervisor's (journal, status, reports; each rank's checkpoint
+        markers are in folders of their own, not watched: one durable create and rename per rank per
+        checkpoint) and the metrics folder, reset now."""
+        try:
+            watch = Inotify()
+            for sub, area in (("hb", "heartbeat"), ("ckpt", "checkpoint"), ("ckpt/supervisor", "checkpoint"),
+                              ("ckpt/light", "checkpoint"), ("metrics", "metrics")):
+                if (self.work / sub).is_dir():
+                    watch.add(self.work / sub, area)
+        except (OSError, SystemExit) as e:
+            self.log(f"file-system operations not counted: {e}")
+            return None
+        watch.reset()
+        return watch
+
     def steady_state(self, sup: int) -> None:
         """The supervisor's CPU per heartbeat poll and memory per process, before the first fault."""
         r, window = self.size.result, self.args.cpu_window
@@ -478,9 +499,20 @@ class Job:
         slurmds = [pid for name, pid in self.size.cluster.running().items() if name.startswith("slurmd:") and pid]
         groups = {"stepd": steps, "rank": ranks, "ctld": [ctld] if ctld else [], "slurmd": slurmds}
         before = {k: {p: cpu_s(p) for p in v} for k, v in groups.items()}
+        watch = self.watch_files()
         b0, t0 = cpu_s(sup), time.monotonic()
-        time.sleep(window)
+        while (left := t0 + window - time.monotonic()) > 0:   # drained often: the queue holds 16,384 events
+            time.sleep(min(0.25, left))
+            if watch is not None:
+                watch.drain()
         b1, took = cpu_s(sup), time.monotonic() - t0
+        if watch is not None:
+            watch.drain()
+            watch.close()
+            if not watch.overflow:
+                r.fs_ops[self.path] = {f"{area}_{kind}": sum(v for k, v in counts.items()
+                                                              if (k == "write") == (kind == "data")) / took
+                                       for area, counts in watch.by_area.items() for kind in ("meta", "data")}
         if b0 is not None and b1 is not None:
             r.cpu_per_poll[self.path] = (b1 - b0) / (window / HEARTBEAT_POLL_S)
         if r.memory.get("rank_cpu_ms_per_s") is None:
@@ -753,6 +785,15 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         if r.cpu_per_poll:
             print(f"{r.nodes:>5} nodes, {r.ranks:>5} ranks: " + ", ".join(
                 f"{path} {1000 * v:.1f} ms" for path, v in r.cpu_per_poll.items()))
+    print("\nfile-system operations per second in steady state (inotify over the same window; metadata: create, "
+          "rename, unlink; data: writes), per active node; the checkpoint folder's own files (each rank's "
+          "checkpoint markers, one durable create and rename per rank every --ckpt-every steps, not watched)")
+    for r in results:
+        for path, ops in r.fs_ops.items():
+            n = max(1, r.nodes - SPARES)
+            print(f"{r.nodes:>5} nodes {path:>7}: " + ", ".join(
+                f"{area} {ops.get(area + '_meta', 0) / n:.2f} meta + {ops.get(area + '_data', 0) / n:.2f} data"
+                for area in ("heartbeat", "checkpoint", "metrics")))
     print("\nmemory (private MiB per process), cost of the cluster, wall time of each size")
     for r in results:
         m = r.memory
@@ -892,7 +933,7 @@ def load_results(path: Path) -> list[Result]:
                    cpu_per_poll=dict(size.get("cpu_per_poll_s") or {}), elapsed_s=size.get("elapsed_s"),
                    runs=[Run(**x) for x in size["runs"]], checks=list(size.get("checks") or []),
                    memory=dict(size.get("memory") or {}), up_s=size.get("up_s"), load=size.get("load") or 0.0,
-                   scan=tuple(size["scan"]) if size.get("scan") else None)
+                   scan=tuple(size["scan"]) if size.get("scan") else None, fs_ops=dict(size.get("fs_ops") or {}))
         r.checks.append(f"(from {path}: {doc.get('source', '?')}, measured {doc.get('measured', '?')})")
         out.append(r)
     return out
@@ -905,7 +946,7 @@ def write_json(results: list[Result], path: Path, args: argparse.Namespace) -> N
            "step_delay_s": args.step_delay, "heartbeat_interval_s": 1.0,
            "sizes": [{"nodes": r.nodes, "ranks": r.ranks, "na": r.na, "step_s": r.step_s,
                       "cpu_per_poll_s": r.cpu_per_poll, "elapsed_s": r.elapsed_s, "checks": r.checks,
-                      "memory": r.memory, "up_s": r.up_s, "scan": r.scan, "load": r.load,
+                      "memory": r.memory, "up_s": r.up_s, "scan": r.scan, "load": r.load, "fs_ops": r.fs_ops,
                       "runs": [dataclasses.asdict(x) for x in r.runs]} for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
