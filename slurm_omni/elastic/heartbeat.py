@@ -173,7 +173,10 @@ class Heartbeat:
                 next_beat += self.interval_s
                 self._write()
             else:
-                self.relay.lead(time.time())
+                try:
+                    self.relay.lead(time.time())
+                except OSError as e:   # the folder removed under it: the next beat opens it again
+                    log.debug("heartbeat: couldn't lead the node's folder: %s", e)
 
     def _write(self, *, last: bool = False) -> None:
         with self._lock:
@@ -229,8 +232,8 @@ class NodeRelay:
 
     def __init__(self, node_dir: Path, *, shared_dir: Path, job_id: str, node: str, rank: int,
                  interval_s: float) -> None:
-        self.folder: OwnDir = ensure_dir(node_dir / f"omni-beats-{os.geteuid()}-{_safe(job_id)}-{_safe(node)}",
-                                         what="heartbeat node folder", private=True)
+        self.folder_path = node_dir / f"omni-beats-{os.geteuid()}-{_safe(job_id)}-{_safe(node)}"
+        self.folder: OwnDir = ensure_dir(self.folder_path, what="heartbeat node folder", private=True)
         self.node = node
         self.shared_dir = shared_dir
         self.name = f"{RANK_PREFIX}{rank}.json"
@@ -263,9 +266,21 @@ class NodeRelay:
                 except FileNotFoundError:
                     pass
 
+    def _reopen_if_removed(self) -> None:
+        """The node's last rank of a launch that ends removes the folder (``_remove_if_last``); a rank
+        of the next launch on the same node may have opened it just before. A removed folder takes no
+        new file (ENOENT), so open the folder at its path again (and leave the lead of the old one)."""
+        if os.fstat(self.folder.fd).st_nlink > 0:
+            return
+        self.close()
+        self.folder.close()
+        self.folder = ensure_dir(self.folder_path, what="heartbeat node folder", private=True)
+
     def beat(self, data: bytes, now: float, *, last: bool = False) -> float:
         """Write this rank's beat on the node (its last one: remove it, and hand the lead over); lead
         when possible. When a leader last published the node's beats (0: never; a leader: now)."""
+        if not last:
+            self._reopen_if_removed()
         fd = self.folder.fd
         if last:
             try:

@@ -123,7 +123,7 @@ def test_a_node_folder_others_can_write_is_refused_and_the_rank_writes_its_own_f
     assert own_files(shared) == ["rank-0.json"]
 
 
-def test_a_node_folder_that_goes_away_sends_the_rank_to_its_own_file(tmp_path: Path) -> None:
+def test_a_node_folder_that_goes_away_is_opened_again_and_the_rank_still_seen(tmp_path: Path) -> None:
     shared, shm = tmp_path / "hb", tmp_path / "shm"
     shm.mkdir()
     (hb,) = ranks(shared, "n1", 1, shm)
@@ -136,7 +136,7 @@ def test_a_node_folder_that_goes_away_sends_the_rank_to_its_own_file(tmp_path: P
             child.unlink()
         local.rmdir()   # an epilog that cleans /dev/shm while the rank still runs
         hb.update(step=2)
-        wait_for("its own file", lambda: own_files(shared) == ["rank-0.json"]
+        wait_for("the node's copy again", lambda: local.is_dir()
                  and [b.step for b in read_heartbeats(shared)] == [2])
     finally:
         hb.stop("stopping")
@@ -194,3 +194,28 @@ def test_beats_a_gone_process_left_in_the_node_folder_long_ago_are_not_copied(tm
         assert not (local / "rank-7.json").exists()
     finally:
         hb.stop("done", exit_code=0)
+
+
+def test_a_rank_whose_node_folder_the_last_launch_removed_opens_it_again(tmp_path: Path) -> None:
+    """The race K=5's 8-node run hit: the dying launch's last rank removes the node folder just after
+    a rank of the next launch on the same node opened it. The new rank's beats must still land in a
+    folder at the path (one folder per node, so one leader publishes every rank), and leading must
+    not raise (it would end the heartbeat thread)."""
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    old = NodeRelay(shm, shared_dir=shared, job_id="42", node="n1", rank=0, interval_s=INTERVAL)
+    old.beat(b'{"x": 1}', time.time())
+    new = NodeRelay(shm, shared_dir=shared, job_id="42", node="n1", rank=1, interval_s=INTERVAL)
+    old.beat(b"", time.time(), last=True)          # the old launch's last rank leaves: folder removed
+    assert not new.folder_path.exists()
+    try:
+        new.lead(time.time())
+    except OSError:
+        pass                                       # the thread catches it; the next beat reopens
+    new.beat(b'{"y": 2}', time.time())
+    assert new.folder_path.is_dir()
+    assert (new.folder_path / new.name).read_bytes() == b'{"y": 2}'
+    later = NodeRelay(shm, shared_dir=shared, job_id="42", node="n1", rank=2, interval_s=INTERVAL)
+    assert os.path.samestat(os.fstat(later.folder.fd), os.fstat(new.folder.fd))
+    new.close()
+    later.close()
