@@ -291,3 +291,12 @@ def step_time(run: ManagerRun, slurm_job_id: int, rank: int, seconds: float = 3.
     time.sleep(seconds)
     last = run.beats(slurm_job_id)[rank]
     return (last["time"] - first["time"]) / max(1, last["step"] - first["step"])
+
+
+def allocation_site(tmp: Path, spool: Path, *, extra: str = "") -> str:
+    """A site in allocation mode with no spares, every stage in the ``debug`` partition (the grow-back
+    and time-limit tests); ``extra``: more ``[elasticity]`` lines."""
+    text = site_toml(tmp, spool_dir=spool, tables='[elasticity]\nrecovery = "allocation"\nallow_allocation = true\n'
+                                                  'default_spares = 0\n' + extra)
+    return text.replace('partition = "vision"', 'partition = "debug"').replace('partition = "text"',
+                                                                                'partition = "debug"')

@@ -20,8 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from manager_cluster_support import REPO, make_shards, manager_run
-from omni_configs import site_toml
+from manager_cluster_support import REPO, allocation_site, make_shards, manager_run
 from support import wait_until
 
 from slurm_omni.drill.equivalence import check_equivalence, compare_losses
@@ -46,10 +45,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _site(tmp: Path, spool: Path) -> str:
-    text = site_toml(tmp, spool_dir=spool, tables='[elasticity]\nrecovery = "allocation"\nallow_allocation = true\n'
-                                                  'default_spares = 0\n')
-    return text.replace('partition = "vision"', 'partition = "debug"').replace('partition = "text"',
-                                                                                'partition = "debug"')
+    return allocation_site(tmp, spool)
 
 
 def _dp_steps(metrics: Path, dp: int) -> list[int]:

@@ -21,8 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from manager_cluster_support import JOB, REPO, make_shards, manager_run
-from omni_configs import site_toml
+from manager_cluster_support import JOB, REPO, allocation_site, make_shards, manager_run
 from support import wait_until
 
 from slurm_omni.drill.equivalence import check_equivalence, compare_losses
@@ -49,10 +48,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _site(tmp: Path, spool: Path) -> str:
-    text = site_toml(tmp, spool_dir=spool, tables='[elasticity]\nrecovery = "allocation"\nallow_allocation = true\n'
-                                                  'default_spares = 0\nsuccessor_queue_wait_s = 60\n')
-    return text.replace('partition = "vision"', 'partition = "debug"').replace('partition = "text"',
-                                                                                'partition = "debug"')
+    return allocation_site(tmp, spool, extra="successor_queue_wait_s = 60\n")
 
 
 def _steps(metrics: Path) -> list[int]:
