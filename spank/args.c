@@ -8,6 +8,7 @@
 #include <string.h>
 
 static const char spool_key[] = "spool=";
+static const char memory_dir_key[] = "memory_dir=";
 
 void omni_set_err(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -73,8 +74,15 @@ int omni_parse_config(int ac, char **av, struct omni_config *cfg, char *err, siz
 				return -1;
 			/* omni_check_path bounded the length below PATH_MAX */
 			memcpy(cfg->spool, dir, strlen(dir) + 1);
+		} else if (has_prefix(av[i], memory_dir_key)) {
+			const char *dir = av[i] + strlen(memory_dir_key);
+
+			if (omni_check_path("memory_dir", dir, err, errlen) < 0)
+				return -1;
+			memcpy(cfg->memory_dir, dir, strlen(dir) + 1);
 		} else {
-			omni_set_err(err, errlen, "unknown plugin argument '%.64s' (allowed: spool=DIR)", av[i]);
+			omni_set_err(err, errlen, "unknown plugin argument '%.64s' (allowed: spool=DIR, memory_dir=DIR)",
+				     av[i]);
 			return -1;
 		}
 	}

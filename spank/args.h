@@ -23,6 +23,7 @@ struct omni_stage_list {
 
 struct omni_config {
 	char spool[PATH_MAX]; /* empty: no fault records */
+	char memory_dir[PATH_MAX]; /* the site's checkpoint memory_dir (%n: the node), cleaned beside /dev/shm; empty: none */
 };
 
 /* Which stage a task belongs to, and its rank and size inside the stage. */

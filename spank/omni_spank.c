@@ -5,6 +5,7 @@
 #include <slurm/spank.h>
 
 #include "args.h"
+#include "epilog.h"
 #include "options.h"
 #include "remote.h"
 
@@ -48,5 +49,18 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 		return 0;
 	/* A failed record must not fail the step: the manager still has the job state. */
 	(void)omni_remote_task_exit(sp, &config);
+	return 0;
+}
+
+/* slurmd runs this as root on each node the job ends on (also the nodes of a job cancelled or
+ * killed, whatever killed its processes): the job's shared-memory objects there go. File work only. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_context() != S_CTX_JOB_SCRIPT)
+		return 0;
+	/* A leftover must not drain the node (a failing epilog does): it is logged, and the job ends. */
+	(void)omni_job_epilog(sp, &config);
 	return 0;
 }

@@ -18,7 +18,7 @@ def plugin() -> Path:
 @pytest.fixture(scope="session")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("spank") / "harness"
-    sources = [Path(__file__).with_name("harness.c"), SPANK / "args.c", SPANK / "fault.c"]
+    sources = [Path(__file__).with_name("harness.c"), SPANK / "args.c", SPANK / "fault.c", SPANK / "shm.c"]
     subprocess.run(["cc", *HARDENING, "-std=gnu11", f"-I{SPANK}", "-o", str(out), *map(str, sources)],
                    check=True, capture_output=True, text=True, timeout=120)
     return out

@@ -7,11 +7,14 @@
 
 #include "args.h"
 #include "fault.h"
+#include "shm.h"
 
 static int usage(void)
 {
 	fprintf(stderr, "usage: harness stages ARG | path ARG | config ARGS... | "
-			"place STAGES HET_OFFSET COMP_RANK COMP_SIZE RANK SIZE | fault DIR USER NODE STAGE STATUS\n");
+			"place STAGES HET_OFFSET COMP_RANK COMP_SIZE RANK SIZE | fault DIR USER NODE STAGE STATUS | "
+			"hostlist LIST | beats-name UID ID HET_ID NAME [NODE] | "
+			"shm-clean DIR UID GID NODE WHOLE_JOB ID [HET_ID] | memtier-due WHOLE_JOB PER_NODE OTHERS\n");
 	return 2;
 }
 
@@ -41,6 +44,8 @@ int main(int argc, char **argv)
 		if (omni_parse_config(argc - 2, argv + 2, &c, err, sizeof(err)) < 0)
 			goto fail;
 		printf("spool=%s\n", c.spool);
+		if (c.memory_dir[0] != '\0')
+			printf("memory_dir=%s\n", c.memory_dir);
 		return 0;
 	}
 	if (strcmp(argv[1], "place") == 0 && argc == 8) {
@@ -86,6 +91,37 @@ int main(int argc, char **argv)
 		if (omni_fault_write(argv[2], &owner, &f, path, sizeof(path), err, sizeof(err)) < 0)
 			goto fail;
 		printf("%s\n", path);
+		return 0;
+	}
+	if (strcmp(argv[1], "hostlist") == 0 && argc == 3) {
+		printf("%d\n", omni_hostlist_many(argv[2]));
+		return 0;
+	}
+	if (strcmp(argv[1], "beats-name") == 0 && (argc == 6 || argc == 7)) {
+		struct omni_shm_job job = {.uid = (uid_t)atol(argv[2]), .ids = {argv[3], argv[4]}};
+
+		printf("%d\n", omni_shm_beats_name(&job, argv[5], argc == 7 ? argv[6] : NULL));
+		return 0;
+	}
+	if (strcmp(argv[1], "memtier-due") == 0 && argc == 5) {
+		printf("%d\n", omni_shm_memtier_due(atoi(argv[2]), atoi(argv[3]), atoi(argv[4])));
+		return 0;
+	}
+	if (strcmp(argv[1], "shm-clean") == 0 && (argc == 8 || argc == 9)) {
+		/* what the epilog does for /dev/shm (spank/epilog.c), on DIR */
+		struct omni_shm_job job = {.uid = (uid_t)atol(argv[3]), .gid = (gid_t)atol(argv[4]), .node = argv[5],
+					   .whole_job = atoi(argv[6]), .ids = {argv[7], argc == 9 ? argv[8] : NULL}};
+		struct omni_shm_result res;
+		int others = 0;
+
+		memset(&res, 0, sizeof(res));
+		if (omni_shm_clean_beats(argv[2], &job, &others, &res, err, sizeof(err)) < 0)
+			goto fail;
+		if (omni_shm_memtier_due(job.whole_job, 0, others) &&
+		    omni_shm_clean_memtier(argv[2], &job, &res, err, sizeof(err)) < 0)
+			goto fail;
+		printf("removed=%d bytes=%lld others=%d kept=%d %s\n", res.removed, res.bytes, others, res.kept,
+		       res.first_kept);
 		return 0;
 	}
 	return usage();

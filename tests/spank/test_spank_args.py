@@ -63,7 +63,9 @@ def test_ckpt_path_checked(harness: Path, arg: str, ok: bool) -> None:
     ([], "spool=\n"),
     (["spool=/var/spool/omni"], "spool=/var/spool/omni\n"),
     (["spool=relative"], "spool=relative: not allowed (expected an absolute path)\n"),
-    (["spoolish=/x"], "unknown plugin argument 'spoolish=/x' (allowed: spool=DIR)\n"),
+    (["spool=/s", "memory_dir=/dev/hugeshm/%n"], "spool=/s\nmemory_dir=/dev/hugeshm/%n\n"),
+    (["memory_dir=shm"], "memory_dir=shm: not allowed (expected an absolute path)\n"),
+    (["spoolish=/x"], "unknown plugin argument 'spoolish=/x' (allowed: spool=DIR, memory_dir=DIR)\n"),
 ])
 def test_plugin_arguments(harness: Path, args: list[str], out: str) -> None:
     assert run_harness(harness, "config", *args).stdout == out

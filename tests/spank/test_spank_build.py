@@ -18,7 +18,7 @@ def test_exports_only_slurm_spank_hooks_and_plugin_stamp(plugin: Path) -> None:
     symbols = {line.split()[-1] for line in out.splitlines() if line.strip()}
     assert {s for s in symbols if not s.startswith("slurm_spank_")} == {
         "plugin_name", "plugin_type", "plugin_version", "spank_plugin_version"}
-    assert {"slurm_spank_init", "slurm_spank_task_init", "slurm_spank_task_exit"} <= symbols
+    assert {"slurm_spank_init", "slurm_spank_task_init", "slurm_spank_task_exit", "slurm_spank_job_epilog"} <= symbols
 
 
 def test_hardened_binary(plugin: Path) -> None:
