@@ -18,7 +18,8 @@ xxh3 as from the files (``restore.open_restore`` falls back to the files, one li
 
 A per-node cap (``memory_cap_bytes``) and a full tmpfs each give one line and leave that step to the
 file system. ``free_job`` removes the job's folder: the standby server calls it when it is stopped
-at the job's end (``cli/standby.py``).
+at the job's end (``cli/standby.py``); what a lost node's or a killed standby could not free, the
+SPANK plugin's job epilog removes as root at the job's end, by these names (spank/shm.c).
 
 The second source, a peer's memory, is ``peer.py``: a keeper per node keeps its ring predecessor's
 copies in ``<job>/peer/`` (freed with the job's folder), and a rank whose node lacks a shard receives

@@ -31,7 +31,9 @@ into ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl`` twice per interval: the shared f
 write per node, not per rank. A rank writes its own ``rank-<RANK>.json`` as before when the node's
 copy is stale (no leader published for 1.5 intervals: a stopped leader, the first beat of a life)
 and removes it once the node's copy carries a newer beat; its last beat (``stop``) always goes to
-its own file as well, so that its exit code does not wait on a leader that is exiting too.
+its own file as well, so that its exit code does not wait on a leader that is exiting too. The node's
+last rank removes the folder; what killed ranks leave, the SPANK plugin's job epilog removes at the
+job's end, by this name (spank/shm.c).
 """
 
 from __future__ import annotations
