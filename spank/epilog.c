@@ -9,31 +9,6 @@
 
 #define SHM_DIR "/dev/shm"
 
-/* memory_dir with "%n" replaced by the node's name as the Python side writes it (base_from_env). */
-static int expand_node(const char *pattern, const char *node, char *out, size_t outlen)
-{
-	char safe[OMNI_SHM_PART_MAX];
-	size_t o = 0;
-
-	omni_shm_safe(node, safe, sizeof(safe));
-	for (const char *p = pattern; *p != '\0'; p++) {
-		const char *piece = p;
-		size_t n = 1;
-
-		if (p[0] == '%' && p[1] == 'n') {
-			piece = safe;
-			n = strlen(safe);
-			p++;
-		}
-		if (o + n >= outlen)
-			return -1;
-		memcpy(out + o, piece, n);
-		o += n;
-	}
-	out[o] = '\0';
-	return 0;
-}
-
 static int memtier(const char *dir, const struct omni_shm_job *job, struct omni_shm_result *res)
 {
 	char err[OMNI_ERR_MAX];
@@ -86,7 +61,7 @@ int omni_job_epilog(spank_t sp, const struct omni_config *cfg)
 	if (omni_shm_memtier_due(job.whole_job, 0, others))
 		rc |= memtier(SHM_DIR, &job, &res);
 	if (cfg->memory_dir[0] != '\0') {
-		if (expand_node(cfg->memory_dir, job.node, dir, sizeof(dir)) < 0) {
+		if (omni_shm_expand_node(cfg->memory_dir, job.node, dir, sizeof(dir)) < 0) {
 			slurm_error("omni: job_epilog: memory_dir=%s: too long with the node's name", cfg->memory_dir);
 			rc = -1;
 		} else if (omni_shm_memtier_due(job.whole_job, strstr(cfg->memory_dir, "%n") != NULL, others)) {

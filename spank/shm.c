@@ -30,6 +30,30 @@ void omni_shm_safe(const char *text, char *out, size_t outlen)
 	out[o] = '\0';
 }
 
+int omni_shm_expand_node(const char *pattern, const char *node, char *out, size_t outlen)
+{
+	char safe[OMNI_SHM_PART_MAX];
+	size_t o = 0;
+
+	omni_shm_safe(node, safe, sizeof(safe));
+	for (const char *p = pattern; *p != '\0'; p++) {
+		const char *piece = p;
+		size_t n = 1;
+
+		if (p[0] == '%' && p[1] == 'n') {
+			piece = safe;
+			n = strlen(safe);
+			p++;
+		}
+		if (o + n >= outlen)
+			return -1;
+		memcpy(out + o, piece, n);
+		o += n;
+	}
+	out[o] = '\0';
+	return 0;
+}
+
 int omni_hostlist_many(const char *hostlist)
 {
 	int depth = 0;

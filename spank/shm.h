@@ -39,6 +39,10 @@ struct omni_shm_result {
  * (formats.safe_name and heartbeat._safe on the Python side). */
 void omni_shm_safe(const char *text, char *out, size_t outlen);
 
+/* pattern (a memory_dir) with each "%n" replaced by the node's name as omni_shm_safe writes it
+ * (memtier.base_from_env); -1 when it does not fit in out. */
+int omni_shm_expand_node(const char *pattern, const char *node, char *out, size_t outlen);
+
 /* 1 when a Slurm host list names more than one host ("n1,n2", "node[1-3]"), 0 for one. */
 int omni_hostlist_many(const char *hostlist);
 

@@ -13,7 +13,7 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: harness stages ARG | path ARG | config ARGS... | "
 			"place STAGES HET_OFFSET COMP_RANK COMP_SIZE RANK SIZE | fault DIR USER NODE STAGE STATUS | "
-			"hostlist LIST | beats-name UID ID HET_ID NAME [NODE] | "
+			"expand PATTERN NODE | hostlist LIST | beats-name UID ID HET_ID NAME [NODE] | "
 			"shm-clean DIR UID GID NODE WHOLE_JOB ID [HET_ID] | memtier-due WHOLE_JOB PER_NODE OTHERS\n");
 	return 2;
 }
@@ -91,6 +91,16 @@ int main(int argc, char **argv)
 		if (omni_fault_write(argv[2], &owner, &f, path, sizeof(path), err, sizeof(err)) < 0)
 			goto fail;
 		printf("%s\n", path);
+		return 0;
+	}
+	if (strcmp(argv[1], "expand") == 0 && argc == 4) {
+		char out[64];
+
+		if (omni_shm_expand_node(argv[2], argv[3], out, sizeof(out)) < 0) {
+			snprintf(err, sizeof(err), "too long");
+			goto fail;
+		}
+		printf("%s\n", out);
 		return 0;
 	}
 	if (strcmp(argv[1], "hostlist") == 0 && argc == 3) {

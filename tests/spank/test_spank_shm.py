@@ -14,6 +14,7 @@ import pytest
 from spank_support import run_harness
 
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.memtier import base_from_env
 from slurm_omni.elastic.heartbeat import _safe as beats_safe
 
 ALICE, BOB = 4242, 4343   # the job's owner and another user
@@ -63,6 +64,19 @@ def _clean(harness: Path, shm: Path, node: str, whole_job: bool, *ids: str) -> s
     r = run_harness(harness, "shm-clean", str(shm), str(ALICE), str(ALICE), node, str(int(whole_job)), *ids)
     assert r.returncode == 0, r.stdout
     return r.stdout.strip()
+
+
+@pytest.mark.parametrize(("pattern", "node", "out"), [
+    ("/dev/hugeshm", "node1", "/dev/hugeshm"),
+    ("/dev/shm/x/%n", "node1", "/dev/shm/x/node1"),
+    ("/m/%n/%n", "n/../a", "/m/n_.._a/n_.._a"),     # the node's name cannot leave the folder
+    ("/m/%x%", "n", "/m/%x%"),
+    ("/m/%n", "n" * 70, "too long"),
+])
+def test_memory_dir_names_the_node_as_the_tier_does(harness: Path, pattern: str, node: str, out: str) -> None:
+    assert run_harness(harness, "expand", pattern, node).stdout.strip() == out
+    if out != "too long":
+        assert out == str(base_from_env({"OMNI_MEMORY_DIR": pattern, "SLURMD_NODENAME": node}))
 
 
 @pytest.mark.parametrize(("hostlist", "many"), [
