@@ -271,9 +271,7 @@ int omni_shm_clean_memtier(const char *dir, const struct omni_shm_job *job, stru
 			omni_shm_safe(job->ids[i], id, sizeof(id));
 			remove_folder(user, path, id, job->uid, PEER_DEPTH, res);
 		}
-		/* the user's other jobs may still use it: only an empty one goes */
-		if (unlinkat(fd, own, AT_REMOVEDIR) == 0)
-			res->removed++;
+		/* omni-<uid>/ stays: the user's next job on the node may be making its folder in it now */
 	}
 	if (user >= 0)
 		close(user);

@@ -60,8 +60,8 @@ int omni_shm_clean_beats(const char *dir, const struct omni_shm_job *job, int *o
  * alone (a memory_dir naming the node, or no other node of the job left on this host's /dev/shm). */
 int omni_shm_memtier_due(int whole_job, int per_node_dir, int other_beats_left);
 
-/* Removes dir/omni-<uid>/<id>/ (with its peer/ folder) for each of the job's ids, then
- * dir/omni-<uid>/ if that is empty. Same return as omni_shm_clean_beats. */
+/* Removes dir/omni-<uid>/<id>/ (with its peer/ folder) for each of the job's ids; dir/omni-<uid>/
+ * (the user's, empty) stays. Same return as omni_shm_clean_beats. */
 int omni_shm_clean_memtier(const char *dir, const struct omni_shm_job *job, struct omni_shm_result *res, char *err,
 			   size_t errlen);
 
