@@ -177,41 +177,50 @@ static void remove_folder(int parent, const char *dir, const char *name, uid_t u
 		kept(res, dir, name, strerror(errno));
 }
 
-static int open_dir(const char *dir, char *err, size_t errlen)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+struct fs_ids {
+	uid_t uid;
+	gid_t gid;
+};
 
-	if (fd < 0 && errno != ENOENT)
-		omni_set_err(err, errlen, "couldn't open %s: %s", dir, strerror(errno));
-	return fd;
+/* dir opened with the job owner's file-system ids (kept until leave()); -1: dir is missing (nothing
+ * to do), -2: one line in err; both with the ids restored. */
+static int enter(const char *dir, const struct omni_shm_job *job, struct fs_ids *saved, char *err, size_t errlen)
+{
+	int fd;
+
+	if (become(job->uid, job->gid, &saved->uid, &saved->gid) < 0) {
+		omni_set_err(err, errlen, "couldn't act as uid %lu (setfsuid)", (unsigned long)job->uid);
+		return -2;
+	}
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0)
+		return fd;
+	if (errno == ENOENT) {
+		restore(saved->uid, saved->gid);
+		return -1;
+	}
+	omni_set_err(err, errlen, "couldn't open %s: %s", dir, strerror(errno));
+	restore(saved->uid, saved->gid);
+	return -2;
 }
 
 int omni_shm_clean_beats(const char *dir, const struct omni_shm_job *job, int *others, struct omni_shm_result *res,
 			 char *err, size_t errlen)
 {
+	struct fs_ids saved;
 	struct dirent *d;
 	DIR *listing;
-	uid_t old_uid;
-	gid_t old_gid;
 	int fd;
 
 	*others = 0;
-	if (become(job->uid, job->gid, &old_uid, &old_gid) < 0) {
-		omni_set_err(err, errlen, "couldn't act as uid %lu (setfsuid)", (unsigned long)job->uid);
-		return -1;
-	}
-	fd = open_dir(dir, err, errlen);
-	if (fd < 0) {
-		int missing = errno == ENOENT;
-
-		restore(old_uid, old_gid);
-		return missing ? 0 : -1;
-	}
+	fd = enter(dir, job, &saved, err, errlen);
+	if (fd < 0)
+		return fd == -1 ? 0 : -1;
 	listing = fdopendir(fd);
 	if (listing == NULL) {
 		omni_set_err(err, errlen, "couldn't list %s: %s", dir, strerror(errno));
 		close(fd);
-		restore(old_uid, old_gid);
+		restore(saved.uid, saved.gid);
 		return -1;
 	}
 	while ((d = readdir(listing)) != NULL) {
@@ -223,7 +232,7 @@ int omni_shm_clean_beats(const char *dir, const struct omni_shm_job *job, int *o
 			(*others)++;
 	}
 	closedir(listing);
-	restore(old_uid, old_gid);
+	restore(saved.uid, saved.gid);
 	return 0;
 }
 
@@ -237,23 +246,14 @@ int omni_shm_clean_memtier(const char *dir, const struct omni_shm_job *job, stru
 {
 	char own[sizeof(MEMTIER_PREFIX) + 24];
 	char path[512];
+	struct fs_ids saved;
 	struct stat st;
-	uid_t old_uid;
-	gid_t old_gid;
 	int fd;
 	int user;
 
-	if (become(job->uid, job->gid, &old_uid, &old_gid) < 0) {
-		omni_set_err(err, errlen, "couldn't act as uid %lu (setfsuid)", (unsigned long)job->uid);
-		return -1;
-	}
-	fd = open_dir(dir, err, errlen);
-	if (fd < 0) {
-		int missing = errno == ENOENT;
-
-		restore(old_uid, old_gid);
-		return missing ? 0 : -1;
-	}
+	fd = enter(dir, job, &saved, err, errlen);
+	if (fd < 0)
+		return fd == -1 ? 0 : -1;
 	snprintf(own, sizeof(own), MEMTIER_PREFIX "%lu", (unsigned long)job->uid);
 	snprintf(path, sizeof(path), "%s/%s", dir, own);
 	user = openat(fd, own, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -276,6 +276,6 @@ int omni_shm_clean_memtier(const char *dir, const struct omni_shm_job *job, stru
 	if (user >= 0)
 		close(user);
 	close(fd);
-	restore(old_uid, old_gid);
+	restore(saved.uid, saved.gid);
 	return 0;
 }
