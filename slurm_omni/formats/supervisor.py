@@ -161,6 +161,16 @@ class EndedRecord(_Line, frozen=True, kw_only=True, tag="ended"):
     rc: ExitCode
 
 
+class SignalRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One level-1 signal a confirmation rests on (``policy.confirm.Level1Signal``): what, where, who
+    said it (slurm, srun, task, step, heartbeat) and when the supervisor heard it."""
+
+    kind: Annotated[str, msgspec.Meta(max_length=32)]
+    node: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    source: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    at: Time
+
+
 class ConfirmedRecord(_Line, frozen=True, kw_only=True, tag="confirmed"):
     """The confirmation rule's verdict on what a launch left (``policy.confirm``)."""
 
@@ -172,6 +182,8 @@ class ConfirmedRecord(_Line, frozen=True, kw_only=True, tag="confirmed"):
     detected_at: Time | None = None
     confirmed_at: Time | None = None
     reasons: list[Text] = msgspec.field(default_factory=list)
+    signals: list[SignalRecord] = msgspec.field(default_factory=list)
+    """The level-1 signals the verdict rests on, in the order they were heard (at most 16)."""
 
 
 class RequestRecord(_Line, frozen=True, kw_only=True, tag="request"):

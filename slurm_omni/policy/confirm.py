@@ -194,6 +194,11 @@ class Level1Signal:
     time: float          # when it was first observed
     het_offset: int | None = None
     detail: str = ""
+    source: str = "slurm"
+    """Who said it: "slurm" (a node state read from slurmctld), "srun" (the step's srun: a node failure),
+    "task" (a task's exit record: srun's or the SPANK plugin's), "step" (the step ended or srun is
+    terminating it), "heartbeat" (the rank's last
+    beat said failed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +216,7 @@ class Decision:
     last_progress_at: float | None = None       # when the global step last advanced
     fault_at: float | None = None               # best estimate: newest heartbeat of the first stale rank
     reasons: tuple[str, ...] = ()
+    signals: tuple[Level1Signal, ...] = ()      # the level-1 signals it rests on, each with its source and time
 
 
 @dataclass(slots=True)
@@ -239,6 +245,10 @@ class Confirmer:
     _last_advance: float | None = field(init=False)
     _confirmed: Decision | None = field(init=False)
     _ended: float | None = field(init=False)
+    _oldest: float | None = field(init=False)
+    """The oldest newest-beat of a rank that may go stale (None: none), kept until a beat changes it:
+    evaluated every tick, the rule looks at every rank only when one can be stale (2,048 ranks, issue 19)."""
+    _oldest_dirty: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.reset(self.layout)
@@ -259,6 +269,8 @@ class Confirmer:
         self._last_advance = None
         self._confirmed = None
         self._ended = None
+        self._oldest = None
+        self._oldest_dirty = False
 
     # -- observations -------------------------------------------------------------------------
     def observe(self, obs: Observation) -> None:
@@ -267,12 +279,13 @@ class Confirmer:
         elif isinstance(obs, StepEnded):
             if obs.faulty and self._ended is None:
                 self._ended = obs.time
-                self._add_level1(Level1Signal("task_exit", "", obs.time, None, f"step exit code {obs.exit_code}"))
+                self._add_level1(Level1Signal("task_exit", "", obs.time, None, f"step exit code {obs.exit_code}",
+                                              source="step"))
         elif isinstance(obs, TaskExit):
             if obs.faulty and obs.node in self._node_offsets:
                 how = f"signal {obs.signal}" if obs.signal else f"exit code {obs.exit_code}"
                 self._add_level1(Level1Signal("task_exit", obs.node, obs.time, obs.het_offset,
-                                              f"task {obs.task_id} {how}"))
+                                              f"task {obs.task_id} {how}", source="task"))
         elif obs.node in self._node_offsets:
             kind = NODE_STATE_KIND.get(obs.state)
             if kind is None:
@@ -281,7 +294,7 @@ class Confirmer:
                         del self._level1[key]
                     self._hard.pop(obs.node, None)
                 return
-            signal = Level1Signal(kind, obs.node, obs.time, None, obs.reason)
+            signal = Level1Signal(kind, obs.node, obs.time, None, obs.reason, source=obs.source)
             self._add_level1(signal)
             if kind in HARD_KINDS:
                 self._hard.setdefault(obs.node, {}).setdefault(obs.source, signal)
@@ -301,9 +314,10 @@ class Confirmer:
                 return   # a re-read or out-of-order file; it says nothing new
             self._hb_intervals.append(hb.time - prev.last_time)
         self._ranks[hb.rank] = _RankState(hb.time, hb.global_step, hb.node, hb.het_offset, hb.phase)
+        self._oldest_dirty = True
         if hb.phase == "failed":   # the rank's own last word: as good as its task's exit record
             self._level1.setdefault(("rank_failed", f"{hb.node}#{hb.rank}"), Level1Signal(
-                "task_exit", hb.node, hb.time, hb.het_offset, f"rank {hb.rank} reported failed"))
+                "task_exit", hb.node, hb.time, hb.het_offset, f"rank {hb.rank} reported failed", source="heartbeat"))
         if self._last_advance is None:   # the first beat starts the clock of startup progress
             self._last_advance = hb.time
         if hb.global_step > self._global_step:
@@ -412,6 +426,11 @@ class Confirmer:
         """Rank -> the time it became stale, for ranks stale at ``now`` (not those that said they
         are done or stopping)."""
         limit = self.stale_after()
+        if self._oldest_dirty:
+            self._oldest = min((r.last_time for r in self._ranks.values() if r.phase not in QUIET_PHASES), default=None)
+            self._oldest_dirty = False
+        if self._oldest is None or now - self._oldest < limit:
+            return {}
         return {rank: r.last_time + limit for rank, r in self._ranks.items()
                 if now - r.last_time >= limit and r.phase not in QUIET_PHASES}
 
@@ -450,5 +469,6 @@ class Confirmer:
             Verdict.CONFIRMED, now, cause=cause, het_offsets=tuple(sorted(offsets)),
             nodes=tuple(sorted(nodes)), ranks=tuple(sorted(stale_since)),
             first_signal_at=min(times) if times else now, confirmed_at=now,
-            last_progress_at=self._last_advance, fault_at=fault_at, reasons=(reason,))
+            last_progress_at=self._last_advance, fault_at=fault_at, reasons=(reason,),
+            signals=tuple(sorted(level1, key=lambda s: s.time)))
         return self._confirmed

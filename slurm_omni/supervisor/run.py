@@ -154,6 +154,7 @@ from slurm_omni.supervisor.journal import (
     write_status,
 )
 from slurm_omni.supervisor.launch_failure import read_failure, write_record
+from slurm_omni.supervisor.node_reads import NodeReads
 from slurm_omni.supervisor.observe import LaunchObserver
 
 log = logging.getLogger(__name__)
@@ -538,6 +539,16 @@ class Supervisor:
         """Until the step ends: its exit code (None when adopted). What srun reports on stderr (a
         node failure, a task's bad exit, the step terminating) goes to the confirmation rule at once;
         once it confirms, the step is killed outright (nothing of it can still save: a peer is gone)."""
+        # Slurm's node states are read beside the loop (supervisor/node_reads.py): a slow slurmctld
+        # holds up neither srun's other reports nor the heartbeats, and the rule confirms on whichever
+        # second signal comes first
+        reads = NodeReads(lambda names: self.slurm.node_info(names)[0], self.clock)
+        try:
+            return self._watch_loop(cur, adopted, reads)
+        finally:
+            reads.close()
+
+    def _watch_loop(self, cur: Launch, adopted: StepProcess | None, reads: NodeReads) -> int | None:
         observer = self._observer or self._observe(cur)
         confirmer = observer.confirmer
         next_hb = next_nodes = 0.0
@@ -559,8 +570,13 @@ class Supervisor:
                     if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
                         named.add(event.node)
             if named and self.state.phase is not Phase.CONFIRMING:
-                self._observe_nodes(cur, observer, sorted(named & set(cur.layout.nodes)))
+                reads.ask(sorted(named & set(cur.layout.nodes)), full=False)
                 named.clear()
+            for answer in reads.answers():
+                if not answer.full:
+                    log.debug("supervisor: Slurm's state of %s answered %.3f s after it was asked",
+                              compress([n.name for n in answer.nodes]), answer.answered_at - answer.asked_at)
+                observer.nodes(answer.nodes, answer.answered_at)
             if self.state.phase is Phase.CONFIRMING:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer: the
                 # lifecycle relaunches without it after the grace (the next step overlaps its CPUs)
@@ -577,7 +593,7 @@ class Supervisor:
             if now >= next_nodes:
                 next_nodes = now + self.opts.node_poll_s
                 polled = True
-                self._observe_nodes(cur, observer)
+                reads.ask(cur.layout.nodes, full=True)
                 self._write_status()
                 accepted = self._take_request(cur)
                 if not accepted and not self.state.stopping and self._tend_pools(cur) and self.stop_signal is None:
@@ -910,7 +926,9 @@ class Supervisor:
         d = confirmer.evaluate(now)
         self.journal.append("confirmed", launch=cur.number, cause=d.cause, nodes=list(d.nodes), rc=rc,
                             fault_at=d.fault_at, detected_at=d.first_signal_at, confirmed_at=d.confirmed_at,
-                            reasons=list(d.reasons))
+                            reasons=list(d.reasons),
+                            signals=[{"kind": x.kind, "node": x.node, "source": x.source, "at": x.time}
+                                     for x in d.signals[:16]])
         log.warning("supervisor: launch %d failed (rc %d): %s", cur.number, rc, "; ".join(d.reasons))
         return d
 
@@ -1203,17 +1221,6 @@ class Supervisor:
         first = observer.beats()
         if first is not None:
             self.journal.append("first_step", launch=cur.number, at=first[0], step=first[1])
-
-    def _observe_nodes(self, cur: Launch, observer: LaunchObserver, names: Sequence[str] | None = None) -> None:
-        """Slurm's state of the launch's nodes (``names``: of those alone) to the confirmation rule."""
-        if names is not None and not names:
-            return
-        try:
-            nodes, _, _ = self.slurm.node_info(cur.layout.nodes if names is None else names)
-        except SlurmError as e:
-            log.warning("supervisor: couldn't read node states: %s", e)
-            return
-        observer.nodes(nodes, self.clock())
 
     def _reap(self) -> None:
         """Old sruns that were left to finish on their own (their tasks already killed)."""

@@ -15,6 +15,7 @@ from slurm_omni.policy.confirm import (
     Heartbeat,
     NodeObservation,
     Observation,
+    StepEnded,
     TaskExit,
     Verdict,
 )
@@ -413,6 +414,33 @@ def test_srun_node_failure_and_the_node_state_confirm_at_once_without_the_teardo
     assert d.verdict is Verdict.CONFIRMED and d.cause == NODE_STATE_KIND[state] and d.nodes == ("t1",)
     assert d.confirmed_at == 10.3 and d.first_signal_at == 10.1 and d.het_offsets == (1,) and d.ranks == ()
     assert "two sources" in d.reasons[0]
+
+
+def test_a_confirmation_names_its_signals_with_their_sources_and_times_in_order() -> None:
+    """What the supervisor journals (``confirmed.signals``): which signal came when, from whom (issue 19:
+    which one arrives late at 512 nodes)."""
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(TaskExit(10.4, "t1", None, 3, signal=9))
+    c.observe(StepEnded(10.5, 143))
+    d = c.evaluate(10.6)
+    assert d.verdict is Verdict.CONFIRMED and "the step ended" in d.reasons[0]
+    assert [(x.kind, x.node, x.source, x.time) for x in d.signals] == [
+        ("down", "t1", "srun", 10.1), ("task_exit", "t1", "task", 10.4), ("task_exit", "", "step", 10.5)]
+
+
+def test_a_rank_goes_stale_between_beats_of_the_others_and_a_done_rank_never_does() -> None:
+    """The rule looks at every rank only once one can be stale; a beat of another rank, or the stale
+    rank's phase going done, changes what is oldest."""
+    c = Confirmer(ConfirmConfig(stale_floor_s=1.5, initial_heartbeat_s=0.5), {0: ["n1"]})
+    for rank in (0, 1):
+        c.observe(Heartbeat(10.0, rank, 1, node="n1"))
+    assert c.evaluate(10.5).verdict is Verdict.NONE
+    c.observe(Heartbeat(11.0, 1, 2, node="n1"))   # rank 1 beats on, rank 0 is silent
+    assert c._stale_since(11.4) == {} and c._stale_since(11.6) == {0: 11.5}
+    c.observe(Heartbeat(11.7, 0, 2, node="n1", phase="done"))
+    assert c._stale_since(12.4) == {} and c._stale_since(12.6) == {1: 12.5}
 
 
 @pytest.mark.parametrize("second", [

@@ -1,0 +1,94 @@
+"""Node states read beside the supervisor's watch (issue 19): a slurmctld that answers late holds up
+nothing, the 3 s poll does not pile up behind it, a read of the nodes srun named starts beside it,
+and answers come dated in the supervisor's clock (threads and events, no wall clock asserted)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from slurm_omni.errors import SlurmError
+from slurm_omni.slurm.types import Node, NodeState
+from slurm_omni.supervisor.node_reads import NodeReads
+
+
+class _Slurmctld:
+    """Answers each read when the test lets it (``release``)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, ...]] = []
+        self.gates: dict[tuple[str, ...], threading.Event] = {}
+        self.fail: set[tuple[str, ...]] = set()
+
+    def read(self, names: Sequence[str]) -> list[Node]:
+        key = tuple(names)
+        self.asked.append(key)
+        self.gates.setdefault(key, threading.Event()).wait(10)
+        if key in self.fail:
+            raise SlurmError("scontrol show node: timed out")
+        return [Node(n, NodeState.DOWN if n == "n3" else NodeState.IDLE, "x") for n in names]
+
+    def release(self, names: Sequence[str]) -> None:
+        self.gates.setdefault(tuple(names), threading.Event()).set()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _wait(reads: NodeReads, count: int) -> list:
+    got: list = []
+    for _ in range(500):
+        got += reads.answers()
+        if len(got) >= count:
+            return got
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{len(got)} answers, expected {count}")
+
+
+def test_a_slow_full_read_holds_up_neither_the_caller_nor_the_read_of_the_named_node() -> None:
+    ctld, clock = _Slurmctld(), _Clock()
+    reads = NodeReads(ctld.read, clock)
+    assert reads.ask(["n1", "n2", "n3"], full=True)
+    assert not reads.ask(["n1", "n2", "n3"], full=True)   # the poll's next turn: still in flight, not asked twice
+    assert reads.answers() == []
+    clock.now = 101.0
+    assert reads.ask(["n3"], full=False)   # srun named n3: asked at once, beside the slow one
+    clock.now = 101.5
+    ctld.release(["n3"])
+    (named,) = _wait(reads, 1)
+    assert [n.name for n in named.nodes] == ["n3"] and named.nodes[0].state is NodeState.DOWN
+    assert (named.asked_at, named.answered_at, named.full) == (101.0, 101.5, False)
+    clock.now = 103.0
+    ctld.release(["n1", "n2", "n3"])
+    (full,) = _wait(reads, 1)
+    assert full.full and full.asked_at == 100.0 and len(full.nodes) == 3
+    assert reads.ask(["n1", "n2", "n3"], full=True)   # answered: the next poll asks again
+    reads.close()
+
+
+def test_a_read_that_fails_answers_nothing_and_frees_the_poll_and_close_drops_late_answers() -> None:
+    ctld, clock = _Slurmctld(), _Clock()
+    reads = NodeReads(ctld.read, clock)
+    ctld.fail.add(("n1",))
+    ctld.release(["n1"])
+    assert reads.ask(["n1"], full=True)
+    for _ in range(500):   # the failed read frees the poll's turn
+        if reads.ask(["n1"], full=True):
+            break
+        threading.Event().wait(0.01)
+    else:
+        raise AssertionError("the poll's turn was not freed")
+    assert reads.answers() == []
+    assert not reads.ask([], full=False)
+    ctld2 = _Slurmctld()
+    reads = NodeReads(ctld2.read, clock)
+    assert reads.ask(["n2"], full=False)
+    reads.close()
+    ctld2.release(["n2"])
+    threading.Event().wait(0.1)
+    assert reads.answers() == [] and not reads.ask(["n2"], full=False)
