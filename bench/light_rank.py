@@ -93,12 +93,13 @@ class Rank:
         self.node = env.get("SLURMD_NODENAME", "")
         self.mine = os.path.join(self.ckpt_dir, "light", f"rank-{self.rank}")
         self.hb_path = os.path.join(self.hb_dir, f"rank-{self.rank}.json")
+        # every key of HeartbeatRecord in its order: the bytes are those the runtime's encode() writes,
+        # which the readers take without their slower duplicate-key check (formats.decode)
         self.state: dict[str, object] = {
             "rank": self.rank, "stage": self.stage, "dp_rank": self.dp_rank, "pid": os.getpid(),
             "incarnation": self.incarnation, "job_id": self.job_id[:63], "step": -1, "phase": "starting",
-            "step_time_s": None, "last_checkpoint_step": None, "beats": 0}
-        if self.node:
-            self.state["node"] = self.node
+            "time": time.time(), "step_time_s": None, "last_checkpoint_step": None, "beats": 0, "node": self.node,
+            "compute_s": None, "data_s": None, "cpu_wait_s": None, "metrics": {}, "error": "", "exit_code": None}
         self.stop_signal = 0
         self.blocked = False
         self.next_beat = 0.0

@@ -238,13 +238,25 @@ class HeartbeatScanner:
         self.stats: dict[str, int] = {"listdir": 0, "stat": 0, "open": 0}
 
     def scan(self, heartbeat_dir: Path, *, dir_fd: int | None = None) -> list[HeartbeatRecord]:
+        """Every rank's newest beat in the folder (read where it changed)."""
+        self.scan_fresh(heartbeat_dir, dir_fd=dir_fd)
+        return self.newest()
+
+    def newest(self) -> list[HeartbeatRecord]:
+        """Every rank's newest beat as of the last scan."""
+        return merge_beats(r for cached in self._files.values() for r in cached.records)
+
+    def scan_fresh(self, heartbeat_dir: Path, *, dir_fd: int | None = None) -> list[HeartbeatRecord]:
+        """Scan the folder; only the beats decoded in this scan (the files and lines that changed):
+        a poller that fed the earlier ones to its rule already need not go over every rank again."""
         self._polls += 1
         self.stats = {"listdir": 1, "stat": 0, "open": 0}
+        fresh: list[HeartbeatRecord] = []
         try:
             entries = list(os.scandir(heartbeat_dir if dir_fd is None else dir_fd))
         except FileNotFoundError:
             self._files.clear()
-            return []
+            return fresh
         files: dict[str, _Cached] = {}
         for entry in entries:
             name = entry.name
@@ -267,17 +279,19 @@ class HeartbeatScanner:
             try:
                 if name.startswith(RANK_PREFIX):
                     records = [_read_one(path, MAX_HEARTBEAT_BYTES, parse_heartbeat, dir_fd)]
+                    fresh.extend(records)
                 else:
                     known = old.lines if old is not None else {}
                     records = _read_one(path, MAX_NODE_BEATS_BYTES,
-                                        functools.partial(parse_node_beats, known=known, decoded=lines), dir_fd)
+                                        functools.partial(parse_node_beats, known=known, decoded=lines, fresh=fresh),
+                                        dir_fd)
             except EventRejected as e:
                 if os.path.lexists(path) if dir_fd is None else _exists_at(name, dir_fd):
                     reject(path, str(e))
                 continue
             files[name] = _Cached(key, records, self._polls, lines)
         self._files = files
-        return merge_beats(r for cached in files.values() for r in cached.records)
+        return fresh
 
 
 def _exists_at(name: str, dir_fd: int) -> bool:
@@ -300,10 +314,12 @@ def merge_beats(records: Iterable[HeartbeatRecord]) -> list[HeartbeatRecord]:
 
 
 def parse_node_beats(data: bytes, what: str = "node heartbeats", known: dict[bytes, HeartbeatRecord] | None = None,
-                     decoded: dict[bytes, HeartbeatRecord] | None = None) -> list[HeartbeatRecord]:
+                     decoded: dict[bytes, HeartbeatRecord] | None = None,
+                     fresh: list[HeartbeatRecord] | None = None) -> list[HeartbeatRecord]:
     """The beats of a ``node-*.jsonl`` file (formats/heartbeat.py): its header checked, each beat line
     decoded on its own (one that does not decode is skipped, logged once per file and reason).
-    ``known``: lines decoded before, reused as they are; ``decoded``: filled with this file's lines."""
+    ``known``: lines decoded before, reused as they are; ``decoded``: filled with this file's lines;
+    ``fresh``: the beats of the lines that were not ``known`` appended."""
     lines = data.split(b"\n")
     _decode(lines[0], NodeHeader, f"{what} line 1")
     out = []
@@ -317,6 +333,8 @@ def parse_node_beats(data: bytes, what: str = "node heartbeats", known: dict[byt
             except EventRejected as e:
                 _warn_once(str(e))
                 continue
+            if fresh is not None:
+                fresh.append(hb)
         if decoded is not None:
             decoded[line] = hb
         out.append(hb)

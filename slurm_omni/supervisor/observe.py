@@ -61,12 +61,21 @@ class LaunchObserver:
 
     def beats(self) -> tuple[float, int] | None:
         """Read and observe the heartbeats; the launch's first step after its restore (time, step),
-        once a rank reports a step past the one it restored (None before, or when known already)."""
-        beats = self.heartbeats()
-        for hb in beats:
-            self.confirmer.observe(hb.observation())
-        training = [hb for hb in beats if hb.phase in TRAINING_PHASES]
-        if self.launch.first_step_at is not None or not training:
+        once a rank reports a step past the one it restored (None before, or when known already).
+        Only the beats that changed since the last poll go to the rule (it has the others)."""
+        try:
+            fresh = self.scanner.scan_fresh(self.heartbeat_dir)
+        except OSError:
+            return None
+        incarnation = self.launch.incarnation
+        for hb in fresh:
+            if hb.incarnation == incarnation and hb.job_id == self.job_id:
+                self.confirmer.observe(hb.observation())
+        if self.launch.first_step_at is not None:
+            return None
+        training = [hb for hb in self.scanner.newest() if hb.phase in TRAINING_PHASES
+                    and hb.job_id == self.job_id and hb.incarnation == incarnation]
+        if not training:
             return None
         # the first beat in training reports the restored step; a higher one is the first new step
         if self._start_step is None:

@@ -130,3 +130,18 @@ def test_thousands_of_late_and_out_of_order_beats_keep_the_newest(tmp_path: Path
     gone = in_order.evaluate(400.0), shuffled.evaluate(400.0)
     assert gone[0].verdict is not Verdict.NONE
     assert [(d.verdict, d.cause, len(d.ranks)) for d in gone] == [(gone[0].verdict, gone[0].cause, ranks)] * 2
+
+
+def test_scan_fresh_gives_only_the_beats_that_changed_and_newest_keeps_every_rank(tmp_path: Path) -> None:
+    """The supervisor feeds its rule only what changed since its last poll (issue 19: 2,048 ranks);
+    every rank's newest beat stays at hand for what needs them all."""
+    scanner = HeartbeatScanner()
+    write_node(tmp_path, "n1", [beat(0, 10.0, node="n1"), beat(1, 10.0, node="n1")], 10.1)
+    write_node(tmp_path, "n2", [beat(2, 10.0, node="n2")], 10.1)
+    assert sorted(hb.rank for hb in scanner.scan_fresh(tmp_path)) == [0, 1, 2]
+    assert scanner.scan_fresh(tmp_path) == []   # nothing changed
+    # n1 republished: rank 1 beat again, rank 0's line is the same bytes
+    write_node(tmp_path, "n1", [beat(0, 10.0, node="n1"), beat(1, 11.0, node="n1", beats=2)], 11.1)
+    write_atomic(tmp_path / "rank-3.json", encode(beat(3, 11.0)), durable=False)
+    assert sorted((hb.rank, hb.time) for hb in scanner.scan_fresh(tmp_path)) == [(1, 11.0), (3, 11.0)]
+    assert [(hb.rank, hb.time) for hb in scanner.newest()] == [(0, 10.0), (1, 11.0), (2, 10.0), (3, 11.0)]

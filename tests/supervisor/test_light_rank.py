@@ -13,9 +13,11 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
+from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import HeartbeatRecord
 from slurm_omni.formats.metrics import parse_line
 from slurm_omni.manager.events import read_heartbeats
@@ -69,6 +71,11 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
     assert sorted(b.rank for b in beats) == [0, 1, 2]
     assert {(b.phase, b.step, b.exit_code, b.last_checkpoint_step) for b in beats} == {("done", 12, 0, 12)}
     assert {b.node for b in beats} == {"node1", "node2", "node3"}
+    own = sorted((tmp_path / "hb").glob("rank-*.json"))   # the last beats: the bytes the runtime's encode() writes
+    assert len(own) == 3
+    for path in own:
+        data = path.read_bytes()
+        assert encode(msgspec.json.decode(data, type=HeartbeatRecord)) == data, data
     markers = sorted(p.name for p in (tmp_path / "ckpt" / "light" / "rank-1").iterdir())
     assert markers == ["step-10.json", "step-12.json", "step-5.json"]   # every 5 and the last
     # rank 2 lost its newest marker, rank 0 an older one: everyone resumes from step 10, the newest
