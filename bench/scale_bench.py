@@ -142,6 +142,9 @@ class Run:
     decide_cmds: list[str] = field(default_factory=list)
     """The Slurm commands the supervisor ran or started between the confirmation and the next launch's
     record, each ``name seconds`` (a started one ``name +``): none may be per node."""
+    confirmed_by: list[str] = field(default_factory=list)
+    """The rule's reason, then each signal it rests on as the supervisor heard it (journal
+    ``confirmed.signals``): ``source kind node +seconds after the fault``."""
 
 
 @dataclass
@@ -651,6 +654,9 @@ class Job:
         l0, l1 = la[k], la[k + 1]
         conf = l0.confirmed
         run.cause = conf.cause if conf else ""
+        if conf is not None:
+            run.confirmed_by = [*conf.reasons[:1], *(f"{x.source} {x.kind}{' ' + x.node if x.node else ''} "
+                                                    f"+{x.at - run.fault_at:.2f}" for x in conf.signals)]
         first = self.first_lines(l1.incarnation)
         started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
         ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]
@@ -779,6 +785,12 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
                 continue
             print(f"{r.nodes:>5} {run.path:>7} {run.fault:>5} " + " ".join(f"{fmt(run.split.get(p)):>12}" for p in SPLIT)
                   + "  " + (", ".join(run.decide_cmds) or "none"))
+    print("\nwhat confirmed each recovery: the rule's reason; each signal as the supervisor heard it (source, "
+          "kind, node, seconds after the fault)")
+    for r in results:
+        for run in r.runs if not r.na else []:
+            if run.confirmed_by:
+                print(f"{r.nodes:>5} {run.path:>7} {run.fault:>5}  " + "; ".join(run.confirmed_by))
     print("\ncontrol plane in steady state: the supervisor's CPU per heartbeat poll "
           f"(every {HEARTBEAT_POLL_S} s, over {args.cpu_window:.0f} s)")
     for r in results:
