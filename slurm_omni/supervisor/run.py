@@ -560,12 +560,15 @@ class Supervisor:
             rc = self._poll(adopted)
             if rc is not False:
                 return rc if isinstance(rc, int) else None
+            heard = False
             for event in self._step_log.drain() if self._step_log is not None else ():
+                heard = True
                 observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
                 if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
                     named.add(event.node)   # Slurm's node state now: with srun's report, two signals confirm
             for x in self._extra:
                 for event in x.log.drain() if x.log is not None else ():
+                    heard = True
                     observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
                     if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
                         named.add(event.node)
@@ -573,10 +576,18 @@ class Supervisor:
                 reads.ask(sorted(named & set(cur.layout.nodes)), full=False)
                 named.clear()
             for answer in reads.answers():
+                heard = True
                 if not answer.full:
                     log.debug("supervisor: Slurm's state of %s answered %.3f s after it was asked",
                               compress([n.name for n in answer.nodes]), answer.answered_at - answer.asked_at)
                 observer.nodes(answer.nodes, answer.answered_at)
+            if heard and self.state.phase is not Phase.CONFIRMING:
+                # what srun or Slurm just said goes to the rule before the heartbeat poll: on a machine
+                # at load 450+ a poll of 2,048 ranks' beats takes seconds of wall time (512 nodes: the
+                # step's end waited 8 s for two polls, issue 19)
+                now = self.clock()
+                self._feed(Watched(at=now, decision=confirmer.evaluate(now), signalled=self.stop_signal is not None),
+                           cur=cur)
             if self.state.phase is Phase.CONFIRMING:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer: the
                 # lifecycle relaunches without it after the grace (the next step overlaps its CPUs)
@@ -588,8 +599,11 @@ class Supervisor:
             polled = False
             accepted = False
             if now >= next_hb:
-                next_hb = now + self.opts.heartbeat_poll_s
                 self._heartbeats(cur, observer)
+                # from the poll's end: a poll slower than the pace (a starved host) leaves the loop
+                # time for srun's reports between two polls instead of running them back to back
+                now = self.clock()
+                next_hb = now + self.opts.heartbeat_poll_s
             if now >= next_nodes:
                 next_nodes = now + self.opts.node_poll_s
                 polled = True
