@@ -25,6 +25,9 @@ The rule (evaluated at an injected ``now``; all times in one clock, the manager'
   (``source == "slurm"``): two signals of one failure, so the supervisor need not wait for the
   whole step's teardown (srun kills every task on every node before it ends the step, seconds at
   hundreds of nodes) nor for the ranks' heartbeats to go stale (``corroborate``, on by default);
+- CONFIRMED at once when a node the step's srun reported failed has every rank that beats from it
+  stale (``corroborate``): Slurm's word and the ranks' own silence, two sources, while the job's
+  other ranks may still step (no wait for the global step to stop, nor for slurmctld's answer);
 - CONFIRMED on level 1 alone only for the kinds the site lists in ``level1_alone`` (none by
   default: a drained node whose ranks still make progress is not a failure of the job);
 - SUSPECT when either level holds without the above, NONE otherwise.
@@ -375,6 +378,12 @@ class Confirmer:
             return self._confirm(now, by["slurm"].kind, signals, {}, None,
                                  f"{node}: the step's srun reported it failed and Slurm shows it "
                                  f"{by['slurm'].kind.upper()}: two sources, no wait for the step's teardown")
+        silent = self._silent_reported(now) if self.config.corroborate else None
+        if silent is not None:
+            node, signal, ranks = silent
+            return self._confirm(now, signal.kind, [signal], ranks, None,
+                                 f"{node}: the step's srun reported it failed and its {len(ranks)} rank(s) "
+                                 f"stopped beating (stale after {self.stale_after():.1f} s): two sources")
         if self._ended is not None and self._ended <= now:
             gone = {rank: max(r.last_time, self._ended) for rank, r in self._ranks.items()
                     if r.phase not in QUIET_PHASES}
@@ -410,6 +419,23 @@ class Confirmer:
                             first_signal_at=min(times), last_progress_at=self._last_advance,
                             reasons=tuple(reasons))
         return Decision(Verdict.NONE, now, last_progress_at=self._last_advance)
+
+    def _silent_reported(self, now: float) -> tuple[str, Level1Signal, dict[int, float]] | None:
+        """A node the step's srun reported failed whose every rank (that named it in its beats and did
+        not say done or stopping) is stale at ``now``: (node, srun's signal, rank -> stale since). The
+        ranks' own silence is the second source; the rest of the job may still step (512 nodes: a
+        rule that waited for the whole job to stop confirmed 12.7 s after srun's report, the node's
+        ranks stale 1.2 s after it)."""
+        limit = self.stale_after()
+        for node, by in sorted(self._hard.items()):
+            signal = by.get("srun")
+            if signal is None or signal.time > now:
+                continue
+            ranks = {rank: r.last_time + limit for rank, r in self._ranks.items()
+                     if r.node == node and r.phase not in QUIET_PHASES}
+            if ranks and all(now >= since for since in ranks.values()):
+                return node, signal, ranks
+        return None
 
     def _agree(self, signal: Level1Signal, rank: _RankState) -> bool:
         """Does a level-1 signal concern a stale rank: the same node, or (for a heartbeat that does

@@ -541,8 +541,9 @@ class Supervisor:
         once it confirms, the step is killed outright (nothing of it can still save: a peer is gone)."""
         # Slurm's node states are read beside the loop (supervisor/node_reads.py): a slow slurmctld
         # holds up neither srun's other reports nor the heartbeats, and the rule confirms on whichever
-        # second signal comes first
-        reads = NodeReads(lambda names: self.slurm.node_info(names)[0], self.clock)
+        # second signal comes first. Beside the loop a late answer holds nothing up: each read waits
+        # SLOW_SLURM_S (512 nodes at load 450+: the named node's read did not finish within 10 s)
+        reads = NodeReads(lambda names: self.slurm.node_info(names, timeout_s=SLOW_SLURM_S)[0], self.clock)
         try:
             return self._watch_loop(cur, adopted, reads)
         finally:

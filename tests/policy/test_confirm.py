@@ -469,3 +469,42 @@ def test_corroboration_off_or_the_node_back_waits_for_the_other_rules() -> None:
     c.observe(NodeObservation(10.2, "t1", NodeState.IDLE))   # back (resumed): its signals end
     c.observe(NodeObservation(10.3, "t1", NodeState.DOWN))
     assert c.evaluate(10.4).verdict is Verdict.SUSPECT
+
+
+def test_srun_node_failure_and_the_nodes_ranks_silent_confirm_while_the_others_step() -> None:
+    """Issue 19 at 512 nodes: slurmctld answered 12.8 s late and the rest of the job kept stepping;
+    srun's report and the ranks of that node gone silent are two sources."""
+    c = Confirmer(ConfirmConfig(stale_floor_s=1.5, initial_heartbeat_s=0.5), {0: ["n1", "n2"]})
+    t, step = 0.0, 0
+    while t <= 10.0:
+        for rank, node in ((0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")):
+            if node == "n2" or t <= 9.0:   # n2's ranks step on; n1's stop beating after 9.0
+                c.observe(Heartbeat(t, rank, step, node=node))
+        t, step = t + 0.5, step + 1
+    c.observe(NodeObservation(9.2, "n1", NodeState.DOWN, "srun: node failure", source="srun"))
+    assert c.evaluate(10.4).verdict is Verdict.SUSPECT   # stale after 1.5 s: not yet
+    for k in range(4):
+        c.observe(Heartbeat(10.5 + k * 0.5, 2, 22 + k, node="n2"))
+        c.observe(Heartbeat(10.5 + k * 0.5, 3, 22 + k, node="n2"))
+    d = c.evaluate(10.5)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.nodes == ("n1",) and d.ranks == (0, 1)
+    assert "stopped beating" in d.reasons[0] and [(x.source, x.node) for x in d.signals] == [("srun", "n1")]
+
+
+@pytest.mark.parametrize("case", ["one rank beats", "no srun report", "slurm only", "done", "off"])
+# n1's other rank still beats; no srun report; Slurm's state alone (one source); n1's ranks said done;
+# corroboration off
+def test_the_nodes_silence_needs_srun_and_every_rank_of_the_node(case: str) -> None:
+    c = Confirmer(ConfirmConfig(stale_floor_s=1.5, initial_heartbeat_s=0.5, corroborate=case != "off"),
+                  {0: ["n1", "n2"]})
+    for t in (0.0, 0.5, 1.0):
+        for rank, node in ((0, "n1"), (1, "n1"), (2, "n2")):
+            c.observe(Heartbeat(t, rank, int(t * 2), node=node, phase="done" if case == "done" and rank < 2 and t == 1.0
+                                else "training"))
+    if case == "one rank beats":
+        c.observe(Heartbeat(2.8, 1, 5, node="n1"))
+    for t in (1.5, 2.0, 2.5, 3.0):
+        c.observe(Heartbeat(t, 2, int(t * 2), node="n2"))
+    if case != "no srun report":
+        c.observe(NodeObservation(1.1, "n1", NodeState.DOWN, "", source="slurm" if case == "slurm only" else "srun"))
+    assert c.evaluate(3.0).verdict is not Verdict.CONFIRMED
