@@ -204,6 +204,27 @@ def pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
+OWN_JOBS: set[str] = set()
+"""The Slurm jobs this run made (their slurmstepd may outlive the cluster's ``down``)."""
+
+
+def kill_leftover_steps(jobs: set[str]) -> list[int]:
+    """SIGKILL the slurmstepd of ``jobs`` (ours) still running after the cluster went down: a step
+    killed late outlived the 11:00 512-node run's cluster and spoke to the next cluster's node of the
+    same name and port ("Orphan StepId=4101.0 reported on node node335"); that run's relaunch then
+    dropped node335 too. Their tasks go with them (proctrack/pgid: the step's process group)."""
+    killed = []
+    for pid in pids():
+        argv = cmdline(pid)
+        if argv and argv[0].startswith("slurmstepd: [") and argv[0][len("slurmstepd: ["):].split(".")[0] in jobs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+    return killed
+
+
 def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -393,6 +414,7 @@ class Job:
                 f"{exports}\nexec {shlex.join(self.supervise_argv())}\n")
             proc = self.size.runner.run(["sbatch", "--parsable", str(script)])
             self.job_id = proc.stdout.strip().split(";")[0]
+            OWN_JOBS.add(self.job_id)
         else:
             proc = self.size.runner.run(["salloc", "--no-shell", "--no-kill", f"--nodes={self.nodes}",
                                          f"--ntasks-per-node={TASKS_PER_NODE}", "--time=01:00:00",
@@ -403,6 +425,7 @@ class Job:
             if not found:
                 raise SlurmError(f"salloc: couldn't read a job id from: {(proc.stderr + proc.stdout).strip()[:200]}")
             self.job_id = found[0]
+            OWN_JOBS.add(self.job_id)
             env = {**os.environ, **self.size.cluster.env, **self.env()}
             with open(w / "supervisor.log", "ab") as out:
                 self.proc = subprocess.Popen(self.supervise_argv(), env=env, cwd=REPO, stdout=out,
@@ -1108,6 +1131,9 @@ def main() -> int:
             finally:
                 if not (args.keep_cluster and n == sizes[-1]):
                     size.cluster.down()
+                    left = kill_leftover_steps(OWN_JOBS)
+                    if left:
+                        size.log(f"killed {len(left)} slurmstepd of this run's jobs left after the cluster went down")
                 size.result.elapsed_s = time.monotonic() - t0
                 loads = [x.load for x in size.result.runs if x.load]
                 size.result.load = max(loads, default=0.0)

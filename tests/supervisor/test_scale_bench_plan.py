@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from bench.scale_bench import FAULTS, Result, Run, load_results, log_slope, run_value, step_plan, write_json
+from bench.scale_bench import (
+    FAULTS,
+    Result,
+    Run,
+    kill_leftover_steps,
+    load_results,
+    log_slope,
+    run_value,
+    step_plan,
+    write_json,
+)
 
 
 def _args(**kw: object) -> argparse.Namespace:
@@ -46,3 +57,22 @@ def test_an_earlier_run_reads_back_with_its_source(tmp_path: Path) -> None:
     back = load_results(out)
     assert len(back) == 1 and back[0].runs == r.runs and back[0].step_s == 0.5 and back[0].scan == (0.001, 0.002)
     assert back[0].checks[0] == "PASS x" and back[0].checks[-1].startswith(f"(from {out}:")
+
+
+def test_the_slurmstepd_of_the_runs_own_jobs_left_after_the_cluster_went_down_are_killed() -> None:
+    """One of an earlier size's steps spoke to the next cluster's node of the same name (issue 19,
+    512 nodes): the bench kills its own jobs' slurmstepd, no other's."""
+    ours = subprocess.Popen(["bash", "-c", 'exec -a "slurmstepd: [987654.0]" sleep 60'])
+    other = subprocess.Popen(["bash", "-c", 'exec -a "slurmstepd: [987655.0]" sleep 60'])
+    try:
+        for _ in range(100):   # until bash has exec'd under the new name
+            if Path(f"/proc/{other.pid}/cmdline").read_bytes().startswith(b"slurmstepd") and \
+                    Path(f"/proc/{ours.pid}/cmdline").read_bytes().startswith(b"slurmstepd"):
+                break
+            subprocess.run(["sleep", "0.02"], check=True)
+        assert kill_leftover_steps({"987654", "12"}) == [ours.pid]
+        assert ours.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        other.kill()
+        ours.kill()
+        other.wait()
