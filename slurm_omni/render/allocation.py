@@ -86,6 +86,8 @@ class AllocationRequest:
                 f"--spare-policy={r.site.elasticity.spare_policy}",
                 f"--max-relaunches={r.site.elasticity.max_relaunches}",
                 f"--heartbeat-interval={r.site.detection.heartbeat_interval_s:g}",
+                f"--confirmation-window={r.site.detection.confirmation_window_s:g}",
+                f"--hang-factor={r.site.detection.confirm.hang_factor:g}",
                 f"--stop-before={r.job.job.signal_before_s}"]
         if r.site.elasticity.pools and r.site.elasticity.successor_queue_wait_s > 0:
             argv.append(f"--successor-queue-wait={r.site.elasticity.successor_queue_wait_s:g}")

@@ -322,6 +322,8 @@ class HetJobRequest:
             "spare_policy": self.site.elasticity.spare_policy,
             "max_relaunches": self.site.elasticity.max_relaunches,
             "heartbeat_interval": f"{self.site.detection.heartbeat_interval_s:g}",
+            "confirmation_window": f"{self.site.detection.confirmation_window_s:g}",
+            "hang_factor": f"{self.site.detection.confirm.hang_factor:g}",
             "version": __version__,
             "job_file": self.job_file,
             "job_sha256": self.job_sha256,

@@ -20,11 +20,13 @@ TRAINING_PHASES = ("training", "checkpointing")
 
 
 class LaunchObserver:
-    def __init__(self, launch: Launch, *, job_id: str, heartbeat_dir: Path, heartbeat_interval_s: float) -> None:
+    def __init__(self, launch: Launch, *, job_id: str, heartbeat_dir: Path, heartbeat_interval_s: float,
+                 confirmation_window_s: float = 30.0, hang_factor: float = 30.0) -> None:
         self.launch = launch
         self.job_id = job_id
         self.heartbeat_dir = heartbeat_dir
-        self.confirmer = Confirmer(ConfirmConfig(initial_heartbeat_s=heartbeat_interval_s),
+        self.confirmer = Confirmer(ConfirmConfig(initial_heartbeat_s=heartbeat_interval_s,
+                                                 hang_floor_s=confirmation_window_s, hang_factor=hang_factor),
                                    {k: list(nodes) for k, nodes in enumerate(launch.layout.components)})
         self.lost: set[str] = set()
         """Nodes of the launch that Slurm reported failed (srun, or their node state)."""

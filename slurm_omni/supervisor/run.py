@@ -184,6 +184,11 @@ class SupervisorOptions:
     spare_policy: SpareScope = "any_switch"
     max_relaunches: int = 20
     heartbeat_interval_s: float = 1.0
+    confirmation_window_s: float = 30.0
+    """Heartbeats alone (stale, no progress) confirm a hang after this long (the site's
+    ``detection.confirmation_window_s``, the confirmer's ``hang_floor_s``), as the manager's rule does..."""
+    hang_factor: float = 30.0
+    """...and after this many median step times (the site's ``detection.confirm.hang_factor``)."""
     spank_ckpt: str = ""
     log_dir: Path | None = None
     tick_s: float = 0.05
@@ -1227,7 +1232,8 @@ class Supervisor:
     # -- observations -------------------------------------------------------------------------------
     def _observe(self, cur: Launch) -> LaunchObserver:
         return LaunchObserver(cur, job_id=self.opts.job_id, heartbeat_dir=self.opts.heartbeat_dir,
-                              heartbeat_interval_s=self.opts.heartbeat_interval_s)
+                              heartbeat_interval_s=self.opts.heartbeat_interval_s,
+                              confirmation_window_s=self.opts.confirmation_window_s, hang_factor=self.opts.hang_factor)
 
     def _step_name(self, cur: Launch) -> str:
         return step_name(self.opts.job_id, cur.number + REQUEUE_INCARNATION_STRIDE * self.opts.restart_count)

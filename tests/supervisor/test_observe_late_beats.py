@@ -81,3 +81,21 @@ def test_late_and_out_of_order_beats_neither_hide_the_first_step_nor_make_a_rank
         r: 12 if (r // PER_NODE) % 3 == 0 else 13 for r in ranks}
     # and when the beats stop, every rank goes stale: the rule still confirms
     assert obs.confirmer.evaluate(400.0).verdict is not Verdict.NONE
+
+
+def test_the_sites_confirmation_window_sets_the_supervisors_hang_timeout(tmp_path: Path) -> None:
+    """A rank that stops beating with no level-1 signal is a hang once the window has passed: the
+    site's ``confirmation_window_s`` (``omni supervise --confirmation-window``), as for the manager."""
+    layout = StepLayout((("n0", "n1"),), (), (), 1, {})
+    launch = Launch(number=0, layout=layout, data_parallel_size=2 * PER_NODE, port=0, incarnation=LIFE,
+                    started_at=100.0)
+    verdicts = {}
+    for window in (12.0, 30.0):
+        obs = LaunchObserver(launch, job_id="42", heartbeat_dir=tmp_path, heartbeat_interval_s=1.0,
+                             confirmation_window_s=window)
+        for t in range(50):   # every rank beats and steps every 0.1 s, then none beats again
+            for r in range(2 * PER_NODE):
+                obs.confirmer.observe(beat(r, 100.0 + t / 10, 10 + t).observation())
+        verdicts[window] = obs.confirmer.evaluate(105.0 + 20.0)
+    assert verdicts[12.0].verdict is Verdict.CONFIRMED and verdicts[12.0].cause == "hang"
+    assert verdicts[30.0].verdict is not Verdict.CONFIRMED

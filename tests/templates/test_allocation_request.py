@@ -51,6 +51,9 @@ def test_the_supervisor_gets_the_batch_scripts_options_and_exports(job: JobFile,
     argv = alloc.supervisor_argv(2001)
     assert argv[argv.index("supervise") + 1] == "--allocation=2001"
     assert "--stages=vision:1:2:1:vis,text:1:2:1:tex" in argv and "--stop-before=120" in argv
+    # the hang window the manager's rule uses, the supervisor's too
+    assert f"--confirmation-window={request.site.detection.confirmation_window_s:g}" in argv
+    assert f"--hang-factor={request.site.detection.confirm.hang_factor:g}" in argv
     assert argv[argv.index("--") + 1:][-2:] == ["--config", str(JOB_FILE)]
     env = alloc.supervisor_env(2001)
     assert env["OMNI_INCARNATION"] == env["OMNI_INCARNATION_BASE"] == "4" and env["OMNI_RECOVERY"] == "allocation"
