@@ -10,7 +10,7 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
 - the environment of ``elastic/layout.py``: RANK (or SLURM_PROCID), WORLD_SIZE, OMNI_STAGES,
   OMNI_STAGE, OMNI_DP_SIZE, OMNI_DP_RANK, OMNI_INCARNATION, OMNI_JOB_ID / SLURM_JOB_ID,
   MASTER_ADDR / MASTER_PORT, OMNI_CKPT_DIR, OMNI_HEARTBEAT_DIR, OMNI_METRICS_DIR,
-  OMNI_HEARTBEAT_INTERVAL, OMNI_MAX_STEPS, OMNI_STEP_DELAY_S (a step is this sleep), SLURMD_NODENAME;
+  OMNI_HEARTBEAT_INTERVAL, OMNI_MAX_STEPS, OMNI_STEP_DELAY_S (a step's pace), SLURMD_NODENAME;
 - the heartbeat file ``<OMNI_HEARTBEAT_DIR>/rank-<RANK>.json`` (``formats/heartbeat.HeartbeatRecord``:
   phase starting, then training from the restored step, a beat every interval, the last beat with
   the exit code), replaced atomically; under Slurm by default (OMNI_HEARTBEAT_NODE_DIR, a node-local
@@ -26,9 +26,16 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
 - the restore's agreement: every rank sends the steps it holds to rank 0's store at
   MASTER_ADDR:MASTER_PORT (the rendezvous) and all resume from the newest step every rank holds,
   as ``Run.restore`` does with its all-reduce; ranks that hold markers but none in common exit 78
-  (a checkpoint that does not fit the job). Light ranks step without collectives, so under load
-  they drift apart by several checkpoints: the markers of a life are all kept until the next
-  life has agreed;
+  (a checkpoint that does not fit the job). One connection and one answer per rank; rank 0 takes
+  every connection waiting at each wake-up, and a rank refused (rank 0 not listening yet) backs off
+  from 0.05 to 1 s with jitter instead of retrying every 0.1 s (2,000 ranks at 10 tries a second
+  were the machine's load while a 512-node launch started). The answer carries rank 0's clock,
+  the life's start;
+- steps in step: step k of a life is due at the start rank 0 sent + k x OMNI_STEP_DELAY_S, so a
+  rank the machine left behind steps at once until it is due again, as a collective keeps real
+  ranks together (before, unsynchronised ranks drifted apart by 16 steps at 512 nodes, and the
+  scale bench ran out of steps before its last fault); the markers of a life are all kept until
+  the next life has agreed;
 - exit codes (``elastic/codes.py``): 0 at OMNI_MAX_STEPS, 75 after saving on SIGUSR1 or SIGTERM, 78
   on an environment no restart can fix (with the heartbeat's ``error``), 1 when the rendezvous
   fails.
@@ -114,6 +121,9 @@ class Rank:
             self.relay = Relay.open(node_dir, self.job_id, self.node, self.rank, self.hb_dir,
                                     self.interval)
         self.node_failed = False
+        self.start_at = 0.0
+        """When the life's steps start (rank 0's clock at the rendezvous): step k is due at
+        start_at + k x step_delay, so a rank that fell behind catches up instead of drifting."""
         self.direct_at = 0.0
         """When this rank last wrote its own file while the node's copy may not have that beat."""
 
@@ -213,6 +223,7 @@ class Rank:
         if self.rank == 0:
             return self._serve(mine, timeout_s)
         deadline = time.monotonic() + timeout_s
+        pause = 0.05
         while True:
             s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
             try:
@@ -232,12 +243,17 @@ class Rank:
                     if not chunk:
                         raise ConnectionError("the store closed the connection")
                     data += chunk
-                return int(data)
+                agreed, _, start = data.partition(b" ")
+                self.start_at = float(start) if start.strip() else time.time()
+                return int(agreed)
             except OSError as e:   # refused (rank 0 not listening yet), its backlog full, reset: again
                 if time.monotonic() > deadline:
                     raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: {e}") from e
                 self.beat()
-                time.sleep(0.1)
+                # backing off: 2,000 ranks retrying every 0.1 s while rank 0 starts are the machine's
+                # whole load at 512 nodes; with jitter, so that they do not come back together
+                time.sleep(pause * (0.5 + (os.getpid() % 97) / 97))
+                pause = min(2 * pause, 1.0)
             finally:
                 s.close()
 
@@ -260,14 +276,15 @@ class Rank:
                 self.beat()
                 for fd, _ in poller.poll(min(self.interval, 0.5) * 1000):
                     if fd == server.fileno():
-                        try:
-                            cfd, _addr = server._accept()
-                        except BlockingIOError:
-                            continue
-                        conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, cfd)
-                        conn.setblocking(False)
-                        peers[cfd] = (conn, b"")
-                        poller.register(cfd, select.POLLIN)
+                        while True:   # every connection waiting, not one per wake-up
+                            try:
+                                cfd, _addr = server._accept()
+                            except BlockingIOError:
+                                break
+                            conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, cfd)
+                            conn.setblocking(False)
+                            peers[cfd] = (conn, b"")
+                            poller.register(cfd, select.POLLIN)
                         continue
                     conn, data = peers[fd]
                     try:
@@ -284,10 +301,13 @@ class Rank:
                         done.append(conn)
             common = set.intersection(*steps.values())
             agreed = max(common) if common else -1 if any(steps.values()) else 0
+            # the life's start: every rank steps on this clock (a collective keeps real ranks in step)
+            self.start_at = time.time()
+            answer = f"{agreed} {self.start_at!r}\n".encode()
             for conn in done:
                 try:
                     conn.setblocking(True)
-                    conn.sendall(f"{agreed}\n".encode())
+                    conn.sendall(answer)
                 except OSError:   # that rank is gone: the step ends without this one's help
                     pass
             return agreed
@@ -312,13 +332,14 @@ class Rank:
         self.beat(force=True, step=step, phase="training", last_checkpoint_step=agreed or None)
         first = {"task_started_at": STARTED_AT, "groups_ready_at": groups_ready_at, "restored_at": time.time(),
                  "restored_step": agreed}
-        started = time.monotonic()
+        started = time.time()
+        start_at = self.start_at or started
         while step < self.max_steps:
             if self.blocked:
                 return self._blocked(step)
-            self._sleep(self.step_delay)
+            self._sleep(start_at + (step + 1 - agreed) * self.step_delay - time.time())
             step += 1
-            now = time.monotonic()
+            now = time.time()
             took, started = now - started, now
             self.beat(step=step, step_time_s=took)
             self.log_metrics(step, took, **first)
