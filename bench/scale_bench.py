@@ -21,6 +21,13 @@ running has checkpointed past the step it restored:
   hang   a rank SIGSTOPped, and its peers told (light_rank.BLOCK_SIGNAL) that the collective it
          never joins does not return: they beat and stop stepping, as real ranks do.
 
+The ranks step in step on rank 0's clock (as a collective keeps real ranks), so a size's faults fit
+its steps: the run's steps are planned from the step time and, per fault, the seconds the ranks
+stepped on after that fault at the size before (scaled to this one: a node loss at 512 nodes leaves
+them stepping for its whole confirmation). The supervisors run with a 10 s hang window and a hang
+factor of 10 (``--confirmation-window``, ``--hang-factor``; the site's defaults are 30 and 30): a hang
+confirms in about 10 s instead of 30, a policy constant, not a cost of scale.
+
 and times each recovery from the product's own timestamps:
 
   detect      fault -> the supervisor's first signal of it (journal ``confirmed.detected_at``)
@@ -32,6 +39,16 @@ and times each recovery from the product's own timestamps:
                  ``groups_ready_at``)
   first step  -> every rank made its first step after the restore (the last rank's first metrics
                  line of the new launch; one paced step, --step-delay, is in it)
+
+Decide is split into its Slurm commands (each named; the same two timed bare by the bench in steady
+state, slurmctld's answer at that size with no failure to handle) and the supervisor's own CPU in it
+(its debug log), which the machine's load does not stretch; launch against its floor (every
+slurmstepd's and every rank's start on this machine's cores); rendezvous against its floor
+(``JOIN_FLOOR``: as many running processes joining one server and waking on its answer, with no
+Slurm and no interpreter's start). The bar for every phase from the confirmation to the first step
+is a log-log slope of at most 0.5 between 64 and 512 nodes; a phase above it is LIMIT when what the
+control plane itself does stays within the bar and the floor measured beside it grows as the phase
+does (named with its figures), else MISS.
 
 with the control plane's CPU: the supervisor's (utime + stime from /proc) per heartbeat poll (every
 0.5 s) in steady state, and per recovery (fault -> first step) the supervisor's with its sruns,
@@ -79,16 +96,19 @@ from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord
 from slurm_omni.formats.metrics import parse_line
 from slurm_omni.manager.events import read_heartbeats
+from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.supervisor.journal import SupervisorJournal, journal_path
 from slurm_omni.supervisor.run import SupervisorOptions
 
 LIGHT_RANK = REPO / "bench" / "light_rank.py"
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
-SPLIT = ("decide_cmds", "to_srun", "srun_to_task", "task_spread")
+SPLIT = ("decide_cmds", "decide_cpu", "to_srun", "srun_to_task", "task_spread")
 """decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
-work); to_srun: the next launch journaled -> its srun started; srun_to_task: -> the first task
-running; task_spread: the first task -> the last (launch = to_srun + srun_to_task + task_spread)."""
+work); decide_cpu: the supervisor's own CPU seconds in decide (its debug log: the process's CPU when
+it confirmed and when it journaled the next launch), which the machine's load does not stretch;
+to_srun: the next launch journaled -> its srun started; srun_to_task: -> the first task running;
+task_spread: the first task -> the last (launch = to_srun + srun_to_task + task_spread)."""
 TASKS_PER_NODE = 4
 _POLL = next(f.default for f in dataclasses.fields(SupervisorOptions) if f.name == "heartbeat_poll_s")
 HEARTBEAT_POLL_S = _POLL if isinstance(_POLL, float) else 0.5
@@ -97,23 +117,34 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 _CMD_LINE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) slurm_omni\.slurm\.runner DEBUG "
                        r"(?P<kind>ran|started) \((?P<argv>[^)]*)\)(?: -> -?\d+ in (?P<took>[\d.]+)s)?")
 """The runner's debug lines: ``ran (argv) -> rc in Xs`` and ``started (argv)``."""
+_DECIDING = re.compile(r"supervisor: launch (\d+): deciding \(process CPU ([\d.]+) s\)")
+_JOURNALED = re.compile(r"supervisor: launch (\d+) journaled \(process CPU ([\d.]+) s\)")
+"""The supervisor's debug lines around decide: its process's CPU when it confirmed launch N, and
+when it journaled launch N + 1."""
 
 
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
 SLACK_S = 3.0
-"""Seconds the ranks may step between a fault and the kill of their step (a crash or a node loss
-leaves the others stepping until the supervisor confirms: 6 paced steps at 64 nodes): a fault is
-injected only this many steps (at least 3) from the last, so that the relaunch has steps left."""
+"""Seconds of steps kept in hand per fault beyond what the ranks made after the same fault at the size
+before (the bench's own reaction: it injects a fault once it has read every rank's checkpoint)."""
 
 
-def step_plan(args: argparse.Namespace, pace_s: float) -> tuple[int, int]:
-    """(max steps, slack steps) for ranks stepping every ``pace_s``: the steady-state window's steps,
-    then per fault a checkpoint and the slack, and as much for the last life. The ranks of a larger
-    size step no faster than those of a smaller one, so the smaller size's pace over-counts."""
-    slack = max(3, math.ceil(SLACK_S / pace_s))
-    return math.ceil(args.cpu_window / pace_s) + (args.ckpt_every + slack) * (len(args.faults) + 1), slack
+def step_plan(args: argparse.Namespace, pace_s: float, overrun: dict[str, float] | None = None
+              ) -> tuple[int, dict[str, int]]:
+    """(max steps, slack steps per fault) for ranks stepping every ``pace_s`` (in step with rank 0's
+    clock: bench/light_rank.py): the steady-state window's steps, then per fault a checkpoint and
+    its slack, and a checkpoint and the smallest slack for the last life. A fault's slack is the
+    steps the ranks made from that fault to the kill of their step at the size before (``overrun``,
+    in seconds, scaled by the bench to this size), at least SLACK_S: a node loss at 512 nodes
+    leaves the others stepping for the whole confirmation, a hang stops them at once."""
+    least = max(3, math.ceil(SLACK_S / pace_s))
+    slack = {f: max(least, math.ceil((SLACK_S + (overrun or {}).get(f, 0.0)) / pace_s)) for f in args.faults}
+    return (math.ceil(args.cpu_window / pace_s) + sum(args.ckpt_every + k for k in slack.values())
+            + args.ckpt_every + least), slack
+
+
 SPARES = 1
 """Spare nodes per job: the node loss takes it; a crashed or hung rank's node is alive and kept."""
 PATHS = ("inalloc", "alloc")
@@ -139,6 +170,11 @@ class Run:
     """slurmctld's CPU over the same time."""
     split: dict[str, float] = field(default_factory=dict)
     """decide and launch split (``SPLIT``): from the supervisor's debug log and the ranks' first lines."""
+    step_at_fault: int | None = None
+    """The most advanced rank's step when the fault was injected."""
+    overrun_s: float | None = None
+    """Seconds of steps the ranks made after the fault that the next launch restored (they step on
+    until their step is killed): the next size's plan keeps as much in hand, scaled."""
     decide_cmds: list[str] = field(default_factory=list)
     """The Slurm commands the supervisor ran or started between the confirmation and the next launch's
     record, each ``name seconds`` (a started one ``name +``): none may be per node."""
@@ -170,6 +206,14 @@ class Result:
     """The ranks' median step time in steady state (their heartbeats' step_time_s), paced at --step-delay."""
     elapsed_s: float | None = None
     """Wall seconds of the whole size (cluster up to down)."""
+    bare_cmds: dict[str, float] = field(default_factory=dict)
+    """decide's two Slurm commands (``squeue`` of the job, ``scontrol show node`` of its nodes) run
+    bare by the bench in steady state: wall seconds, median of 3 (slurmctld's answer at this size
+    with no failure to handle)."""
+    join_floor: float | None = None
+    """The machine's floor of the rendezvous: this many ranks' processes (forked, already running)
+    connect to one server, send their steps, and wake on its answer: wall seconds from the start
+    to the last one awake, without Slurm or an interpreter's start (``join_floor``)."""
 
     def run(self, path: str, fault: str) -> Run | None:
         return next((r for r in self.runs if r.path == path and r.fault == fault), None)
@@ -263,11 +307,13 @@ def process_tree_cpu(root: int) -> float | None:
 class Size:
     """One cluster size: the cluster up once, then one job per path, each running every fault in turn."""
 
-    def __init__(self, args: argparse.Namespace, nodes: int, root: Path, pace_s: float = 0.0) -> None:
+    def __init__(self, args: argparse.Namespace, nodes: int, root: Path, pace_s: float = 0.0,
+                 overrun: dict[str, float] | None = None) -> None:
         self.args = args
-        planned, self.slack = step_plan(args, max(pace_s, args.step_delay))
+        planned, self.slack = step_plan(args, max(pace_s, args.step_delay), overrun)
         self.max_steps = args.max_steps or planned
-        """``--max-steps``, else planned at the smaller sizes' measured step time (``pace_s``)."""
+        """``--max-steps``, else planned at the smaller sizes' measured step time (``pace_s``) and the
+        seconds their ranks stepped on after each fault (``overrun``, scaled to this size)."""
         self.nodes = nodes
         self.root = root
         self.spec = ClusterSpec(nodes=nodes, nodes_per_switch=4 if nodes <= 8 else 16, cpus_per_node=TASKS_PER_NODE,
@@ -364,6 +410,7 @@ class Job:
         active = self.nodes - SPARES
         return [sys.executable, "-m", "slurm_omni.cli.main", "supervise",
                 f"--stages=main:{active}:{TASKS_PER_NODE}:{SPARES}", "--heartbeat-interval=1",
+                f"--confirmation-window={self.args.confirmation_window:g}", f"--hang-factor={self.args.hang_factor:g}",
                 "--no-standby", *([f"--allocation={self.job_id}"] if self.path == "alloc" else []),
                 "--", sys.executable, "-S", str(LIGHT_RANK)]
 
@@ -541,6 +588,16 @@ class Job:
                                        for area, counts in watch.by_area.items() for kind in ("meta", "data")}
         if b0 is not None and b1 is not None:
             r.cpu_per_poll[self.path] = (b1 - b0) / (window / HEARTBEAT_POLL_S)
+        if not r.bare_cmds:
+            nodes = compress([f"node{i}" for i in range(1, self.nodes + 1)])
+            for name, argv in (("squeue", ["squeue", "--noheader", f"--jobs={self.job_id}", "--format=%T"]),
+                               ("scontrol show node", ["scontrol", "show", "node", nodes])):
+                walls = []
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    self.size.poller.run(argv, check=False)
+                    walls.append(time.monotonic() - t0)
+                r.bare_cmds[name] = sorted(walls)[1]
         if r.memory.get("rank_cpu_ms_per_s") is None:
             for k, v in before.items():
                 used = [c - b for p, b in v.items() if b is not None and (c := cpu_s(p)) is not None]
@@ -600,10 +657,11 @@ class Job:
             if not ok:
                 raise TimeoutError(f"launch {k}: the ranks did not all checkpoint step {base + every} "
                                    f"within {args.timeout:.0f}s")
-            if max(x.step for x in self.beats(inc)) >= self.size.max_steps - self.size.slack:
-                raise TimeoutError(f"launch {k} got too close to max steps before the {fault} fault "
-                                   "(raise --max-steps)")
-            run = Run(self.path, fault, load=os.getloadavg()[0])
+            at_fault = max(x.step for x in self.beats(inc))
+            if at_fault >= self.size.max_steps - self.size.slack[fault]:
+                raise TimeoutError(f"launch {k} got too close to max steps before the {fault} fault: step {at_fault} "
+                                   f"of {self.size.max_steps}, {self.size.slack[fault]} kept for it (raise --max-steps)")
+            run = Run(self.path, fault, load=os.getloadavg()[0], step_at_fault=at_fault)
             ctld = self.size.cluster.running().get("slurmctld")
             cpu0 = process_tree_cpu(sup) if sup else None
             ctld0 = cpu_s(ctld) if ctld else None
@@ -626,7 +684,9 @@ class Job:
             first = self.first_lines(nxt.incarnation)
             restored = {x.get("restored_step") for x in first.values()}
             base = max((s for s in restored if isinstance(s, int)), default=base)
-            self.log(f"launch {k + 1} stepping (restored {sorted(s for s in restored if s is not None)})")
+            run.overrun_s = max(0, base - at_fault) * max(self.size.result.step_s or 0.0, self.args.step_delay)
+            self.log(f"launch {k + 1} stepping (restored {sorted(s for s in restored if s is not None)}; "
+                     f"{max(0, base - at_fault)} steps after the fault)")
         self.log("waiting for the run to finish")
         finished = self.wait(lambda: self.job_finished(), args.timeout)
         if self.proc is not None:
@@ -639,16 +699,26 @@ class Job:
         self.check(finished)
         self.size.result.runs.extend(self.runs)
 
+    def supervisor_log(self) -> str:
+        try:
+            return (self.work / ("batch.out" if self.path == "inalloc" else "supervisor.log")).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def decide_cpu(self, k: int) -> float | None:
+        """The supervisor's own CPU seconds from confirming launch ``k`` to journaling launch k + 1."""
+        text = self.supervisor_log()
+        at: dict[int, float] = {}
+        for m in _DECIDING.finditer(text):   # the first: at the confirmation (a step that ended on its own: one)
+            at.setdefault(int(m[1]), float(m[2]))
+        done = {int(m[1]): float(m[2]) for m in _JOURNALED.finditer(text)}
+        return done[k + 1] - at[k] if k in at and k + 1 in done else None
+
     def commands(self) -> list[tuple[float, float, str, bool]]:
         """The supervisor's Slurm commands from its debug log (slurm/runner.py): (when it started,
         seconds it ran (0 for one started and not waited for), its name and first word, started only)."""
-        log_file = self.work / ("batch.out" if self.path == "inalloc" else "supervisor.log")
         out = []
-        try:
-            text = log_file.read_text(errors="replace")
-        except OSError:
-            return []
-        for line in text.splitlines():
+        for line in self.supervisor_log().splitlines():
             m = _CMD_LINE.match(line)
             if m is None:
                 continue
@@ -699,6 +769,9 @@ class Job:
             run.total = sum(run.phases.values())
         if l1.started_at is not None:
             self.split(run, conf.confirmed_at if conf else None, float(l1.started_at), started)
+        cpu = self.decide_cpu(k)
+        if cpu is not None:
+            run.split["decide_cpu"] = cpu
 
     def check(self, finished: bool) -> None:
         r, st = self.size.result, self.journal().state
@@ -887,12 +960,20 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             if not runs:
                 continue
             counts = sorted(len(x.decide_cmds) for x in runs)
-            cmd_s = sorted(x.split.get("decide_cmds", 0.0) for x in runs)
-            dec = sorted(float(x.phases["decide"]) for x in runs)
-            print(f"  {r.nodes:>4} nodes: decide ran {counts[0]}-{counts[-1]} Slurm commands (none per node), "
-                  f"median {cmd_s[len(cmd_s) // 2]:.2f} s of them in a median decide of {dec[len(dec) // 2]:.2f} s, "
-                  f"at load {min(x.load for x in runs):.0f}-{max(x.load for x in runs):.0f}: what grows is "
-                  "slurmctld's answer on the loaded host, not the number of calls")
+            cpu = median([x.split["decide_cpu"] for x in runs if "decide_cpu" in x.split])
+            bare = ", ".join(f"{k} {v:.2f} s" for k, v in r.bare_cmds.items()) or "n/a"
+            print(f"  {r.nodes:>4} nodes: decide ran {counts[0]}-{counts[-1]} Slurm commands (none per node): median "
+                  f"{fmt(median([x.split.get('decide_cmds', 0.0) for x in runs]))} of them (the same two bare in steady "
+                  f"state: {bare}) and {fmt(cpu)} of the supervisor's own CPU in a median decide of "
+                  f"{fmt(median([float(x.phases['decide']) for x in runs]))}, at load "
+                  f"{min(x.load for x in runs):.0f}-{max(x.load for x in runs):.0f}")
+        for r in measured:
+            rdv = median([v for x in r.runs if not x.na and (v := x.phases.get("rendezvous")) is not None])
+            if rdv is not None:
+                print(f"  {r.nodes:>4} nodes: rendezvous median {rdv:.2f} s against the machine's floor "
+                      f"{fmt(r.join_floor)} ({r.ranks} running processes join one server and wake on its answer, "
+                      f"nothing else: join_floor)")
+        verdicts(a, b, args, start)
     print("\none heartbeat scan (read_heartbeats, the supervisor's and the manager's per poll) over synthetic "
           "files, CPU / wall, median of 5")
     for r in results:
@@ -903,6 +984,63 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     for r in results:
         for line in r.checks or ([f"n/a: {r.na}"] if r.na else []):
             print(f"  {r.nodes:>4} nodes: {line}")
+
+
+def median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
+def phase_slopes(a: Result, b: Result, args: argparse.Namespace, p: str) -> list[float]:
+    return [v for path in args.paths for fault in args.faults
+            if (v := log_slope((a.nodes, run_value(a, path, fault, p)), (b.nodes, run_value(b, path, fault, p))))
+            is not None]
+
+
+def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> None:
+    """Issue 19's bar for every phase from the confirmation to the first step: a log-log slope of at
+    most 0.5 from ``a`` to ``b`` nodes (the median over paths and faults), or the machine's own limit
+    named with the figure that shows it: LIMIT when what the control plane itself does stays within
+    the bar and a floor of this machine measured beside it grows as the phase does; else MISS."""
+    print(f"\nphases from the confirmation to the first step, {a.nodes} -> {b.nodes} nodes (bar: slope <= 0.5, "
+          "else the machine's limit named)")
+    for p in ("decide", "launch", "rendezvous", "first_step"):
+        got = median(phase_slopes(a, b, args, p))
+        if got is None:
+            print(f"  {p:<11} n/a: not measured at both sizes")
+            continue
+        if got <= 0.5:
+            print(f"  {p:<11} PASS slope {got:+.2f}")
+            continue
+        why, own = "", None
+        if p == "decide":
+            own = median(phase_slopes(a, b, args, "decide_cpu"))
+            cmds = median(phase_slopes(a, b, args, "decide_cmds"))
+            bare = {k: log_slope((a.nodes, a.bare_cmds.get(k)), (b.nodes, v)) for k, v in b.bare_cmds.items()}
+            why = (f"the supervisor's own CPU in decide slope {fmt(own, '', 2)}; its Slurm commands (none per node) "
+                   f"slope {fmt(cmds, '', 2)}, the same commands bare in steady state "
+                   + ", ".join(f"{k} {fmt(a.bare_cmds.get(k))} -> {fmt(b.bare_cmds.get(k))} (slope {fmt(v, '', 2)})"
+                               for k, v in bare.items())
+                   + f"; the rest waits for one of {os.cpu_count()} cores at load {a.load:.0f} -> {b.load:.0f}")
+        elif p == "launch":
+            fa, fb = floor_s(a, start), floor_s(b, start)
+            la = median([v for x in a.runs if not x.na and (v := x.phases.get("launch")) is not None])
+            lb = median([v for x in b.runs if not x.na and (v := x.phases.get("launch")) is not None])
+            own = log_slope((a.nodes, la / fa if la and fa else None), (b.nodes, lb / fb if lb and fb else None))
+            why = (f"process start on {os.cpu_count()} cores: the floor {fa:.1f} -> {fb:.1f} s (slope "
+                   f"{fmt(log_slope((a.nodes, fa), (b.nodes, fb)), '', 2)}), the launch over its floor x"
+                   f"{fmt(la / fa if la and fa else None, '', 1)} -> x{fmt(lb / fb if lb and fb else None, '', 1)} "
+                   f"(slope {fmt(own, '', 2)})")
+        elif p == "rendezvous":
+            ra = median([v for x in a.runs if not x.na and (v := x.phases.get("rendezvous")) is not None])
+            rb = median([v for x in b.runs if not x.na and (v := x.phases.get("rendezvous")) is not None])
+            fa, fb = a.join_floor, b.join_floor
+            own = log_slope((a.nodes, ra / fa if ra and fa else None), (b.nodes, rb / fb if rb and fb else None))
+            why = (f"{b.ranks} processes joining one server on {os.cpu_count()} cores: the join's floor {fmt(fa)} -> "
+                   f"{fmt(fb)} (slope {fmt(log_slope((a.nodes, fa), (b.nodes, fb)), '', 2)}), the rendezvous over "
+                   f"its floor x{fmt(ra / fa if ra and fa else None, '', 1)} -> x{fmt(rb / fb if rb and fb else None, '', 1)}"
+                   f" (slope {fmt(own, '', 2)})")
+        verdict = "LIMIT" if own is not None and own <= 0.5 else "MISS"
+        print(f"  {p:<11} {verdict} slope {got:+.2f}: {why or 'no floor measured for it'}")
 
 
 def print_settings() -> None:
@@ -968,7 +1106,8 @@ def load_results(path: Path) -> list[Result]:
                    cpu_per_poll=dict(size.get("cpu_per_poll_s") or {}), elapsed_s=size.get("elapsed_s"),
                    runs=[Run(**x) for x in size["runs"]], checks=list(size.get("checks") or []),
                    memory=dict(size.get("memory") or {}), up_s=size.get("up_s"), load=size.get("load") or 0.0,
-                   scan=tuple(size["scan"]) if size.get("scan") else None, fs_ops=dict(size.get("fs_ops") or {}))
+                   scan=tuple(size["scan"]) if size.get("scan") else None, fs_ops=dict(size.get("fs_ops") or {}),
+                   bare_cmds=dict(size.get("bare_cmds") or {}), join_floor=size.get("join_floor"))
         r.checks.append(f"(from {path}: {doc.get('source', '?')}, measured {doc.get('measured', '?')})")
         out.append(r)
     return out
@@ -982,9 +1121,68 @@ def write_json(results: list[Result], path: Path, args: argparse.Namespace) -> N
            "sizes": [{"nodes": r.nodes, "ranks": r.ranks, "na": r.na, "step_s": r.step_s,
                       "cpu_per_poll_s": r.cpu_per_poll, "elapsed_s": r.elapsed_s, "checks": r.checks,
                       "memory": r.memory, "up_s": r.up_s, "scan": r.scan, "load": r.load, "fs_ops": r.fs_ops,
+                      "bare_cmds": r.bare_cmds, "join_floor": r.join_floor,
                       "runs": [dataclasses.asdict(x) for x in r.runs]} for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+JOIN_FLOOR = r"""
+import _socket, os, sys, time
+n = int(sys.argv[1])
+srv = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+srv.bind(("127.0.0.1", 0))
+srv.listen(4096)
+port = srv.getsockname()[1]
+gun_r, gun_w = os.pipe()
+ts_r, ts_w = os.pipe()
+for _ in range(n):
+    if os.fork() == 0:
+        os.close(gun_w)
+        os.read(gun_r, 1)
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"1 3,6,9\n")
+        s.recv(64)
+        os.write(ts_w, repr(time.time()).encode() + b"\n")
+        os._exit(0)
+os.close(gun_r)
+os.close(ts_w)
+gun = time.time()
+os.close(gun_w)
+conns = []
+for _ in range(n):
+    fd, _addr = srv._accept()
+    c = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
+    data = b""
+    while not data.endswith(b"\n"):
+        data += c.recv(64)
+    conns.append(c)
+for c in conns:
+    c.sendall(b"9 1.0\n")
+out = b""
+while chunk := os.read(ts_r, 65536):
+    out += chunk
+for _ in range(n):
+    os.wait()
+print(max(float(x) for x in out.split()) - gun)
+"""
+"""The rendezvous's work with nothing else: n processes already running (forked) connect to one
+server, send their steps, and wake on its one answer; the server takes them one by one, as rank 0's
+store does. Prints the seconds from the start to the last one awake."""
+
+
+def join_floor(ranks: int) -> float | None:
+    """JOIN_FLOOR for ``ranks`` processes, the median of 3 (None when it failed)."""
+    runs = []
+    for _ in range(3):
+        try:
+            out = subprocess.run([sys.executable, "-S", "-c", JOIN_FLOOR, str(ranks)], capture_output=True,
+                                 text=True, timeout=120, check=True).stdout
+            runs.append(float(out.split()[-1]))
+        except (subprocess.SubprocessError, ValueError, IndexError, OSError):
+            continue
+    return sorted(runs)[len(runs) // 2] if runs else None
 
 
 def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
@@ -1007,6 +1205,20 @@ def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
         f.unlink()
     folder.rmdir()
     return sorted(c for c, _ in runs)[2], sorted(w for _, w in runs)[2]
+
+
+def overrun_at(nodes: int, measured: list[Result]) -> dict[str, float]:
+    """Per fault, the seconds the ranks stepped on after it at the largest size measured so far,
+    scaled linearly to ``nodes`` (confirmation and the kill grow at most so on this machine)."""
+    prev = next((r for r in sorted(measured, key=lambda r: r.nodes, reverse=True)
+                 if any(x.overrun_s is not None for x in r.runs)), None)
+    if prev is None:
+        return {}
+    out: dict[str, float] = {}
+    for x in prev.runs:
+        if x.overrun_s is not None:
+            out[x.fault] = max(out.get(x.fault, 0.0), x.overrun_s * max(1.0, nodes / prev.nodes))
+    return out
 
 
 SATURATED = 3.0
@@ -1074,6 +1286,11 @@ def main() -> int:
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--cpu-window", type=float, default=5.0, help="Seconds of steady state the CPU per poll is "
                    "measured over (in launch 0, before the first fault).")
+    p.add_argument("--confirmation-window", type=float, default=10.0, help="The supervisor's hang confirmation "
+                   "(omni supervise --confirmation-window; the site's default is 30 s): a hang confirms after "
+                   "max(this, --hang-factor median steps), a policy constant, not a cost of scale.")
+    p.add_argument("--hang-factor", type=float, default=10.0, help="omni supervise --hang-factor (the site's "
+                   "default is 30).")
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds each wait of a size may take.")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="Memory left to the rest of the machine.")
     p.add_argument("--keep-cluster", action="store_true", help="Leave the last size's cluster up.")
@@ -1091,7 +1308,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if any(n < SPARES + 2 for n in sizes):
         p.error(f"--sizes: every size needs at least {SPARES + 2} nodes")
-    needed, _ = step_plan(args, args.step_delay)
+    needed, _ = step_plan(args, args.step_delay)   # the least: no fault's overrun measured yet
     if args.max_steps and args.max_steps < needed:
         p.error(f"--max-steps {args.max_steps}: the steady-state window and {len(args.faults)} faults, each after a "
                 f"checkpoint of its launch, need at least {needed} steps at --ckpt-every {args.ckpt_every}")
@@ -1112,16 +1329,19 @@ def main() -> int:
                 results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na="not started: --stop-at"))
                 continue
             scan = scan_cost(TASKS_PER_NODE * (n - spares), root)
+            floor = join_floor(TASKS_PER_NODE * (n - spares))
             why = fits(n, results, args.reserve_gib * 1024, spares) or (
                 "" if args.run_saturated else saturated(n, results, args.step_delay, spares))
             if why:
-                results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na=why, scan=scan))
+                results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na=why, scan=scan, join_floor=floor))
                 print(f"[n={n}] n/a: {why}", flush=True)
                 continue
             paces = [r.step_s for r in results if r.step_s]
-            size = Size(args, n, root, pace_s=max(paces, default=0.0))
-            size.log(f"{size.max_steps} steps (ranks of the sizes before stepped in {fmt(max(paces, default=None))})")
+            size = Size(args, n, root, pace_s=max(paces, default=0.0), overrun=overrun_at(n, results))
+            size.log(f"{size.max_steps} steps (ranks of the sizes before stepped in {fmt(max(paces, default=None))}; "
+                     f"kept in hand per fault: {', '.join(f'{f} {k}' for f, k in size.slack.items())})")
             size.result.scan = scan
+            size.result.join_floor = floor
             t0 = time.monotonic()
             try:
                 results.append(size.run())

@@ -17,6 +17,7 @@ from bench.scale_bench import (
     kill_leftover_steps,
     load_results,
     log_slope,
+    overrun_at,
     run_value,
     step_plan,
     write_json,
@@ -30,9 +31,21 @@ def _args(**kw: object) -> argparse.Namespace:
 
 def test_steps_are_planned_at_the_pace_the_smaller_sizes_measured() -> None:
     # paced 0.5 s: a 10-step window, then per fault (and the last life) a checkpoint and 3 s of steps
-    assert step_plan(_args(), 0.5) == (10 + (3 + 6) * 4, 6)
+    assert step_plan(_args(), 0.5) == (10 + (3 + 6) * 4, {"node": 6, "crash": 6, "hang": 6})
     # ranks stepping in 2.5 s: 2 window steps and the slack's floor of 3 steps; far fewer steps to finish
-    assert step_plan(_args(), 2.5) == (2 + (3 + 3) * 4, 3)
+    assert step_plan(_args(), 2.5) == (2 + (3 + 3) * 4, {"node": 3, "crash": 3, "hang": 3})
+
+
+def test_a_fault_keeps_in_hand_the_steps_ranks_made_after_it_at_the_size_before_scaled() -> None:
+    # at 64 nodes the ranks stepped 2 s on after the node loss, 0.5 s after the crash, none after the hang
+    smaller = Result(nodes=64, ranks=252, runs=[Run("alloc", "node", overrun_s=2.0), Run("inalloc", "node", overrun_s=1.0),
+                                               Run("alloc", "crash", overrun_s=0.5), Run("alloc", "hang", overrun_s=0.0)])
+    overrun = overrun_at(512, [smaller])
+    assert overrun == {"node": 16.0, "crash": 4.0, "hang": 0.0}   # the larger path's, x 512/64
+    total, slack = step_plan(_args(), 0.5, overrun)
+    assert slack == {"node": 38, "crash": 14, "hang": 6}          # (3 s + the overrun) / 0.5 s
+    assert total == 10 + (3 + 38) + (3 + 14) + (3 + 6) + (3 + 6)
+    assert overrun_at(512, []) == {}
 
 
 def test_slopes_and_the_phase_sums() -> None:
