@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from slurm_omni.slurm.hostlist import compress, expand
-from slurm_omni.slurm.parse_text import parse_nodes, parse_records, parse_topology
+from slurm_omni.slurm.parse_text import nodes_from_records, parse_records, parse_topology
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.types import Node, Topology
 
@@ -54,7 +54,7 @@ class AllocationView:
                  for r in records}
         addrs = {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records}
         self._addrs.update(addrs)
-        return parse_nodes(text, self.topology()), feats, addrs
+        return nodes_from_records(records, self.topology()), feats, addrs
 
     def address(self, name: str) -> str:
         """The node's NodeAddr: from an earlier :meth:`node_info` (addresses do not change while the
