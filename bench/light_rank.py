@@ -28,7 +28,7 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   as ``Run.restore`` does with its all-reduce; ranks that hold markers but none in common exit 78
   (a checkpoint that does not fit the job). One connection and one answer per rank; rank 0 takes
   every connection waiting at each wake-up, and a rank refused (rank 0 not listening yet) backs off
-  from 0.05 to 1 s with jitter instead of retrying every 0.1 s (2,000 ranks at 10 tries a second
+  from 0.05 to 0.5 s with jitter instead of retrying every 0.1 s (2,000 ranks at 10 tries a second
   were the machine's load while a 512-node launch started). The answer carries rank 0's clock,
   the life's start;
 - steps in step: step k of a life is due at the start rank 0 sent + k x OMNI_STEP_DELAY_S, so a
@@ -253,7 +253,7 @@ class Rank:
                 # backing off: 2,000 ranks retrying every 0.1 s while rank 0 starts are the machine's
                 # whole load at 512 nodes; with jitter, so that they do not come back together
                 time.sleep(pause * (0.5 + (os.getpid() % 97) / 97))
-                pause = min(2 * pause, 1.0)
+                pause = min(2 * pause, 0.5)
             finally:
                 s.close()
 
