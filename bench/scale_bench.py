@@ -1207,9 +1207,13 @@ def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
     return sorted(c for c, _ in runs)[2], sorted(w for _, w in runs)[2]
 
 
+OVERRUN_MARGIN = 1.5
+
+
 def overrun_at(nodes: int, measured: list[Result]) -> dict[str, float]:
     """Per fault, the seconds the ranks stepped on after it at the largest size measured so far,
-    scaled linearly to ``nodes`` (confirmation and the kill grow at most so on this machine)."""
+    scaled linearly to ``nodes`` (confirmation and the kill grew about so on this machine), with half
+    as much again in hand (OVERRUN_MARGIN): a fault that finds too few steps left is not measured."""
     prev = next((r for r in sorted(measured, key=lambda r: r.nodes, reverse=True)
                  if any(x.overrun_s is not None for x in r.runs)), None)
     if prev is None:
@@ -1217,7 +1221,7 @@ def overrun_at(nodes: int, measured: list[Result]) -> dict[str, float]:
     out: dict[str, float] = {}
     for x in prev.runs:
         if x.overrun_s is not None:
-            out[x.fault] = max(out.get(x.fault, 0.0), x.overrun_s * max(1.0, nodes / prev.nodes))
+            out[x.fault] = max(out.get(x.fault, 0.0), OVERRUN_MARGIN * x.overrun_s * max(1.0, nodes / prev.nodes))
     return out
 
 

@@ -41,10 +41,10 @@ def test_a_fault_keeps_in_hand_the_steps_ranks_made_after_it_at_the_size_before_
     smaller = Result(nodes=64, ranks=252, runs=[Run("alloc", "node", overrun_s=2.0), Run("inalloc", "node", overrun_s=1.0),
                                                Run("alloc", "crash", overrun_s=0.5), Run("alloc", "hang", overrun_s=0.0)])
     overrun = overrun_at(512, [smaller])
-    assert overrun == {"node": 16.0, "crash": 4.0, "hang": 0.0}   # the larger path's, x 512/64
+    assert overrun == {"node": 24.0, "crash": 6.0, "hang": 0.0}   # the larger path's, x 512/64, x 1.5
     total, slack = step_plan(_args(), 0.5, overrun)
-    assert slack == {"node": 38, "crash": 14, "hang": 6}          # (3 s + the overrun) / 0.5 s
-    assert total == 10 + (3 + 38) + (3 + 14) + (3 + 6) + (3 + 6)
+    assert slack == {"node": 54, "crash": 18, "hang": 6}          # (3 s + the overrun) / 0.5 s
+    assert total == 10 + (3 + 54) + (3 + 18) + (3 + 6) + (3 + 6)
     assert overrun_at(512, []) == {}
 
 
