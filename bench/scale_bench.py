@@ -126,9 +126,10 @@ when it journaled launch N + 1."""
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
-SLACK_S = 3.0
+SLACK_S = 2.0
 """Seconds of steps kept in hand per fault beyond what the ranks made after the same fault at the size
-before (the bench's own reaction: it injects a fault once it has read every rank's checkpoint)."""
+before (the bench's own reaction: it reads the beats every second and injects a fault once every
+rank has checkpointed; the ranks step in step, so no spread among them)."""
 
 
 def step_plan(args: argparse.Namespace, pace_s: float, overrun: dict[str, float] | None = None
@@ -339,8 +340,8 @@ class Size:
         self.log(f"cluster up in {self.result.up_s:.1f}s")
         slurmds = [pid for name, pid in self.cluster.running().items() if name.startswith("slurmd:") and pid]
         before = {p: cpu_s(p) for p in slurmds}
-        time.sleep(5)
-        cpu = [(c - b) / 5 for p, b in before.items() if b is not None and (c := cpu_s(p)) is not None]
+        time.sleep(3)
+        cpu = [(c - b) / 3 for p, b in before.items() if b is not None and (c := cpu_s(p)) is not None]
         mem = [m for p in slurmds if (m := private_mib(p)) is not None]
         self.result.memory["slurmd_mib"] = mean(mem) or 0.0
         self.result.memory["slurmd_idle_cpu_ms_per_s"] = 1000 * (mean(cpu) or 0.0)

@@ -30,8 +30,8 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def test_steps_are_planned_at_the_pace_the_smaller_sizes_measured() -> None:
-    # paced 0.5 s: a 10-step window, then per fault (and the last life) a checkpoint and 3 s of steps
-    assert step_plan(_args(), 0.5) == (10 + (3 + 6) * 4, {"node": 6, "crash": 6, "hang": 6})
+    # paced 0.5 s: a 10-step window, then per fault (and the last life) a checkpoint and 2 s of steps
+    assert step_plan(_args(), 0.5) == (10 + (3 + 4) * 4, {"node": 4, "crash": 4, "hang": 4})
     # ranks stepping in 2.5 s: 2 window steps and the slack's floor of 3 steps; far fewer steps to finish
     assert step_plan(_args(), 2.5) == (2 + (3 + 3) * 4, {"node": 3, "crash": 3, "hang": 3})
 
@@ -43,8 +43,8 @@ def test_a_fault_keeps_in_hand_the_steps_ranks_made_after_it_at_the_size_before_
     overrun = overrun_at(512, [smaller])
     assert overrun == {"node": 24.0, "crash": 6.0, "hang": 0.0}   # the larger path's, x 512/64, x 1.5
     total, slack = step_plan(_args(), 0.5, overrun)
-    assert slack == {"node": 54, "crash": 18, "hang": 6}          # (3 s + the overrun) / 0.5 s
-    assert total == 10 + (3 + 54) + (3 + 18) + (3 + 6) + (3 + 6)
+    assert slack == {"node": 52, "crash": 16, "hang": 4}          # (2 s + the overrun) / 0.5 s
+    assert total == 10 + (3 + 52) + (3 + 16) + (3 + 4) + (3 + 4)
     assert overrun_at(512, []) == {}
 
 
