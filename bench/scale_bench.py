@@ -1285,8 +1285,9 @@ def main() -> int:
     p.add_argument("--include", default="", help="A results.json of an earlier run: its sizes join the table and "
                    "the slopes (marked with that run's source), for sizes measured apart.")
     p.add_argument("--max-steps", type=int, default=0, help="Steps of the run; 0: what the steady-state window "
-                   "and the faults need at the pace the sizes before stepped (the window's steps + (ckpt-every + 3 s of steps) "
-                   "x (faults + 1)).")
+                   "and the faults need at the pace the sizes before stepped (the window's steps, then per fault "
+                   "ckpt-every + 2 s of steps + 1.5 x the seconds the ranks stepped on after that fault at the size "
+                   "before, scaled; ckpt-every + 2 s for the last life).")
     p.add_argument("--step-delay", type=float, default=0.5, help="Seconds per light step.")
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--cpu-window", type=float, default=5.0, help="Seconds of steady state the CPU per poll is "
