@@ -1361,6 +1361,10 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 (one size's failure is its n/a, not the end of the table)
                 size.result.na = f"{type(e).__name__}: {e}"
                 results.append(size.result)
+            except KeyboardInterrupt:   # stopped: the paths measured so far still go to the table
+                size.result.na = "stopped (SIGINT or SIGTERM)"
+                results.append(size.result)
+                raise
             finally:
                 if not (args.keep_cluster and n == sizes[-1]):
                     size.cluster.down()
