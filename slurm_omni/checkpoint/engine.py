@@ -25,7 +25,7 @@ import torch
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint import memtier, peer
 from slurm_omni.checkpoint.fence import await_raise, raise_fence
-from slurm_omni.checkpoint.persist import PersistStats, persist
+from slurm_omni.checkpoint.persist import PersistStats, finish_orphaned, persist
 from slurm_omni.checkpoint.restore import Restore, open_restore
 from slurm_omni.checkpoint.snapshot import HostArena, ShardLayout, ShardState, take
 from slurm_omni.errors import CheckpointError, StorageFull
@@ -249,7 +249,8 @@ class CheckpointEngine:
         """Rank 0, once: shut older incarnations out of the root before reading or writing it."""
         if self.number is None or self._fence_raised:
             return
-        raise_fence(self.config.root, self.number, self.incarnation)
+        # and commit the step an older incarnation's ranks all wrote but its rank 0 (lost) did not
+        raise_fence(self.config.root, self.number, self.incarnation, finish=finish_orphaned)
         self._fence_raised = True
 
     @property

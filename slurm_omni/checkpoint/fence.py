@@ -17,6 +17,11 @@ incarnation raises it when it restores (or first saves without a restore), in th
    incarnation newer than an earlier raise's horizon gets a ``FENCED`` marker;
 3. write the fence again with the horizon; only then do the ranks read which checkpoint to restore.
 
+Between 1 and 2 the caller may finish what an older incarnation left one commit short (``finish``:
+``persist.finish_orphaned``, a step every rank of it wrote but its rank 0, lost with its node, never
+committed): with the fence pending no older incarnation commits any more, and the step is listed in 2
+like a commit that landed before the fence.
+
 A commit of an older incarnation that checked the fence just before step 1 can still land after it.
 Landing before step 2, it is complete when listed and counts (its check came first); landing after,
 it is newer than the horizon (that incarnation saves ascending steps from what it restored) and does
@@ -31,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,8 +117,10 @@ def fenced_by(root: Path, incarnation: int | None) -> Fence | None:
     return fence if fence is not None and fence.incarnation > incarnation else None
 
 
-def raise_fence(root: Path, incarnation: int, run: str) -> Fence:
-    """Rank 0 of a starting incarnation: shut older ones out, then fix the horizon (see the module)."""
+def raise_fence(root: Path, incarnation: int, run: str, *,
+                finish: Callable[[Path, int], object] | None = None) -> Fence:
+    """Rank 0 of a starting incarnation: shut older ones out, then fix the horizon (see the module);
+    ``finish(root, incarnation)`` runs once older incarnations are shut out, before the listing."""
     cur = read_fence(root)
     if cur is not None and cur.incarnation > incarnation:
         log.warning("checkpoint: incarnation %d (%s) starts after incarnation %d (%s) on %s: it restores, "
@@ -128,6 +136,8 @@ def raise_fence(root: Path, incarnation: int, run: str) -> Fence:
     kept = tuple(r for r in earlier if r.incarnation < incarnation)[-(KEEP_RAISES - 1):]
     before = Fence(incarnation, run, kept)
     _write(root, Fence(incarnation, run, (*kept, Raise(incarnation, run, None, pending=True))))
+    if finish is not None:
+        finish(root, incarnation)
     horizon = None
     for entry in fmt.scan(root):
         if entry.status is not fmt.Status.COMPLETE:

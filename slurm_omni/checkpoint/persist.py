@@ -38,7 +38,7 @@ import h5py
 from slurm_omni import __version__
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.dtypes import h5_type, name_of
-from slurm_omni.checkpoint.fence import fenced_by
+from slurm_omni.checkpoint.fence import fenced_by, read_fence
 from slurm_omni.checkpoint.snapshot import Item, ShardLayout, Snapshot
 from slurm_omni.checkpoint.tree import tensor_paths
 from slurm_omni.errors import CheckpointError
@@ -286,17 +286,16 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
            number: int | None = None, abort: threading.Event | None = None) -> fmt.Manifest | None:
     """Rank 0: the manifest, the rename, the marker; None when fenced (its own staging folder removed)."""
     tmp = fmt.staging_dir(root, step, incarnation, number)
-    records = _await_records(tmp, step, world_size, incarnation, timeout_s, abort)
+    try:
+        records = _await_records(tmp, step, world_size, incarnation, timeout_s, abort)
+    except CheckpointError:
+        if not tmp.is_dir() and _fenced(root, step, number, "at its commit"):
+            return None   # a newer incarnation took the folder over (``finish_orphaned``)
+        raise
     if _fenced(root, step, number, "at its commit"):
         shutil.rmtree(tmp, ignore_errors=True)   # this incarnation's folder: nobody else's shards
         return None
-    manifest = merge(records, step=step, incarnation=incarnation)
-    if any(s.memory_only for s in manifest.shards.values()):
-        # retention and ``omni ckpt ls`` tell it from a directory that holds every shard file
-        write_atomic(tmp / fmt.MEMORY_ONLY, b"some shard files of this step are only in the memory tier\n",
-                     durable=False)
-    raw = json.dumps({**manifest.to_json(), **({"incarnation_number": number} if number is not None else {})}).encode()
-    write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
+    manifest, raw = _write_manifest(tmp, records, step, incarnation, number)
     folder = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # follows it through the rename
     try:
         if not _publish(root, tmp, step, number):
@@ -307,6 +306,102 @@ def commit(root: Path, step: int, world_size: int, incarnation: str, timeout_s: 
     finally:
         os.close(folder)
     return manifest
+
+
+def finish_orphaned(root: Path, number: int) -> int | None:
+    """Rank 0 of incarnation ``number``, its fence pending (``fence.raise_fence``: no older incarnation
+    commits any more): commit the newest step that every rank of an older incarnation wrote (shard and
+    record) but whose commit that incarnation's rank 0 never made, its node lost between its own
+    record and its commit. Without it losing rank 0's node costs a step more than losing any other.
+
+    Only a staging folder of an older incarnation, newer than the newest step that counts, that the
+    fence lets count (no incarnation in between fixed a lower horizon), with a record of the same
+    incarnation and step from every rank. The folder is taken over by a rename first, so its own rank
+    0 (stopped, not dead) finds it gone and, fenced, touches nothing of it; the manifest, the rename
+    to ``step-N`` and the marker are those of that incarnation, as its rank 0 would have written them
+    (the memory tier's copies are named by it). The step committed, or None (one line when one is)."""
+    fence = read_fence(root)
+    newest = fmt.latest_step(root)
+    orphans = [e for e in fmt.scan(root) if e.status is fmt.Status.WRITING and e.incarnation is not None
+               and e.incarnation < number and (newest is None or e.step > newest)
+               and (fence is None or fence.counts(e.step, e.incarnation))]
+    for entry in sorted(orphans, key=lambda e: -e.step):
+        if _all_records(entry.path, entry.step) is None:
+            continue
+        taken = entry.path.with_name(f"step-{entry.step}.tmp.finish-i{number}")
+        try:
+            os.rename(entry.path, taken)
+        except OSError as e:
+            log.warning("checkpoint: couldn't take over %s to commit it: %s", entry.path, e.strerror)
+            continue
+        records = _all_records(taken, entry.step)   # again: nothing can join or leave it now
+        try:
+            if records is None or not _commit_records(root, taken, entry.step, records, entry.incarnation):
+                shutil.rmtree(taken, ignore_errors=True)
+                continue
+        except (CheckpointError, OSError) as e:
+            log.warning("checkpoint: couldn't commit step %d of incarnation %d for it: %s", entry.step,
+                        entry.incarnation, e)
+            shutil.rmtree(taken, ignore_errors=True)
+            continue
+        log.warning("checkpoint: step %d committed for incarnation %d, whose ranks had all written it but whose "
+                    "rank 0 had not committed it (its node lost?)", entry.step, entry.incarnation)
+        return entry.step
+    return None
+
+
+def _all_records(tmp: Path, step: int) -> list[dict[str, Any]] | None:
+    """Every rank's record of ``step`` in ``tmp``, all of one incarnation and world size; else None."""
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith("rank-") and n.endswith(".json")]
+    except OSError:
+        return None
+    records: dict[int, dict[str, Any]] = {}
+    for name in names:
+        try:
+            record = json.loads((tmp / name).read_bytes())
+            records[int(record["rank"])] = record
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    if not records:
+        return None
+    first = next(iter(records.values()))
+    size, incarnation = first.get("world_size"), first.get("incarnation")
+    if not isinstance(size, int) or sorted(records) != list(range(size)) or any(
+            r.get("incarnation") != incarnation or r.get("step") != step or r.get("world_size") != size
+            or r.get("shard") != fmt.shard_name(k) for k, r in records.items()):
+        return None
+    return [records[k] for k in range(size)]
+
+
+def _commit_records(root: Path, tmp: Path, step: int, records: list[dict[str, Any]], number: int | None) -> bool:
+    """The manifest of ``records``, the rename of ``tmp`` to ``step-N`` and the marker, as incarnation
+    ``number`` commits; False when ``step-N`` is there already (nothing replaced)."""
+    _, raw = _write_manifest(tmp, records, step, records[0]["incarnation"], number)
+    folder = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # follows it through the rename
+    try:
+        final = fmt.step_dir(root, step)
+        if os.path.lexists(final):
+            return False
+        os.rename(tmp, final)
+        fsync_dir(root)
+        fmt.write_marker(final, step, raw, number, dir_fd=folder)
+    finally:
+        os.close(folder)
+    return True
+
+
+def _write_manifest(tmp: Path, records: list[dict[str, Any]], step: int, incarnation: str,
+                    number: int | None) -> tuple[fmt.Manifest, bytes]:
+    """Merge ``records`` into the manifest and write it (and ``MEMORY_ONLY``) into ``tmp``; its bytes."""
+    manifest = merge(records, step=step, incarnation=incarnation)
+    if any(s.memory_only for s in manifest.shards.values()):
+        # retention and ``omni ckpt ls`` tell it from a directory that holds every shard file
+        write_atomic(tmp / fmt.MEMORY_ONLY, b"some shard files of this step are only in the memory tier\n",
+                     durable=False)
+    raw = json.dumps({**manifest.to_json(), **({"incarnation_number": number} if number is not None else {})}).encode()
+    write_atomic(tmp / fmt.MANIFEST, raw)   # fsyncs the directory: every shard's entry with it
+    return manifest, raw
 
 
 def _publish(root: Path, tmp: Path, step: int, number: int | None) -> bool:
@@ -386,6 +481,9 @@ def _await_records(tmp: Path, step: int, world_size: int, incarnation: str,
         if failed:
             raise CheckpointError(f"checkpoint: couldn't commit step {step}: rank(s) {_ranges(failed)} couldn't "
                                   "write their shards (the previous checkpoint stays in use)")
+        if not tmp.is_dir():
+            raise CheckpointError(f"checkpoint: couldn't commit step {step}: its folder {tmp} is gone (not "
+                                  "committed; the previous checkpoint stays in use)")
         if abort is not None and abort.is_set():
             raise CheckpointError(f"checkpoint: couldn't commit step {step}: the run is ending (not committed; "
                                   "the previous checkpoint stays in use)")
