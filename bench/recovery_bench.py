@@ -144,7 +144,7 @@ weight = 1.0
 every_steps = 5
 keep_last = 2
 memory_tier = {memory_tier}
-"""
+{cadence}"""
 
 TORCHRUN = """#!/bin/bash
 #SBATCH --job-name=bench-torchrun
@@ -210,9 +210,10 @@ the last rank's process groups ready; restore: -> the last rank restored; step: 
 
 class Bench:
     def __init__(self, root: Path, *, step_delay: float, after_steps: int, timeout_s: float,
-                 busy_seconds: int = 90, memory_tier: bool = False) -> None:
+                 busy_seconds: int = 90, memory_tier: bool = False, memory_every: int = 0) -> None:
         self.root = root
         self.memory_tier = memory_tier
+        self.memory_every = memory_every
         self.cluster = LocalCluster(Path(os.environ.get("OMNI_CLUSTER_DIR", REPO / ".omni" / "cluster")))
         self.cluster.up(wait_s=120)
         self.env = {**os.environ, **self.cluster.env, "PATH": f"{BIN}:{os.environ['PATH']}",
@@ -290,7 +291,9 @@ class Bench:
                                     allow=str(path == "allocation").lower()))
         job = work / "job.toml"
         job.write_text(JOB.format(tag=f"{self.count:02d}", work=work, shards=self.shards,
-                                  memory_tier=str(self.memory_tier).lower()))
+                                  memory_tier=str(self.memory_tier).lower(),
+                                  cadence=f"memory_every_steps = {self.memory_every}\nfiles_every = 10\n"
+                                  if self.memory_tier and self.memory_every else ""))
         return site, job
 
     def _submit(self, work: Path, path: str) -> tuple[int, subprocess.Popen[bytes] | None]:
@@ -652,18 +655,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-tier", action="store_true",
                    help="the job keeps its checkpoints in node-local memory too ([training.checkpoint] memory_tier; "
                         "in-allocation jobs only, others restore from the file system)")
+    p.add_argument("--memory-every", type=int, default=0,
+                   help="with --memory-tier: a memory snapshot every N steps and the file system every 10th "
+                        "(the demo's cadence with 1); 0: the cadence the run chooses")
     a = p.parse_args(argv)
     paths = [x for x in a.paths.split(",") if x]
     faults = [x for x in a.faults.split(",") if x]
     names = ["busy"] if a.busy else ["idle"] if a.idle else [x for x in a.states.split(",") if x]
     bad = sorted(set(paths) - set(PATHS)) + sorted(set(faults) - set(FAULTS)) + sorted(set(names) - {"idle", "busy"})
+    if a.memory_every < 0:
+        print(f"recovery_bench: --memory-every {a.memory_every} (0: the run's own cadence, or a positive count)")
+        return 2
     if bad or a.repeats < 1:
         print(f"recovery_bench: unknown {bad[0] if bad else a.repeats!r} (paths: {', '.join(PATHS)}; "
               f"faults: {', '.join(FAULTS)}; states: idle, busy; repeats >= 1)")
         return 2
     states = [n == "busy" for n in ("idle", "busy") if n in names]
     bench = Bench(a.work, step_delay=a.step_delay, after_steps=a.after_steps, timeout_s=a.timeout,
-                  busy_seconds=a.busy_seconds, memory_tier=a.memory_tier)
+                  busy_seconds=a.busy_seconds, memory_tier=a.memory_tier, memory_every=a.memory_every)
     trials: list[Trial] = []
     for busy in states:
         for fault in faults:
