@@ -3,7 +3,17 @@
 Policy while a persist is in flight: a new save first waits for it (the wait counts as blocking time
 and is reported in ``SaveResult.waited_s``), so every rank saves every step it is asked to and no rank's
 shard goes missing from a commit. A runtime that would rather skip a save than wait must decide that
-collectively (``persist_in_flight`` on every rank, then an all-reduce), never per rank.
+collectively (``memory_persist_in_flight`` on every rank, then an all-reduce: ``elastic.Run`` does it
+in ``should_stop``), never per rank.
+
+With the memory tier there are two lanes, each one persist at a time from its own host buffer: the
+file system's (a step with files) and the memory tier's (a memory-only step). A memory-only save waits
+only for the previous memory-only persist (a tmpfs write, the ring peer's copy, the record and on rank
+0 the commit), never for a file system write, which may last many memory snapshots on a slow shared
+file system. Two buffers, not more: the file system write in flight holds one; memory snapshots need
+only the newest one, so a second memory buffer would only let a snapshot start before the previous one
+is in the tier, which a cadence within the blocking budget does not ask for (the runtime skips such a
+step on every rank instead). Host memory: twice this rank's shard while the tier is on.
 """
 
 from __future__ import annotations
@@ -108,9 +118,16 @@ class CheckpointEngine:
         self.incarnation = _incarnation(config.incarnation, self.layout.world_size)
         self.number = config.incarnation_number if config.incarnation_number is not None else _number()
         self._fence_raised = False
-        self._arena = HostArena(pin=config.pin_memory)
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="omni-ckpt-persist")
-        self._inflight: Future[PersistStats] | None = None
+        self._fence_lock = threading.Lock()
+        self._files = _Lane("persist", pin=config.pin_memory)
+        """Every step without the memory tier; with it, the steps with files."""
+        self._memory_lane: _Lane | None = None
+        """With the memory tier: the memory-only steps, which never wait for a file system write."""
+        self._tier_lock = threading.Lock()
+        """This rank's copies enter the tier (and its ring peer's) one at a time: the tier keeps the
+        newest two and drops newer ones first, so a copy must not land after a newer one."""
+        self._memory_newest = -1
+        """The newest memory-only step handed to the memory lane."""
         self._last_step: int | None = None
         self._closed = False
         self._warned_wait = False
@@ -134,6 +151,7 @@ class CheckpointEngine:
             raise CheckpointError(f"checkpoint: couldn't create root {config.root}: {e.strerror}") from e
         if self.memory is not None:
             self.peers = peer.Replicas.from_env(config.root, self.memory)
+            self._memory_lane = _Lane("memory", pin=config.pin_memory)
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -141,7 +159,8 @@ class CheckpointEngine:
         """Allocate and fault in the host buffers now, so the first save blocks no longer than later ones."""
         self._check_open()
         self._wait_inflight()
-        take(self._arena, -1, state, self.layout, self.config.load_order, copy=False)
+        for lane in self._lanes():
+            take(lane.arena, -1, state, self.layout, self.config.load_order, copy=False)
 
     def save(self, step: int, state: ShardState, *, sync: bool = False,
              commit_timeout_s: float | None = None, files: bool = True) -> SaveResult:
@@ -155,6 +174,7 @@ class CheckpointEngine:
         memory tier (and its ring peer's) instead of the file system; the record, the manifest and the
         marker are still committed on the file system, so the fence and the agreement are unchanged.
         Every rank must pass the same ``files`` for a step (the runtime decides it from the step alone).
+        A memory-only save waits for the previous memory-only persist only (the module says why).
         """
         self._check_open()
         if step == self._last_step:
@@ -162,31 +182,38 @@ class CheckpointEngine:
             done: Future[PersistStats] = Future()
             done.set_result(PersistStats(step, 0, 0.0, False))
             return SaveResult(step, waited, waited, 0, done, skipped=True)
-        waited = self._wait_inflight()
+        memory_only = not files and self.memory is not None
+        lane = self._memory_lane if memory_only and self._memory_lane is not None else self._files
+        waited = self._wait_inflight() if sync else self._wait_lane(lane)
         if waited > 0.1:
             log.log(logging.INFO if self._warned_wait else logging.WARNING,
                     "checkpoint: step %d waited %.2f s for the previous persist (checkpoint less often, or use "
                     "faster storage)", step, waited)
             self._warned_wait = True
-        snap = take(self._arena, step, state, self.layout, self.config.load_order)
+        snap = take(lane.arena, step, state, self.layout, self.config.load_order)
         timeout = commit_timeout_s or self.config.commit_timeout_s
         self._last_step = step   # taken back if the persist fails, so the step can be saved again
-        memory_only = not files and self.memory is not None
+        # the other lane's step in flight: this persist's retention sweeps nothing at or above it
+        other = next((x.step for x in self._lanes() if x is not lane and x.busy), None)
+        if memory_only:
+            with self._tier_lock:
+                self._memory_newest = max(self._memory_newest, step)
         if sync:
             future: Future[PersistStats] = Future()
             try:
-                future.set_result(self._persist(snap, timeout, memory_only))
+                future.set_result(self._persist(snap, timeout, memory_only, other))
             except BaseException:
                 self._last_step = None
                 raise
             blocking = waited + snap.blocking_s + future.result().persist_s
         else:
-            future = self._writer.submit(self._persist, snap, timeout, memory_only)
-            self._inflight = future
+            future = lane.writer.submit(self._persist, snap, timeout, memory_only, other)
+            lane.inflight, lane.step = future, step
             blocking = waited + snap.blocking_s
         return SaveResult(step, blocking, waited, snap.nbytes, future)
 
-    def _persist(self, snap: Any, timeout: float, memory_only: bool = False) -> PersistStats:
+    def _persist(self, snap: Any, timeout: float, memory_only: bool = False,
+                 in_flight: int | None = None) -> PersistStats:
         try:
             if self.layout.rank == 0:
                 self._raise_fence()   # a run that saves before (or without) a restore
@@ -194,7 +221,8 @@ class CheckpointEngine:
                             keep_last=self.config.keep_last, commit_timeout_s=timeout, number=self.number,
                             abort=self._abort, on_shard=self._keeper(snap.step),
                             memory=self.memory if memory_only else None,
-                            replicate=self._replicator(snap.step) if memory_only else None)
+                            replicate=self._replicator(snap.step) if memory_only else None,
+                            tier_lock=self._tier_lock, in_flight=in_flight)
         except CheckpointError as e:
             log.debug("%s", e)    # raised to the training loop, which says it once
             raise
@@ -226,11 +254,19 @@ class CheckpointEngine:
         peers = self.peers
 
         def keep(path: Path) -> Path | None:
-            copy = memory.publish(path, step=step, rank=self.layout.rank, incarnation=self.incarnation,
-                                  root=self.config.root, number=self.number)
-            if copy is not None and peers is not None:   # and a replica on the ring peer (peer.py)
-                peers.send(copy, step=step, rank=self.layout.rank, incarnation=self.incarnation, number=self.number)
-            return copy
+            with self._tier_lock:
+                if self._memory_newest > step:
+                    # a newer memory-only step is in the tier or on its way there (a slow file system
+                    # write): a restore reads that one, and this copy would push it out
+                    log.info("checkpoint: step %d not copied into memory: memory-only step %d is newer", step,
+                             self._memory_newest)
+                    return None
+                copy = memory.publish(path, step=step, rank=self.layout.rank, incarnation=self.incarnation,
+                                      root=self.config.root, number=self.number)
+                if copy is not None and peers is not None:   # and a replica on the ring peer (peer.py)
+                    peers.send(copy, step=step, rank=self.layout.rank, incarnation=self.incarnation,
+                               number=self.number)
+                return copy
 
         return keep
 
@@ -247,24 +283,46 @@ class CheckpointEngine:
 
     def _raise_fence(self) -> None:
         """Rank 0, once: shut older incarnations out of the root before reading or writing it."""
-        if self.number is None or self._fence_raised:
-            return
-        # and commit the step an older incarnation's ranks all wrote but its rank 0 (lost) did not
-        raise_fence(self.config.root, self.number, self.incarnation, finish=finish_orphaned)
-        self._fence_raised = True
+        with self._fence_lock:   # the two lanes' first persists may both get here
+            if self.number is None or self._fence_raised:
+                return
+            # and commit the step an older incarnation's ranks all wrote but its rank 0 (lost) did not
+            raise_fence(self.config.root, self.number, self.incarnation, finish=finish_orphaned)
+            self._fence_raised = True
 
     @property
     def persist_in_flight(self) -> bool:
-        return self._inflight is not None and not self._inflight.done()
+        return any(lane.busy for lane in self._lanes())
+
+    @property
+    def memory_persist_in_flight(self) -> bool:
+        """A memory-only save now would wait (the previous one is still being written)."""
+        return self._memory_lane is not None and self._memory_lane.busy
 
     def wait(self) -> PersistStats | None:
-        """Wait for the persist in flight; its error, if any, is raised here."""
-        future = self._inflight
+        """Wait for the persists in flight; the newest step's figures, or the first error raised here."""
+        futures = [lane.inflight for lane in self._lanes() if lane.inflight is not None]
         self._wait_inflight()
-        return future.result() if future is not None else None
+        done = [f.result() for f in futures]
+        return max(done, key=lambda stats: stats.step) if done else None
+
+    def _lanes(self) -> list[_Lane]:
+        return [self._files] if self._memory_lane is None else [self._files, self._memory_lane]
 
     def _wait_inflight(self) -> float:
-        future, self._inflight = self._inflight, None
+        """Wait for every lane; the first error is raised once all are waited for."""
+        waited, error = 0.0, None
+        for lane in self._lanes():
+            try:
+                waited += self._wait_lane(lane)
+            except BaseException as e:  # noqa: BLE001 - raised below, after the other lane
+                error = error or e
+        if error is not None:
+            raise error
+        return waited
+
+    def _wait_lane(self, lane: _Lane) -> float:
+        future, lane.inflight = lane.inflight, None
         if future is None:
             return 0.0
         started = time.monotonic()
@@ -318,7 +376,8 @@ class CheckpointEngine:
         try:
             self._wait_inflight()
         finally:
-            self._writer.shutdown(wait=True)
+            for lane in self._lanes():
+                lane.writer.shutdown(wait=True)
 
     def __enter__(self) -> Self:
         return self
@@ -329,6 +388,21 @@ class CheckpointEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError("checkpoint: the engine is closed")
+
+
+class _Lane:
+    """One persist at a time, from its own host buffer."""
+
+    def __init__(self, name: str, *, pin: bool) -> None:
+        self.arena = HostArena(pin=pin)
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix=f"omni-ckpt-{name}")
+        self.inflight: Future[PersistStats] | None = None
+        self.step: int | None = None
+        """The step of ``inflight``."""
+
+    @property
+    def busy(self) -> bool:
+        return self.inflight is not None and not self.inflight.done()
 
 
 def _number() -> int | None:

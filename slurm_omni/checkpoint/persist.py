@@ -20,6 +20,7 @@ leaves that step alone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import h5py
 
@@ -67,7 +68,8 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
             commit_timeout_s: float, number: int | None = None,
             abort: threading.Event | None = None,
             on_shard: Callable[[Path], object] | None = None, memory: MemoryTier | None = None,
-            replicate: Callable[[Path], object] | None = None) -> PersistStats:
+            replicate: Callable[[Path], object] | None = None, tier_lock: threading.Lock | None = None,
+            in_flight: int | None = None) -> PersistStats:
     """``number``: this incarnation's OMNI_INCARNATION, checked against the root's fence (None: unfenced);
     ``abort``: once set, rank 0 stops waiting for the other ranks' shards (the run is ending);
     ``on_shard``: called with this rank's shard file once it is durable (the memory tier copies it).
@@ -75,7 +77,11 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
     ``memory``: a memory-only step: this rank's shard file is written into the memory tier instead of
     the staging folder (its record, the manifest and the marker still go to the file system, the
     manifest marking the shard ``memory_only``), then handed to ``replicate`` (the ring peer's copy).
-    Where the tier has no room, the shard goes to the file system as usual."""
+    Where the tier has no room, the shard goes to the file system as usual. ``tier_lock``: held while
+    this rank's copy enters the tier and the ring peer's (the engine's other lane copies there too).
+
+    ``in_flight``: a step this process is still writing in its other lane (the engine's file system
+    write while this is a memory-only step, or the reverse): retention sweeps nothing at or above it."""
     started = time.monotonic()
     if _fenced(root, snap.step, number, "before writing"):
         return PersistStats(snap.step, 0, time.monotonic() - started, False, fenced=True)
@@ -83,7 +89,7 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         written = write_shard(tmp, snap, layout, incarnation, root=root, number=number, on_shard=on_shard,
-                              memory=memory, replicate=replicate)
+                              memory=memory, replicate=replicate, tier_lock=tier_lock)
     except FileNotFoundError:
         # a newer incarnation swept this one's staging folder: fenced, not a failure of this node
         if not _fenced(root, snap.step, number, "while writing its shard"):
@@ -102,7 +108,8 @@ def persist(root: Path, snap: Snapshot, layout: ShardLayout, *, incarnation: str
         committed = True
     persist_s = time.monotonic() - started   # durable and complete: what the figure means
     if committed:
-        retire(root, keep_last=keep_last, newest=snap.step, number=number)
+        retire(root, keep_last=keep_last, newest=snap.step if in_flight is None else min(snap.step, in_flight),
+               number=number)
     return PersistStats(snap.step, snap.nbytes, persist_s, committed, memory_only=memory is not None)
 
 
@@ -130,7 +137,8 @@ def _fenced(root: Path, step: int, number: int | None, when: str) -> bool:
 
 def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str, *, root: Path | None = None,
                 number: int | None = None, on_shard: Callable[[Path], object] | None = None,
-                memory: MemoryTier | None = None, replicate: Callable[[Path], object] | None = None) -> bool:
+                memory: MemoryTier | None = None, replicate: Callable[[Path], object] | None = None,
+                tier_lock: threading.Lock | None = None) -> bool:
     """This rank's shard file and record in ``tmp`` (the file in ``memory`` instead, for a memory-only
     step: see :func:`persist`); False (nothing left behind) when fenced out of ``root``."""
     name = fmt.shard_name(layout.rank)
@@ -139,30 +147,25 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
     in_memory = False
     if owned:
         file_name = f"{name}.h5"
-        partial = None
         if memory is not None:
-            partial = _memory_file(memory, snap, layout, incarnation, offsets, sums, sum(i.nbytes for i in owned))
-        if partial is not None:
-            in_memory, file_bytes = True, partial[1]
-        else:
-            # named by incarnation: two incarnations saving the same step never write the same file
-            partial = (tmp / f"{file_name}.{fmt.safe_name(incarnation)}.partial", 0)
-            try:
-                file_bytes = _write_file(partial[0], snap, owned, offsets, sums, layout, incarnation)
-            except BaseException:
-                partial[0].unlink(missing_ok=True)   # a full file system gets its space back
-                raise
-        path = partial[0]
-        if root is not None and _fenced(root, snap.step, number, "after writing its shard"):
-            path.unlink(missing_ok=True)
-            return False
-        if in_memory and memory is not None:
-            placed = memory.place(path, step=snap.step, root=root, number=number)
-            if placed is None:
+            with tier_lock or contextlib.nullcontext():
+                kept = _memory_shard(memory, snap, layout, incarnation, offsets, sums, root=root, number=number,
+                                     replicate=replicate)
+            if kept is False:
                 return False
-            if replicate is not None:
-                replicate(placed)
-        else:
+            if kept is not None:
+                in_memory, file_bytes = True, kept
+        if not in_memory:
+            # named by incarnation: two incarnations saving the same step never write the same file
+            path = tmp / f"{file_name}.{fmt.safe_name(incarnation)}.partial"
+            try:
+                file_bytes = _write_file(path, snap, owned, offsets, sums, layout, incarnation)
+            except BaseException:
+                path.unlink(missing_ok=True)   # a full file system gets its space back
+                raise
+            if root is not None and _fenced(root, snap.step, number, "after writing its shard"):
+                path.unlink(missing_ok=True)
+                return False
             if on_shard is not None:
                 on_shard(path)   # before the rename: once the record is there, rank 0 may move the folder
             os.replace(path, tmp / file_name)
@@ -188,6 +191,28 @@ def write_shard(tmp: Path, snap: Snapshot, layout: ShardLayout, incarnation: str
     # Not fsynced: only the commit reads it, and the commit makes the directory durable as a whole.
     write_atomic(tmp / f"{name}.json", json.dumps(record).encode(), durable=False, owner=incarnation)
     return True
+
+
+def _memory_shard(memory: MemoryTier, snap: Snapshot, layout: ShardLayout, incarnation: str, offsets: list[int],
+                  sums: list[str], *, root: Path | None, number: int | None,
+                  replicate: Callable[[Path], object] | None) -> int | Literal[False] | None:
+    """This rank's shard of a memory-only step written into the memory tier, published, and handed to
+    ``replicate`` (the ring peer's copy): its size; None where the tier has no room (the caller writes
+    it to the file system); False when fenced out of ``root`` (nothing kept)."""
+    written = _memory_file(memory, snap, layout, incarnation, offsets, sums,
+                           sum(i.nbytes for i in snap.items if i.owned))
+    if written is None:
+        return None
+    path, size = written
+    if root is not None and _fenced(root, snap.step, number, "after writing its shard"):
+        path.unlink(missing_ok=True)
+        return False
+    placed = memory.place(path, step=snap.step, root=root, number=number)
+    if placed is None:
+        return False
+    if replicate is not None:
+        replicate(placed)
+    return size
 
 
 def _memory_file(memory: MemoryTier, snap: Snapshot, layout: ShardLayout, incarnation: str, offsets: list[int],
@@ -569,6 +594,10 @@ def merge(records: list[dict[str, Any]], *, step: int, incarnation: str) -> fmt.
 # -- retention (rank 0) -------------------------------------------------------------------------------
 
 
+_RETIRING = threading.Lock()
+"""The engine's two lanes both commit on rank 0: one sweep at a time."""
+
+
 def retire(root: Path, *, keep_last: int, newest: int, number: int | None = None) -> None:
     """Keep the newest ``keep_last`` complete checkpoints (0 keeps all); sweep what crashes left behind.
 
@@ -577,6 +606,11 @@ def retire(root: Path, *, keep_last: int, newest: int, number: int | None = None
     ``number`` (this incarnation's), nothing a newer incarnation wrote is removed, and nothing at all
     once a newer one started on the root.
     """
+    with _RETIRING:
+        _retire(root, keep_last=keep_last, newest=newest, number=number)
+
+
+def _retire(root: Path, *, keep_last: int, newest: int, number: int | None = None) -> None:
     fence = fenced_by(root, number)
     if fence is not None:
         log.info("checkpoint: incarnation %d leaves %s to incarnation %d: nothing retired", number, root,

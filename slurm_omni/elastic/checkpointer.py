@@ -222,7 +222,8 @@ class Checkpointer:
         """Newest step whose shard of this rank is durable (restored counts too)."""
         self.last_blocking_s: float | None = None
         self.last_persist_s: float | None = None
-        self._pending: SaveResult | None = None
+        self._pending: list[SaveResult] = []
+        """Saves not picked up yet, oldest first (one per lane of the engine at most)."""
 
     # -- saving -----------------------------------------------------------------------------------
 
@@ -250,13 +251,13 @@ class Checkpointer:
         ``sync`` (the stop signal, the last step) returns once it is durable (committed, on rank 0).
         ``files=False``: a memory-only step (``CheckpointEngine.save``)."""
         self.poll()
-        previous = self._pending
         result = self.engine.save(step, self._state(step), sync=sync, files=files)
-        if previous is not None and previous.persisted.done() and previous.persisted.exception() is None:
+        for previous in [p for p in self._pending if p.persisted.done() and p.persisted.exception() is None]:
             self._took(previous.persisted.result())   # the save waited for it: its figures count now
+            self._pending.remove(previous)
         self.last_blocking_s = result.blocking_s
         self.last_step = step
-        self._pending = result
+        self._pending.append(result)
         # a save that already ended is picked up now; its error waits for the next poll, which the
         # ranks reach together (Run.should_stop agrees on it), not here, where only this rank is
         self.poll(raise_error=False)
@@ -266,17 +267,16 @@ class Checkpointer:
     def poll(self, *, raise_error: bool = True) -> None:
         """Pick up the outcome of a finished background save (its error is raised here, once;
         ``raise_error=False`` leaves a failed one for the next poll)."""
-        if self._pending is not None and self._pending.persisted.done():
-            if self._pending.persisted.exception() is not None:
+        for result in [p for p in self._pending if p.persisted.done()]:
+            error = result.persisted.exception()
+            if error is not None:
                 if not raise_error:
                     return
-                self._pending = None
+                self._pending = []
                 self.engine.wait()   # takes the failed persist off the engine and raises its error
-            stats = self._pending.persisted.result() if self._pending is not None else None
-            if stats is None:
-                return
-            self._took(stats)
-            self._pending = None
+                raise error
+            self._took(result.persisted.result())
+            self._pending.remove(result)
 
     def _took(self, stats: PersistStats) -> None:
         if not stats.fenced and not stats.memory_only:   # fenced: a newer incarnation started on the root

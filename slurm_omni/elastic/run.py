@@ -144,6 +144,11 @@ class Run:
         decided at its second file system checkpoint from what every rank measured (None until then:
         every checkpoint goes to the file system)."""
         self._cadence_asked = _cadence_env()
+        self._memory_busy = 0
+        """From the last :meth:`should_stop` (the same on every rank): 1 + the highest rank whose
+        previous memory-only save was still being written, or 0."""
+        self._memory_skipped = 0
+        """Memory-only steps skipped this life, on every rank alike, because of ``_memory_busy``."""
         self._last_files_save: int | None = None
         self._last_times: tuple[float, float] = (0.0, 0.0)
         self._startup: dict[str, float | str | None] = {
@@ -225,7 +230,22 @@ class Run:
     def checkpoint_due(self, step: int, every: int) -> str | None:
         """What completed step ``step`` saves: ``"files"`` (a file system checkpoint, with its copy in the
         memory tier where it is on), ``"memory"`` (a memory-only step) or None. ``every``: the job's
-        file system cadence in steps (0: none). The same answer on every rank (from the step alone)."""
+        file system cadence in steps (0: none). The same answer on every rank: from the step, and from
+        whether any rank's previous memory-only save was still being written at this step's
+        :meth:`should_stop` (then a memory-only step is skipped, one counted line: call it after that)."""
+        kind = self._due(step, every)
+        if kind == "memory" and self._memory_busy:
+            # every rank skips it (the flag came from one all-reduce): a step some rank did not save is
+            # never committed, and the tier keeps only the two newest steps per rank
+            self._memory_skipped += 1
+            if self.layout.rank == 0:
+                log.warning("checkpoint: job %s: step %d not snapshotted into memory: rank %d's previous memory "
+                            "snapshot is still being written (%d skipped this life)", self.layout.job_name, step,
+                            self._memory_busy - 1, self._memory_skipped)
+            return None
+        return kind
+
+    def _due(self, step: int, every: int) -> str | None:
         if self.cadence is not None:
             return self.cadence.kind(step)
         return "files" if every and step % every == 0 else None
@@ -394,21 +414,30 @@ class Run:
         A background save that failed on any rank (a full checkpoint file system) is agreed on here
         too: every rank raises, the one whose save failed its own error, the others one naming it, with
         its exit code, so no rank is left in a collective with a peer that has gone. ``settle``: wait
-        for this rank's save in flight first (a checkpoint is due: the next save would wait anyway)."""
+        for this rank's save in flight first (a checkpoint is due: the next save would wait anyway).
+
+        Whether any rank's previous memory-only save is still being written rides along, so that every
+        rank skips the next memory-only step alike (:meth:`checkpoint_due`) instead of waiting for it."""
         failure = self._save_failure(wait=settle)
+        busy = self.layout.rank + 1 if self._memory_lane_busy() else 0
         if self._groups is None or self.layout.world_size == 1:
+            self._memory_busy = busy
             if failure is not None:
                 raise failure
             return self.stop.requested
         code = (failure.exit_code or EXIT_FAILED) if failure is not None else 0
-        flag = torch.tensor([1 if self.stop.requested else 0, code], dtype=torch.int32, device=self.device)
+        flag = torch.tensor([1 if self.stop.requested else 0, code, busy], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._groups.world)
+        self._memory_busy = int(flag[2].item())
         if int(flag[1].item()):
             if failure is not None:
                 raise failure
             raise PeerSaveFailed(f"checkpoint: job {self.layout.job_name}: rank {self.layout.rank} stops: another "
                                  "rank's checkpoint save failed (its line says why)", int(flag[1].item()))
         return bool(flag[0].item())
+
+    def _memory_lane_busy(self) -> bool:
+        return self.checkpoints is not None and self.checkpoints.engine.memory_persist_in_flight
 
     def _save_failure(self, *, wait: bool) -> OmniError | None:
         """This rank's background save that ended in an error (raised once by the checkpointer), or None."""
@@ -428,8 +457,8 @@ class Run:
         a stop signal save synchronously and exit 75 (checkpointed, requeue me)."""
         self.step_done(step, **metrics)
         last = self.max_steps is not None and step >= self.max_steps
+        stop = self.should_stop(settle=last or self._due(step, checkpoint_every) == "files")
         kind = "files" if last else self.checkpoint_due(step, checkpoint_every)
-        stop = self.should_stop(settle=kind == "files")
         if stop or kind:
             self.save(step, sync=stop or last, files=kind != "memory")
         if stop:

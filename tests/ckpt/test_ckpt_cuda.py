@@ -20,7 +20,7 @@ def test_device_state_round_trips_bitwise_into_device_targets(tmp_path: Path) ->
     host = modules(4)
     on_device = {m: {k: t.cuda() for k, t in sd.items()} for m, sd in host.items()}
     with engine(tmp_path) as eng:
-        assert eng._arena.pin
+        assert eng._files.arena.pin
         eng.save(4, ShardState(modules=on_device))
     targets = {m: {k: torch.zeros_like(t) for k, t in sd.items()} for m, sd in on_device.items()}
     with engine(tmp_path) as eng, eng.restore(into=targets) as r:

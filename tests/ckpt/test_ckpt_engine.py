@@ -56,10 +56,10 @@ def test_a_sync_save_is_complete_when_it_returns_and_a_repeat_is_skipped(tmp_pat
 def test_buffers_are_reused_from_save_to_save(tmp_path: Path) -> None:
     with engine(tmp_path) as eng:
         eng.prepare(shard_state(1))
-        arena = eng._arena.buffer.data_ptr()
+        arena = eng._files.arena.buffer.data_ptr()
         for step in (1, 2, 3):
             eng.save(step, shard_state(step))
-        assert eng._arena.buffer.data_ptr() == arena
+        assert eng._files.arena.buffer.data_ptr() == arena
 
 
 def test_a_failed_persist_is_raised_by_the_next_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
