@@ -281,7 +281,9 @@ def memory_tier(cfg: SimConfig, omni: PolicyCosts) -> MemoryTier:
     memory_bw = st.memory_read_bw or mem.read_bw
     persist = write_per_node / memory_bw + write_per_node / mem.peer_bw
     interval = max(cadence.memory_every * step, persist)   # at most one save in flight (sim.segment)
-    wait = max(0.0, files_persist - interval)
+    # memory snapshots go on while a file system write is in flight (the engine's two lanes): only the
+    # next file system step waits for it
+    wait = max(0.0, files_persist - cadence.files_every_steps * step) if cadence.files_every else 0.0
     blocking = omni.ckpt_blocking_s + (wait / cadence.files_every if cadence.files_every else 0.0)
     weights_per_node = run.gpus_per_node * run.params * run.weight_bytes_per_param / (
         run.tensor_parallel * run.pipeline_parallel)

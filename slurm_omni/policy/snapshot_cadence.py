@@ -67,9 +67,10 @@ def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, ev
     - the file system every m-th of those: ``files_every``; else every ``files_every_s`` seconds
       (m = ceil(seconds / (k x step))); else every ``every_steps`` steps as without the tier (m =
       ceil(every_steps / k); ``every_steps`` 0: never but on a stop signal and at the end). Unless the
-      job set m, m is raised until the wait a file system write causes (one persist at a time: the
-      snapshot after it waits for it, ``files_persist_s - k x step`` when positive) and the snapshots
-      together stay under ``budget``; where the snapshots alone use the budget up, m is left as set.
+      job set m, m is raised until the wait a file system write causes and the snapshots together stay
+      under ``budget``. Memory snapshots go on while a file system write is in flight (the engine's
+      two lanes), so only the next file system step waits for it: ``files_persist_s - m x k x step``
+      when positive, once per m snapshots. Where the snapshots alone use the budget up, m is left as set.
 
     Raises ValueError for a value out of range (the caller turns it into one line)."""
     for name, value in (("snapshot_s", snapshot_s), ("files_persist_s", files_persist_s),
@@ -97,10 +98,10 @@ def plan_cadence(*, snapshot_s: float, step_s: float, files_persist_s: float, ev
         m, why = max(1, math.ceil(every_steps / k - 1e-9)), f"every_steps = {every_steps}"
     else:
         return Cadence(k, 0, "every_steps = 0")
-    wait = max(0.0, files_persist_s - k * step_s)
     room = budget * k * step_s - snapshot_s   # what one memory snapshot leaves of its share of the budget
-    if wait > 0 and room > 0:
-        need = math.ceil(wait / room - 1e-9)
+    if files_persist_s > m * k * step_s and room > 0:
+        # m snapshots leave m x room for the wait files_persist_s - m x k x step
+        need = math.ceil(files_persist_s / (k * step_s + room) - 1e-9)
         if need > m:
             m = need
             why = f"a {files_persist_s:.2f} s file system write every {need * k} steps stays under {budget:.0%} " \
