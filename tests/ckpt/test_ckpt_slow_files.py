@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ckpt.states import assert_same, engine, modules, shard_state
-from ckpt.test_ckpt_memonly import _restore_all
+from ckpt.test_ckpt_memonly import _restore_all, tier
 from ckpt.test_ckpt_ranks import layout, state_of
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint import persist
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this ma
 
 @pytest.fixture
 def nodes() -> Iterator[Path]:
+    """A tmpfs folder holding one memory tier per simulated node."""
     path = SHM / f"omni-slowfiles-{uuid.uuid4().hex[:10]}"
     path.mkdir(mode=0o700)
     yield path
@@ -64,10 +65,6 @@ class SlowFiles:
     def release(self) -> None:
         self.go.set()
         self._watchdog.cancel()
-
-
-def tier(nodes: Path, node: str) -> dict[str, Any]:
-    return {"memory_tier": True, "memory_job": "job-1", "memory_dir": nodes / node}
 
 
 def test_memory_snapshots_keep_their_cadence_while_a_file_system_write_is_in_flight(
