@@ -101,7 +101,7 @@ from typing import Any
 
 import torch
 
-from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardState, memtier
+from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardState, held, memtier
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.fsio import fsync_dir
 
@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--memory-dir", type=Path, default=memtier.DEFAULT_DIR,
                     help="The memory tier's tmpfs (default /dev/shm; a tmpfs mounted with huge=within_size "
                          "shows what huge pages give).")
+    ap.add_argument("--no-keeper", action="store_true",
+                    help="The memory tier without a node keeper: its copies as tmpfs files (the fallback path).")
     ap.add_argument("--only", choices=("all", "peer"), default="all",
                     help="peer: only the peer restore against a raw TCP copy (issue 22), minutes less.")
     ap.add_argument("--keeper", nargs=4, metavar=("ROOT", "BASE", "JOB", "NODE"), help=argparse.SUPPRESS)
@@ -401,9 +403,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         reader.close()
         return start, full
 
-    # -- the memory tier (issue 22): the same saves kept in /dev/shm too, restored from there -----------
+    # -- the memory tier (issue 22): the same saves kept in the node keeper's memory, restored from there --
     mem_job = f"bench-{os.getpid()}"
     mem_root = work / "omni-mem"
+    mem_root.mkdir(mode=0o700)
+    node = os.environ.setdefault("SLURMD_NODENAME", "bench")
+    mem_keeper = None if args.no_keeper else start_keeper(mem_root, args.memory_dir, mem_job, node)
     mem_engine = CheckpointEngine(CheckpointConfig(root=mem_root, keep_last=1, load_order=tuple(SHARES),
                                                    memory_tier=True, memory_job=mem_job,
                                                    memory_dir=args.memory_dir))
@@ -416,26 +421,36 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         stats = result.persisted.result()
         return result.blocking_s, stats.persist_s
 
-    def mem_copies() -> list[Path]:
-        return sorted(memtier.job_dir(args.memory_dir, mem_job).glob(f"step-{mem_step[0]}.*.h5"))
+    def mem_copies() -> list[Path | held.HeldCopy]:
+        """This step's copies: in the keeper's memory, else (no keeper) tmpfs files."""
+        tier = memtier.MemoryTier(mem_job, base=args.memory_dir)
+        try:
+            manifest = fmt.read_manifest(fmt.step_dir(mem_root, mem_step[0]))
+            return list(tier.sources(manifest).values())
+        finally:
+            tier.keeper.close()
 
     io_threads = CheckpointConfig(root=mem_root).restore_threads
 
     def raw_shm_read() -> float:
-        """The least work that gets the same bytes out of the tmpfs: ``preadv`` calls of 8 MiB (the
-        kernel's copy from the tmpfs pages) into the touched buffer, no checksum, on as many threads as
-        the restore has I/O threads, each its share of the bytes."""
-        spans: list[tuple[Path, int, int, int]] = []   # file, offset, length, where in the buffer
+        """The least work that gets the same bytes out of the same copies: ``process_vm_readv`` calls of
+        8 MiB from the keeper's memory (or ``preadv`` from the tmpfs files, ``--no-keeper``) into the
+        touched buffer, no checksum, on as many threads as the restore has I/O threads, each its share."""
+        spans: list[tuple[Path | held.HeldCopy, int, int, int]] = []   # copy, offset, length, where in the buffer
         at = 0
         for f in mem_copies():
-            size = f.stat().st_size
+            size = f.size if isinstance(f, held.HeldCopy) else f.stat().st_size
             spans += [(f, o, min(8 << 20, size - o), at + o) for o in range(0, size, 8 << 20)]
             at += size
+        base_addr = read_buf.data_ptr()
 
-        def worker(mine: list[tuple[Path, int, int, int]]) -> None:
+        def worker(mine: list[tuple[Path | held.HeldCopy, int, int, int]]) -> None:
             fds: dict[Path, int] = {}
             try:
                 for f, off, n, dst in mine:
+                    if isinstance(f, held.HeldCopy):
+                        held.read_remote(f.pid, f.addr + off, base_addr + dst, n)
+                        continue
                     fd = fds.get(f)
                     if fd is None:
                         fd = fds[f] = os.open(f, os.O_RDONLY)
@@ -516,7 +531,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         mem_sources.add(source)
     engine.close()
     mem_engine.close()
-    mem_bytes = sum(f.stat().st_size for f in mem_copies())
+    held_now = mem_copies()
+    mem_kind = "the keeper's memory (process_vm_readv)" if held_now and isinstance(held_now[0], held.HeldCopy) \
+        else "tmpfs files (preadv)"
+    mem_bytes = sum(f.size if isinstance(f, held.HeldCopy) else f.stat().st_size for f in held_now)
+    if mem_keeper is not None:
+        mem_keeper.terminate()
+        mem_keeper.wait()
     memtier.free_job(mem_job, base=args.memory_dir)
     med = {k: statistics.median(v) for k, v in rows.items()}
     files_now = shard_files(fmt.step_dir(root, step[0])) if step[0] else []
@@ -536,8 +557,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ("full restore / raw O_DIRECT read (cold)", "raw_read_direct_cold_s", "full_restore_cold_s", "", 0.0),
         ("memory restore / warm memcpy", "memcpy_s", "memory_restore_s", ">=", 0.9),
         ("memory restore CPU: memcpy CPU s / restore CPU s", "memcpy_cpu_s", "memory_restore_cpu_s", ">=", 0.9),
-        ("memory restore / raw read of the tmpfs", "raw_shm_read_s", "memory_restore_s", "", 0.0),
-        ("raw read of the tmpfs / warm memcpy (limit)", "memcpy_s", "raw_shm_read_s", "", 0.0),
+        ("memory restore / raw read of the copies", "raw_shm_read_s", "memory_restore_s", "", 0.0),
+        ("raw read of the copies / warm memcpy (limit)", "memcpy_s", "raw_shm_read_s", "", 0.0),
         ("its CPU: memcpy CPU s / raw read CPU s (limit)", "memcpy_cpu_s", "raw_shm_read_cpu_s", "", 0.0),
         ("memory restore / full restore (warm)", "full_restore_warm_s", "memory_restore_s", "", 0.0),
     ]
@@ -568,7 +589,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ok = value <= bar if op == "<=" else value >= bar
         verdict = f"{op} {bar}  {'PASS' if ok else 'MISS'}"
         if not ok and name.startswith("memory restore"):
-            verdict += memory_limit(med, name, bar, tmpfs_options(args.memory_dir))
+            verdict += memory_limit(med, name, bar, tmpfs_options(args.memory_dir), mem_kind)
         print(f"{name:<46}{value:>8.3f}   {verdict}")
         if name.startswith("memory restore"):
             bars.append((name, value, verdict))
@@ -578,8 +599,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         print(f"\nper-step snapshot (blocking) {med['save_blocking_s']:.4f} s, with the memory tier "
               f"{med['save_blocking_memtier_s']:.4f} s (the copy into /dev/shm is the persist thread's: "
               f"{med['persist_memtier_s']:.3f} s against {med['persist_s']:.3f})")
-    print(f"memory restores read from {', '.join(sorted(mem_sources))}; the memory tier on {args.memory_dir} "
-          f"({tmpfs_options(args.memory_dir)})")
+    print(f"memory restores read from {', '.join(sorted(mem_sources))}: the copies in {mem_kind}; the tier's "
+          f"folder on {args.memory_dir} ({tmpfs_options(args.memory_dir)})")
     print(f"\nrestore bytes by path: {', '.join(f'{k} {v / 2**30:.2f} GiB' for k, v in read_paths.items())}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return {"device": device, "torch": torch.__version__, "bytes": total, "tensors": n_tensors,
@@ -590,9 +611,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "loadavg": os.getloadavg()}
 
 
-def memory_limit(med: dict[str, float], name: str, bar: float, mount: str) -> str:
+def memory_limit(med: dict[str, float], name: str, bar: float, mount: str, kind: str) -> str:
     """Why the memory restore's bar is missed where the machine itself forbids it: the least work that
-    gets the bytes out of the tmpfs (a raw read, no checksum, the restore's threads) is already below
+    gets the bytes out of the copies (a raw read, no checksum, the restore's threads) is already below
     the bar against the memcpy, in wall time or in CPU seconds."""
     cpu = "CPU" in name
     num, den = ("memcpy_cpu_s", "raw_shm_read_cpu_s") if cpu else ("memcpy_s", "raw_shm_read_s")
@@ -600,11 +621,31 @@ def memory_limit(med: dict[str, float], name: str, bar: float, mount: str) -> st
         return ""
     limit = med[num] / med[den]
     if limit >= bar:
-        return f" (the raw read of the tmpfs reaches {limit:.2f}: the restore's own cost misses it)"
+        return f" (the raw read of the copies reaches {limit:.2f}: the restore's own cost misses it)"
+    if "keeper" in kind:
+        return (f" (limit on this machine: a raw process_vm_readv of the same copies from the keeper's memory, no "
+                f"checksum, the same threads, is {limit:.2f} x the memcpy{' in CPU s' if cpu else ''})")
     pages = "huge pages" if "huge=" in mount and "huge=never" not in mount else "4 KiB pages"
     return (f" (limit on this machine: a raw read of the same tmpfs copies, no checksum, the same threads, "
             f"is {limit:.2f} x the memcpy{' in CPU s' if cpu else ''}: the kernel's copy from the tmpfs's "
             f"{pages}{'; huge pages: --memory-dir on a tmpfs mounted huge=within_size' if pages[0] == '4' else ''})")
+
+
+def start_keeper(root: Path, base: Path, job: str, node: str) -> Any:
+    """The node's keeper for the memory tier's run, in its own process as the standby forks it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from slurm_omni.checkpoint import peer; "
+            "peer.run_keeper(sys.argv[1], Path(sys.argv[2]), sys.argv[3], base=Path(sys.argv[4]), cap_bytes=None)")
+    proc = subprocess.Popen([sys.executable, "-c", code, job, str(root), node, str(base)])
+    sock = held.socket_path(memtier.job_dir(base, job), node)
+    deadline = time.monotonic() + 120
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("bench: the node keeper never listened")
+        time.sleep(0.05)
+    return proc
 
 
 # -- the peer tier (issue 22): a replacement node restores from its peer's memory -----------------------

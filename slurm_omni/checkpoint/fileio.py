@@ -30,6 +30,7 @@ import xxhash
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
+from slurm_omni.checkpoint.held import HeldCopy
 
 log = logging.getLogger(__name__)
 
@@ -194,12 +195,15 @@ class ShardFiles:
     """The open shard files of one checkpoint: descriptors per thread, page-cache residency, buffers."""
 
     def __init__(self, path: Path, manifest: fmt.Manifest, *, direct_io: bool,
-                 sources: Mapping[str, Path | Stream] | None = None) -> None:
+                 sources: Mapping[str, Path | HeldCopy | Stream] | None = None) -> None:
         self.path = path
         self.manifest = manifest
         self.sources = {k: v for k, v in (sources or {}).items() if isinstance(v, Path)}
         """Shards read from another copy than ``path``'s file (the memory tier: ``memtier.py``)."""
-        self.streams: dict[str, Stream] = {k: v for k, v in (sources or {}).items() if not isinstance(v, Path)}
+        self.held = {k: v for k, v in (sources or {}).items() if isinstance(v, HeldCopy)}
+        """Shards read from the node keeper's memory (``held.py``)."""
+        self.streams: dict[str, Stream] = {k: v for k, v in (sources or {}).items()
+                                           if not isinstance(v, Path | HeldCopy)}
         """Shards whose bytes arrive on a stream (a peer's memory: ``peer.py``), read once, in file order."""
         self.read_bytes = {"buffered": 0, "direct": 0}
         """Bytes read through the page cache and with O_DIRECT so far (gaps between datasets included)."""
@@ -222,6 +226,7 @@ class ShardFiles:
             known = self._direct.get(shard)
         if known is None:
             known = (self._direct_io and shard not in self.sources and shard not in self.streams
+                     and shard not in self.held
                      and self._can_direct(shard))
             with self._lock:
                 known = self._direct.setdefault(shard, known)
@@ -319,6 +324,8 @@ class ShardFiles:
             return True
         shard = run[0].piece.shard
         sums = [xxhash.xxh3_64() for _ in run]
+        if shard in self.held:
+            return self._read_held(shard, run, sums, stop) and self._check(run, sums)
         if shard in self.sources:
             return self._read_memory(shard, run, sums, stop) and self._check(run, sums)
         at, end = run[0].piece.offset, run[-1].piece.offset + run[-1].piece.nbytes
@@ -402,6 +409,30 @@ class ShardFiles:
             at = self._read_cached(shard, run, first, at, hi, sums, partial=False, step=_MEM_STEP)
         with self._lock:
             self.read_bytes["memory"] = self.read_bytes.get("memory", 0) + end - run[0].piece.offset
+        return True
+
+    def _read_held(self, shard: str, run: list[Job], sums: list[xxhash.xxh3_64], stop: Callable[[], bool]) -> bool:
+        """A shard in the node keeper's memory: each piece with ``process_vm_readv`` straight into its
+        memory, a step at a time, each step checksummed right after it lands (no GIL held while the
+        kernel copies: the I/O threads copy at once). A keeper gone (ESRCH), access refused (EPERM) or a
+        range it no longer maps is a bad copy: ``CheckpointCorrupt``, the restore reads the files."""
+        copy = self.held[shard]
+        total = 0
+        for job, digest in zip(run, sums, strict=True):
+            if stop():
+                return False
+            off, n = job.piece.offset, job.piece.nbytes
+            try:
+                for a in range(0, n, _MEM_STEP):
+                    view = job.buf[a:min(n, a + _MEM_STEP)]
+                    copy.read_into(off + a, view)
+                    digest.update(view)   # just written: still in the CPU cache
+            except OSError as e:
+                raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: {shard}.h5's copy in the "
+                                        f"keeper's memory: {e.strerror or e}, inside {job.where}") from e
+            total += n
+        with self._lock:
+            self.read_bytes["memory"] = self.read_bytes.get("memory", 0) + total
         return True
 
     def _resident(self, shard: str, at: int) -> bool:

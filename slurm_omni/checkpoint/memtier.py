@@ -39,7 +39,9 @@ from typing import Any
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.fence import fenced_by
+from slurm_omni.checkpoint.held import HeldCopy, KeeperClient, KeeperUnreachable
 from slurm_omni.errors import CheckpointError
+from slurm_omni.formats.memtier_keeper import HeldCopyRecord
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 
 log = logging.getLogger(__name__)
@@ -102,7 +104,9 @@ def job_dir(base: Path, job: str) -> Path:
 class MemoryTier:
     """This process's view of the node's memory tier for one job."""
 
-    def __init__(self, job: str, *, base: Path = DEFAULT_DIR, cap_bytes: int | None = None, keep: int = 2) -> None:
+    def __init__(self, job: str, *, base: Path = DEFAULT_DIR, cap_bytes: int | None = None, keep: int = 2,
+                 node: str | None = None) -> None:
+        """``node``: whose keeper holds this process's copies (None: SLURMD_NODENAME's)."""
         if not job:
             raise CheckpointError("checkpoint: couldn't use the memory tier: no job id (set memory_job or SLURM_JOB_ID)")
         if cap_bytes is not None and cap_bytes < 0:
@@ -115,6 +119,11 @@ class MemoryTier:
         self.keep = keep
         self.path = job_dir(base, job)
         self._said: set[str] = set()
+        self.keeper = KeeperClient(self.path, job, os.environ.get("SLURMD_NODENAME", "") if node is None else node)
+        """The node's keeper, which holds this node's copies in its memory (``held.py``)."""
+        self._held = True
+        """False once this process found it cannot read the keeper's memory: copies are tmpfs files."""
+        self._probed = False
         try:
             ensure_own_dir(self.path, below=base, what="checkpoint memory tier")
         except NotOwnedError as e:
@@ -125,9 +134,16 @@ class MemoryTier:
     def publish(self, shard_file: Path, *, step: int, rank: int, incarnation: str, root: Path | None = None,
                 number: int | None = None) -> Path | None:
         """Copy ``shard_file`` (this rank's shard of ``step``, written and durable) into the tier; the
-        copy's path, or None when it was not kept (fenced, over the cap, no room: one line each)."""
+        copy's path, or None when it was not kept (fenced, over the cap, no room: one line each).
+
+        Where the node's keeper answers, it copies the shard into its memory (``held.py``) and the
+        path returned is ``shard_file`` itself (the same bytes, for the ring peer's copy); else the copy
+        is a tmpfs file of the job's folder."""
         shard = fmt.shard_name(rank)
         final = self.path / f"step-{step}.{shard}.{fmt.safe_name(incarnation)}.h5"
+        held = self.hold(shard_file, final.name, step=step, number=number)
+        if held is not None:
+            return shard_file if held else None
         partial = final.with_name(final.name + PARTIAL)
         try:
             src = os.open(shard_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -188,6 +204,55 @@ class MemoryTier:
         os.replace(partial, final)
         return final
 
+    def hold(self, source: Path, name: str, *, step: int, number: int | None) -> bool | None:
+        """Ask the node's keeper to hold ``source``'s bytes as copy ``name``: True once it does, False when
+        it refused (fenced, over the cap, no memory: one line; the file system has the step), None when
+        no keeper can (none answers, or this process cannot read its memory: one line; the caller keeps a
+        tmpfs file instead)."""
+        if not self._held:
+            return None
+        try:
+            reply = self.keeper.ask("hold", names=[name], source=str(source), number=number)
+        except KeeperUnreachable as e:
+            # INFO: the keeper that failed to start said why (a WARNING of the standby's)
+            log.log(logging.DEBUG if "nokeeper" in self._said else logging.INFO,
+                    "checkpoint: %s; this node's copies are tmpfs files", e)
+            self._said.add("nokeeper")
+            return None
+        if not reply.ok:
+            if reply.refused == "fenced":
+                log.warning("checkpoint: step %d of incarnation %s not kept in memory: %s", step, number, reply.error)
+            elif reply.refused in ("cap", "full"):
+                what = "the cap" if reply.refused == "cap" else "no memory"
+                hint = " (raise [checkpoint] memory_gib)" if reply.refused == "cap" else ""
+                self._say(reply.refused, f"checkpoint: couldn't keep step {step} in memory ({what}): "
+                                         f"{reply.error}{hint}; the file system has it")
+            else:
+                self._say("hold", f"checkpoint: the keeper couldn't keep step {step} in memory: {reply.error}; "
+                                  f"keeping a tmpfs copy")
+                return None
+            return False
+        if not self._probed:
+            self._probed = True
+            copy = reply.copies[0]
+            try:   # once: can this node's ranks read the keeper's memory? (Yama ptrace_scope 2/3: no)
+                probe = bytearray(min(copy.size, 4096) or 1)
+                HeldCopy(copy.name, reply.pid, copy.addr, copy.size).read_into(0, memoryview(probe)[:min(copy.size, 4096)])
+            except OSError as e:
+                self._held = False
+                log.warning("checkpoint: couldn't read the node keeper's memory (%s; ptrace access, see Yama "
+                            "ptrace_scope); this node's copies are tmpfs files (slower restores)", e.strerror or e)
+                self._ask_quietly("drop", [name])
+                return None
+        return True
+
+    def _ask_quietly(self, op: str, names: list[str]) -> int:
+        """A keeper request whose failure changes nothing (``used``: 0 when none answers)."""
+        try:
+            return self.keeper.ask(op, names=names).used
+        except KeeperUnreachable:
+            return 0
+
     def _fits(self, step: int, size: int) -> bool:
         if self.cap_bytes is not None:
             used = self.used_bytes()
@@ -208,7 +273,8 @@ class MemoryTier:
         return True
 
     def used_bytes(self) -> int:
-        total = 0
+        """The tier's bytes on this node: the job folder's tmpfs copies and what the keeper holds."""
+        total = self._ask_quietly("used", []) if self._held else 0
         for entry in os.scandir(self.path):
             try:
                 total += entry.stat(follow_symlinks=False).st_size
@@ -234,14 +300,22 @@ class MemoryTier:
 
     # -- restoring ------------------------------------------------------------------------------------
 
-    def sources(self, manifest: fmt.Manifest) -> dict[str, Path]:
+    def sources(self, manifest: fmt.Manifest) -> dict[str, Path | HeldCopy]:
         """The shards of ``manifest`` this node holds a sound-looking copy of: written by the incarnation
-        that committed the step, ours, 0600, a regular file of the recorded size. Their bytes are checked
-        by the reader, tensor by tensor."""
-        found: dict[str, Path] = {}
+        that committed the step, of the recorded size, in the keeper's memory or a 0600 regular tmpfs
+        file of ours. Their bytes are checked by the reader, tensor by tensor."""
+        found: dict[str, Path | HeldCopy] = {}
         uid = os.geteuid()
+        names = {f"step-{manifest.step}.{name}.{fmt.safe_name(manifest.incarnation)}.h5": name
+                 for name, shard in manifest.shards.items() if shard.file is not None}
+        for copy, pid in self._where(list(names)):
+            if copy.size == manifest.shards[names[copy.name]].file_bytes:
+                found[names[copy.name]] = HeldCopy(copy.name, pid, copy.addr, copy.size)
+            else:
+                self._say("size", f"checkpoint: not reading {copy.name} from the keeper's memory: {copy.size} "
+                                  f"bytes, the shard has {manifest.shards[names[copy.name]].file_bytes}")
         for name, shard in manifest.shards.items():
-            if shard.file is None:
+            if shard.file is None or name in found:
                 continue
             path = self.path / f"step-{manifest.step}.{name}.{fmt.safe_name(manifest.incarnation)}.h5"
             try:
@@ -258,9 +332,29 @@ class MemoryTier:
             found[name] = path
         return found
 
-    def drop(self, paths: dict[str, Path]) -> None:
-        for path in paths.values():
-            _unlink(path)
+    def _where(self, names: list[str]) -> list[tuple[HeldCopyRecord, int]]:
+        if not self._held or not names:
+            return []
+        try:
+            reply = self.keeper.ask("where", names=names)
+        except KeeperUnreachable as e:
+            log.debug("checkpoint: %s", e)
+            return []
+        return [(c, reply.pid) for c in reply.copies]
+
+    def hand_over(self, copy: Path, *, step: int, number: int | None) -> None:
+        """A memory-only step's tmpfs copy (published, its ring peer's copy sent) into the keeper's
+        memory; the file goes once the keeper holds it (it stays where the keeper cannot)."""
+        if self.hold(copy, copy.name, step=step, number=number):
+            _unlink(copy)
+
+    def drop(self, copies: Mapping[str, Path | HeldCopy]) -> None:
+        held = [c.name for c in copies.values() if isinstance(c, HeldCopy)]
+        if held:
+            self._ask_quietly("drop", held)
+        for copy in copies.values():
+            if isinstance(copy, Path):
+                _unlink(copy)
 
     def _say(self, kind: str, line: str) -> None:
         """One warning per kind of trouble; later ones only at debug (a cap or a full tmpfs each step)."""

@@ -48,6 +48,7 @@ import msgspec
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint import memtier
 from slurm_omni.checkpoint.fence import fenced_by
+from slurm_omni.checkpoint.held import HeldServer, HeldStore
 from slurm_omni.errors import CheckpointError
 from slurm_omni.formats import RecordRejected, decode, encode
 from slurm_omni.formats.memtier_peer import (
@@ -428,12 +429,26 @@ class Keeper:
         self.host = host or _own_address()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self.held = HeldStore(job, parse=memtier.parse_name, fenced=self._fenced, room=self._room, keep=keep)
+        """This node's own copies, in this process's memory (``held.py``)."""
+        self.local: HeldServer | None = None
+        try:
+            self.local = HeldServer(self.held, self.job_path, node)
+        except OSError as e:   # e.g. a socket path past 107 bytes: the ranks keep tmpfs copies
+            log.warning("checkpoint: keeper of job %s on %s holds no copies in memory: couldn't listen on "
+                        "its socket: %s", job, node, e)
+
+    def _fenced(self, number: int | None) -> int | None:
+        fence = fenced_by(self.root, number)
+        return fence.incarnation if fence is not None else None
 
     def advertise(self) -> None:
         _write_record(keeper_path(self.root, self.node),
                       KeeperAddress(node=self.node, host=self.host, port=self.port, pid=os.getpid(), job=self.job))
 
     def serve_forever(self) -> None:
+        if self.local is not None:
+            self.local.start()
         self.advertise()
         log.info("checkpoint: replica keeper of job %s on %s:%d (peer area %s)", self.job, self.host, self.port,
                  self.area)
@@ -454,6 +469,9 @@ class Keeper:
 
     def stop(self) -> None:
         self._stopped.set()
+        if self.local is not None:
+            self.local.stop()
+        self.held.close()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -521,6 +539,20 @@ class Keeper:
         if req.job != self.job or memtier.parse_name(req.name) is None:
             self._refuse(conn, nonces, f"not a shard copy of job {self.job}: {req.name}")
             return
+        own = self.held.get(req.name)
+        if own is not None:   # this node's own copy, held in memory (a replacement elsewhere asks)
+            try:
+                if req.size and len(own) != req.size:
+                    self._refuse(conn, nonces, f"{len(own)} bytes, {req.size} asked")
+                    return
+                _send_signed(conn, self.key, b"rep", nonces, PeerReply(ok=True, size=len(own)))
+                try:
+                    conn.sendall(own)
+                except BlockingIOError:
+                    raise TimeoutError(f"the peer took no byte in {_TIMEOUT_S:.0f} s") from None
+            finally:
+                own.release()
+            return
         try:   # a copy kept for a peer, else this node's own (its writer asks: a replacement elsewhere)
             try:
                 fd = os.open(self.area / req.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -544,7 +576,7 @@ class Keeper:
 
     def _room(self, size: int) -> str:
         if self.cap_bytes is not None:
-            used = _tree_bytes(self.job_path)
+            used = _tree_bytes(self.job_path) + self.held.used()
             if used + size > self.cap_bytes:
                 return (f"{(used + size) / 2**30:.2f} GiB on {self.node} would pass the cap of "
                         f"{self.cap_bytes / 2**30:.2f} GiB")

@@ -41,7 +41,7 @@ class Restore:
     def __init__(self, path: Path, manifest: fmt.Manifest, layout: ShardLayout, *,
                  units: list[fmt.Unit], into: Mapping[str, Mapping[str, Any]], device: torch.device,
                  threads: int, direct_io: bool = True,
-                 sources: Mapping[str, Path | fileio.Stream] | None = None) -> None:
+                 sources: Mapping[str, Path | fileio.HeldCopy | fileio.Stream] | None = None) -> None:
         self.path = path
         self.sources = dict(sources or {})
         """Shards read from the memory tier instead of ``path`` (their bytes checked the same way): a
@@ -265,7 +265,8 @@ class Restore:
                         lo, hi = spans.get(p.shard, (p.offset, p.offset + p.nbytes))
                         spans[p.shard] = (min(lo, p.offset), max(hi, p.offset + p.nbytes))
             for shard, (lo, hi) in spans.items():
-                if shard in self._files.sources or shard in self._files.streams or self._files.direct(shard):
+                if shard in self._files.sources or shard in self._files.held or shard in self._files.streams \
+                        or self._files.direct(shard):
                     continue   # in memory already; or WILLNEED would fill the page cache behind the direct reads' back
                 if self._closed or self._error is not None:
                     return

@@ -20,6 +20,7 @@ import torch
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
+from slurm_omni.checkpoint.held import HeldCopy
 from slurm_omni.checkpoint.memtier import MemoryTier
 from slurm_omni.checkpoint.peer import PeerStream, Replicas, close_streams
 from slurm_omni.checkpoint.reader import Restore
@@ -27,6 +28,10 @@ from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
 from slurm_omni.errors import CheckpointError
 
 log = logging.getLogger(__name__)
+
+Source = Path | HeldCopy | PeerStream
+"""Where a shard's bytes come from besides the checkpoint's own file: a tmpfs copy, the node keeper's
+memory (``held.py``), a peer keeper's stream (``peer.py``)."""
 
 __all__ = ["Restore", "open_restore"]
 
@@ -71,7 +76,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     passed: list[str] = []
     for entry in candidates:
         session = None
-        sources: dict[str, Path | PeerStream] = {}
+        sources: dict[str, Source] = {}
         fetched: frozenset[str] = frozenset()
         try:
             manifest = fmt.read_manifest(entry.path)
@@ -93,7 +98,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
             close_streams(sources)
             if sources and memory is not None:
                 # the copy in memory, not the checkpoint, may be what is bad: drop it, read the files
-                copies = {k: v for k, v in sources.items() if isinstance(v, Path)}
+                copies = {k: v for k, v in sources.items() if isinstance(v, Path | HeldCopy)}
                 memory.drop(copies)
                 if any(manifest.shards[s].memory_only for s in sources if s in manifest.shards):
                     # no file to read it from: not the checkpoint's fault, nothing to mark
@@ -138,7 +143,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
 
 
 def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[fmt.Unit], wanted: list[str],
-          sources: dict[str, Path | PeerStream], *, into: Mapping[str, Mapping[str, Any]] | None, device: torch.device | str,
+          sources: dict[str, Source], *, into: Mapping[str, Mapping[str, Any]] | None, device: torch.device | str,
           threads: int, direct_io: bool, fetched: frozenset[str] = frozenset()) -> Restore:
     """A session whose critical units are in memory (all units when some come from the memory tier:
     reading them is fast, and a bad copy must be found before training starts on it)."""
@@ -161,22 +166,22 @@ def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[f
 
 
 def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: list[fmt.Unit],
-                    peers: Replicas | None = None) -> tuple[dict[str, Path | PeerStream], frozenset[str]]:
+                    peers: Replicas | None = None) -> tuple[dict[str, Source], frozenset[str]]:
     """The shards this rank reads that its node's memory holds a copy of (else a peer's: a stream from
     its keeper), and which of them come from a peer."""
     if memory is None:
         return {}, frozenset()
     needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces}
-    found: dict[str, Path | PeerStream] = {shard: path for shard, path in memory.sources(manifest).items()
-                                           if shard in needed}
-    fetched: dict[str, Path | PeerStream] = {}
+    found: dict[str, Source] = {shard: path for shard, path in memory.sources(manifest).items()
+                                if shard in needed}
+    fetched: dict[str, Source] = {}
     if peers is not None and needed - set(found):
-        fetched = peers.fetch(manifest, needed - set(found))
+        fetched = dict(peers.fetch(manifest, needed - set(found)))
     return {**found, **fetched}, frozenset(fetched)
 
 
 def _memory_only_lacking(manifest: fmt.Manifest, units: list[fmt.Unit],
-                         sources: Mapping[str, Path | PeerStream]) -> list[str]:
+                         sources: Mapping[str, Source]) -> list[str]:
     """The shards this rank reads that are only in memory and that no memory it reaches holds."""
     needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces if p.nbytes}
     return sorted(s for s in needed if s in manifest.shards and manifest.shards[s].memory_only and s not in sources)
@@ -187,11 +192,11 @@ def _names(shards: list[str]) -> str:
             + (" is" if len(shards) == 1 else " are"))
 
 
-def _check_files(path: Path, manifest: fmt.Manifest, sources: Mapping[str, Path | PeerStream] | None = None) -> None:
+def _check_files(path: Path, manifest: fmt.Manifest, sources: Mapping[str, Source] | None = None) -> None:
     for name, shard in manifest.shards.items():
         source = (sources or {}).get(name)
-        if shard.file is None or isinstance(source, PeerStream):
-            continue   # a stream's size is the keeper's, checked against the manifest before it was opened
+        if shard.file is None or isinstance(source, PeerStream | HeldCopy):
+            continue   # a stream's or held copy's size is the keeper's, checked against the manifest already
         if shard.memory_only and source is None:
             continue   # no file: a memory-only shard this rank does not read (_memory_only_lacking)
         try:

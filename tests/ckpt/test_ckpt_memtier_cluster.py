@@ -6,6 +6,7 @@ relaunch, and the reference run beside it): behind ``OMNI_MEMTIER_CLUSTER=1``.""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from support import wait_until
 
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import held
 from slurm_omni.checkpoint.memtier import DEFAULT_DIR, job_dir
 from slurm_omni.config.site import load_site
 from slurm_omni.drill import story
@@ -51,6 +53,38 @@ def _a_rank_task(job_id: int) -> int | None:
         if env.get(b"SLURM_JOB_ID") == str(job_id).encode() and b"SLURM_STEP_ID" in env:
             found.append(int(entry))
     return max(found) if found else None
+
+
+def _held(job_id: int) -> list[tuple[int, held.HeldCopy]]:
+    """(keeper pid, copy) for every copy the job's keepers hold in their memory (the embedded
+    cluster's nodes share one /dev/shm: one socket per node in the job's folder)."""
+    folder = job_dir(DEFAULT_DIR, str(job_id))
+    found = []
+    for sock in folder.glob("keeper.*.sock"):
+        client = held.KeeperClient(folder, str(job_id), sock.name.removeprefix("keeper.").removesuffix(".sock"))
+        try:
+            reply = client.ask("where")
+        except held.KeeperUnreachable:
+            continue
+        finally:
+            client.close()
+        found += [(reply.pid, held.HeldCopy(c.name, reply.pid, c.addr, c.size)) for c in reply.copies]
+    return found
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _flip_byte(pid: int, addr: int) -> None:
+    """Flip one byte of another process's memory (process_vm_readv, then _writev: the test runs as the
+    job's user)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    byte = ctypes.create_string_buffer(1)
+    mine, theirs = _IoVec(ctypes.addressof(byte), 1), _IoVec(addr, 1)
+    assert libc.process_vm_readv(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0) == 1, ctypes.get_errno()
+    byte[0] = bytes([byte.raw[0] ^ 0xFF])
+    assert libc.process_vm_writev(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0) == 1, ctypes.get_errno()
 
 
 def _logs(work: Path) -> str:
@@ -123,7 +157,7 @@ def test_a_crashed_rank_restores_every_rank_from_its_nodes_memory(slurm_cluster,
     try:
         job_id = story.submit(files, env)
         wait_until(lambda: any(e.step >= 5 for e in fmt.complete(ckpt)), 300, "a checkpoint at step 5")
-        assert list(job_dir(DEFAULT_DIR, str(job_id)).glob("step-*.rank-*.h5")), \
+        assert _held(job_id) and not list(job_dir(DEFAULT_DIR, str(job_id)).glob("step-*.rank-*.h5")), \
             f"nothing kept in memory: {[line for line in _logs(files.work).splitlines() if 'memory' in line][:5]}"
         pid = wait_until(lambda: _a_rank_task(job_id), 60, "a rank's task")
         os.kill(pid, signal.SIGKILL)
@@ -145,24 +179,19 @@ def test_a_crashed_rank_restores_every_rank_from_its_nodes_memory(slurm_cluster,
     _freed(job_id)
 
 
-def _corrupt_copies_of(folder: Path, shard: str, until: threading.Event, done: set[str]) -> None:
-    """Flip bytes in the middle of every copy of ``shard`` that appears in ``folder`` (its tensor bytes:
-    the HDF5 metadata is a few KiB at the start), until ``until`` is set."""
+def _corrupt_copies_of(job_id: int, shard: str, until: threading.Event, done: set[tuple[int, str]]) -> None:
+    """Flip bytes in the middle of every copy of ``shard`` that a keeper of the job holds (its tensor
+    bytes: the HDF5 metadata is a few KiB at the start), until ``until`` is set."""
     while not until.wait(0.02):
-        for path in folder.glob(f"step-*.{shard}.*.h5"):
-            if path.name in done:
+        for pid, copy in _held(job_id):
+            if f".{shard}." not in copy.name or (pid, copy.name) in done:
                 continue
             try:
-                with open(path, "r+b") as f:
-                    size = f.seek(0, os.SEEK_END)
-                    for at in (size // 2, size * 3 // 4):
-                        f.seek(at)
-                        byte = f.read(1)
-                        f.seek(at)
-                        f.write(bytes([byte[0] ^ 0xFF]))
-            except (OSError, IndexError):
+                for at in (copy.size // 2, copy.size * 3 // 4):
+                    _flip_byte(pid, copy.addr + at)
+            except AssertionError:
                 continue
-            done.add(path.name)
+            done.add((pid, copy.name))
 
 
 def test_a_corrupted_copy_in_memory_falls_back_to_the_file_system_once(slurm_cluster, tmp_path: Path) -> None:
@@ -177,12 +206,11 @@ def test_a_corrupted_copy_in_memory_falls_back_to_the_file_system_once(slurm_clu
     runner = CommandRunner(slurm_cluster.env)
     job_id = 0
     stop = threading.Event()
-    corrupted: set[str] = set()
+    corrupted: set[tuple[int, str]] = set()
     try:
         job_id = story.submit(files, env)
         wait_until(lambda: any(e.step >= 5 for e in fmt.complete(ckpt)), 300, "a checkpoint at step 5")
-        folder = job_dir(DEFAULT_DIR, str(job_id))
-        corrupter = threading.Thread(target=_corrupt_copies_of, args=(folder, "rank-00000", stop, corrupted),
+        corrupter = threading.Thread(target=_corrupt_copies_of, args=(job_id, "rank-00000", stop, corrupted),
                                      daemon=True)
         corrupter.start()
         wait_until(lambda: corrupted, 60, "a copy of rank 0's shard in memory")
@@ -232,7 +260,8 @@ def test_over_the_sites_cap_the_file_system_has_every_step(slurm_cluster, tmp_pa
     try:
         job_id = story.submit(files, env)
         wait_until(lambda: any(e.step >= 5 for e in fmt.complete(ckpt)), 300, "a checkpoint at step 5")
-        assert not list(job_dir(DEFAULT_DIR, str(job_id)).glob("step-*.h5")), "kept in memory over the cap"
+        assert not list(job_dir(DEFAULT_DIR, str(job_id)).glob("step-*.h5")) and not _held(job_id), \
+            "kept in memory over the cap"
         pid = wait_until(lambda: _a_rank_task(job_id), 60, "a rank's task")
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not runner.run(["squeue", "-h", "-j", str(job_id)], check=False)

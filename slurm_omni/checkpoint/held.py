@@ -1,0 +1,456 @@
+"""The memory tier's copies held in the node keeper's anonymous memory, read by a restarted rank with
+``process_vm_readv`` straight into its tensors.
+
+Why not a file on /dev/shm: where the tmpfs gives 4 KiB pages (``shmem_enabled`` = never, and a tmpfs
+mounted ``huge=`` needs root), reading a copy from it costs 0.62-0.71 x a memcpy of the same bytes
+here, whatever the reader does; ``process_vm_readv`` from anonymous memory with transparent huge pages
+(``MADV_HUGEPAGE``, allowed where THP is ``madvise``) cost 1.07 x (512 MiB, medians of 7).
+
+Who holds what: the node's keeper (``peer.Keeper``, a child of the standby server: it outlives every
+trainer of the job) keeps, per shard, the newest ``keep`` steps in buffers it reuses (no fresh page
+faults or zeroing per step). A rank's persist thread asks it over a Unix socket in the job's 0700
+tmpfs folder (``formats/memtier_keeper.py``; the keeper checks the caller's uid too) to ``hold`` the
+shard file it just wrote; the keeper copies it (preadv from the page cache), checks the root's fence
+(``fence.py``) before and after, and only then makes it visible under the copy's name, which carries
+the incarnation that wrote it. A restore asks ``where`` its shards are, reads them with
+``process_vm_readv`` and checks every tensor's xxh3 as it lands, as from a file: a copy the keeper
+reused meanwhile, or a keeper gone, is a bad copy (``CheckpointCorrupt``): the restore reads the files.
+
+Security: ``process_vm_readv`` needs the caller's uid to be the keeper's and ptrace access (the kernel
+checks it: another user's process can read nothing). Under Yama ``ptrace_scope`` 1 only a process's
+ancestors may, and the ranks are the keeper's siblings: the keeper names any process as its tracer
+(``PR_SET_PTRACER_ANY``), which leaves the uid check in force. Where access is still refused (scope 2
+or 3, EPERM), the publishing rank finds it at its first copy and keeps its copies as tmpfs files, as
+before this module, with one line. A process's anonymous memory ends with it: nothing of the job stays
+on the node after the keeper ends, even where the standby could not clean up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import os
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_omni.checkpoint.format import safe_name
+from slurm_omni.formats import RecordRejected, decode, encode
+from slurm_omni.formats.memtier_keeper import MAX_RECORD_BYTES, HeldCopyRecord, HoldReply, HoldRequest
+
+log = logging.getLogger(__name__)
+
+def socket_path(folder: Path, node: str) -> Path:
+    """The keeper's Unix socket in the job's folder of the memory tier, named by its node (the embedded
+    cluster's nodes share one /dev/shm)."""
+    return folder / (f"keeper.{safe_name(node)}.sock" if node else "keeper.sock")
+HUGE = 2 << 20
+_COPY = 64 << 20
+_TIMEOUT_S = 60.0
+_MADV_POPULATE_WRITE = 23   # Linux 5.14: faults the pages in now, ENOMEM instead of a later SIGBUS or OOM kill
+_PR_SET_PTRACER = 0x59616d61
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.process_vm_readv.restype = ctypes.c_ssize_t
+        libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                                          ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+class KeeperUnreachable(OSError):
+    """No keeper answers on this node (none runs, or it is gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCopy:
+    """A shard copy in the keeper's memory: ``size`` bytes at ``addr`` in process ``pid``."""
+
+    name: str
+    pid: int
+    addr: int
+    size: int
+
+    def read_into(self, offset: int, view: memoryview) -> None:
+        """``len(view)`` bytes of the copy from ``offset`` into ``view`` (writable, contiguous); OSError
+        when the keeper is gone (ESRCH), refuses access (EPERM) or the range is not its copy's."""
+        n = len(view)
+        if offset < 0 or offset + n > self.size:
+            raise OSError(errno.EFAULT, f"{offset}+{n} is outside the copy's {self.size} bytes")
+        if n == 0:
+            return
+        at = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        read_remote(self.pid, self.addr + offset, at, n)
+
+
+def read_remote(pid: int, remote: int, local: int, n: int) -> None:
+    """``n`` bytes at ``remote`` in process ``pid`` to ``local`` in this one (``process_vm_readv``)."""
+    if _LIBC is None:
+        raise OSError(errno.ENOSYS, "no process_vm_readv here")
+    done = 0
+    while done < n:
+        mine, theirs = _IoVec(local + done, n - done), _IoVec(remote + done, n - done)
+        got = _LIBC.process_vm_readv(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+        if got < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"process_vm_readv from the keeper (pid {pid}): {os.strerror(code)}")
+        if got == 0:
+            raise OSError(errno.EFAULT, f"process_vm_readv from the keeper (pid {pid}) read nothing")
+        done += got
+
+
+def allow_readers() -> None:
+    """Let any process ptrace-read this one where Yama restricts it to ancestors (the kernel still
+    requires the reader's uid to be ours); nothing where Yama is absent."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
+
+
+class _Buffer:
+    """Anonymous memory of at least ``size`` bytes, on transparent huge pages where the kernel gives them
+    (``MADV_HUGEPAGE``), faulted in at once so that an allocation that cannot be met fails here."""
+
+    def __init__(self, size: int) -> None:
+        self.capacity = -(-max(size, 1) // HUGE) * HUGE
+        self._map = mmap.mmap(-1, self.capacity + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+            self.skip = -base % HUGE   # THP needs 2 MiB-aligned ranges
+            self.addr = base + self.skip
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+            try:
+                self._map.madvise(_MADV_POPULATE_WRITE, self.skip, self.capacity)
+            except OSError as e:
+                if e.errno in (errno.ENOMEM, errno.EFAULT, errno.EAGAIN):
+                    raise
+                # older kernels: EINVAL; the pages fault in as the copy writes them
+        except BaseException:
+            self._map.close()
+            raise
+
+    def view(self, size: int) -> memoryview:
+        return memoryview(self._map)[self.skip:self.skip + size]
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        except BufferError:   # a view still exported: the memory goes with the process
+            pass
+
+
+@dataclass(slots=True)
+class _Held:
+    buffer: _Buffer
+    size: int
+    step: int
+    shard: str
+
+
+class HeldStore:
+    """The keeper's side: the copies it holds for the ranks of its node."""
+
+    def __init__(self, job: str, *, parse: Callable[[str], tuple[int, str] | None],
+                 fenced: Callable[[int | None], int | None], room: Callable[[int], str], keep: int = 2) -> None:
+        """``parse``: a copy's name as (step, shard), None for others; ``fenced``: the incarnation that
+        fenced ``number`` out, else None; ``room``: why ``n`` more bytes do not fit ("" when they do)."""
+        self.job, self.keep = job, keep
+        self._parse, self._fenced, self._room = parse, fenced, room
+        self._lock = threading.Lock()
+        self._copies: dict[str, _Held] = {}
+        self._spare: dict[str, _Buffer] = {}
+        """Per shard, a buffer whose copy was retired: the next step of that shard is copied into it."""
+
+    def used(self) -> int:
+        with self._lock:
+            return sum(h.buffer.capacity for h in self._copies.values()) + \
+                sum(b.capacity for b in self._spare.values())
+
+    def where(self, names: list[str]) -> list[HeldCopyRecord]:
+        """The held copies among ``names`` (all of them for none)."""
+        with self._lock:
+            return [HeldCopyRecord(name=n, size=self._copies[n].size, addr=self._copies[n].buffer.addr)
+                    for n in (names or list(self._copies)) if n in self._copies]
+
+    def drop(self, names: list[str]) -> None:
+        with self._lock:
+            for name in names:
+                held = self._copies.pop(name, None)
+                if held is not None:
+                    self._give_back(held.shard, held.buffer)
+
+    def get(self, name: str) -> memoryview | None:
+        """The held bytes of ``name`` (the keeper serving a peer), None when it holds none."""
+        with self._lock:
+            held = self._copies.get(name)
+            return held.buffer.view(held.size) if held is not None else None
+
+    def close(self) -> None:
+        with self._lock:
+            for held in self._copies.values():
+                held.buffer.close()
+            for buf in self._spare.values():
+                buf.close()
+            self._copies.clear()
+            self._spare.clear()
+
+    def hold(self, req: HoldRequest) -> HoldReply:
+        """Copy ``req.source`` into this process's memory as ``req.names[0]``, visible once the fence
+        still admits ``req.number`` after the copy."""
+        name = req.names[0] if len(req.names) == 1 else ""
+        parsed = self._parse(name)
+        if req.job != self.job or parsed is None:
+            return HoldReply(ok=False, refused="source", error=f"not a shard copy of job {self.job}: {name!r}")
+        step, shard = parsed
+        newer = self._fenced(req.number)
+        if newer is not None:
+            return HoldReply(ok=False, refused="fenced", error=f"incarnation {newer} started since")
+        try:
+            fd = os.open(req.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            return HoldReply(ok=False, refused="source", error=f"{req.source}: {e.strerror}")
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                return HoldReply(ok=False, refused="source", error=f"{req.source}: not a regular file of ours")
+            size = st.st_size
+            buffer, refused = self._buffer(shard, step, size)
+            if buffer is None:
+                return refused
+            try:
+                _copy_in(fd, buffer.view(size), size)
+            except BaseException:
+                with self._lock:
+                    self._give_back(shard, buffer)
+                raise
+        finally:
+            os.close(fd)
+        newer = self._fenced(req.number)
+        with self._lock:
+            if newer is not None:
+                self._give_back(shard, buffer)
+                return HoldReply(ok=False, refused="fenced", error=f"incarnation {newer} started since")
+            for other in [n for n, h in self._copies.items() if h.shard == shard and h.step == step]:
+                self._give_back(shard, self._copies.pop(other).buffer)   # the step from another incarnation
+            self._copies[name] = _Held(buffer, size, step, shard)
+            return HoldReply(ok=True, pid=os.getpid(), copies=[HeldCopyRecord(name=name, size=size, addr=buffer.addr)])
+
+    def _buffer(self, shard: str, step: int, size: int) -> tuple[_Buffer | None, HoldReply]:
+        """A buffer for a new copy of ``shard`` (room made first: its copies but the ``keep - 1`` newest
+        older steps retired, their buffers reused)."""
+        with self._lock:
+            mine = sorted(((h.step, n) for n, h in self._copies.items() if h.shard == shard and h.step < step),
+                          reverse=True)
+            for _, old in mine[self.keep - 1:]:
+                self._give_back(shard, self._copies.pop(old).buffer)
+            spare = self._spare.pop(shard, None)
+            if spare is not None and spare.capacity >= size:
+                return spare, HoldReply(ok=True)
+            if spare is not None:
+                spare.close()
+        problem = self._room(-(-max(size, 1) // HUGE) * HUGE)   # it asks ``used()``: outside the lock
+        if problem:
+            return None, HoldReply(ok=False, refused="cap", error=problem)
+        try:
+            return _Buffer(size), HoldReply(ok=True)
+        except OSError as e:
+            return None, HoldReply(ok=False, refused="full", error=f"couldn't allocate {size / 2**30:.2f} GiB: "
+                                                                   f"{e.strerror}")
+
+    def _give_back(self, shard: str, buffer: _Buffer) -> None:
+        """Keep one spare buffer per shard for its next step; free the rest (called with the lock)."""
+        if shard in self._spare:
+            buffer.close()
+        else:
+            self._spare[shard] = buffer
+
+
+def _copy_in(fd: int, view: memoryview, size: int) -> None:
+    at = 0
+    try:
+        while at < size:
+            n = os.preadv(fd, [view[at:min(size, at + _COPY)]], at)
+            if n <= 0:
+                raise OSError(errno.EIO, f"the shard file ended at {at} of {size} bytes")
+            at += n
+    finally:
+        view.release()
+
+
+# -- the socket between a rank and its keeper -------------------------------------------------------------
+
+def _send(sock: socket.socket, record: HoldRequest | HoldReply) -> None:
+    body = encode(record)
+    sock.sendall(struct.pack("!I", len(body)) + body)
+
+
+def _recv(sock: socket.socket, kind: type[HoldRequest | HoldReply]) -> HoldRequest | HoldReply | None:
+    head = _recv_exact(sock, 4)
+    if head is None:
+        return None
+    (length,) = struct.unpack("!I", head)
+    if length > MAX_RECORD_BYTES:
+        raise ConnectionError(f"a {length}-byte record (at most {MAX_RECORD_BYTES})")
+    body = _recv_exact(sock, length)
+    if body is None:
+        raise ConnectionError("the other side hung up inside a record")
+    return decode(body, kind, "a keeper record")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        got = sock.recv(n - len(buf))
+        if not got:
+            if buf:
+                raise ConnectionError(f"the other side hung up after {len(buf)} of {n} bytes")
+            return None
+        buf += got
+    return bytes(buf)
+
+
+class HeldServer:
+    """The keeper's Unix socket: answers the ranks of its node (same uid only) from ``store``."""
+
+    def __init__(self, store: HeldStore, folder: Path, node: str = "") -> None:
+        self.store = store
+        self.path = socket_path(folder, node)
+        try:
+            os.unlink(self.path)   # a previous keeper's of this job on this node (it ended)
+        except FileNotFoundError:
+            pass
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        self.sock.listen(64)
+        self._stopped = threading.Event()
+
+    def start(self) -> threading.Thread:
+        allow_readers()
+        thread = threading.Thread(target=self._serve, daemon=True, name="omni-held-copies")
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stopped.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(_TIMEOUT_S)
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", creds)
+            if uid != os.geteuid():
+                log.warning("checkpoint: keeper refused a connection of uid %d on %s", uid, self.path)
+                return
+            while True:
+                req = _recv(conn, HoldRequest)
+                if not isinstance(req, HoldRequest):
+                    return
+                _send(conn, self._answer(req))
+        except (OSError, ConnectionError, RecordRejected) as e:
+            log.debug("checkpoint: keeper: a rank's connection failed: %s", e)
+        finally:
+            conn.close()
+
+    def _answer(self, req: HoldRequest) -> HoldReply:
+        if req.job != self.store.job:
+            return HoldReply(ok=False, error=f"this keeper holds job {self.store.job}, not {req.job}")
+        if req.op == "hold":
+            try:
+                return self.store.hold(req)
+            except OSError as e:
+                return HoldReply(ok=False, refused="source", error=f"couldn't copy {req.source}: {e}")
+        if req.op == "where":
+            return HoldReply(ok=True, pid=os.getpid(), copies=self.store.where(req.names))
+        if req.op == "drop":
+            self.store.drop(req.names)
+        return HoldReply(ok=True, pid=os.getpid(), used=self.store.used())
+
+
+class KeeperClient:
+    """A rank's side of its node's keeper socket (one connection, opened on first use)."""
+
+    def __init__(self, folder: Path, job: str, node: str = "") -> None:
+        self.path = socket_path(folder, node)
+        self.job = job
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def ask(self, op: str, *, names: list[str] | None = None, source: str = "",
+            number: int | None = None) -> HoldReply:
+        """The keeper's answer; ``KeeperUnreachable`` when none answers."""
+        req = HoldRequest(op=op, job=self.job, names=names or [], source=source, number=number)  # type: ignore[arg-type]
+        with self._lock:
+            for attempt in (0, 1):   # a keeper restarted since the last question: one new connection
+                try:
+                    sock = self._connect()
+                    _send(sock, req)
+                    reply = _recv(sock, HoldReply)
+                    if isinstance(reply, HoldReply):
+                        return reply
+                    raise ConnectionError("the keeper hung up")
+                except (OSError, ConnectionError, RecordRejected) as e:
+                    self._close()
+                    if attempt or isinstance(e, FileNotFoundError | ConnectionRefusedError):
+                        raise KeeperUnreachable(errno.ECONNREFUSED, f"no keeper answers on {self.path}: {e}") from e
+        raise KeeperUnreachable(errno.ECONNREFUSED, f"no keeper answers on {self.path}")
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            st = os.lstat(self.path)
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                raise ConnectionRefusedError(f"{self.path} is not a socket of ours")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(_TIMEOUT_S)
+            try:
+                sock.connect(str(self.path))
+            except BaseException:
+                sock.close()
+                raise
+            self._sock = sock
+        return self._sock
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()

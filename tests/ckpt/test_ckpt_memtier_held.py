@@ -1,0 +1,302 @@
+"""The memory tier's copies held in the node keeper's anonymous memory (``checkpoint/held.py``): a
+restart reads them with process_vm_readv, bitwise; the fence, the cap, a failed allocation, a bad
+copy and refused ptrace access each fall back with one line; another user reads nothing; the memory
+ends with the keeper."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
+from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import held, peer
+from slurm_omni.checkpoint.fence import raise_fence
+from slurm_omni.checkpoint.memtier import MemoryTier, free_job, job_dir
+from slurm_omni.formats import RecordRejected, decode
+from slurm_omni.formats.memtier_keeper import HoldReply, HoldRequest
+
+SHM = Path("/dev/shm")
+NODE = "n1"
+
+pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
+
+
+@pytest.fixture
+def job(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("SLURMD_NODENAME", NODE)
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    shutil.rmtree(job_dir(SHM, name), ignore_errors=True)
+
+
+@pytest.fixture
+def keeper(tmp_path: Path, job: str) -> Iterator[peer.Keeper]:
+    """The node's keeper, serving from a thread of this process (the standby forks it in a job)."""
+    k = peer.Keeper(job, tmp_path, NODE, base=SHM, bind="127.0.0.1", host="127.0.0.1")
+    k.start()
+    wait_for(held.socket_path(job_dir(SHM, job), NODE))
+    yield k
+    k.stop()
+
+
+def wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), f"no {path}"
+
+
+def files_in_tmpfs(job: str) -> list[str]:
+    return sorted(n for n in os.listdir(job_dir(SHM, job)) if n.endswith(".h5"))
+
+
+def held_names(job: str) -> list[str]:
+    reply = held.KeeperClient(job_dir(SHM, job), job, NODE).ask("where")
+    return sorted(c.name for c in reply.copies)
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_keeper_process_holds_the_copies_and_a_restart_reads_them_bitwise(tmp_path: Path, job: str) -> None:
+    """The keeper in its own process, as in a job: the copies live in its memory, not on the tmpfs;
+    the restart reads them across processes; when the keeper ends, its memory goes with it."""
+    code = ("import sys; from pathlib import Path; from slurm_omni.checkpoint import peer; "
+            "peer.run_keeper(sys.argv[1], Path(sys.argv[2]), sys.argv[3], base=Path('/dev/shm'), cap_bytes=None)")
+    proc = subprocess.Popen([sys.executable, "-c", code, job, str(tmp_path), NODE])
+    try:
+        wait_for(held.socket_path(job_dir(SHM, job), NODE))
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+            for step in (100, 200, 300):
+                eng.save(step, shard_state(step), sync=True)
+        assert files_in_tmpfs(job) == []
+        assert held_names(job) == [f"step-{s}.rank-00000.{eng.incarnation}.h5" for s in (200, 300)]   # keeps two
+        # the file system's shard is gone: only the keeper's memory can give the bytes back
+        (fmt.step_dir(tmp_path, 300) / "rank-00000.h5").unlink()
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+            assert r.step == 300 and r.source == "memory"
+            assert r.read_bytes["memory"] > 0 and r.read_bytes["buffered"] == 0
+            for name, want in modules(300).items():
+                assert_same(r.module(name), want, name)
+            assert_same(r.optimizer("text_decoder"), optimizer_state(300))
+            assert r.state == shard_state(300).state
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    # nothing of the copies was ever on the tmpfs; the keeper's socket went with it
+    assert os.listdir(job_dir(SHM, job)) == ["peer"] and not os.listdir(job_dir(SHM, job) / "peer")
+    free_job(job, base=SHM)
+    assert not job_dir(SHM, job).exists()
+
+
+def test_a_corrupted_copy_in_the_keeper_falls_back_to_the_file_system_with_one_line(
+        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture) -> None:
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    (name,) = held_names(job)
+    view = keeper.held.get(name)
+    assert view is not None
+    view[len(view) // 2] ^= 0xFF
+    view.release()
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.step == 100 and r.source == "file system"
+        assert_same(r.module("projector"), modules(100)["projector"])
+    (line,) = warnings(caplog)
+    assert "checksum mismatch" in line and "dropped the copy" in line and "file system" in line, line
+    assert held_names(job) == []
+
+
+def test_a_keeper_gone_since_the_copies_were_found_is_a_bad_copy_not_a_failure(
+        tmp_path: Path, job: str, caplog: pytest.LogCaptureFixture) -> None:
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    gone = held.HeldCopy("step-100.rank-00000.x.h5", 2**22 + 7, 4096, 1 << 20)   # no such process
+    with pytest.raises(OSError) as e:
+        gone.read_into(0, memoryview(bytearray(16)))
+    assert e.value.errno == errno.ESRCH
+
+
+def test_an_older_incarnation_cannot_publish_into_the_keeper_after_a_newer_one_started(
+        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture) -> None:
+    with engine(tmp_path, memory_tier=True, memory_job=job, incarnation="j.1", incarnation_number=1) as old:
+        old.save(100, shard_state(100), sync=True)
+        raise_fence(tmp_path, 2, "j.2")   # the next life started on the root
+        assert old.save(200, shard_state(200), sync=True).fenced
+    assert held_names(job) == ["step-100.rank-00000.j.1.h5"]
+    shard = fmt.step_dir(tmp_path, 100) / "rank-00000.h5"
+    tier = MemoryTier(job, base=SHM)
+    assert tier.publish(shard, step=300, rank=0, incarnation="j.1", root=tmp_path, number=1) is None
+    assert any("not kept in memory" in w and "incarnation 2 started since" in w for w in warnings(caplog))
+    assert tier.publish(shard, step=300, rank=0, incarnation="j.2", root=tmp_path, number=2) == shard
+    assert held_names(job) == ["step-100.rank-00000.j.1.h5", "step-300.rank-00000.j.2.h5"]
+    assert files_in_tmpfs(job) == []
+
+
+def test_the_keepers_cap_leaves_the_step_to_the_file_system_with_one_line(
+        tmp_path: Path, job: str, caplog: pytest.LogCaptureFixture) -> None:
+    k = peer.Keeper(job, tmp_path, NODE, base=SHM, bind="127.0.0.1", host="127.0.0.1", cap_bytes=4096)
+    k.start()
+    try:
+        wait_for(held.socket_path(job_dir(SHM, job), NODE))
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+            eng.save(100, shard_state(100), sync=True)
+            eng.save(200, shard_state(200), sync=True)
+        assert held_names(job) == [] and files_in_tmpfs(job) == []
+    finally:
+        k.stop()
+    (line,) = warnings(caplog)
+    assert "would pass the cap" in line and "memory_gib" in line and "the file system has it" in line, line
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.step == 200 and r.source == "file system"
+
+
+def test_a_failed_allocation_leaves_the_step_to_the_file_system_with_one_line(
+        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_memory(size: int) -> held._Buffer:
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(held, "_Buffer", no_memory)
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+        eng.save(200, shard_state(200), sync=True)
+    assert held_names(job) == [] and files_in_tmpfs(job) == []
+    (line,) = warnings(caplog)
+    assert "no memory" in line and "the file system has it" in line, line
+
+
+def test_refused_ptrace_access_keeps_tmpfs_copies_with_one_line(
+        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Yama ptrace_scope 2 or 3 (EPERM): the first copy finds it; the copies are tmpfs files, as before."""
+    def refused(pid: int, remote: int, local: int, n: int) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(held, "read_remote", refused)
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+        eng.save(200, shard_state(200), sync=True)
+    assert held_names(job) == []
+    assert files_in_tmpfs(job) == [f"step-{s}.rank-00000.{eng.incarnation}.h5" for s in (100, 200)]
+    (line,) = warnings(caplog)
+    assert "ptrace" in line and "tmpfs" in line, line
+    monkeypatch.undo()
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.step == 200 and r.source == "memory"
+        assert_same(r.module("projector"), modules(200)["projector"])
+
+
+def test_without_a_keeper_the_copies_are_tmpfs_files(tmp_path: Path, job: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="slurm_omni.checkpoint.memtier")
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    assert files_in_tmpfs(job) == [f"step-100.rank-00000.{eng.incarnation}.h5"]
+    assert warnings(caplog) == []
+    assert any("no keeper answers" in r.getMessage() for r in caplog.records)
+
+
+def test_a_memory_only_step_moves_into_the_keeper(tmp_path: Path, job: str, keeper: peer.Keeper) -> None:
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+        eng.save(200, shard_state(200), sync=True, files=False)
+    assert files_in_tmpfs(job) == []
+    assert held_names(job) == [f"step-{s}.rank-00000.{eng.incarnation}.h5" for s in (100, 200)]
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.step == 200 and r.source == "memory"
+        assert_same(r.optimizer("text_decoder"), optimizer_state(200))
+
+
+def test_another_user_cannot_read_the_keepers_memory_or_ask_it(tmp_path: Path, job: str, keeper: peer.Keeper) -> None:
+    try:
+        pwd.getpwnam("alice")
+    except KeyError:
+        pytest.skip("no user alice")
+    if os.geteuid() != 0 or shutil.which("runuser") is None or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, runuser and /usr/bin/python3 to act as alice")
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    copy = held.KeeperClient(job_dir(SHM, job), job, NODE).ask("where").copies[0]
+    probe = (
+        "import ctypes, sys\n"
+        "class V(ctypes.Structure): _fields_ = [('b', ctypes.c_void_p), ('n', ctypes.c_size_t)]\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "buf = ctypes.create_string_buffer(4096)\n"
+        "mine, theirs = V(ctypes.addressof(buf), 4096), V(int(sys.argv[2]), 4096)\n"
+        "n = libc.process_vm_readv(int(sys.argv[1]), ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)\n"
+        "print(n, ctypes.get_errno())\n")
+    out = subprocess.run(["runuser", "-u", "alice", "--", "/usr/bin/python3", "-c", probe, str(os.getpid()),
+                          str(copy.addr)], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert out == ["-1", str(errno.EPERM)], out
+    # the socket's folder is the user's 0700 one: alice cannot reach the keeper at all
+    ask = subprocess.run(["runuser", "-u", "alice", "--", "/usr/bin/python3", "-c",
+                          "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])",
+                          str(held.socket_path(job_dir(SHM, job), NODE))], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert ask.returncode != 0 and "Permission denied" in ask.stderr, ask.stderr
+
+
+def test_the_keeper_serves_its_own_nodes_copy_to_a_peer_from_memory(
+        tmp_path: Path, job: str, keeper: peer.Keeper) -> None:
+    """A replacement node asks the writer's node for a copy (its ring peer lost): served from memory."""
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    (name,) = held_names(job)
+    size = (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").stat().st_size
+    stream = peer.open_stream("127.0.0.1", keeper.port, peer.load_secret(tmp_path), job=job, name=name, size=size)
+    try:
+        got = bytearray(size)
+        assert stream.recv_into(memoryview(got)) == size
+    finally:
+        stream.close()
+    assert bytes(got) == (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").read_bytes()
+
+
+@pytest.mark.parametrize("data", [b"", b"{}", b'{"op": "hold"}', b'{"op": "rm", "job": "1"}',
+                                  b'{"op": "where", "job": "1", "names": ["../x"]}',
+                                  b'{"op": "where", "job": "1", "extra": 1}'])
+def test_a_malformed_request_is_rejected(data: bytes) -> None:
+    with pytest.raises(RecordRejected):
+        decode(data, HoldRequest, "a keeper record")
+
+
+def test_the_records_round_trip() -> None:
+    from slurm_omni.formats import encode
+
+    req = HoldRequest(op="hold", job="42", names=["step-30.rank-00003.42.1.h5"], source="/c/x.partial", number=1)
+    assert decode(encode(req), HoldRequest, "r") == req
+    rep = HoldReply(ok=False, refused="cap", error="over")
+    assert decode(encode(rep), HoldReply, "r") == rep
+
+
+def test_a_held_buffer_is_on_huge_pages_where_the_kernel_allows_it() -> None:
+    """THP for anonymous memory ``madvise`` or ``always``: the copy's buffer is 2 MiB aligned and advised."""
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("no transparent huge pages here")
+    buf = held._Buffer(5 << 20)
+    try:
+        assert buf.addr % held.HUGE == 0 and buf.capacity == 6 << 20
+        view = buf.view(5 << 20)
+        ctypes.memset(ctypes.addressof(ctypes.c_char.from_buffer(view)), 1, 5 << 20)
+        view.release()
+        smaps = Path(f"/proc/{os.getpid()}/smaps").read_text()
+        block = smaps[smaps.index(f"{buf.addr - buf.skip:x}-"):]
+        anon_huge = int(block.split("AnonHugePages:")[1].split()[0])
+        assert anon_huge >= 2048, block[:1500]
+    finally:
+        buf.close()
