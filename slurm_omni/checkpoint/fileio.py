@@ -30,7 +30,7 @@ import xxhash
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
-from slurm_omni.checkpoint.held import HeldCopy
+from slurm_omni.checkpoint.held import HeldCopy, read_remote
 
 log = logging.getLogger(__name__)
 
@@ -422,11 +422,16 @@ class ShardFiles:
             if stop():
                 return False
             off, n = job.piece.offset, job.piece.nbytes
+            if n == 0:
+                continue
             try:
+                if off + n > copy.size:
+                    raise OSError(errno.EFAULT, f"{off}+{n} is outside the copy's {copy.size} bytes")
+                local = ctypes.addressof(ctypes.c_char.from_buffer(job.buf))   # once a piece, not a step
                 for a in range(0, n, _MEM_STEP):
-                    view = job.buf[a:min(n, a + _MEM_STEP)]
-                    copy.read_into(off + a, view)
-                    digest.update(view)   # just written: still in the CPU cache
+                    b = min(n, a + _MEM_STEP)
+                    read_remote(copy.pid, copy.addr + off + a, local + a, b - a)
+                    digest.update(job.buf[a:b])   # just written: still in the CPU cache
             except OSError as e:
                 raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: {shard}.h5's copy in the "
                                         f"keeper's memory: {e.strerror or e}, inside {job.where}") from e

@@ -1,29 +1,37 @@
-"""The memory tier: each rank's shard of a recent step kept in node-local shared memory, so that a
-restart on the same node reads it from memory instead of the shared file system.
+"""The memory tier: each rank's shard of a recent step kept in node-local memory, so that a restart on
+the same node reads it from memory instead of the shared file system.
 
-Opt-in (``CheckpointConfig.memory_tier``). Layout, on a tmpfs (``/dev/shm``)::
+Opt-in (``CheckpointConfig.memory_tier``). Where the copies are:
 
+    the node keeper's anonymous memory           the node's copies (``held.py``): read with process_vm_readv
     /dev/shm/omni-<uid>/                         0700, ours (checked)
         <job id>/                                0700, ours (checked): the job's objects, freed at its end
-            step-120.rank-00003.<incarnation>.h5  0600: a byte copy of rank 3's shard file of step 120
+            keeper.<node>.sock                   the keeper's Unix socket
+            step-120.rank-00003.<incarnation>.h5  0600: a tmpfs copy, only where no keeper can hold it
 
-The copy is published by the persist thread once the shard file is written and fsynced (it comes from
-the page cache: one memcpy in the kernel; nothing more blocks training), first under a ``.partial``
-name, then renamed after checking the root's fence: an older incarnation publishes nothing once a
-newer one started (``fence.py``). Its name carries the incarnation that wrote it, so two incarnations
-never write one path, and a restore uses a copy only when that incarnation is the one that committed
-the step on the file system (the manifest's): the manifest, the fence and the agreement stay those of
-the file system tier; only the shard bytes come from memory, and they are checked by the same per-tensor
-xxh3 as from the files (``restore.open_restore`` falls back to the files, one line, on any mismatch).
+The copy is published by the persist thread once the shard file is written and fsynced: it asks the
+node's keeper to hold it (the keeper copies it from the page cache into a reused buffer on transparent
+huge pages; nothing more blocks training) and the keeper makes it visible only after checking the
+root's fence: an older incarnation publishes nothing once a newer one started (``fence.py``). Where no
+keeper answers, or this process cannot read the keeper's memory (ptrace access refused: Yama
+``ptrace_scope`` 2/3), the copy is a tmpfs file instead (one line): first under a ``.partial`` name,
+then renamed after the same fence check. Either way its name carries the incarnation that wrote it,
+so two incarnations never write one copy, and a restore uses a copy only when that incarnation is the
+one that committed the step on the file system (the manifest's): the manifest, the fence and the
+agreement stay those of the file system tier; only the shard bytes come from memory, and they are
+checked by the same per-tensor xxh3 as from the files (``restore.open_restore`` falls back to the
+files, one line, on any mismatch).
 
-A per-node cap (``memory_cap_bytes``) and a full tmpfs each give one line and leave that step to the
-file system. ``free_job`` removes the job's folder: the standby server calls it when it is stopped
-at the job's end (``cli/standby.py``); what a lost node's or a killed standby could not free, the
-SPANK plugin's job epilog removes as root at the job's end, by these names (spank/shm.c).
+A per-node cap (``memory_cap_bytes``), a failed allocation and a full tmpfs each give one line and
+leave that step to the file system. The keeper's memory ends with it; ``free_job`` removes the job's
+folder: the standby server ends its keeper and calls it when it is stopped at the job's end
+(``cli/standby.py``); what a lost node's or a killed standby could not free, the SPANK plugin's job
+epilog removes as root at the job's end, by these names (spank/shm.c).
 
-The second source, a peer's memory, is ``peer.py``: a keeper per node keeps its ring predecessor's
-copies in ``<job>/peer/`` (freed with the job's folder), and a rank whose node lacks a shard receives
-it from that keeper straight into its tensors, checked by the same xxh3 as it lands.
+The second source, a peer's memory, is ``peer.py``: the keeper of each node also keeps its ring
+predecessor's copies in ``<job>/peer/`` (tmpfs files, freed with the job's folder), and a rank whose
+node lacks a shard receives it from that keeper straight into its tensors, checked by the same xxh3 as
+it lands.
 """
 
 from __future__ import annotations

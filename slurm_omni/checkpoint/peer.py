@@ -1,4 +1,5 @@
-"""The memory tier's second source: a copy of each rank's shard in a peer node's memory.
+"""The memory tier's second source: a copy of each rank's shard in a peer node's memory. (The keeper
+below also holds its own node's copies in its memory for the first source: ``held.py``.)
 
 Each node of a job with the memory tier runs a replica keeper (``Keeper``): a process started by the
 node's standby server (``cli/standby.py``), so it outlives every trainer of the job and ends with it.

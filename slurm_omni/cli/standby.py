@@ -45,8 +45,10 @@ def serve() -> None:
 
 
 def _start_keeper(job: str, node: str) -> int | None:
-    """Where the job keeps a memory tier: this node's replica keeper (``checkpoint/peer.py``), a child
-    forked before the server imports anything heavy or starts a thread; its pid."""
+    """Where the job keeps a memory tier: this node's keeper (``checkpoint/peer.py``: it holds the
+    node's own copies in its memory, ``checkpoint/held.py``, and its ring predecessor's replicas), a
+    child forked before the server imports anything heavy or starts a thread; its pid. Its memory, the
+    copies, ends with it."""
     import logging
     from pathlib import Path
 
