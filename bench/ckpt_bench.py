@@ -15,13 +15,15 @@ turns so that the page cache and the allocator see the same history. Bars (from 
   time to training start   <= 0.35 x a full restore (critical set <= 1/4 of the bytes)
   full restore throughput  >= 0.9 x a raw read of the same files (warm page cache, and cold; issue 13)
   memory restore           >= 0.9 x a warm memcpy of the same bytes (issue 22: the node's own copy in
-                           /dev/shm, checked by the same xxh3), in wall time and in CPU seconds (every
-                           thread: the figure that load moves least); the memcpy is torch's copy_ on
-                           its intra-op threads (2 here), the restore has its 4 I/O threads. A MISS
-                           says why where the machine itself forbids the bar: a raw read of the same
-                           tmpfs copies (preadv of 8 MiB, no checksum, on as many threads as the
-                           restore) is the least work that gets those bytes out, and its ratio to the
-                           memcpy is the limit printed beside it
+                           the node keeper's memory, another process started as the standby forks it,
+                           read with process_vm_readv and checked by the same xxh3; ``--no-keeper``:
+                           tmpfs files, the fallback), in wall time and in CPU seconds (every thread:
+                           the figure that load moves least); the memcpy is torch's copy_ on its
+                           intra-op threads (2 here), the restore has its 4 I/O threads. A MISS says
+                           why where the machine itself forbids the bar: a raw read of the same
+                           copies (process_vm_readv, or preadv, of 8 MiB, no checksum, on as many
+                           threads as the restore) is the least work that gets those bytes out, and
+                           its ratio to the memcpy is the limit printed beside it
   peer restore             >= 0.8 x a raw TCP copy of the same bytes between the same two processes
                            (issue 22; ``--only peer`` runs just this part: node A's rank replicates to
                            node B's keeper, another process; a rank on an empty node C restores, B's
