@@ -478,6 +478,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         add("raw_shm_read_cpu_s", cpu_s() - c)
         return elapsed
 
+    def xxh3_cost() -> float:
+        """The checksum's least cost: xxh3 of as many bytes as the copies hold, in 512 KiB steps that the
+        core's L2 holds (as the restore hashes each step right after it lands); CPU seconds, one thread."""
+        import xxhash
+
+        step = memoryview(read_view)[:512 << 10]
+        n = sum(f.size if isinstance(f, held.HeldCopy) else f.stat().st_size for f in mem_copies())
+        c = cpu_s()
+        for _ in range(-(-n // len(step))):
+            xxhash.xxh3_64(step).digest()
+        return cpu_s() - c
+
     def mem_restore() -> tuple[float, str]:
         reader = CheckpointEngine(CheckpointConfig(root=mem_root, memory_tier=True, memory_job=mem_job,
                                                     memory_dir=args.memory_dir))
@@ -504,6 +516,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if args.memory:
             add("save_blocking_memtier_s", mem_save()[0])
             add("raw_shm_read_s", raw_shm_read())
+            add("xxh3_cpu_s", xxh3_cost())
             full, source = mem_restore()
             add("memory_restore_s", full)
             mem_sources.add(source)
@@ -542,6 +555,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         mem_keeper.wait()
     memtier.free_job(mem_job, base=args.memory_dir)
     med = {k: statistics.median(v) for k, v in rows.items()}
+    if "xxh3_cpu_s" in med and "raw_shm_read_cpu_s" in med:
+        med["raw_and_xxh3_cpu_s"] = med["raw_shm_read_cpu_s"] + med["xxh3_cpu_s"]
     files_now = shard_files(fmt.step_dir(root, step[0])) if step[0] else []
     file_bytes = sum(f.stat().st_size for f in files_now)
     # (name, numerator, denominator, op, bar): a ratio of two medians, where both were measured
@@ -562,6 +577,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ("memory restore / raw read of the copies", "raw_shm_read_s", "memory_restore_s", "", 0.0),
         ("raw read of the copies / warm memcpy (limit)", "memcpy_s", "raw_shm_read_s", "", 0.0),
         ("its CPU: memcpy CPU s / raw read CPU s (limit)", "memcpy_cpu_s", "raw_shm_read_cpu_s", "", 0.0),
+        ("its CPU with the checksum: memcpy / (raw read + xxh3)", "memcpy_cpu_s", "raw_and_xxh3_cpu_s", "", 0.0),
         ("memory restore / full restore (warm)", "full_restore_warm_s", "memory_restore_s", "", 0.0),
     ]
     for tag in ("warm", "cold"):
@@ -578,7 +594,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for k, v in med.items():
         size = mem_bytes if "shm" in k or "memory" in k else file_bytes if "read" in k or "restore" in k else total
         rate = f"{size / 2**30 / v:8.2f}" if "train_start" not in k and "cpu" not in k else f"{'':>8}"
-        print(f"{k:<28}{v:>10.4f}{rate}   {', '.join(f'{x:.4f}' for x in rows[k])}")
+        print(f"{k:<28}{v:>10.4f}{rate}   {', '.join(f'{x:.4f}' for x in rows.get(k, []))}")
     if dcp_first:
         print(f"{'dcp first call (s)':<28}{dcp_first[0]:>10.4f}")
     print(f"{'prepare (s, once)':<28}{prepare_s:>10.4f}")
@@ -623,6 +639,12 @@ def memory_limit(med: dict[str, float], name: str, bar: float, mount: str, kind:
         return ""
     limit = med[num] / med[den]
     if limit >= bar:
+        if "raw_and_xxh3_cpu_s" in med and "memcpy_cpu_s" in med:
+            with_sum = med["memcpy_cpu_s"] / med["raw_and_xxh3_cpu_s"]
+            if with_sum < bar:
+                return (f" (the raw read of the copies reaches {limit:.2f}, but the restore must hash every "
+                        f"byte too: the raw read plus xxh3 of the same bytes from L2, no more, is {with_sum:.2f} "
+                        f"x the memcpy in CPU s on {os.cpu_count()} CPUs: the checksum sets the limit)")
         return f" (the raw read of the copies reaches {limit:.2f}: the restore's own cost misses it)"
     if "keeper" in kind:
         return (f" (limit on this machine: a raw process_vm_readv of the same copies from the keeper's memory, no "
