@@ -121,13 +121,26 @@ def test_a_corrupted_copy_in_the_keeper_falls_back_to_the_file_system_with_one_l
 
 
 def test_a_keeper_gone_since_the_copies_were_found_is_a_bad_copy_not_a_failure(
-        tmp_path: Path, job: str, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper ended (its node's standby stopped, or it was killed) between the restore's ``where``
+    and its reads: ESRCH is a bad copy, one line, the same step from the files; no failed restore."""
     with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
         eng.save(100, shard_state(100), sync=True)
-    gone = held.HeldCopy("step-100.rank-00000.x.h5", 2**22 + 7, 4096, 1 << 20)   # no such process
-    with pytest.raises(OSError) as e:
-        gone.read_into(0, memoryview(bytearray(16)))
-    assert e.value.errno == errno.ESRCH
+    real = MemoryTier.sources
+
+    def found_then_gone(self: MemoryTier, manifest: fmt.Manifest) -> dict[str, Path | held.HeldCopy]:
+        found = real(self, manifest)
+        assert found and all(isinstance(c, held.HeldCopy) for c in found.values())
+        return {k: held.HeldCopy(c.name, 2**22 + 7, c.addr, c.size) for k, c in found.items()   # no such pid
+                if isinstance(c, held.HeldCopy)}
+
+    monkeypatch.setattr(MemoryTier, "sources", found_then_gone)
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.step == 100 and r.source == "file system"
+        assert_same(r.module("projector"), modules(100)["projector"])
+    (line,) = warnings(caplog)
+    assert "keeper's memory" in line and "No such process" in line and "file system" in line, line
 
 
 def test_an_older_incarnation_cannot_publish_into_the_keeper_after_a_newer_one_started(
