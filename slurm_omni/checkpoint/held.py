@@ -103,19 +103,29 @@ class HeldCopy:
 
 
 def read_remote(pid: int, remote: int, local: int, n: int) -> None:
-    """``n`` bytes at ``remote`` in process ``pid`` to ``local`` in this one (``process_vm_readv``)."""
+    """``n`` bytes at ``remote`` in process ``pid`` to ``local`` in this one (``process_vm_readv``; the
+    restore's I/O threads call it once per 512 KiB step: each thread reuses its two iovecs)."""
     if _LIBC is None:
         raise OSError(errno.ENOSYS, "no process_vm_readv here")
+    vecs = getattr(_THREAD, "vecs", None)
+    if vecs is None:
+        mine, theirs = _IoVec(), _IoVec()
+        vecs = _THREAD.vecs = (mine, theirs, ctypes.pointer(mine), ctypes.pointer(theirs))
+    mine, theirs, p_mine, p_theirs = vecs
     done = 0
     while done < n:
-        mine, theirs = _IoVec(local + done, n - done), _IoVec(remote + done, n - done)
-        got = _LIBC.process_vm_readv(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+        mine.base, mine.len = local + done, n - done
+        theirs.base, theirs.len = remote + done, n - done
+        got = _LIBC.process_vm_readv(pid, p_mine, 1, p_theirs, 1, 0)
         if got < 0:
             code = ctypes.get_errno()
             raise OSError(code, f"process_vm_readv from the keeper (pid {pid}): {os.strerror(code)}")
         if got == 0:
             raise OSError(errno.EFAULT, f"process_vm_readv from the keeper (pid {pid}) read nothing")
         done += got
+
+
+_THREAD = threading.local()
 
 
 def allow_readers() -> None:
