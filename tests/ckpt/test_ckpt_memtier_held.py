@@ -313,3 +313,56 @@ def test_a_held_buffer_is_on_huge_pages_where_the_kernel_allows_it() -> None:
         assert anon_huge >= 2048, block[:1500]
     finally:
         buf.close()
+
+
+HOLDER = """
+import ctypes, mmap, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+libc.prctl(0x59616d61, ctypes.c_ulong(-1).value, 0, 0, 0)   # held.allow_readers
+buf = mmap.mmap(-1, 1 << 21, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+buf[:5] = b"alice"
+print(ctypes.addressof(ctypes.c_char.from_buffer(buf)), flush=True)
+time.sleep(60)
+"""
+
+READER = """
+import ctypes, sys
+class V(ctypes.Structure): _fields_ = [('b', ctypes.c_void_p), ('n', ctypes.c_size_t)]
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(5)
+mine, theirs = V(ctypes.addressof(buf), 5), V(int(sys.argv[2]), 5)
+n = libc.process_vm_readv(int(sys.argv[1]), ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+print(n, ctypes.get_errno(), buf.raw.decode(errors="replace"))
+"""
+
+
+def test_as_unprivileged_users_a_sibling_of_the_same_user_reads_the_holders_memory_and_another_user_cannot() -> None:
+    """The site's shape without root: alice's keeper (after ``allow_readers``) is read by another process
+    of alice's that is not its descendant (a rank is the keeper's sibling under the standby); bob's
+    process gets EPERM from the kernel."""
+    for user in ("alice", "bob"):
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            pytest.skip(f"no user {user}")
+    if os.geteuid() != 0 or shutil.which("runuser") is None or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, runuser and /usr/bin/python3 to act as alice and bob")
+    holder = subprocess.Popen(["runuser", "-u", "alice", "--", "/usr/bin/python3", "-c", HOLDER],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        addr = holder.stdout.readline().strip()
+        pid = next(int(p) for p in os.listdir("/proc") if p.isdigit()
+                   and Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"/usr/bin/python3\0-c\0\nimport ctypes, mmap")
+                   and os.stat(f"/proc/{p}").st_uid == pwd.getpwnam("alice").pw_uid)
+
+        def read_as(user: str) -> list[str]:
+            return subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", READER, str(pid), addr],
+                                  capture_output=True, text=True, timeout=60, check=True).stdout.split()
+
+        assert read_as("alice") == ["5", "0", "alice"]
+        assert read_as("bob")[:2] == ["-1", str(errno.EPERM)]
+    finally:
+        holder.kill()
+        holder.wait()
