@@ -76,7 +76,7 @@ Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, 
         GIL-held copy: 0.42 -> 0.62 wall and 0.72 -> 0.83 CPU in a paired run at load 5-6.
   The bar needs huge pages on the tier's tmpfs ([checkpoint] memory_dir) and then a restore that costs at
   most 1.1 x a memcpy's CPU where the raw read costs 0.93-1.07 x: not reached here.
-  The node keeper's anonymous memory (THP, process_vm_readv; the default since 23d2942, the tmpfs files
+  The node keeper's anonymous memory (THP, process_vm_readv; the default now, the tmpfs files
         above are the fallback, ``--no-keeper``), 2026-12-02: load 5-18: 0.44 wall (per round 0.28-0.94),
         0.63 CPU: MISS; the raw read of the same copies 0.81 wall, 0.97 CPU. Load 9-17: 0.59 wall (per
         round median 0.76), 0.48 CPU, raw 0.76 / 0.56; xxh3 of the same bytes from L2 0.015 CPU s/GiB.
