@@ -212,11 +212,12 @@ class MemoryTier:
         os.replace(partial, final)
         return final
 
-    def hold(self, source: Path, name: str, *, step: int, number: int | None) -> bool | None:
+    def hold(self, source: Path, name: str, *, step: int, number: int | None,
+             elsewhere: str = "the file system has it") -> bool | None:
         """Ask the node's keeper to hold ``source``'s bytes as copy ``name``: True once it does, False when
-        it refused (fenced, over the cap, no memory: one line; the file system has the step), None when
-        no keeper can (none answers, or this process cannot read its memory: one line; the caller keeps a
-        tmpfs file instead)."""
+        it refused (fenced, over the cap, no memory: one line ending in ``elsewhere``, where the step is
+        instead), None when no keeper can (none answers, or this process cannot read its memory: one
+        line; the caller keeps a tmpfs file instead)."""
         if not self._held:
             return None
         try:
@@ -234,7 +235,7 @@ class MemoryTier:
                 what = "the cap" if reply.refused == "cap" else "no memory"
                 hint = " (raise [checkpoint] memory_gib)" if reply.refused == "cap" else ""
                 self._say(reply.refused, f"checkpoint: couldn't keep step {step} in memory ({what}): "
-                                         f"{reply.error}{hint}; the file system has it")
+                                         f"{reply.error}{hint}; {elsewhere}")
             else:
                 self._say("hold", f"checkpoint: the keeper couldn't keep step {step} in memory: {reply.error}; "
                                   f"keeping a tmpfs copy")
@@ -353,7 +354,7 @@ class MemoryTier:
     def hand_over(self, copy: Path, *, step: int, number: int | None) -> None:
         """A memory-only step's tmpfs copy (published, its ring peer's copy sent) into the keeper's
         memory; the file goes once the keeper holds it (it stays where the keeper cannot)."""
-        if self.hold(copy, copy.name, step=step, number=number):
+        if self.hold(copy, copy.name, step=step, number=number, elsewhere=f"its tmpfs copy {copy} stays"):
             _unlink(copy)
 
     def drop(self, copies: Mapping[str, Path | HeldCopy]) -> None:

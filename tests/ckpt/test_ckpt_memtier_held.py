@@ -234,6 +234,27 @@ def test_a_memory_only_step_moves_into_the_keeper(tmp_path: Path, job: str, keep
         assert_same(r.optimizer("text_decoder"), optimizer_state(200))
 
 
+def test_a_memory_only_step_the_keeper_refuses_stays_a_tmpfs_copy_with_one_line(
+        tmp_path: Path, job: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The keeper's cap refuses the hand-over: the memory-only step's only copy is its tmpfs file, which
+    stays (the line says so, not "the file system has it"), and a restart reads it."""
+    k = peer.Keeper(job, tmp_path, NODE, base=SHM, bind="127.0.0.1", host="127.0.0.1", cap_bytes=4096)
+    k.start()
+    try:
+        wait_for(held.socket_path(job_dir(SHM, job), NODE))
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+            eng.save(100, shard_state(100), sync=True, files=False)
+        assert held_names(job) == []
+        assert files_in_tmpfs(job) == [f"step-100.rank-00000.{eng.incarnation}.h5"]
+        (line,) = warnings(caplog)
+        assert "would pass the cap" in line and "tmpfs copy" in line and "stays" in line, line
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+            assert r.step == 100 and r.source == "memory"
+            assert_same(r.optimizer("text_decoder"), optimizer_state(100))
+    finally:
+        k.stop()
+
+
 def test_another_user_cannot_read_the_keepers_memory_or_ask_it(tmp_path: Path, job: str, keeper: peer.Keeper) -> None:
     try:
         pwd.getpwnam("alice")
