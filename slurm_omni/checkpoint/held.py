@@ -174,6 +174,8 @@ class _Held:
     size: int
     step: int
     shard: str
+    number: int | None
+    """The incarnation number that published it: no older incarnation retires or replaces it."""
 
 
 class HeldStore:
@@ -243,7 +245,7 @@ class HeldStore:
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 return HoldReply(ok=False, refused="source", error=f"{req.source}: not a regular file of ours")
             size = st.st_size
-            buffer, refused = self._buffer(shard, step, size)
+            buffer, refused = self._buffer(shard, step, size, req.number)
             if buffer is None:
                 return refused
             try:
@@ -259,17 +261,22 @@ class HeldStore:
             if newer is not None:
                 self._give_back(shard, buffer)
                 return HoldReply(ok=False, refused="fenced", error=f"incarnation {newer} started since")
-            for other in [n for n, h in self._copies.items() if h.shard == shard and h.step == step]:
+            for other in [n for n, h in self._copies.items()
+                          if h.shard == shard and h.step == step and not _newer(h.number, req.number)]:
                 self._give_back(shard, self._copies.pop(other).buffer)   # the step from another incarnation
-            self._copies[name] = _Held(buffer, size, step, shard)
+            if name in self._copies:   # a newer incarnation's copy of this name (names carry incarnations)
+                self._give_back(shard, buffer)
+                return HoldReply(ok=False, refused="fenced", error=f"a newer incarnation's copy of {name} is held")
+            self._copies[name] = _Held(buffer, size, step, shard, req.number)
             return HoldReply(ok=True, pid=os.getpid(), copies=[HeldCopyRecord(name=name, size=size, addr=buffer.addr)])
 
-    def _buffer(self, shard: str, step: int, size: int) -> tuple[_Buffer | None, HoldReply]:
+    def _buffer(self, shard: str, step: int, size: int, number: int | None) -> tuple[_Buffer | None, HoldReply]:
         """A buffer for a new copy of ``shard`` (room made first: its copies but the ``keep - 1`` newest
-        older steps retired, their buffers reused)."""
+        older steps retired, their buffers reused; never a copy of a newer incarnation than ``number``'s,
+        whatever the race between the fence and this request)."""
         with self._lock:
-            mine = sorted(((h.step, n) for n, h in self._copies.items() if h.shard == shard and h.step < step),
-                          reverse=True)
+            mine = sorted(((h.step, n) for n, h in self._copies.items()
+                           if h.shard == shard and h.step < step and not _newer(h.number, number)), reverse=True)
             for _, old in mine[self.keep - 1:]:
                 self._give_back(shard, self._copies.pop(old).buffer)
             spare = self._spare.pop(shard, None)
@@ -292,6 +299,11 @@ class HeldStore:
             buffer.close()
         else:
             self._spare[shard] = buffer
+
+
+def _newer(held: int | None, asking: int | None) -> bool:
+    """Was a copy published by a newer incarnation than the one asking? (Unnumbered: unfenced, never.)"""
+    return held is not None and asking is not None and held > asking
 
 
 def _copy_in(fd: int, view: memoryview, size: int) -> None:

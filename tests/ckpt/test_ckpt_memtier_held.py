@@ -387,3 +387,31 @@ def test_as_unprivileged_users_a_sibling_of_the_same_user_reads_the_holders_memo
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_older_incarnation_racing_the_fence_never_retires_or_replaces_a_newer_ones_copies(tmp_path: Path) -> None:
+    """A stalled rank of incarnation 1 whose request passed the fence check just before incarnation 2
+    raised it (a race the fence file cannot close): the keeper still retires only copies of incarnations
+    no newer than the asker's, so incarnation 2's copies stay."""
+    from slurm_omni.checkpoint.memtier import parse_name
+
+    store = held.HeldStore("j", parse=parse_name, fenced=lambda number: None, room=lambda n: "", keep=2)
+    source = tmp_path / "shard.h5"
+    source.write_bytes(os.urandom(10000))
+
+    def hold(step: int, number: int) -> HoldReply:
+        return store.hold(HoldRequest(op="hold", job="j", names=[f"step-{step}.rank-00000.j.{number}.h5"],
+                                      source=str(source), number=number))
+
+    try:
+        assert hold(10, 2).ok and hold(20, 2).ok
+        assert hold(30, 1).ok   # the stale life's copy is held under its own name, touching nothing
+        assert sorted(c.name for c in store.where([])) == [
+            "step-10.rank-00000.j.2.h5", "step-20.rank-00000.j.2.h5", "step-30.rank-00000.j.1.h5"]
+        assert hold(40, 2).ok   # the newer life retires what is older than its keep, the stale copy included
+        assert sorted(c.name for c in store.where([])) == ["step-30.rank-00000.j.1.h5", "step-40.rank-00000.j.2.h5"]
+        view = store.get("step-40.rank-00000.j.2.h5")
+        assert view is not None and bytes(view) == source.read_bytes()
+        view.release()
+    finally:
+        store.close()
