@@ -21,6 +21,15 @@ LANE_FIRST_JOB_ID = {"24.11": 5001, "26.05": 10001}
 id (a taken one is skipped), so a lane's cluster beside the default one hands out other ids."""
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for the real cluster is a cluster test, whether or not it says so: without
+    this, ``-m "not cluster"`` (the unit run) brought the cluster up on the default ports for
+    tests/slurm/test_runner.py's one test that takes ``slurm_cluster``, and left it running."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("cluster") is None:
+            item.add_marker(pytest.mark.cluster)
+
+
 @dataclass(frozen=True)
 class ClusterHandle:
     cluster: object          # slurm_omni.cluster.local.LocalCluster
