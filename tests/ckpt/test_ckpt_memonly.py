@@ -6,10 +6,7 @@ every rank agrees on the newest step each can restore; retention counts the step
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +21,6 @@ from slurm_omni.checkpoint.memtier import job_dir
 SHM = Path("/dev/shm")
 
 pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
-
-
-@pytest.fixture
-def nodes() -> Iterator[Path]:
-    """A tmpfs folder holding one memory tier per simulated node (``<this>/<node>``)."""
-    path = SHM / f"omni-memonly-{uuid.uuid4().hex[:10]}"
-    path.mkdir(mode=0o700)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -7,10 +7,7 @@ of hanging."""
 
 from __future__ import annotations
 
-import shutil
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +22,6 @@ from slurm_omni.checkpoint.memtier import job_dir
 
 SHM = Path("/dev/shm")
 pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
-
-
-@pytest.fixture
-def nodes() -> Iterator[Path]:
-    """A tmpfs folder holding one memory tier per simulated node."""
-    path = SHM / f"omni-slowfiles-{uuid.uuid4().hex[:10]}"
-    path.mkdir(mode=0o700)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class SlowFiles:
