@@ -11,7 +11,8 @@ The rule (evaluated at an injected ``now``; all times in one clock, the manager'
 - CONFIRMED when level 1 and level 2 agree: a level-1 signal names a node on which a stale rank
   runs; when a heartbeat does not name its node, a signal of the same het component agrees (a
   rank whose last heartbeat says phase "failed" counts as a task exit of its component);
-- CONFIRMED as a hang when level 2 alone has held for ``hang_timeout``;
+- CONFIRMED as a hang when level 2 alone has held for ``hang_timeout``, once a rank reported a step
+  (before it, a start-up that never reaches one is ``startup_timeout_s``'s, below);
 - CONFIRMED as stuck when the global step has not advanced for ``stuck_timeout`` although
   heartbeats move (side-thread heartbeats keep beating inside a collective that never returns);
   paused while a rank reports phase checkpointing, stopping or done; before the first step the
@@ -360,6 +361,12 @@ class Confirmer:
         return max(c.hang_factor * self.median_step_s(), c.hang_floor_s)
 
     # -- decision -----------------------------------------------------------------------------
+    @property
+    def latched(self) -> Decision | None:
+        """The CONFIRMED decision this incarnation latched, None before: nothing observed after it
+        changes it."""
+        return self._confirmed
+
     def evaluate(self, now: float) -> Decision:
         if self._confirmed is not None:
             return self._confirmed
@@ -399,7 +406,13 @@ class Confirmer:
                 first = min(agreeing, key=lambda s: s.time)
                 return self._confirm(now, first.kind, agreeing, stale_since, onset,
                                      f"level 1 ({first.kind} on {first.node}) and level 2 agree")
-            if now - onset >= self.hang_timeout():
+            # a hang is level 2 alone for many step times: before any rank reported a step (every
+            # beat "starting", step -1: the launch's tasks start, the rendezvous, the restore) ranks
+            # wait on each other by design and no step time exists: a rank silent then is the startup
+            # timeout's (stuck), unless level 1 agrees. 512 emulated nodes at load ~2,000: ranks
+            # starved 14 s while the launch's last tasks started were confirmed hung 42 s into a
+            # 50 s launch (issue 19)
+            if self._global_step >= 0 and now - onset >= self.hang_timeout():
                 return self._confirm(now, "hang", [], stale_since, onset,
                                      f"level 2 alone for {now - onset:.1f} s "
                                      f"(hang timeout {self.hang_timeout():.1f} s)")

@@ -335,6 +335,41 @@ def test_restore_that_never_reaches_a_step_is_stuck() -> None:
     assert d.verdict is Verdict.CONFIRMED and d.cause == "stuck" and d.confirmed_at == pytest.approx(60.0)
 
 
+def test_ranks_starved_while_the_launch_starts_are_no_hang() -> None:
+    """Recorded from the 512-node allocation run at load ~2,000 (issue 19; supervisor at a 10 s hang
+    window and factor 10): launch 1's tasks started over 50 s, the first ones beat ``starting`` at step
+    -1 while they waited for the rest, and starved of CPU they went 14 s without a beat; the rule
+    confirmed a hang 42 s in (level 2 alone for 12.8 s) on a launch nobody had faulted. Before any
+    rank reported a step only level 1 agreeing, or the startup timeout, confirms; the same silence
+    after the ranks step is a hang."""
+    cfg = ConfirmConfig(hang_floor_s=10.0, hang_factor=10.0)
+    c = Confirmer(cfg, LAYOUT)
+    started = {0: 0.0, 1: 8.0, 2: 30.0, 3: 50.0}      # the launch's tasks start over 50 s
+    starved = {0: (12.0, 26.0), 1: (20.0, 34.0)}      # no beat in these windows (14 s)
+    t = 0.0
+    while t <= 60.0:
+        for rank, node in RANK_NODE.items():
+            gap = starved.get(rank)
+            if t >= started[rank] and not (gap and gap[0] <= t < gap[1]):
+                c.observe(Heartbeat(t, rank, -1, node, RANK_OFFSET[rank], "starting"))
+        assert c.evaluate(t).verdict is not Verdict.CONFIRMED, t
+        t += 1.0
+    for step in range(15, 19):                        # the rendezvous, the restored step, three steps
+        beat_all(c, t, step)
+        t += 1.0
+    last = t - 1.0
+    while t <= last + 30.0:                           # rank 0 stops beating, the job stops stepping
+        for rank, node in RANK_NODE.items():
+            if rank != 0:
+                c.observe(Heartbeat(t, rank, 18, node, RANK_OFFSET[rank], "training"))
+        d = c.evaluate(t)
+        if d.verdict is Verdict.CONFIRMED:
+            break
+        t += 0.5
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "hang" and d.nodes == ("v1",)
+    assert d.confirmed_at is not None and d.confirmed_at - last <= cfg.hang_floor_s + cfg.stale_floor_s + 3.5
+
+
 def test_node_lost_during_restore_confirms() -> None:
     c = Confirmer(ConfirmConfig(), LAYOUT)
     for i in range(10):
