@@ -40,6 +40,7 @@ from slurm_omni.formats.supervisor import ReportKind, SupervisorPhase, allocatio
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 from slurm_omni.policy.bad_input import RankEnd, refused_by_rank
 from slurm_omni.policy.confirm import (
+    HARD_KINDS,
     Decision,
     StepEnded,
     Verdict,
@@ -154,7 +155,7 @@ from slurm_omni.supervisor.journal import (
     write_status,
 )
 from slurm_omni.supervisor.launch_failure import read_failure, write_record
-from slurm_omni.supervisor.node_reads import NodeReads
+from slurm_omni.supervisor.node_reads import KnownStates, NodeReads
 from slurm_omni.supervisor.observe import LaunchObserver
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,10 @@ CRASH_ENV = "OMNI_SUPERVISOR_CRASH_AT"
 ``relaunch:after_start``), once per journal (a marker file beside it says it happened)."""
 SLOW_SLURM_S = 60.0
 """The second, longer wait for slurmctld's answer before a relaunch (``_job_state_and_nodes``)."""
+KNOWN_FRESH_S = 30.0
+"""The relaunch plans on the job's and nodes' states the watch read when each was asked this recently
+(the 3 s poll; at 512 emulated nodes slurmctld answered it in 11-15 s): a node that failed since is no
+newer in an answer read at the confirmation, and a launch that meets it is recovered like any."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -281,6 +286,8 @@ class Supervisor:
         """What the current launch shows (fresh for every launch)."""
         self._ephemeral = ports.ephemeral_range()
         self._ended: _Ended | None = None
+        self._known = KnownStates()
+        """The job's and nodes' states the current launch's watch read (for the relaunch)."""
         self._prefetched: tuple[int, tuple[str, list[Node]]] | None = None
         """(launch, its job's and nodes' states) read at the confirmation, before the kill."""
         """What the current launch's end left (for its plan and its hand-over)."""
@@ -564,7 +571,9 @@ class Supervisor:
         # holds up neither srun's other reports nor the heartbeats, and the rule confirms on whichever
         # second signal comes first. Beside the loop a late answer holds nothing up: each read waits
         # SLOW_SLURM_S (512 nodes at load 450+: the named node's read did not finish within 10 s)
-        reads = NodeReads(lambda names: self.slurm.node_info(names, timeout_s=SLOW_SLURM_S)[0], self.clock)
+        reads = NodeReads(lambda names: self.slurm.node_info(names, timeout_s=SLOW_SLURM_S)[0], self.clock,
+                          job_state=lambda: self.slurm.job_state(timeout_s=SLOW_SLURM_S))
+        self._known = KnownStates()
         try:
             return self._watch_loop(cur, adopted, reads)
         finally:
@@ -599,6 +608,7 @@ class Supervisor:
                 named.clear()
             for answer in reads.answers():
                 heard = True
+                self._known.take(answer)
                 if not answer.full:
                     log.debug("supervisor: Slurm's state of %s answered %.3f s after it was asked",
                               compress([n.name for n in answer.nodes]), answer.answered_at - answer.asked_at)
@@ -629,7 +639,7 @@ class Supervisor:
             if now >= next_nodes:
                 next_nodes = now + self.opts.node_poll_s
                 polled = True
-                reads.ask(cur.layout.nodes, full=True)
+                reads.ask((*cur.layout.nodes, *cur.layout.spares), full=True)   # the spares' for the relaunch
                 self._write_status()
                 accepted = self._take_request(cur)
                 if not accepted and not self.state.stopping and self._tend_pools(cur) and self.stop_signal is None:
@@ -738,9 +748,26 @@ class Supervisor:
         before the step is killed: slurmctld answers before it has the kill of every task to handle
         (after it, at 512 emulated nodes, the same two commands took 7 s: issue 19). Nothing changes a
         node's state in between (a lost node is already seen failed, or the rule had not confirmed);
-        a slurmctld that does not answer leaves it to :meth:`_after`, without holding up the kill."""
+        a slurmctld that does not answer leaves it to :meth:`_after`, without holding up the kill.
+        The watch's reads of the last :data:`KNOWN_FRESH_S` give the nodes' states when they cover
+        every node (the lost node: srun's report or its own read decides); the job's state too when
+        the rule confirmed a node lost, else it is asked (``squeue`` of the one job: a step that ends
+        because the job was cancelled must not be relaunched on a state read before)."""
+        names = (*cur.layout.nodes, *cur.layout.spares)
+        known = self._known.recent(names, self.clock(), KNOWN_FRESH_S)
+        latched = (self._observer or self._observe(cur)).confirmer.latched
+        if known is not None:
+            try:
+                state = known[0] if latched is not None and latched.cause in HARD_KINDS else self.slurm.job_state()
+            except SlurmError as e:
+                log.warning("supervisor: launch %d: couldn't read the job's state before the kill (%s): after it",
+                            cur.number, e)
+                return
+            self._prefetched = (cur.number, (state, known[1]))
+            log.debug("supervisor: launch %d: the nodes' states for the relaunch as the watch read them", cur.number)
+            return
         try:
-            self._prefetched = (cur.number, self.slurm.job_state_and_nodes((*cur.layout.nodes, *cur.layout.spares)))
+            self._prefetched = (cur.number, self.slurm.job_state_and_nodes(names))
         except SlurmError as e:
             log.warning("supervisor: launch %d: couldn't read the states before the kill (%s): after it", cur.number, e)
 
@@ -897,9 +924,15 @@ class Supervisor:
 
     def _refused(self, cur: Launch) -> str:
         """The one line of a rank of ``cur`` that exited 78 (bad input), from its last heartbeat; empty
-        when none did."""
+        when none did. The ranks' last words come with the beats read; the beats written since the
+        last poll are read first, unless the rule confirmed a node lost while the step ran (its ranks
+        were killed, no rank's refusal is the cause: decide reads no rank's beat again, issue 19)."""
+        observer = self._observer or self._observe(cur)
+        latched = observer.confirmer.latched
+        if latched is None or latched.cause not in HARD_KINDS:
+            self._heartbeats(cur, observer)
         ranks = [RankEnd(rank=hb.rank, phase=hb.phase, step=hb.step, exit_code=hb.exit_code, error=hb.error)
-                 for hb in (self._observer or self._observe(cur)).heartbeats()]
+                 for hb in observer.last_words.values()]
         found = refused_by_rank(f"job {self.opts.job_id} ({self.opts.job_name or '?'})", ranks)
         return "" if found is None else found.line
 
@@ -973,7 +1006,10 @@ class Supervisor:
             return Decision(Verdict.CONFIRMED, now, cause=c.cause, nodes=tuple(c.nodes), fault_at=c.fault_at,
                             confirmed_at=c.confirmed_at)
         observer = self._observer or self._observe(cur)
-        self._heartbeats(cur, observer)
+        if observer.confirmer.latched is None or cur.first_step_at is None:
+            # a decision latched while the step ran is final: another poll of every rank's beat
+            # (2,048 at 512 nodes) could only find the launch's first step, journaled already
+            self._heartbeats(cur, observer)
         confirmer = observer.confirmer
         confirmer.observe(StepEnded(now, rc if rc else 1))
         observer.nodes(nodes, now)
