@@ -240,6 +240,9 @@ class Confirmer:
     layout: Mapping[int, Iterable[str]]
     _node_offsets: dict[str, set[int]] = field(init=False)
     _ranks: dict[int, _RankState] = field(init=False)
+    _on_node: dict[str, set[int]] = field(init=False)
+    """Node -> the ranks whose newest beat names it: a node srun reported is checked by its own ranks
+    (4), not by every rank of the job (2,048 at 512 nodes, every tick until it confirms; issue 19)."""
     _level1: dict[tuple[str, str], Level1Signal] = field(init=False)
     _hard: dict[str, dict[str, Level1Signal]] = field(init=False)
     """node -> source -> its first DOWN or FAIL signal from that source."""
@@ -265,6 +268,7 @@ class Confirmer:
             for node in nodes:
                 self._node_offsets.setdefault(node, set()).add(offset)
         self._ranks = {}
+        self._on_node = {}
         self._level1 = {}
         self._hard = {}
         self._step_times = deque(maxlen=self.config.history)
@@ -317,6 +321,10 @@ class Confirmer:
             if hb.time <= prev.last_time:
                 return   # a re-read or out-of-order file; it says nothing new
             self._hb_intervals.append(hb.time - prev.last_time)
+        if prev is None or prev.node != hb.node:
+            if prev is not None:
+                self._on_node.get(prev.node, set()).discard(hb.rank)
+            self._on_node.setdefault(hb.node, set()).add(hb.rank)
         self._ranks[hb.rank] = _RankState(hb.time, hb.global_step, hb.node, hb.het_offset, hb.phase)
         self._oldest_dirty = True
         if hb.phase == "failed":   # the rank's own last word: as good as its task's exit record
@@ -444,8 +452,8 @@ class Confirmer:
             signal = by.get("srun")
             if signal is None or signal.time > now:
                 continue
-            ranks = {rank: r.last_time + limit for rank, r in self._ranks.items()
-                     if r.node == node and r.phase not in QUIET_PHASES}
+            on_node = [(rank, self._ranks[rank]) for rank in self._on_node.get(node, ())]
+            ranks = {rank: r.last_time + limit for rank, r in on_node if r.phase not in QUIET_PHASES}
             if ranks and all(now >= since for since in ranks.values()):
                 return node, signal, ranks
         return None

@@ -543,3 +543,18 @@ def test_the_nodes_silence_needs_srun_and_every_rank_of_the_node(case: str) -> N
     if case != "no srun report":
         c.observe(NodeObservation(1.1, "n1", NodeState.DOWN, "", source="slurm" if case == "slurm only" else "srun"))
     assert c.evaluate(3.0).verdict is not Verdict.CONFIRMED
+
+
+def test_the_nodes_silence_counts_the_ranks_whose_newest_beat_names_it() -> None:
+    """The ranks of a node srun reported are found by node (an index kept as the beats come, not a
+    walk of every rank per tick): a rank whose newest beat names another node is not the node's."""
+    c = Confirmer(ConfirmConfig(stale_floor_s=1.5, initial_heartbeat_s=0.5), {0: ["n1", "n2"]})
+    for t in (0.0, 0.5, 1.0):
+        for rank, node in ((0, "n1"), (1, "n1"), (2, "n2")):
+            c.observe(Heartbeat(t, rank, int(t * 2), node=node))
+    for t in (1.5, 2.0, 2.5, 3.0):   # rank 1 beats from n2 now (its newest beat names n2), as does rank 2
+        c.observe(Heartbeat(t, 1, int(t * 2), node="n2"))
+        c.observe(Heartbeat(t, 2, int(t * 2), node="n2"))
+    c.observe(NodeObservation(1.1, "n1", NodeState.DOWN, "", source="srun"))
+    d = c.evaluate(3.0)
+    assert d.verdict is Verdict.CONFIRMED and d.nodes == ("n1",) and d.ranks == (0,)
