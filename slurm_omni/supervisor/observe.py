@@ -61,12 +61,25 @@ class LaunchObserver:
             self.confirmer.observe(StepEnded(event.time, 128 + signal.SIGTERM))
 
     def heartbeats(self) -> list[HeartbeatRecord]:
-        """This launch's ranks' newest heartbeats (its incarnation, this job), unreadable: none."""
+        """This launch's ranks' newest heartbeats (its incarnation, this job), unreadable: none. The
+        beats read fresh go to the rule and the last words as :meth:`beats`'s do (a scan here takes
+        them from the next poll's fresh ones)."""
         try:
-            return [hb for hb in self.scanner.scan(self.heartbeat_dir)
-                    if hb.job_id == self.job_id and hb.incarnation == self.launch.incarnation]
+            self._take(self.scanner.scan_fresh(self.heartbeat_dir))
         except OSError:
             return []
+        return [hb for hb in self.scanner.newest()
+                if hb.job_id == self.job_id and hb.incarnation == self.launch.incarnation]
+
+    def _take(self, fresh: list[HeartbeatRecord]) -> None:
+        incarnation = self.launch.incarnation
+        for hb in fresh:
+            if hb.incarnation == incarnation and hb.job_id == self.job_id:
+                self.confirmer.observe(hb.observation())
+                if hb.exit_code is not None:
+                    known = self.last_words.get(hb.rank)
+                    if known is None or newer(hb, known):
+                        self.last_words[hb.rank] = hb
 
     def beats(self) -> tuple[float, int] | None:
         """Read and observe the heartbeats; the launch's first step after its restore (time, step),
@@ -76,14 +89,8 @@ class LaunchObserver:
             fresh = self.scanner.scan_fresh(self.heartbeat_dir)
         except OSError:
             return None
+        self._take(fresh)
         incarnation = self.launch.incarnation
-        for hb in fresh:
-            if hb.incarnation == incarnation and hb.job_id == self.job_id:
-                self.confirmer.observe(hb.observation())
-                if hb.exit_code is not None:
-                    known = self.last_words.get(hb.rank)
-                    if known is None or newer(hb, known):
-                        self.last_words[hb.rank] = hb
         if self.launch.first_step_at is not None:
             return None
         training = [hb for hb in self.scanner.newest() if hb.phase in TRAINING_PHASES

@@ -115,3 +115,17 @@ def test_the_observer_keeps_last_words_as_they_come_and_a_latched_rule_takes_no_
     obs.nodes([_node("n0", NodeState.DOWN), _node("elsewhere", NodeState.DOWN)], 13.0)
     assert obs.lost == {"n0", "n1"}
     assert obs.confirmer.evaluate(13.0).nodes == ("n1",)   # latched: the later state changes nothing
+
+
+def test_a_scan_of_every_beat_keeps_the_last_words_it_reads_first(tmp_path: Path) -> None:
+    """The start-failure check scans every beat (``heartbeats``) before the refusal check reads the
+    last words: a rank's refusal read first there is kept (the cluster test saw launch 0 relaunched
+    when that scan took the rank's last beat from the refusal check)."""
+    layout = StepLayout((("n0",),), (), (), 1, {})
+    obs = LaunchObserver(Launch(number=0, layout=layout, data_parallel_size=1, port=0, incarnation=0, started_at=1.0),
+                         job_id="42", heartbeat_dir=tmp_path, heartbeat_interval_s=1.0)
+    write_atomic(tmp_path / "rank-0.json", encode(_beat(0, 5.0, phase="failed", exit_code=78, error="bad")),
+                 durable=False)
+    assert [hb.exit_code for hb in obs.heartbeats()] == [78]
+    obs.beats()   # nothing fresh any more
+    assert obs.last_words[0].exit_code == 78
