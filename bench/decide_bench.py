@@ -126,8 +126,8 @@ def write_beats(hb_dir: Path, nodes: Sequence[str], *, t: float, step: int, skip
 def one_decide(n: int, work: Path, profile: cProfile.Profile | None = None, *, fault: str = "node",
                watched: bool = True) -> dict[str, Any]:
     """A job of ``n`` active nodes and one spare: steady beats, the last node lost (``fault`` "node")
-    or its rank crashed ("crash": srun reports the task's exit and the step terminating), decide
-    timed. ``watched``: the watch's full reads answered before the fault (else none came)."""
+    or its rank crashed ("crash": srun reports the task's exit and the step terminating) or hung
+    ("hang": its ranks silent, no new step for 20 s), decide timed. ``watched``: the watch's full reads answered before the fault (else none came)."""
     nodes = [f"node{k}" for k in range(1, n + 2)]
     active, lost = nodes[:n], nodes[n - 1]
     hb_dir, ckpt = work / "hb", work / "ckpt"
@@ -162,15 +162,15 @@ def one_decide(n: int, work: Path, profile: cProfile.Profile | None = None, *, f
         sup._feed(Watched(at=clock.now, decision=observer.confirmer.evaluate(clock.now)), cur=cur)
     # the fault: the last node's ranks stop; its srun says so; Slurm shows it DOWN
     fault_at = clock.now
-    for s in range(1, 9):
+    for s in range(1, 9 if fault != "hang" else 41):   # a hang: no new step, the lost node's ranks silent, 20 s
         clock.now = fault_at + 0.5 * s
         if s % 2 == 0:
-            write_beats(hb_dir, active, t=clock.now, step=6 + s // 2, skip=lost)
+            write_beats(hb_dir, active, t=clock.now, step=6 + (s // 2 if fault != "hang" else 0), skip=lost)
         sup._heartbeats(cur, observer)
     if fault == "node":
         slurm.down.add(lost)
         observer.srun(SrunEvent(clock.now, "node_failure", node=lost, step_id=f"{JOB}.0"), ending_on_request=False)
-    else:
+    elif fault == "crash":
         observer.srun(SrunEvent(clock.now, "task_exit", node=lost, task=n * TASKS_PER_NODE - 1,
                                 detail="Exited with exit code 1", step_id=f"{JOB}.0"), ending_on_request=False)
         observer.srun(SrunEvent(clock.now, "terminating", step_id=f"{JOB}.0"), ending_on_request=False)
@@ -186,7 +186,7 @@ def one_decide(n: int, work: Path, profile: cProfile.Profile | None = None, *, f
         profile.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     nxt = sup.journal.state.current
-    if nxt is None or nxt.number != 1 or (fault == "node") == (lost in nxt.layout.nodes):
+    if nxt is None or nxt.number != 1 or (fault == "node") == (lost in nxt.layout.nodes):   # crash, hang: in place
         raise SystemExit(f"decide_bench: the next launch was not planned {'without' if fault == 'node' else 'with'} "
                          f"{lost} at {n} nodes")
     return {"cpu": cpu, "wall": wall, "commands": list(slurm.calls), "next": nxt}

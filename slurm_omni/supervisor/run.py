@@ -751,14 +751,16 @@ class Supervisor:
         a slurmctld that does not answer leaves it to :meth:`_after`, without holding up the kill.
         The watch's reads of the last :data:`KNOWN_FRESH_S` give the nodes' states when they cover
         every node (the lost node: srun's report or its own read decides); the job's state too when
-        the rule confirmed a node lost, else it is asked (``squeue`` of the one job: a step that ends
-        because the job was cancelled must not be relaunched on a state read before)."""
+        the rule confirmed a node lost, or a hang (its ranks' beats alone), else it is asked (``squeue``
+        of the one job: a step that ends, or a task that exits, because the job was cancelled must not
+        be relaunched on a state read before)."""
         names = (*cur.layout.nodes, *cur.layout.spares)
         known = self._known.recent(names, self.clock(), KNOWN_FRESH_S)
         latched = (self._observer or self._observe(cur)).confirmer.latched
         if known is not None:
             try:
-                state = known[0] if latched is not None and latched.cause in HARD_KINDS else self.slurm.job_state()
+                mine = latched is not None and (latched.cause in HARD_KINDS or not latched.signals)
+                state = known[0] if mine else self.slurm.job_state()
             except SlurmError as e:
                 log.warning("supervisor: launch %d: couldn't read the job's state before the kill (%s): after it",
                             cur.number, e)

@@ -81,6 +81,14 @@ def test_a_crash_asks_only_the_jobs_state_and_relaunches_in_place(tmp_path: Path
     assert "node8" in got["next"].layout.nodes and got["next"].removed == ()
 
 
+def test_a_hang_decides_on_the_watched_states_without_asking_slurm(tmp_path: Path) -> None:
+    """A hang rests on the ranks' beats alone (no task's exit, no step's end): no cancellation of the
+    job can be its cause, the watched job state serves; srun named no step, so the kill looks it up."""
+    got = one_decide(8, tmp_path, fault="hang")
+    assert got["commands"] == ["squeue --steps --noheader", "scancel --signal=KILL (started)"]
+    assert "node8" in got["next"].layout.nodes and got["next"].cause == "hang"
+
+
 def test_without_a_recent_read_decide_asks_slurm_as_before(tmp_path: Path) -> None:
     got = one_decide(8, tmp_path, watched=False)
     assert got["commands"][:2] in (["squeue --noheader --jobs=4242", "scontrol show node"],
