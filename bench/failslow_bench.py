@@ -47,6 +47,7 @@ from typing import Any
 import msgspec
 
 from slurm_omni.errors import OmniError
+from slurm_omni.formats.metrics import read_folder
 from slurm_omni.manager.events import read_heartbeats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -373,8 +374,8 @@ def peer_throughput(metrics: Path, t0: float, t1: float) -> float | None:
     """Global samples per second of the side-by-side healthy peer between t0 and t1 (its rank 0's
     metrics lines: one per step, with its time)."""
     pts = []
-    for path in metrics.glob("metrics-*.jsonl"):
-        for line in path.read_text().splitlines():
+    for lines in read_folder(metrics).values():   # own files and node files
+        for _, line in lines:
             try:
                 r = json.loads(line)
             except ValueError:

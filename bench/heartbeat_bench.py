@@ -20,7 +20,10 @@ ranks, and the heartbeat folder's file-system operations per second in steady st
    here, ``/dev/shm`` on a real node). The writers' operations are counted by inotify on the folder
    (create, write, rename, unlink: every process's, nothing assumed); the reader's are the
    scanner's own count (listdir, stat, open) of a 0.5 s poll over the same window. Per node, they
-   must not grow with the ranks per node.
+   must not grow with the ranks per node. The same windows count the job's other folders: the
+   checkpoint folder and the metrics folder, whose lines go per node with the heartbeats (the node's
+   leader appends its ranks' new lines to ``node-<NODE>.jsonl`` in its pass, ``elastic/node_metrics.py``)
+   and per rank without a node folder.
 """
 
 from __future__ import annotations
@@ -293,6 +296,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {mode}: {per_node_counts[0]} -> {per_node_counts[-1]} ranks per node: " + "; ".join(
                     f"{a} {k} {rows[0][f'{a}_{k}_s'] / args.nodes:.2f} -> {rows[-1][f'{a}_{k}_s'] / args.nodes:.2f}"
                     for a in AREAS[1:] for k in ("meta", "data")))
+        metrics_growth = []
+        for mode in ("per-rank", "per-node"):
+            rows = [ops for m, _, ops in others if m == mode]
+            total = [(o["metrics_meta_s"] + o["metrics_data_s"]) / args.nodes for o in (rows[0], rows[-1])] if rows else []
+            if len(rows) > 1 and total[0] > 0:
+                metrics_growth.append(f"{mode} x{total[1] / total[0]:.2f} ({total[0]:.2f} -> {total[1]:.2f})")
+        if metrics_growth:
+            print(f"  growth of the metrics folder's operations per node, {per_node_counts[0]} -> {per_node_counts[-1]} "
+                  f"ranks per node (1: flat; per node, the lines copied by the node's heartbeat leader): "
+                  + "; ".join(metrics_growth))
     return 0
 
 

@@ -17,8 +17,9 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   folder, /dev/shm when unset; ``off`` or empty: a file per rank) the beat goes to the node and the rank holding the node's lock copies the node's beats into
   ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl`` twice per interval, as ``elastic/heartbeat.py`` does
   (the rank's own file when no leader published for 1.5 intervals, and for its last beat);
-- the metrics lines ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl`` (``formats/metrics``), the
-  life's first line with ``task_started_at``, ``groups_ready_at``, ``restored_at`` and this rank's
+- the metrics lines ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl`` (``formats/metrics``; with
+  the node folder each line goes there and the leader copies it into ``node-<NODE>.jsonl``, as
+  ``elastic/node_metrics.py`` does), the life's first line with ``task_started_at``, ``groups_ready_at``, ``restored_at`` and this rank's
   ``restored_step``;
 - a checkpoint marker every OMNI_LIGHT_CKPT_EVERY steps (default 5) and at the last step:
   ``<OMNI_CKPT_DIR>/light/rank-<RANK>/step-<N>.json`` (and on a stop signal), those older than
@@ -111,6 +112,7 @@ class Rank:
         self.blocked = False
         self.next_beat = 0.0
         self.metrics = None
+        self.node_lines = False
         self.relay = None
         node_dir = node_dir_setting(env)
         if node_dir and self.node:
@@ -183,10 +185,14 @@ class Rank:
             os.makedirs(self.metrics_dir, exist_ok=True)
             path = os.path.join(self.metrics_dir, f"metrics-{self.stage_name}-{self.dp_rank}.jsonl")
             self.metrics = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in finish)
+            self.node_lines = self.relay is not None and self.relay.open_lines(self.metrics_dir, self.rank)
         line = {"time": time.time(), "rank": self.rank, "stage": self.stage, "dp_rank": self.dp_rank,
                 "incarnation": self.incarnation, "step": step, "step_time_seconds": step_time,
                 "data_parallel_size": self.dp, **first}
-        self.metrics.write(_dumps(line))
+        if self.node_lines:   # per node: the leader copies it into <metrics>/node-<NODE>.jsonl
+            self.relay.append_line(_dumps({**line, "file": os.path.basename(self.metrics.name)}))  # type: ignore[union-attr]
+        else:
+            self.metrics.write(_dumps(line))
 
     def markers(self) -> list[int]:
         """The steps this rank holds a marker of, oldest first."""
@@ -372,6 +378,8 @@ class Rank:
             self.state["error"] = " ".join(error.split())[:MAX_ERROR_CHARS]
         self.beat(force=True, last=True, phase=phase, exit_code=code)
         if self.metrics is not None:
+            if self.node_lines:
+                self.relay.close_lines(self.metrics.fileno())  # type: ignore[union-attr]
             self.metrics.close()
         return code
 

@@ -23,6 +23,12 @@ class Relay:
         self.leader = False
         self.next_publish = 0.0
         self.published_at = 0.0
+        self.lines_fd = -1
+        """This rank's metrics lines on the node (``lines-<RANK>-<PID>.jsonl``, append only), copied by
+        the leader into ``<metrics>/node-<NODE>.jsonl`` (``slurm_omni.elastic.node_metrics``)."""
+        self.lines_name = ""
+        self.metrics_fd = -1
+        self.out_fd = -1
 
     @classmethod
     def open(cls, base: str, job_id: str, node: str, rank: int, shared: str, interval: float) -> Relay | None:
@@ -57,13 +63,7 @@ class Relay:
                 self.lead(now)
                 os.close(self.lock_fd)
                 self.leader = False
-            if not any(e.name.startswith("rank-") for e in os.scandir(self.fd)):   # the node's last: no folder left
-                try:
-                    for name in ("published", "lock"):
-                        os.unlink(name, dir_fd=self.fd)
-                    os.rmdir(self.path)
-                except OSError:
-                    pass
+            self.remove_if_last()
             return 0.0
         _write_atomic(self.name, data, dir_fd=self.fd)
         self.next_publish = 0.0
@@ -119,6 +119,161 @@ class Relay:
             _write_atomic(os.path.join(self.shared, f"node-{_safe(self.node, 200)}.jsonl"), data)
         _write_atomic("published", repr(now).encode(), dir_fd=self.fd)
         self.published_at = time.time()
+        if self.metrics_fd >= 0:
+            try:
+                self.copy_lines()
+            except OSError as e:   # the beats are published; the lines wait for the next pass
+                print(f"light rank: couldn't copy the node's metrics lines: {e}", file=sys.stderr, flush=True)
+
+    def remove_if_last(self) -> None:
+        """The node's last rank leaves no folder (a rank's lines not copied yet keep it)."""
+        if any(e.name.startswith(("rank-", "lines-")) and e.name != "lines-copied" for e in os.scandir(self.fd)):
+            return
+        try:
+            for name in ("published", "lock", "lines-copied"):
+                try:
+                    os.unlink(name, dir_fd=self.fd)
+                except FileNotFoundError:
+                    pass
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+    # -- metrics lines per node, as slurm_omni.elastic.node_metrics ---------------------------------
+    def open_lines(self, metrics_dir: str, rank: int) -> bool:
+        """This rank's lines go to the node (False: the folder is not usable, the caller appends them)."""
+        try:
+            self.metrics_fd = os.open(metrics_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.lines_name = f"lines-{rank}-{os.getpid()}.jsonl"
+            self.lines_fd = _open_file(self.lines_name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.fd)
+        except OSError as e:
+            print(f"light rank: couldn't write metrics on the node ({e}); appending its own file", file=sys.stderr,
+                  flush=True)
+            return False
+        return True
+
+    def append_line(self, data: bytes) -> None:
+        _write_all(self.lines_fd, data)
+
+    def copy_lines(self) -> None:
+        """As the leader: every rank's new lines appended to the node's file, then the offsets."""
+        copied = _read_copied(self.fd)
+        done, chunks, finished = {}, [], []
+        for entry in os.scandir(self.fd):
+            pid = _pid_of(entry.name)
+            if pid is None:
+                continue
+            try:
+                src = _open_file(entry.name, os.O_RDONLY, self.fd)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(src).st_size
+                start = copied.get(entry.name, 0)
+                start = 0 if start > size else start
+                data = os.pread(src, min(size - start, 4 << 20), start) if size > start else b""
+            finally:
+                os.close(src)
+            chunk = data[:data.rfind(b"\n") + 1]
+            done[entry.name] = start + len(chunk)
+            if chunk:
+                chunks.append(chunk)
+            if start + len(chunk) == size and pid != os.getpid() and not _alive(pid):
+                finished.append(entry.name)
+        if chunks:
+            if self.out_fd < 0:
+                self.out_fd = _open_file(f"node-{_safe(self.node, 200)}.jsonl",
+                                         os.O_RDWR | os.O_APPEND | os.O_CREAT, self.metrics_fd, 0o644)
+            out = b"".join(chunks)
+            size = os.fstat(self.out_fd).st_size
+            if size and os.pread(self.out_fd, 1, size - 1) != b"\n":
+                out = b"\n" + out   # a leader killed inside its write left a torn line
+            _write_all(self.out_fd, out)
+        if chunks or done != copied:
+            _write_atomic("lines-copied", "".join(f"{k} {v}\n" for k, v in sorted(done.items())).encode(),
+                          dir_fd=self.fd)
+        for name in finished:
+            try:
+                os.unlink(name, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
+
+    def close_lines(self, own_fd: int) -> None:
+        """This rank ends: what no leader copied of its lines to its own file (open for appending),
+        its file on the node removed."""
+        if self.lines_fd < 0:
+            return
+        try:
+            start = _read_copied(self.fd).get(self.lines_name, 0)
+            size = os.fstat(self.lines_fd).st_size
+            src = _open_file(self.lines_name, os.O_RDONLY, self.fd)
+            try:
+                rest = os.pread(src, max(0, size - start), start) if size > start else b""
+            finally:
+                os.close(src)
+            rest = rest[:rest.rfind(b"\n") + 1]
+            if rest:
+                _write_all(own_fd, rest)
+            os.unlink(self.lines_name, dir_fd=self.fd)
+        except OSError as e:   # its lines stay on the node for the next leader
+            print(f"light rank: couldn't finish its metrics lines on the node: {e}", file=sys.stderr, flush=True)
+        finally:
+            os.close(self.lines_fd)
+            self.lines_fd = -1
+            for fd in (self.out_fd, self.metrics_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self.out_fd = self.metrics_fd = -1
+        self.remove_if_last()
+
+
+def _pid_of(name: str) -> int | None:
+    if not (name.startswith("lines-") and name.endswith(".jsonl")):
+        return None
+    rank, _, pid = name[6:-6].partition("-")
+    return int(pid) if rank.isdigit() and pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _read_copied(dir_fd: int) -> dict[str, int]:
+    try:
+        fd = os.open("lines-copied", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return {}
+    try:
+        raw = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    out = {}
+    for line in raw.decode("ascii", "replace").splitlines():
+        name, _, offset = line.partition(" ")
+        if _pid_of(name) is not None and offset.isdigit():
+            out[name] = int(offset)
+    return out
+
+
+def _open_file(name: str, flags: int, dir_fd: int, mode: int = 0o600) -> int:
+    """A regular file of ours in an open folder, never through a link."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dir_fd)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or (st.st_mode & 0o170000) != 0o100000:
+        os.close(fd)
+        raise OSError(f"{name} is not a regular file of uid {os.geteuid()}")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _safe(text: str, limit: int = 64) -> str:

@@ -67,6 +67,7 @@ from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.config.job import load_job
 from slurm_omni.config.site import load_site
 from slurm_omni.errors import OmniError
+from slurm_omni.formats.metrics import read_tree
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.render import HetJobRequest
 from slurm_omni.runtime.synth import SynthSpec, write_shards
@@ -444,8 +445,8 @@ class Bench:
 
     def _records(self, work: Path) -> list[dict[str, Any]]:
         out = []
-        for f in (work / "metrics").rglob("metrics-*.jsonl"):
-            for line in f.read_text().splitlines():
+        for lines in read_tree(work / "metrics").values():   # own files and node files
+            for _, line in lines:
                 try:
                     out.append(json.loads(line))
                 except ValueError:

@@ -94,7 +94,7 @@ from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
 from slurm_omni.errors import SlurmError
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord
-from slurm_omni.formats.metrics import parse_line
+from slurm_omni.formats.metrics import parse_line, read_folder
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
@@ -538,9 +538,9 @@ class Job:
 
     def first_lines(self, incarnation: int) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
-        for path in (self.work / "metrics").glob("metrics-*.jsonl"):
-            for number, line in enumerate(path.read_text().splitlines()):
-                rec = parse_line(line, f"{path}:{number + 1}")
+        for lines in read_folder(self.work / "metrics").values():   # own files and node files
+            for where, line in lines:
+                rec = parse_line(line, where)
                 if rec.incarnation == incarnation and rec.rank not in out:
                     out[rec.rank] = json.loads(line)
         return out

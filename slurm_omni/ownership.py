@@ -132,11 +132,12 @@ class OwnDir:
         path, such as ``bind``/``connect`` of a Unix socket): ``/proc/self/fd/N/name``."""
         return f"/proc/self/fd/{self.fd}" + (f"/{name}" if name else "")
 
-    def open_append(self, name: str, mode: int = 0o644) -> int:
-        """``name`` in this folder for appending: created when missing, never through a link, and
-        only a regular file of ours with one name (a hard link to another file of ours is refused)."""
+    def open_append(self, name: str, mode: int = 0o644, *, read: bool = False) -> int:
+        """``name`` in this folder for appending (``read``: and reading): created when missing, never
+        through a link, and only a regular file of ours with one name (a hard link to another file of
+        ours is refused)."""
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+            fd = os.open(name, (os.O_RDWR if read else os.O_WRONLY) | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                          mode, dir_fd=self.fd)
         except OSError as e:
             raise NotOwnedError(f"couldn't open {self.path / name}: {e.strerror}"

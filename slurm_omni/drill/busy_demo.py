@@ -33,6 +33,7 @@ from slurm_omni.cluster.busy import BusyCluster
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.errors import OmniError
 from slurm_omni.formats import to_builtins
+from slurm_omni.formats.metrics import read_tree
 from slurm_omni.slurm.cli_backend import CliBackend
 from slurm_omni.slurm.hostlist import compress, expand
 from slurm_omni.supervisor.journal import read_status, status_path
@@ -126,8 +127,8 @@ class BusyDemo:
 
     def step(self) -> int:
         steps = [-1]
-        for f in (self.work / "metrics").rglob("metrics-*.jsonl"):
-            for line in f.read_text().splitlines()[-3:]:
+        for lines in read_tree(self.work / "metrics").values():   # own files and node files
+            for _, line in lines[-3:]:
                 try:
                     steps.append(int(json.loads(line)["step"]))
                 except (ValueError, KeyError):
@@ -351,8 +352,8 @@ def _since(at: float | None, fault: float) -> str:
 def _shrink_step(d: BusyDemo) -> int:
     """The first step trained with fewer replicas (the metrics' own data_parallel_size)."""
     steps = []
-    for f in (d.work / "metrics").rglob("metrics-*.jsonl"):
-        for line in f.read_text().splitlines():
+    for lines in read_tree(d.work / "metrics").values():
+        for _, line in lines:
             try:
                 r = json.loads(line)
             except ValueError:

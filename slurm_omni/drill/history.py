@@ -18,7 +18,7 @@ from typing import Any
 
 from slurm_omni.errors import OmniError
 from slurm_omni.formats import RecordRejected
-from slurm_omni.formats.metrics import LineUnparsable, MetricsLine, parse_line
+from slurm_omni.formats.metrics import LineUnparsable, MetricsLine, parse_line, read_folder
 from slurm_omni.fsio import FileRejected, read_text
 
 MAX_HISTORY_BYTES = 1 << 30
@@ -37,14 +37,15 @@ def loss_stages(stages: Sequence[str]) -> tuple[str, ...]:
 def loss_file(folder: Path, stages: Sequence[str] = ()) -> Path | None:
     """The loss-reporting rank's metrics file in ``folder``: by the job's stage names when given, else
     found from the files themselves (the colocated one, else the one of the highest stage index)."""
+    files = _folder(folder)
     for name in loss_stages(stages):
         path = folder / f"metrics-{name}-0.jsonl"
-        if path.exists():
+        if path.name in files:
             return path
     if stages:
         return None
     best: tuple[int, Path] | None = None
-    for path in sorted(folder.glob("metrics-*-0.jsonl")):
+    for path in sorted(folder / n for n in files if n.endswith("-0.jsonl")):
         index = _first_stage_index(path)
         if index is None:
             continue
@@ -57,17 +58,24 @@ def loss_file(folder: Path, stages: Sequence[str] = ()) -> Path | None:
 def _first_stage_index(path: Path) -> int | None:
     """``stage`` of the first line of a metrics file (None: unreadable or empty)."""
     try:
-        lines = _lines(path)
+        lines = _folder(path.parent).get(path.name, [])
     except HistoryError:
         return None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for where, line in lines:
         try:
-            return parse_line(line, f"{path} line {n}").stage
+            return parse_line(line, where).stage
         except RecordRejected:
             return None
     return None
+
+
+def _folder(folder: Path) -> dict[str, list[tuple[str, str]]]:
+    """Every metrics file's lines in ``folder``, its own and those the node files carry for it
+    (``formats.metrics.read_folder``)."""
+    try:
+        return read_folder(folder)
+    except FileRejected as e:
+        raise HistoryError(f"drill: {e}") from None
 
 
 class HistoryError(OmniError):
@@ -145,13 +153,11 @@ def _lines(path: Path) -> list[str]:
 def _metric_lines(path: Path) -> list[MetricsLine]:
     """Every line of a metrics file as the schema says (slurm_omni.formats.metrics), but a last line
     that is not JSON at all: a rank killed mid-write leaves it torn."""
-    lines = _lines(path)
+    lines = _folder(path.parent).get(path.name, [])
     out = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for n, (where, line) in enumerate(lines, start=1):
         try:
-            out.append(parse_line(line, f"{path} line {n}"))
+            out.append(parse_line(line, where))
         except LineUnparsable as e:
             if n == len(lines):
                 continue

@@ -30,6 +30,7 @@ from slurm_omni.drill.history import load_history
 from slurm_omni.drill.inject import REASON, DrillError, Injector
 from slurm_omni.drill.job import JobHandle, find_registration
 from slurm_omni.drill.reference import JOB_ENV
+from slurm_omni.formats.metrics import read_folder
 from slurm_omni.manager.journal import incarnation_tag
 from slurm_omni.ownership import current_user
 from slurm_omni.slurm.cli_backend import CliBackend
@@ -350,8 +351,8 @@ def restore_line(metrics: Path) -> str | None:
     from the ranks' own metrics lines (the new life's first line per rank: ``restore_source``; steps
     lost: the faulted life's last step minus the step the next life restored). None before a relaunch."""
     by_life: dict[int, list[dict[str, object]]] = {}
-    for path in sorted(metrics.glob("metrics-*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
+    for lines in read_folder(metrics).values():   # own files and node files (formats/metrics)
+        for _, line in lines:
             try:
                 doc = json.loads(line)
                 by_life.setdefault(int(doc["incarnation"]), []).append(doc)

@@ -50,6 +50,7 @@ from typing import Any
 
 import msgspec
 
+from slurm_omni.elastic.node_metrics import COPIED, NodeLines, no_lines_left
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import (
     MAX_ERROR_CHARS,
@@ -242,6 +243,9 @@ class NodeRelay:
         self.interval_s = interval_s
         self.leader = False
         self.publishes = 0
+        self.lines: NodeLines | None = None
+        """The node's metrics lines, copied in the same pass as the beats (``elastic/node_metrics.py``;
+        set by ``MetricsLog``)."""
         self._lock_fd = -1
         self._published_at = 0.0
         self._clear_stale(time.time())
@@ -292,7 +296,7 @@ class NodeRelay:
             if self.leader:
                 self.lead(now)
             self.close()
-            self._remove_if_last()
+            self.remove_if_last()
             return 0.0
         write_atomic(Path(self.name), data, durable=False, dir_fd=fd)
         self.lead(now)
@@ -339,16 +343,25 @@ class NodeRelay:
         write_atomic(Path(self.PUBLISHED), b"%.3f" % now, durable=False, dir_fd=fd)
         self._published_at = time.time()
         self.publishes += 1
+        if self.lines is not None:
+            try:
+                self.lines.copy()
+            except (OSError, NotOwnedError) as e:   # the beats are published; the lines wait for the next pass
+                log.warning("heartbeat: couldn't copy the node's metrics lines: %s", e)
         return len(beats)
 
-    def _remove_if_last(self) -> None:
-        """The node's last rank of the job leaves no folder behind (``/dev/shm`` is memory)."""
+    def remove_if_last(self) -> None:
+        """The node's last rank of the job leaves no folder behind (``/dev/shm`` is memory); a rank's
+        metrics lines not copied yet keep it."""
         fd = self.folder.fd
-        if any(e.name.startswith(RANK_PREFIX) for e in os.scandir(fd)):
+        if fd < 0 or any(e.name.startswith(RANK_PREFIX) for e in os.scandir(fd)) or not no_lines_left(fd):
             return
         try:
-            for name in (self.PUBLISHED, self.LOCK):
-                os.unlink(name, dir_fd=fd)
+            for name in (self.PUBLISHED, self.LOCK, COPIED):
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
             os.rmdir(self.folder.path)
         except OSError:
             pass   # another rank came meanwhile, or left first: it is theirs to remove

@@ -16,6 +16,14 @@ proportion to the ranks (issue 19); a scrape every 15 s or more sees no differen
 every step, ``{"step", "ids", "dp_rank", "incarnation"}``; ``omni demo`` checks them against a run
 that never failed (every sample once, both stages in step).
 
+Per node instead of per rank, where the heartbeat aggregates on the node (``elastic/heartbeat.py``,
+``OMNI_HEARTBEAT_NODE_DIR``, the default under Slurm): each line, naming its file (``"file"``), goes
+to the node-local folder, and the node's heartbeat leader appends the node's new lines to
+``<OMNI_METRICS_DIR>/node-<NODE>.jsonl`` twice per heartbeat interval (``elastic/node_metrics.py``):
+the shared file system sees a write per node per interval, not one per rank per step. What no leader
+copied yet when the rank ends goes to its own ``metrics-<stage>-<dp_rank>.jsonl``; without a node
+folder every line does. Readers merge both (``formats.metrics.read_folder``).
+
 The folder goes through the one ownership check (``slurm_omni.ownership``: ours, nobody else can
 write it; made 0755 when missing so that node_exporter can read it) and is held open: every file is
 opened relative to its descriptor without following links, and a file appended to must be a regular
@@ -25,6 +33,7 @@ file of ours with one name. A folder or file another user planted is one line an
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -33,11 +42,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from slurm_omni.elastic.heartbeat import NodeRelay
+from slurm_omni.elastic.node_metrics import NodeLines
 from slurm_omni.errors import RuntimeLayoutError
 from slurm_omni.formats import RecordRejected
-from slurm_omni.formats.metrics import check_line, dumps
+from slurm_omni.formats.heartbeat import node_file_name
+from slurm_omni.formats.metrics import check_line, dumps, read_folder
 from slurm_omni.fsio import write_atomic
-from slurm_omni.ownership import NotOwnedError, ensure_dir
+from slurm_omni.ownership import NotOwnedError, OwnDir, ensure_dir
+
+log = logging.getLogger(__name__)
 
 _GAUGE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 PROM_EVERY_S = 10.0
@@ -47,7 +61,8 @@ PROM_EVERY_S = 10.0
 class MetricsLog:
     def __init__(self, metrics_dir: Path, *, stage_name: str, stage: int, rank: int, dp_rank: int,
                  dp_size: int, incarnation: int, job_id: str, trace: bool = False,
-                 help_text: Mapping[str, str] | None = None) -> None:
+                 help_text: Mapping[str, str] | None = None, relay: NodeRelay | None = None) -> None:
+        """``relay``: the heartbeat's node aggregation (None: every line to this rank's own file)."""
         try:
             self._dir = ensure_dir(metrics_dir, what="metrics", mode=0o755)
         except NotOwnedError as e:   # exit 78: no restart makes another user's folder ours
@@ -69,6 +84,17 @@ class MetricsLog:
         self._prom_pending: Mapping[str, float | int | None] | None = None
         self._jsonl = self._append(self.jsonl_path.name)
         self._trace = self._append(self.trace_path.name) if trace else None
+        self._relay = relay
+        self._node: NodeLines | None = None
+        if relay is not None:
+            folder = OwnDir(os.dup(relay.folder.fd), relay.folder_path)
+            try:
+                self._node = NodeLines(folder, metrics=self._dir, node_file=node_file_name(relay.node),
+                                       rank=rank)
+                relay.lines = self._node
+            except (OSError, NotOwnedError) as e:   # the node folder is gone or not ours: lines to our own file
+                folder.close()
+                log.warning("metrics: couldn't write on the node (%s); appending to %s", e, self.jsonl_path)
 
     def _append(self, name: str) -> IO[str]:
         try:
@@ -86,7 +112,15 @@ class MetricsLog:
             check_line(record, f"step {values.get('step')!r} to {self.jsonl_path}", "log")
         except RecordRejected as e:
             raise RuntimeLayoutError(f"elastic: {e}") from None
-        self._jsonl.write(dumps(record))
+        if self._node is not None:
+            try:
+                self._node.append(dumps({**record, "file": self.jsonl_path.name}).encode())
+            except OSError as e:   # /dev/shm full: this line and the rest to our own file
+                log.warning("metrics: couldn't write on the node (%s); appending to %s", e, self.jsonl_path)
+                self._close_node()
+                self._jsonl.write(dumps(record))
+        else:
+            self._jsonl.write(dumps(record))
         now = time.monotonic()
         if self._prom_at is None or now - self._prom_at >= PROM_EVERY_S:
             self._prom_at, self._prom_pending = now, None
@@ -114,10 +148,31 @@ class MetricsLog:
         write_atomic(self.prom_path, ("\n".join(lines) + "\n").encode(), mode=0o644, durable=False,
                      dir_fd=self._dir.fd)
 
+    def _close_node(self) -> None:
+        """What no leader copied of this rank's lines to its own file; its file on the node removed."""
+        node, self._node = self._node, None
+        if node is None:
+            return
+        if self._relay is not None and self._relay.lines is node:
+            self._relay.lines = None
+        self._jsonl.flush()
+        try:
+            node.close(self._jsonl.fileno())
+        except (OSError, NotOwnedError) as e:   # its lines stay on the node for the next leader
+            log.warning("metrics: couldn't finish the node's copy of %s: %s", self.jsonl_path, e)
+        finally:
+            node.folder.close()
+        if self._relay is not None:
+            try:
+                self._relay.remove_if_last()
+            except OSError:
+                pass
+
     def close(self) -> None:
         if self._prom_pending is not None:   # the last step's values, not those of up to PROM_EVERY_S before
             self._write_prom(self._prom_pending)
             self._prom_pending = None
+        self._close_node()
         self._jsonl.close()
         if self._trace is not None:
             self._trace.close()
@@ -125,7 +180,11 @@ class MetricsLog:
 
 
 def read_jsonl(path: Path) -> list[dict[str, object]]:
-    """All records of a metrics or trace file (tests and reports read them back)."""
+    """All records of a metrics or trace file (tests and reports read them back); a metrics file's
+    lines wherever they are (its own file and the node files of its folder, ``read_folder``)."""
+    if path.name.startswith("metrics-") and path.parent.is_dir():
+        lines = read_folder(path.parent).get(path.name, [])
+        return [json.loads(text) for _, text in lines]
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -128,7 +128,8 @@ class Run:
         self.metrics = MetricsLog(layout.metrics_dir, stage_name=layout.stage_name, stage=metrics_stage,
                                   rank=layout.rank, dp_rank=layout.data_parallel_rank,
                                   dp_size=layout.data_parallel_size, incarnation=layout.incarnation,
-                                  job_id=layout.job_id, trace=trace, help_text=metric_help)
+                                  job_id=layout.job_id, trace=trace, help_text=metric_help,
+                                  relay=self.heartbeat.relay)
         self.checkpoints: Checkpointer | None = None
         self.resume: Resume | None = None
         """What :meth:`restore` resumed from (None: a fresh start)."""

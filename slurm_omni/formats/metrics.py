@@ -4,6 +4,14 @@ per logged step::
     {"time": 1764460000.12, "rank": 3, "stage": 1, "dp_rank": 1, "incarnation": 0, "step": 17,
      "loss": 2.31, "step_time_seconds": 0.031, "data_parallel_size": 2, ...}
 
+Per node (the default under Slurm, ``slurm_omni.elastic.node_metrics``): the node's heartbeat
+leader appends its ranks' lines to ``<OMNI_METRICS_DIR>/node-<NODE>.jsonl``, each line naming the
+file it belongs to (``"file": "metrics-text-0.jsonl"``), and a rank that ends appends what was not
+copied yet to its own file. :func:`read_folder` gives every file's lines from both: a line that is
+not JSON in a node file (torn by a leader killed mid-write) is skipped, a line found twice (the same
+bytes: copied again after a leader died before recording how far it got) counts once, and the
+lines are put in order of (``incarnation``, ``time``).
+
 The writer is ``slurm_omni.elastic.metrics.MetricsLog`` (every training script's, the built-in
 trainer's too); it checks each line against :class:`MetricsLine` before writing it. The readers are
 ``omni report`` (slurm_omni.report.inputs) and ``omni drill`` (slurm_omni.drill.history).
@@ -18,15 +26,17 @@ converted strictly. Keys this schema does not know are the script's own values a
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from slurm_omni.formats import RecordRejected, _no_duplicates
-from slurm_omni.fsio import one_line
+from slurm_omni.fsio import decode_utf8, one_line, read_bounded
 
 MAX_LINE_CHARS = 1 << 20
 """A longer line is refused before parsing (the runtime's lines are a few hundred characters)."""
@@ -69,6 +79,8 @@ class MetricsLine(msgspec.Struct, frozen=True, kw_only=True):
                             "peer memory and file system"] | None = None
     """First line of a life that restored: where this rank's checkpoint bytes came from (its node's
     memory tier, docs/checkpoint.md, or the file system)."""
+    file: Annotated[str, msgspec.Meta(pattern=r"^metrics-[^/]+\.jsonl$")] | None = None
+    """Lines copied per node (``node-<NODE>.jsonl``): the file the line belongs to."""
 
 
 _AT = re.compile(r"^(?P<what>.*?) - at `\$\.(?P<key>[^`]*)`$")
@@ -121,3 +133,75 @@ class LineUnparsable(RecordRejected):
 def dumps(record: Mapping[str, Any]) -> str:
     """The line the writer appends (``NaN`` for a diverged loss, keys sorted), newline included."""
     return json.dumps(record, sort_keys=True) + "\n"
+
+
+MAX_FILE_BYTES = 1 << 30
+"""A metrics or node file read back is refused past this size."""
+FILE_NAME = re.compile(r"^metrics-[^/]+\.jsonl$")
+NODE_FILE_GLOB = "node-*.jsonl"
+
+
+def read_folder(folder: Path) -> dict[str, list[tuple[str, str]]]:
+    """Every metrics file's lines in ``folder``, by file name (``metrics-text-0.jsonl``): its own
+    file's and those the node files carry for it (module doc), each with where it was read
+    (``<path> line <n>``). A file that no node file adds to keeps its lines as they are."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted(folder.glob("metrics-*.jsonl")):
+        out[path.name] = _numbered(path, follow=True)
+    merged: set[str] = set()
+    keys: dict[str, tuple[float, float]] = {}
+    for path in sorted(folder.glob(NODE_FILE_GLOB)):
+        for where, text in _numbered(path, follow=False):
+            obj = _parsed(text)
+            name = obj.get("file") if obj is not None else None
+            if isinstance(name, str) and FILE_NAME.match(name):
+                out.setdefault(name, []).append((where, text))
+                merged.add(name)
+                keys[text.strip()] = _order(obj)
+    for name in merged:
+        out[name] = _merge(out[name], keys)
+    return out
+
+
+def _numbered(path: Path, *, follow: bool) -> list[tuple[str, str]]:
+    text = decode_utf8(read_bounded(path, MAX_FILE_BYTES, what=str(path), follow=follow), str(path))
+    return [(f"{path} line {n}", line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def _parsed(text: str) -> dict[str, Any] | None:
+    """A line as a JSON object; None for a torn line or anything else."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _order(obj: dict[str, Any] | None) -> tuple[float, float]:
+    try:
+        return (float(obj.get("incarnation", 0)), float(obj["time"])) if obj is not None else (math.inf, math.inf)
+    except (KeyError, TypeError, ValueError):
+        return (math.inf, math.inf)
+
+
+def _merge(lines: list[tuple[str, str]], keys: dict[str, tuple[float, float]]) -> list[tuple[str, str]]:
+    """One file's lines from its own file and the node files: each once, in (incarnation, time)
+    order; a line of its own file that is not JSON keeps its place after the others."""
+    seen: set[str] = set()
+    keyed: list[tuple[tuple[float, float], int, tuple[str, str]]] = []
+    for i, (where, text) in enumerate(lines):
+        line = text.strip()
+        if line in seen:
+            continue
+        seen.add(line)
+        key = keys.get(line)
+        keyed.append((_order(_parsed(line)) if key is None else key, i, (where, text)))
+    keyed.sort(key=lambda k: (k[0], k[1]))
+    return [entry for _, _, entry in keyed]
+
+
+def read_tree(root: Path) -> dict[Path, list[tuple[str, str]]]:
+    """:func:`read_folder` of ``root`` and of every folder below it, by each metrics file's path
+    (``<folder>/metrics-text-0.jsonl``, whether that file exists or only node files carry it)."""
+    folders = {p.parent for pattern in ("metrics-*.jsonl", NODE_FILE_GLOB) for p in root.rglob(pattern)}
+    return {folder / name: lines for folder in sorted(folders) for name, lines in read_folder(folder).items()}

@@ -14,7 +14,9 @@ Heartbeats (``slurm_omni.elastic.heartbeat``): ``rank-<RANK>.json``, the latest 
 (``rank``, ``time``, ``step``, ``phase``, ``incarnation``, ...). A ``*.jsonl`` file in the same folder
 is read as a history of such beats, one per line (the manager may keep one).
 
-A path given for metrics may be a file or a folder (then every ``metrics-*.jsonl`` in it).
+A path given for metrics may be a file or a folder (then every ``metrics-*.jsonl`` in it); either way
+the lines the node files of its folder carry for a file count as its own (``node-<NODE>.jsonl``, the
+default under Slurm: ``formats.metrics.read_folder``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import Any
 
 from slurm_omni.formats import RecordRejected
 from slurm_omni.formats.heartbeat import NODE_PREFIX
-from slurm_omni.formats.metrics import MetricsLine, parse_line
+from slurm_omni.formats.metrics import MetricsLine, parse_line, read_folder
+from slurm_omni.fsio import FileRejected
 from slurm_omni.report.timeline import ReportInputError, _why, read_text
 
 
@@ -100,25 +103,37 @@ def _lines(path: Path) -> Iterable[tuple[str, dict[str, Any]]]:
         yield where, obj
 
 
-def metric_files(path: Path) -> list[Path]:
+def metric_files(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """The lines of every metrics file ``path`` names (a folder: all of them; a file: that one), by
+    file name, each with where it was read: a file's own lines and those the node files of its
+    folder carry for it (``formats.metrics.read_folder``)."""
     if path.is_dir():
-        files = sorted(path.glob("metrics-*.jsonl"))
+        files = _read_folder(path)
         if not files:
-            raise ReportInputError(f"report: couldn't find metrics in {path}: no metrics-*.jsonl "
+            raise ReportInputError(f"report: couldn't find metrics in {path}: no metrics-*.jsonl or node-*.jsonl "
                                    "(give OMNI_METRICS_DIR or a file)")
         return files
     if not path.exists():
         raise ReportInputError(f"report: couldn't read {path}: no such file or folder")
-    return [path]
+    if path.name.startswith("metrics-") and path.name.endswith(".jsonl"):
+        return {path.name: _read_folder(path.parent).get(path.name, [])}
+    return {path.name: [(f"{path} line {n}", line) for n, line in enumerate(read_text(path).splitlines(), start=1)
+                        if line.strip()]}
 
 
-def _metric_lines(path: Path) -> Iterable[MetricsLine]:
-    for n, line in enumerate(read_text(path).splitlines(), start=1):
-        if line.strip():
-            try:
-                yield parse_line(line, f"{path} line {n}")
-            except RecordRejected as e:
-                raise ReportInputError(f"report: {e}") from None
+def _read_folder(folder: Path) -> dict[str, list[tuple[str, str]]]:
+    try:
+        return read_folder(folder)
+    except FileRejected as e:
+        raise ReportInputError(f"report: {e}") from None
+
+
+def _metric_lines(lines: list[tuple[str, str]]) -> Iterable[MetricsLine]:
+    for where, line in lines:
+        try:
+            yield parse_line(line, where)
+        except RecordRejected as e:
+            raise ReportInputError(f"report: {e}") from None
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -142,14 +157,14 @@ def stage_names(records: Iterable[MetricRecord]) -> dict[int, str]:
 def load_metrics(paths: Iterable[Path]) -> list[MetricRecord]:
     records: list[MetricRecord] = []
     for path in paths:
-        for file in metric_files(path):
-            name = stage_name_of(file)
+        for file, lines in metric_files(path).items():
+            name = stage_name_of(Path(file))
             records.extend(MetricRecord(
                 time=m.time, rank=m.rank, step=m.step, stage=m.stage, stage_name=name, incarnation=m.incarnation,
                 loss=_finite_or_none(m.loss), step_time_s=m.step_time_seconds, tokens_per_s=m.tokens_per_second,
                 global_samples_per_s=m.global_samples_per_second, ckpt_blocking_s=m.ckpt_blocking_seconds,
                 ckpt_persist_s=m.ckpt_persist_seconds, data_parallel_size=m.data_parallel_size)
-                for m in _metric_lines(file))
+                for m in _metric_lines(lines))
     if not records:
         raise ReportInputError("report: couldn't find any metrics record in "
                                + ", ".join(str(p) for p in paths))

@@ -23,6 +23,7 @@ from slurm_omni.checkpoint.memtier import DEFAULT_DIR, job_dir
 from slurm_omni.config.site import load_site
 from slurm_omni.drill import story
 from slurm_omni.drill.reference import finish_reference, start_reference
+from slurm_omni.formats.metrics import read_folder
 from slurm_omni.ownership import current_user
 from slurm_omni.slurm.runner import CommandRunner
 
@@ -121,8 +122,8 @@ def _first_lines(files: story.DemoFiles, name: str) -> dict[tuple[int, int], dic
     """Each rank's first metrics line of each life: (incarnation, rank) -> the line."""
     metrics = load_site(files.site).manager.metrics_for(current_user()) / name
     firsts: dict[tuple[int, int], dict] = {}
-    for path in metrics.glob("metrics-*.jsonl"):
-        for line in path.read_text().splitlines():
+    for lines in read_folder(metrics).values():   # own files and node files
+        for _, line in lines:
             doc = json.loads(line)
             firsts.setdefault((doc["incarnation"], doc["rank"]), doc)
     return firsts
@@ -138,8 +139,8 @@ def _freed(job_id: int) -> None:
 def _last_step(files: story.DemoFiles, name: str) -> int:
     """The last step any rank finished (40 for a job that trained to its end)."""
     metrics = load_site(files.site).manager.metrics_for(current_user()) / name
-    return max((json.loads(line)["step"] for path in metrics.glob("metrics-*.jsonl")
-                for line in path.read_text().splitlines()), default=0)
+    return max((json.loads(line)["step"] for lines in read_folder(metrics).values() for _, line in lines),
+               default=0)
 
 
 def _lines_with(files: story.DemoFiles, text: str) -> list[str]:

@@ -29,6 +29,7 @@ from slurm_omni.checkpoint.memtier import job_dir
 from slurm_omni.config.site import load_site
 from slurm_omni.drill import story
 from slurm_omni.drill.reference import finish_reference, start_reference
+from slurm_omni.formats.metrics import read_folder
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.ownership import current_user
 from slurm_omni.policy.replica_ring import decode_ring
@@ -77,8 +78,8 @@ def _lose(runner: CommandRunner, job_id: int, nodes: list[str], shm: Path, downe
 
 def _firsts(metrics: Path) -> dict[tuple[int, int], dict[str, Any]]:
     firsts: dict[tuple[int, int], dict[str, Any]] = {}
-    for path in metrics.glob("metrics-*.jsonl"):
-        for line in path.read_text().splitlines():
+    for lines in read_folder(metrics).values():   # own files and node files
+        for _, line in lines:
             doc = json.loads(line)
             firsts.setdefault((doc["incarnation"], doc["rank"]), doc)
     return firsts

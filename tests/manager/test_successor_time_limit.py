@@ -29,6 +29,7 @@ from slurm_omni.drill.history import load_history
 from slurm_omni.drill.reference import JOB_ENV as REFERENCE_ENV
 from slurm_omni.drill.reference import finish_reference, start_reference
 from slurm_omni.elastic.codes import EXIT_CHECKPOINTED
+from slurm_omni.formats.metrics import read_tree
 from slurm_omni.formats.supervisor import SupervisorStatus
 from slurm_omni.policy.pools import SUCCESSOR
 from slurm_omni.supervisor.journal import Successor, SupervisorJournal, journal_path, read_status, status_path
@@ -53,8 +54,8 @@ def _site(tmp: Path, spool: Path) -> str:
 
 def _steps(metrics: Path) -> list[int]:
     steps = []
-    for f in metrics.rglob("metrics-*.jsonl"):
-        for line in f.read_text().splitlines():
+    for lines in read_tree(metrics).values():   # own files and node files
+        for _, line in lines:
             try:
                 rec = json.loads(line)
             except ValueError:

@@ -26,6 +26,7 @@ from omni_configs import site_toml
 from security_support import omni, open_to_all
 from support import wait_until
 
+from slurm_omni.formats.metrics import read_folder
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.standby import CLIENT
 
@@ -170,6 +171,6 @@ def test_an_in_allocation_job_whose_standby_folder_bob_made_first_trains_and_tel
     assert len(lines) == 1, out[-3000:]
     assert f"supervisor: standby folder: couldn't use {folder}: a directory of uid {bob.uid}" in lines[0], lines[0]
     assert "the ranks start cold" in lines[0], lines[0]
-    steps = [json.loads(line)["step"] for p in sorted((alice_dir / "metrics" / NAME).glob("metrics-*.jsonl"))
-             for line in p.read_text().splitlines()]
+    steps = [json.loads(line)["step"] for lines in read_folder(alice_dir / "metrics" / NAME).values()
+             for _, line in lines]
     assert steps and max(steps) == 4, out[-3000:]                   # it trained, to the end

@@ -19,7 +19,7 @@ import pytest
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import HeartbeatRecord
-from slurm_omni.formats.metrics import parse_line
+from slurm_omni.formats.metrics import parse_line, read_folder
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.supervisor.ports import pick
 
@@ -57,9 +57,9 @@ def _codes(procs: list[subprocess.Popen[bytes]]) -> list[int]:
 
 def _first_lines(tmp_path: Path, incarnation: int) -> dict[int, dict[str, object]]:
     out: dict[int, dict[str, object]] = {}
-    for path in sorted((tmp_path / "metrics").glob("metrics-*.jsonl")):
-        for number, line in enumerate(path.read_text().splitlines()):
-            rec = parse_line(line, f"{path}:{number + 1}")   # the package's strict reader
+    for lines in read_folder(tmp_path / "metrics").values():   # the rank's own file and its node's
+        for where, line in lines:
+            rec = parse_line(line, where)   # the package's strict reader
             if rec.incarnation == incarnation and rec.rank not in out:
                 out[rec.rank] = json.loads(line)
     return out
@@ -76,6 +76,12 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
     for path in own:
         data = path.read_bytes()
         assert encode(msgspec.json.decode(data, type=HeartbeatRecord)) == data, data
+    # the metrics lines went per node (node-<NODE>.jsonl, copied by the node's leader): every step once
+    assert sorted(p.name for p in (tmp_path / "metrics").glob("node-*.jsonl")) == \
+        ["node-node1.jsonl", "node-node2.jsonl", "node-node3.jsonl"]
+    for lines in read_folder(tmp_path / "metrics").values():
+        assert [parse_line(t, w).step for w, t in lines] == list(range(1, 13))
+    assert not list((tmp_path / "shm").iterdir())   # the node folders removed by their last rank
     markers = sorted(p.name for p in (tmp_path / "ckpt" / "light" / "rank-1").iterdir())
     assert markers == ["step-10.json", "step-12.json", "step-5.json"]   # every 5 and the last
     # rank 2 lost its newest marker, rank 0 an older one: everyone resumes from step 10, the newest

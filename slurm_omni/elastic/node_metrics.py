@@ -1,0 +1,214 @@
+"""Metrics lines per node, not per rank (issue 19): the node's ranks append to the node-local folder
+their heartbeats share (``elastic/heartbeat.py`` ``NodeRelay``), and the rank holding that folder's
+lock appends the new lines to one file per node on the shared file system in the pass it already
+makes for the beats, twice per heartbeat interval.
+
+In the node folder (``<node dir>/omni-beats-<uid>-<job>-<node>/``, 0700, ours, checked by its
+descriptor):
+
+- ``lines-<RANK>-<PID>.jsonl``: one rank's lines, append only; each line names its file in the metrics
+  folder (``"file": "metrics-<stage>-<dp_rank>.jsonl"``, formats/metrics.py), so that the copy needs
+  no other record of whose it is;
+- ``lines-copied``: ``lines-<RANK>-<PID>.jsonl <offset>`` a line, how far the leaders copied each,
+  replaced atomically after every copy that moved one.
+
+In the metrics folder: ``node-<NODE>.jsonl``, the lines of every rank that ran on the node, appended
+whole lines at a time. A leader killed after its append and before it recorded the offsets leaves
+lines the next leader appends again; one killed inside its write may leave a torn line, which the
+next append starts a new line after. The readers (``formats.metrics.read_folder``) skip a line that
+is not JSON in a node file and count a line that appears twice (the same bytes) once: no line is
+lost or counted twice across leader changes, crashes and relaunches.
+
+A rank that ends (``close``) appends what the leader had not copied yet of its own lines to its own
+``metrics-<stage>-<dp_rank>.jsonl``, as every rank did before, so that its last lines do not wait on
+a leader that may be ending too; the leader may copy them as well (counted once). Lines of a rank
+killed (its process gone) stay in the node folder for the next leader of the job on the node, which
+removes a dead rank's file once it copied all of it. A node lost loses the lines of its last half
+interval with its memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
+from slurm_omni.ownership import NotOwnedError, OwnDir
+
+log = logging.getLogger(__name__)
+
+SOURCE_PREFIX = "lines-"
+SOURCE_SUFFIX = ".jsonl"
+COPIED = "lines-copied"
+MAX_COPY_BYTES = 4 << 20
+"""At most this much of one rank's lines per pass (the rest the next pass)."""
+MAX_COPIED_BYTES = 1 << 20
+
+
+def source_name(rank: int, pid: int) -> str:
+    return f"{SOURCE_PREFIX}{rank}-{pid}{SOURCE_SUFFIX}"
+
+
+def _pid_of(name: str) -> int | None:
+    """The process of a rank's lines (``lines-<RANK>-<PID>.jsonl``); None for any other name."""
+    if not (name.startswith(SOURCE_PREFIX) and name.endswith(SOURCE_SUFFIX)):
+        return None
+    rank, _, pid = name[len(SOURCE_PREFIX):-len(SOURCE_SUFFIX)].partition("-")
+    return int(pid) if rank.isdigit() and pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):   # gone, or another user's process has the number now
+        return False
+    return True
+
+
+def read_copied(folder_fd: int) -> dict[str, int]:
+    """The offsets the node's leaders copied up to, ``<name> <offset>`` a line (empty when none or
+    unreadable: copy from 0 again, the readers count a repeated line once)."""
+    try:
+        raw = read_bounded(Path(COPIED), MAX_COPIED_BYTES, dir_fd=folder_fd)
+    except (OSError, FileRejected):
+        return {}
+    out: dict[str, int] = {}
+    for line in raw.decode("ascii", "replace").splitlines():
+        name, _, offset = line.partition(" ")
+        if _pid_of(name) is not None and offset.isdigit():
+            out[name] = int(offset)
+    return out
+
+
+def _copied_text(copied: dict[str, int]) -> bytes:
+    return "".join(f"{name} {offset}\n" for name, offset in sorted(copied.items())).encode()
+
+
+def _open_source(folder_fd: int, name: str, flags: int) -> int:
+    """A rank's lines in the node folder: never through a link, a regular file of ours."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600, dir_fd=folder_fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise NotOwnedError(f"couldn't use {name} in the node folder: not a regular file of uid {os.geteuid()}")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _whole_lines(fd: int, start: int, size: int) -> bytes:
+    """``[start, size)`` of ``fd`` up to its last newline (a line being written is left for later)."""
+    data = os.pread(fd, min(size - start, MAX_COPY_BYTES), start)
+    return data[:data.rfind(b"\n") + 1]
+
+
+class NodeLines:
+    """The node folder's metrics lines: a rank's own file (``append``, ``close``) and the leader's copy
+    (``copy``) into ``node-<NODE>.jsonl`` of the metrics folder (module doc)."""
+
+    def __init__(self, folder: OwnDir, *, metrics: OwnDir, node_file: str, rank: int) -> None:
+        """``folder`` and ``metrics``: held open by the caller (the node folder's descriptor outlives a
+        reopen of it by the heartbeat: this rank's file keeps it from being removed)."""
+        self.folder = folder
+        self.metrics = metrics
+        self.node_file = node_file
+        self.name = source_name(rank, os.getpid())
+        self._fd = _open_source(folder.fd, self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._out = -1
+        self.copies = 0
+
+    def append(self, line: bytes) -> None:
+        """One line (newline included) in this rank's file on the node."""
+        _write_all(self._fd, line)
+
+    def copy(self) -> int:
+        """As the node's leader: append every rank's new lines to the node's file in the metrics
+        folder; the bytes appended."""
+        fd = self.folder.fd
+        copied = read_copied(fd)
+        done: dict[str, int] = {}
+        chunks: list[bytes] = []
+        finished: list[str] = []
+        for entry in os.scandir(fd):
+            pid = _pid_of(entry.name)
+            if pid is None:
+                continue
+            try:
+                src = _open_source(fd, entry.name, os.O_RDONLY)
+            except (OSError, NotOwnedError):
+                continue   # removed meanwhile (its rank ended), or not ours: never copied
+            try:
+                size = os.fstat(src).st_size
+                start = copied.get(entry.name, 0)
+                if start > size:   # not the file that offset was about: all of it
+                    start = 0
+                chunk = _whole_lines(src, start, size) if size > start else b""
+            finally:
+                os.close(src)
+            done[entry.name] = start + len(chunk)
+            if chunk:
+                chunks.append(chunk)
+            if start + len(chunk) == size and pid != os.getpid() and not _alive(pid):
+                finished.append(entry.name)
+        if chunks:
+            self._append_out(b"".join(chunks))
+        if chunks or done != copied:
+            write_atomic(Path(COPIED), _copied_text(done), durable=False, dir_fd=fd)
+        for name in finished:   # a dead rank's lines, all copied: nothing left to keep
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+        self.copies += 1
+        return sum(map(len, chunks))
+
+    def _append_out(self, data: bytes) -> None:
+        if self._out < 0:
+            self._out = self.metrics.open_append(self.node_file, read=True)
+        size = os.fstat(self._out).st_size
+        if size and os.pread(self._out, 1, size - 1) != b"\n":
+            data = b"\n" + data   # a leader killed inside its write left a torn line: start a new one
+        _write_all(self._out, data)
+
+    def close(self, out: int) -> None:
+        """This rank ends: what no leader copied yet of its lines goes to ``out`` (its own
+        ``metrics-<stage>-<dp_rank>.jsonl``, open for appending) (a leader may copy it too: the readers count it once), then its file on the node is
+        removed. A rank that leads copies first (``copy``), so usually nothing is left."""
+        try:
+            start = read_copied(self.folder.fd).get(self.name, 0)
+            size = os.fstat(self._fd).st_size
+            src = _open_source(self.folder.fd, self.name, os.O_RDONLY)
+            try:
+                rest = b""
+                while start + len(rest) < size:
+                    chunk = os.pread(src, size - start - len(rest), start + len(rest))
+                    if not chunk:
+                        break
+                    rest += chunk
+            finally:
+                os.close(src)
+            rest = rest[:rest.rfind(b"\n") + 1]
+            if rest:
+                _write_all(out, rest)
+            os.unlink(self.name, dir_fd=self.folder.fd)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+            self.detach()
+
+    def detach(self) -> None:
+        if self._out >= 0:
+            os.close(self._out)
+            self._out = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def no_lines_left(folder_fd: int) -> bool:
+    """No rank's lines in the node folder (then its last rank may remove it, ``lines-copied`` too)."""
+    return not any(_pid_of(e.name) is not None for e in os.scandir(folder_fd))

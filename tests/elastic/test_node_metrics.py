@@ -1,0 +1,190 @@
+"""Metrics lines per node (issue 19, elastic/node_metrics.py): the node's leader copies its ranks'
+lines into ``node-<NODE>.jsonl``; no line is lost or read twice across leader changes, a leader killed
+mid-copy, a rank's end and a relaunch; the readers (formats.metrics.read_folder, elastic read_jsonl,
+omni report, the drill's history) read the new layout and the old."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.elastic import node_metrics
+from slurm_omni.elastic.heartbeat import NodeRelay
+from slurm_omni.elastic.metrics import MetricsLog, read_jsonl
+from slurm_omni.elastic.node_metrics import COPIED, NodeLines, read_copied
+from slurm_omni.formats.metrics import read_folder
+from slurm_omni.ownership import OwnDir, ensure_dir
+
+
+def _dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    shm, hb, metrics = tmp_path / "shm", tmp_path / "hb", tmp_path / "metrics"
+    for d in (shm, hb):
+        d.mkdir(mode=0o700)
+    return shm, hb, metrics
+
+
+def _relay(shm: Path, hb: Path, rank: int) -> NodeRelay:
+    return NodeRelay(shm, shared_dir=hb, job_id="7", node="n1", rank=rank, interval_s=1.0)
+
+
+def _log(metrics: Path, relay: NodeRelay | None, rank: int, *, incarnation: int = 0) -> MetricsLog:
+    return MetricsLog(metrics, stage_name="text", stage=0, rank=rank, dp_rank=rank, dp_size=2,
+                      incarnation=incarnation, job_id="7", relay=relay)
+
+
+def _steps(metrics: Path, dp: int) -> list[tuple[int, int]]:
+    return [(int(r["incarnation"]), int(r["step"])) for r in read_jsonl(metrics / f"metrics-text-{dp}.jsonl")]  # type: ignore[call-overload]
+
+
+def test_lines_go_to_the_node_file_and_each_rank_ends_with_nothing_lost(tmp_path: Path) -> None:
+    shm, hb, metrics = _dirs(tmp_path)
+    relays = [_relay(shm, hb, r) for r in range(2)]
+    logs = [_log(metrics, relays[r], r) for r in range(2)]
+    for step in range(1, 6):
+        for log in logs:
+            log.log_step({"step": step, "loss": 1.0})
+    relays[0].lead(1.0)                     # rank 0 takes the lead and copies both ranks' lines
+    relays[1].lead(1.0)                     # rank 1 cannot: the lock is held
+    assert relays[0].leader and not relays[1].leader
+    node_file = metrics / "node-n1.jsonl"
+    assert len(node_file.read_text().splitlines()) == 10
+    assert (metrics / "metrics-text-0.jsonl").read_text() == ""   # nothing per rank in steady state
+    for step in range(6, 8):
+        for log in logs:
+            log.log_step({"step": step, "loss": 1.0})
+    logs[1].close()                         # not the leader: its two uncopied lines to its own file
+    assert len((metrics / "metrics-text-1.jsonl").read_text().splitlines()) == 2
+    relays[0].lead(2.0)
+    logs[0].close()
+    assert _steps(metrics, 0) == [(0, s) for s in range(1, 8)]
+    assert _steps(metrics, 1) == [(0, s) for s in range(1, 8)]
+    for r in relays:
+        r.beat(b"", 3.0, last=True)
+    assert not any(shm.iterdir())           # the node's last rank leaves no folder
+
+
+def test_a_leader_change_and_a_leader_killed_between_its_append_and_its_offsets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shm, hb, metrics = _dirs(tmp_path)
+    relays = [_relay(shm, hb, r) for r in range(2)]
+    logs = [_log(metrics, relays[r], r) for r in range(2)]
+    logs[0].log_step({"step": 1})
+    logs[1].log_step({"step": 1})
+    relays[0].lead(1.0)
+    logs[1].log_step({"step": 2})
+    real = node_metrics.write_atomic
+
+    def killed(path: Path, data: bytes, **kw: object) -> None:
+        if path.name == COPIED:
+            raise OSError("killed before it recorded the offsets")
+        real(path, data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node_metrics, "write_atomic", killed)
+    relays[0].lead(2.0)                     # appended rank 1's step 2, offsets not recorded
+    monkeypatch.undo()
+    relays[0].close()                       # the leader's process ends: the lock is free
+    relays[1].lead(3.0)                     # the next leader copies step 2 again
+    assert relays[1].leader
+    raw = (metrics / "node-n1.jsonl").read_text().splitlines()
+    assert len(raw) == 4                    # step 2 of rank 1 twice in the file...
+    assert _steps(metrics, 1) == [(0, 1), (0, 2)]    # ...and once for every reader
+    assert read_copied(relays[1].folder.fd)[node_metrics.source_name(1, os.getpid())] > 0
+
+
+def test_a_torn_line_of_a_leader_killed_mid_write_is_skipped_and_copied_again(tmp_path: Path) -> None:
+    shm, hb, metrics = _dirs(tmp_path)
+    relay = _relay(shm, hb, 0)
+    log = _log(metrics, relay, 0)
+    log.log_step({"step": 1})
+    relay.lead(1.0)
+    with (metrics / "node-n1.jsonl").open("a") as f:   # the half a killed leader wrote of the next line
+        f.write('{"file": "metrics-text-0.jsonl", "incarnation": 0, "ra')
+    log.log_step({"step": 2})
+    relay.lead(2.0)
+    lines = (metrics / "node-n1.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and lines[1].endswith('"ra')    # the torn part stands on its own line
+    assert _steps(metrics, 0) == [(0, 1), (0, 2)]
+
+
+def test_a_killed_rank_s_lines_wait_for_the_next_leader_of_a_relaunch(tmp_path: Path) -> None:
+    """Every rank of the node killed (the step cancelled): the lines not copied stay on the node; the
+    next life's leader copies them, and removes the dead rank's file once it copied all of it."""
+    shm, hb, metrics = _dirs(tmp_path)
+    relay = _relay(shm, hb, 0)
+    folder = ensure_dir(relay.folder_path, what="node", private=True)
+    dead = NodeLines(folder, metrics=ensure_dir(metrics, what="metrics", mode=0o755), node_file="node-n1.jsonl", rank=0)
+    dead_name = "lines-0-999999999.jsonl"     # a pid no process has
+    os.rename(dead.name, dead_name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+    for step in (1, 2, 3):
+        dead.append(json.dumps({"file": "metrics-text-0.jsonl", "time": 100.0 + step, "rank": 0,
+                                "incarnation": 0, "step": step}).encode() + b"\n")
+    new = _log(metrics, relay, 0, incarnation=1)
+    new.log_step({"step": 3})
+    relay.lead(1.0)
+    assert _steps(metrics, 0) == [(0, 1), (0, 2), (0, 3), (1, 3)]
+    assert dead_name not in os.listdir(folder.fd)
+    new.close()
+
+
+def test_no_node_folder_every_line_to_the_rank_s_own_file(tmp_path: Path) -> None:
+    _, _, metrics = _dirs(tmp_path)
+    log = _log(metrics, None, 0)
+    log.log_step({"step": 1})
+    log.close()
+    assert not list(metrics.glob("node-*"))
+    assert [json.loads(line)["step"] for line in (metrics / "metrics-text-0.jsonl").read_text().splitlines()] == [1]
+
+
+def test_read_folder_old_layout_kept_as_is_and_both_layouts_merged(tmp_path: Path) -> None:
+    old = ['{"time": 2.0, "rank": 0, "step": 2}', '{"time": 1.0, "rank": 0, "step": 1}']
+    (tmp_path / "metrics-text-0.jsonl").write_text("\n".join(old) + "\n")
+    assert [t for _, t in read_folder(tmp_path)["metrics-text-0.jsonl"]] == old   # no node file: untouched
+    own = '{"file": "metrics-text-1.jsonl", "incarnation": 1, "time": 5.0, "rank": 1, "step": 5}'
+    (tmp_path / "metrics-text-1.jsonl").write_text(own + "\n")
+    copied = ['{"file": "metrics-text-1.jsonl", "incarnation": 0, "time": 3.0, "rank": 1, "step": 3}', own,
+              '{"file": "metrics-text-1.jsonl", "incarn', '{"file": "/etc/passwd", "time": 1, "rank": 0, "step": 0}']
+    (tmp_path / "node-n2.jsonl").write_text("\n".join(copied) + "\n")
+    got = read_folder(tmp_path)
+    assert [json.loads(t)["step"] for _, t in got["metrics-text-1.jsonl"]] == [3, 5]
+    assert got["metrics-text-1.jsonl"][0][0] == f"{tmp_path / 'node-n2.jsonl'} line 1"
+    assert set(got) == {"metrics-text-0.jsonl", "metrics-text-1.jsonl"}
+
+
+def test_the_node_folder_checked_a_planted_source_is_never_copied(tmp_path: Path) -> None:
+    shm, hb, metrics = _dirs(tmp_path)
+    relay = _relay(shm, hb, 0)
+    secret = tmp_path / "secret"
+    secret.write_text('{"file": "metrics-text-0.jsonl", "time": 1, "rank": 0, "step": 99}\n')
+    os.symlink(secret, relay.folder_path / "lines-1-1.jsonl")
+    log = _log(metrics, relay, 0)
+    log.log_step({"step": 1})
+    relay.lead(1.0)
+    assert _steps(metrics, 0) == [(0, 1)]
+    log.close()
+    assert isinstance(relay.folder, OwnDir)
+
+
+def test_omni_report_and_the_drill_read_a_run_of_node_files(tmp_path: Path) -> None:
+    """A run whose lines went per node: the report and the drill's history read every step once, the
+    last lines of an ended rank from its own file included."""
+    from slurm_omni.drill.history import load_history
+    from slurm_omni.report.inputs import load_metrics
+
+    shm, hb, metrics = _dirs(tmp_path)
+    relays = [_relay(shm, hb, r) for r in range(2)]
+    logs = [_log(metrics, relays[r], r) for r in range(2)]
+    for step in range(1, 5):
+        for log in logs:
+            log.log_step({"step": step, "loss": 2.0 / step})
+        if step == 2:
+            relays[0].lead(1.0)
+    for log in reversed(logs):
+        log.close()
+    assert (metrics / "node-n1.jsonl").exists()
+    records = load_metrics([metrics])
+    assert sorted((r.rank, r.step) for r in records) == [(r, s) for r in (0, 1) for s in range(1, 5)]
+    assert {r.stage_name for r in records} == {"text"}
+    assert [r.step for r in load_history(metrics, ("text",)).records] == [1, 2, 3, 4]
