@@ -24,7 +24,7 @@ class Relay:
         self.next_publish = 0.0
         self.published_at = 0.0
         self.lines_fd = -1
-        """This rank's metrics lines on the node (``lines-<RANK>-<PID>.jsonl``, append only), copied by
+        """This rank's metrics lines on the node (``lines-<RANK>-<PID>-0.jsonl``, append only), copied by
         the leader into ``<metrics>/node-<NODE>.jsonl`` (``slurm_omni.elastic.node_metrics``)."""
         self.lines_name = ""
         self.metrics_fd = -1
@@ -144,7 +144,7 @@ class Relay:
         """This rank's lines go to the node (False: the folder is not usable, the caller appends them)."""
         try:
             self.metrics_fd = os.open(metrics_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self.lines_name = f"lines-{rank}-{os.getpid()}.jsonl"
+            self.lines_name = f"lines-{rank}-{os.getpid()}-0.jsonl"
             self.lines_fd = _open_file(self.lines_name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.fd)
         except OSError as e:
             print(f"light rank: couldn't write metrics on the node ({e}); appending its own file", file=sys.stderr,
@@ -168,17 +168,18 @@ class Relay:
             except OSError:
                 continue
             try:
-                size = os.fstat(src).st_size
-                start = copied.get(entry.name, 0)
-                start = 0 if start > size else start
+                st = os.fstat(src)
+                size = st.st_size
+                ino, start = copied.get(entry.name, (-1, 0))
+                start = start if ino == st.st_ino and start <= size else 0
                 data = os.pread(src, min(size - start, 4 << 20), start) if size > start else b""
             finally:
                 os.close(src)
             chunk = data[:data.rfind(b"\n") + 1]
-            done[entry.name] = start + len(chunk)
+            done[entry.name] = (st.st_ino, start + len(chunk))
             if chunk:
                 chunks.append(chunk)
-            if start + len(chunk) == size and pid != os.getpid() and not _alive(pid):
+            if start + len(chunk) == size and pid != os.getpid() and time.time() - st.st_mtime > 60 and not _alive(pid):
                 finished.append(entry.name)
         if chunks:
             if self.out_fd < 0:
@@ -190,7 +191,7 @@ class Relay:
                 out = b"\n" + out   # a leader killed inside its write left a torn line
             _write_all(self.out_fd, out)
         if chunks or done != copied:
-            _write_atomic("lines-copied", "".join(f"{k} {v}\n" for k, v in sorted(done.items())).encode(),
+            _write_atomic("lines-copied", "".join(f"{k} {i} {v}\n" for k, (i, v) in sorted(done.items())).encode(),
                           dir_fd=self.fd)
         for name in finished:
             try:
@@ -204,8 +205,10 @@ class Relay:
         if self.lines_fd < 0:
             return
         try:
-            start = _read_copied(self.fd).get(self.lines_name, 0)
-            size = os.fstat(self.lines_fd).st_size
+            st = os.fstat(self.lines_fd)
+            ino, start = _read_copied(self.fd).get(self.lines_name, (-1, 0))
+            size = st.st_size
+            start = start if ino == st.st_ino and start <= size else 0
             src = _open_file(self.lines_name, os.O_RDONLY, self.fd)
             try:
                 rest = os.pread(src, max(0, size - start), start) if size > start else b""
@@ -230,8 +233,8 @@ class Relay:
 def _pid_of(name: str) -> int | None:
     if not (name.startswith("lines-") and name.endswith(".jsonl")):
         return None
-    rank, _, pid = name[6:-6].partition("-")
-    return int(pid) if rank.isdigit() and pid.isdigit() else None
+    parts = name[6:-6].split("-")
+    return int(parts[1]) if len(parts) == 3 and all(p.isdigit() for p in parts) else None
 
 
 def _alive(pid: int) -> bool:
@@ -253,9 +256,9 @@ def _read_copied(dir_fd: int) -> dict[str, int]:
         os.close(fd)
     out = {}
     for line in raw.decode("ascii", "replace").splitlines():
-        name, _, offset = line.partition(" ")
-        if _pid_of(name) is not None and offset.isdigit():
-            out[name] = int(offset)
+        name, ino, offset = (line.split(" ") + ["", ""])[:3]
+        if _pid_of(name) is not None and ino.isdigit() and offset.isdigit():
+            out[name] = (int(ino), int(offset))
     return out
 
 

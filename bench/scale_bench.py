@@ -689,7 +689,10 @@ class Job:
                                    f"(launches {len(st.launches)}, outcome {st.outcome or '-'}, job {self.job_state()})")
             self.runs.append(run)
             nxt = self.launches()[k + 1]
-            first = self.first_lines(nxt.incarnation)
+            # the ranks' lines reach the metrics folder with their node's next copy (twice per 1 s interval)
+            wait_lines = time.monotonic() + 2.0
+            while len(first := self.first_lines(nxt.incarnation)) < self.ranks and time.monotonic() < wait_lines:
+                time.sleep(0.25)
             restored = {x.get("restored_step") for x in first.values()}
             base = max((s for s in restored if isinstance(s, int)), default=base)
             run.overrun_s = max(0, base - at_fault) * max(self.size.result.step_s or 0.0, self.args.step_delay)

@@ -6,10 +6,10 @@ makes for the beats, twice per heartbeat interval.
 In the node folder (``<node dir>/omni-beats-<uid>-<job>-<node>/``, 0700, ours, checked by its
 descriptor):
 
-- ``lines-<RANK>-<PID>.jsonl``: one rank's lines, append only; each line names its file in the metrics
+- ``lines-<RANK>-<PID>-<N>.jsonl``: one rank's lines (N: 0, or more once a leader removed one), append only; each line names its file in the metrics
   folder (``"file": "metrics-<stage>-<dp_rank>.jsonl"``, formats/metrics.py), so that the copy needs
   no other record of whose it is;
-- ``lines-copied``: ``lines-<RANK>-<PID>.jsonl <offset>`` a line, how far the leaders copied each,
+- ``lines-copied``: ``<name> <inode> <offset>`` a line, how far the leaders copied each,
   replaced atomically after every copy that moved one.
 
 In the metrics folder: ``node-<NODE>.jsonl``, the lines of every rank that ran on the node, appended
@@ -23,7 +23,7 @@ A rank that ends (``close``) appends what the leader had not copied yet of its o
 ``metrics-<stage>-<dp_rank>.jsonl``, as every rank did before, so that its last lines do not wait on
 a leader that may be ending too; the leader may copy them as well (counted once). Lines of a rank
 killed (its process gone) stay in the node folder for the next leader of the job on the node, which
-removes a dead rank's file once it copied all of it. A node lost loses the lines of its last half
+removes a dead rank's file once it copied all of it and nobody wrote it for a minute. A node lost loses the lines of its last half
 interval with its memory.
 """
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 
 from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
@@ -45,18 +46,22 @@ COPIED = "lines-copied"
 MAX_COPY_BYTES = 4 << 20
 """At most this much of one rank's lines per pass (the rest the next pass)."""
 MAX_COPIED_BYTES = 1 << 20
+DEAD_AFTER_S = 60.0
+"""A rank's file is removed once all of it is copied, its process is gone and it was not written for
+this long (a process in another pid namespace looks gone; its rank also opens a new file when its
+own was removed, ``append``)."""
 
 
-def source_name(rank: int, pid: int) -> str:
-    return f"{SOURCE_PREFIX}{rank}-{pid}{SOURCE_SUFFIX}"
+def source_name(rank: int, pid: int, generation: int = 0) -> str:
+    return f"{SOURCE_PREFIX}{rank}-{pid}-{generation}{SOURCE_SUFFIX}"
 
 
 def _pid_of(name: str) -> int | None:
-    """The process of a rank's lines (``lines-<RANK>-<PID>.jsonl``); None for any other name."""
+    """The process of a rank's lines (``lines-<RANK>-<PID>-<N>.jsonl``); None for any other name."""
     if not (name.startswith(SOURCE_PREFIX) and name.endswith(SOURCE_SUFFIX)):
         return None
-    rank, _, pid = name[len(SOURCE_PREFIX):-len(SOURCE_SUFFIX)].partition("-")
-    return int(pid) if rank.isdigit() and pid.isdigit() else None
+    parts = name[len(SOURCE_PREFIX):-len(SOURCE_SUFFIX)].split("-")
+    return int(parts[1]) if len(parts) == 3 and all(p.isdigit() for p in parts) else None
 
 
 def _alive(pid: int) -> bool:
@@ -67,23 +72,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_copied(folder_fd: int) -> dict[str, int]:
-    """The offsets the node's leaders copied up to, ``<name> <offset>`` a line (empty when none or
-    unreadable: copy from 0 again, the readers count a repeated line once)."""
+def read_copied(folder_fd: int) -> dict[str, tuple[int, int]]:
+    """How far the node's leaders copied each rank's file: name -> (its inode, the offset), from
+    ``<name> <inode> <offset>`` lines (empty when none or unreadable: copy from 0 again, the readers
+    count a repeated line once). A file of the same name but another inode starts at 0."""
     try:
         raw = read_bounded(Path(COPIED), MAX_COPIED_BYTES, dir_fd=folder_fd)
     except (OSError, FileRejected):
         return {}
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
     for line in raw.decode("ascii", "replace").splitlines():
-        name, _, offset = line.partition(" ")
-        if _pid_of(name) is not None and offset.isdigit():
-            out[name] = int(offset)
+        name, ino, offset = (line.split(" ") + ["", ""])[:3]
+        if _pid_of(name) is not None and ino.isdigit() and offset.isdigit():
+            out[name] = (int(ino), int(offset))
     return out
 
 
-def _copied_text(copied: dict[str, int]) -> bytes:
-    return "".join(f"{name} {offset}\n" for name, offset in sorted(copied.items())).encode()
+def _copied_text(copied: dict[str, tuple[int, int]]) -> bytes:
+    return "".join(f"{name} {ino} {offset}\n" for name, (ino, offset) in sorted(copied.items())).encode()
+
+
+def _start(copied: dict[str, tuple[int, int]], name: str, st: os.stat_result) -> int:
+    ino, offset = copied.get(name, (-1, 0))
+    return offset if ino == st.st_ino and offset <= st.st_size else 0
 
 
 def _open_source(folder_fd: int, name: str, flags: int) -> int:
@@ -113,13 +124,21 @@ class NodeLines:
         self.folder = folder
         self.metrics = metrics
         self.node_file = node_file
+        self.rank = rank
+        self.generation = 0
         self.name = source_name(rank, os.getpid())
         self._fd = _open_source(folder.fd, self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._out = -1
         self.copies = 0
 
     def append(self, line: bytes) -> None:
-        """One line (newline included) in this rank's file on the node."""
+        """One line (newline included) in this rank's file on the node (a new file when a leader took
+        this one for a dead rank's: everything in it was copied)."""
+        if os.fstat(self._fd).st_nlink == 0:
+            os.close(self._fd)
+            self.generation += 1   # a new name: the leaders' record of the old one is not about it
+            self.name = source_name(self.rank, os.getpid(), self.generation)
+            self._fd = _open_source(self.folder.fd, self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         _write_all(self._fd, line)
 
     def copy(self) -> int:
@@ -127,7 +146,7 @@ class NodeLines:
         folder; the bytes appended."""
         fd = self.folder.fd
         copied = read_copied(fd)
-        done: dict[str, int] = {}
+        done: dict[str, tuple[int, int]] = {}
         chunks: list[bytes] = []
         finished: list[str] = []
         for entry in os.scandir(fd):
@@ -139,17 +158,17 @@ class NodeLines:
             except (OSError, NotOwnedError):
                 continue   # removed meanwhile (its rank ended), or not ours: never copied
             try:
-                size = os.fstat(src).st_size
-                start = copied.get(entry.name, 0)
-                if start > size:   # not the file that offset was about: all of it
-                    start = 0
+                st = os.fstat(src)
+                size = st.st_size
+                start = _start(copied, entry.name, st)
                 chunk = _whole_lines(src, start, size) if size > start else b""
             finally:
                 os.close(src)
-            done[entry.name] = start + len(chunk)
+            done[entry.name] = (st.st_ino, start + len(chunk))
             if chunk:
                 chunks.append(chunk)
-            if start + len(chunk) == size and pid != os.getpid() and not _alive(pid):
+            if start + len(chunk) == size and pid != os.getpid() and time.time() - st.st_mtime > DEAD_AFTER_S \
+                    and not _alive(pid):
                 finished.append(entry.name)
         if chunks:
             self._append_out(b"".join(chunks))
@@ -176,8 +195,8 @@ class NodeLines:
         ``metrics-<stage>-<dp_rank>.jsonl``, open for appending) (a leader may copy it too: the readers count it once), then its file on the node is
         removed. A rank that leads copies first (``copy``), so usually nothing is left."""
         try:
-            start = read_copied(self.folder.fd).get(self.name, 0)
-            size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
+            start, size = _start(read_copied(self.folder.fd), self.name, st), st.st_size
             src = _open_source(self.folder.fd, self.name, os.O_RDONLY)
             try:
                 rest = b""

@@ -91,7 +91,7 @@ def test_a_leader_change_and_a_leader_killed_between_its_append_and_its_offsets(
     raw = (metrics / "node-n1.jsonl").read_text().splitlines()
     assert len(raw) == 4                    # step 2 of rank 1 twice in the file...
     assert _steps(metrics, 1) == [(0, 1), (0, 2)]    # ...and once for every reader
-    assert read_copied(relays[1].folder.fd)[node_metrics.source_name(1, os.getpid())] > 0
+    assert read_copied(relays[1].folder.fd)[node_metrics.source_name(1, os.getpid())][1] > 0
 
 
 def test_a_torn_line_of_a_leader_killed_mid_write_is_skipped_and_copied_again(tmp_path: Path) -> None:
@@ -116,11 +116,12 @@ def test_a_killed_rank_s_lines_wait_for_the_next_leader_of_a_relaunch(tmp_path: 
     relay = _relay(shm, hb, 0)
     folder = ensure_dir(relay.folder_path, what="node", private=True)
     dead = NodeLines(folder, metrics=ensure_dir(metrics, what="metrics", mode=0o755), node_file="node-n1.jsonl", rank=0)
-    dead_name = "lines-0-999999999.jsonl"     # a pid no process has
+    dead_name = "lines-0-999999999-0.jsonl"     # a pid no process has
     os.rename(dead.name, dead_name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
     for step in (1, 2, 3):
-        dead.append(json.dumps({"file": "metrics-text-0.jsonl", "time": 100.0 + step, "rank": 0,
-                                "incarnation": 0, "step": step}).encode() + b"\n")
+        os.write(dead._fd, json.dumps({"file": "metrics-text-0.jsonl", "time": 100.0 + step, "rank": 0,
+                                       "incarnation": 0, "step": step}).encode() + b"\n")
+    os.utime(dead_name, (1.0, 1.0), dir_fd=folder.fd)   # written long ago
     new = _log(metrics, relay, 0, incarnation=1)
     new.log_step({"step": 3})
     relay.lead(1.0)
@@ -158,7 +159,7 @@ def test_the_node_folder_checked_a_planted_source_is_never_copied(tmp_path: Path
     relay = _relay(shm, hb, 0)
     secret = tmp_path / "secret"
     secret.write_text('{"file": "metrics-text-0.jsonl", "time": 1, "rank": 0, "step": 99}\n')
-    os.symlink(secret, relay.folder_path / "lines-1-1.jsonl")
+    os.symlink(secret, relay.folder_path / "lines-1-1-0.jsonl")
     log = _log(metrics, relay, 0)
     log.log_step({"step": 1})
     relay.lead(1.0)
@@ -188,3 +189,18 @@ def test_omni_report_and_the_drill_read_a_run_of_node_files(tmp_path: Path) -> N
     assert sorted((r.rank, r.step) for r in records) == [(r, s) for r in (0, 1) for s in range(1, 5)]
     assert {r.stage_name for r in records} == {"text"}
     assert [r.step for r in load_history(metrics, ("text",)).records] == [1, 2, 3, 4]
+
+
+def test_a_rank_whose_file_was_taken_for_a_dead_one_s_opens_a_new_one(tmp_path: Path) -> None:
+    """A leader that cannot see a rank's process (another pid namespace) may remove its file once
+    all of it is copied: the rank's next line goes to a new file, nothing is lost."""
+    shm, hb, metrics = _dirs(tmp_path)
+    relay = _relay(shm, hb, 0)
+    log = _log(metrics, relay, 0)
+    log.log_step({"step": 1})
+    relay.lead(1.0)
+    os.unlink(relay.folder_path / node_metrics.source_name(0, os.getpid()))
+    log.log_step({"step": 2})
+    relay.lead(2.0)
+    log.close()
+    assert _steps(metrics, 0) == [(0, 1), (0, 2)]
