@@ -29,6 +29,7 @@ class Relay:
         self.lines_name = ""
         self.metrics_fd = -1
         self.out_fd = -1
+        self.lines_due = 0.0
 
     @classmethod
     def open(cls, base: str, job_id: str, node: str, rank: int, shared: str, interval: float) -> Relay | None:
@@ -59,7 +60,7 @@ class Relay:
             except FileNotFoundError:
                 pass
             if self.leader:
-                self.next_publish = 0.0
+                self.next_publish = self.lines_due = 0.0   # the last pass copies every line there is
                 self.lead(now)
                 os.close(self.lock_fd)
                 self.leader = False
@@ -119,7 +120,8 @@ class Relay:
             _write_atomic(os.path.join(self.shared, f"node-{_safe(self.node, 200)}.jsonl"), data)
         _write_atomic("published", repr(now).encode(), dir_fd=self.fd)
         self.published_at = time.time()
-        if self.metrics_fd >= 0:
+        if self.metrics_fd >= 0 and now >= self.lines_due:   # once per interval: every other pass
+            self.lines_due = now + 0.75 * self.interval
             try:
                 self.copy_lines()
             except OSError as e:   # the beats are published; the lines wait for the next pass

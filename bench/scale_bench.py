@@ -689,8 +689,8 @@ class Job:
                                    f"(launches {len(st.launches)}, outcome {st.outcome or '-'}, job {self.job_state()})")
             self.runs.append(run)
             nxt = self.launches()[k + 1]
-            # the ranks' lines reach the metrics folder with their node's next copy (twice per 1 s interval)
-            wait_lines = time.monotonic() + 2.0
+            # the ranks' lines reach the metrics folder with their node's next copy (once per 1 s interval)
+            wait_lines = time.monotonic() + 3.0
             while len(first := self.first_lines(nxt.incarnation)) < self.ranks and time.monotonic() < wait_lines:
                 time.sleep(0.25)
             restored = {x.get("restored_step") for x in first.values()}

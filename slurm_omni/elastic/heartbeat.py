@@ -244,8 +244,9 @@ class NodeRelay:
         self.leader = False
         self.publishes = 0
         self.lines: NodeLines | None = None
-        """The node's metrics lines, copied in the same pass as the beats (``elastic/node_metrics.py``;
-        set by ``MetricsLog``)."""
+        """The node's metrics lines, copied in every other pass of the beats: once per interval
+        (``elastic/node_metrics.py``; set by ``MetricsLog``)."""
+        self._lines_due = 0.0
         self._lock_fd = -1
         self._published_at = 0.0
         self._clear_stale(time.time())
@@ -294,6 +295,7 @@ class NodeRelay:
             except FileNotFoundError:
                 pass
             if self.leader:
+                self._lines_due = 0.0   # the last pass copies every line there is
                 self.lead(now)
             self.close()
             self.remove_if_last()
@@ -343,7 +345,10 @@ class NodeRelay:
         write_atomic(Path(self.PUBLISHED), b"%.3f" % now, durable=False, dir_fd=fd)
         self._published_at = time.time()
         self.publishes += 1
-        if self.lines is not None:
+        if self.lines is not None and now >= self._lines_due:
+            # once per interval (every other pass): a pass of the lines costs the shared file
+            # system a write, whatever the ranks on the node
+            self._lines_due = now + 0.75 * self.interval_s
             try:
                 self.lines.copy()
             except (OSError, NotOwnedError) as e:   # the beats are published; the lines wait for the next pass

@@ -19,7 +19,7 @@ that never failed (every sample once, both stages in step).
 Per node instead of per rank, where the heartbeat aggregates on the node (``elastic/heartbeat.py``,
 ``OMNI_HEARTBEAT_NODE_DIR``, the default under Slurm): each line, naming its file (``"file"``), goes
 to the node-local folder, and the node's heartbeat leader appends the node's new lines to
-``<OMNI_METRICS_DIR>/node-<NODE>.jsonl`` twice per heartbeat interval (``elastic/node_metrics.py``):
+``<OMNI_METRICS_DIR>/node-<NODE>.jsonl`` once per heartbeat interval (``elastic/node_metrics.py``):
 the shared file system sees a write per node per interval, not one per rank per step. What no leader
 copied yet when the rank ends goes to its own ``metrics-<stage>-<dp_rank>.jsonl``; without a node
 folder every line does. Readers merge both (``formats.metrics.read_folder``).

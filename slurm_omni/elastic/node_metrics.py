@@ -1,7 +1,7 @@
 """Metrics lines per node, not per rank (issue 19): the node's ranks append to the node-local folder
 their heartbeats share (``elastic/heartbeat.py`` ``NodeRelay``), and the rank holding that folder's
 lock appends the new lines to one file per node on the shared file system in the pass it already
-makes for the beats, twice per heartbeat interval.
+makes for the beats, every other pass: once per heartbeat interval.
 
 In the node folder (``<node dir>/omni-beats-<uid>-<job>-<node>/``, 0700, ours, checked by its
 descriptor):
