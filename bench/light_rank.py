@@ -431,12 +431,25 @@ def _encode(value: object) -> str:
     if isinstance(value, float):
         if not -1e308 * 10 < value < 1e308 * 10:   # NaN and the infinities
             raise ValueError(f"light rank: {value} is no JSON number")
-        return repr(value)
+        return _float_text(value)
     if isinstance(value, str):
         return _json.encode_basestring_ascii(value)
     if isinstance(value, dict):
         return "{" + ",".join(f"{_json.encode_basestring_ascii(str(k))}:{_encode(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"light rank: can't write {type(value).__name__} as JSON")
+
+
+def _float_text(value: float) -> str:
+    """``repr`` written as msgspec writes it (the runtime's encode): 1.5e-05 as 0.000015, 1e+16 as 1e16."""
+    text = repr(value)
+    if "e" not in text:
+        return text
+    mantissa, _, exp = text.partition("e")
+    e = int(exp)
+    if e < -5 or e > 0:
+        return f"{mantissa}e{e}"
+    sign, digits = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
+    return f"{sign}0.{'0' * (-e - 1)}{digits.replace('.', '')}"
 
 
 def _write_atomic(path: str, data: bytes, *, durable: bool = False) -> None:

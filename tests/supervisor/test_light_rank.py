@@ -212,3 +212,15 @@ def test_beats_go_per_node_by_default_and_per_rank_when_off(tmp_path: Path, sett
     assert node_file.exists() == seen_local == (setting is None)
     assert not local.exists()
     assert {(b.rank, b.phase, b.step) for b in read_heartbeats(tmp_path / "hb")} == {(0, "done", 40), (1, "done", 40)}
+
+
+@pytest.mark.parametrize("value", [6.461143493652344e-05, 1.5e-05, -6.4e-05, 1e-05, 1e-06, 2.5e-07, 0.0001, 0.5,
+                                   1796217469.8657355, 1e16, 1.2345678901234568e17, -1e22, 0.0])
+def test_floats_are_written_as_the_runtime_writes_them(value: float) -> None:
+    # a rank that fell behind steps at once: a step time of 6.5e-05 s, which repr writes with an exponent
+    sys.path.insert(0, str(LIGHT_RANK.parent))
+    try:
+        import light_rank
+    finally:
+        sys.path.remove(str(LIGHT_RANK.parent))
+    assert light_rank._encode(value).encode() == msgspec.json.encode(value)
