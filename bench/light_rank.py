@@ -49,6 +49,10 @@ collective does, until they are killed (a stop signal then ends them with exit 1
 checkpoint: a rank inside a collective cannot save). SIGURG is ignored by default, so a rank it
 reaches before its handler is set is unharmed.
 
+The emulated compute's priority (OMNI_LIGHT_CGROUP, set by the scale bench): the rank moves itself
+into that cgroup (``cgroup.procs``), one the bench made with the least CPU weight, so that 2,044 ranks
+on one host take only what slurmctld and the supervisor leave, as ranks on their own nodes would.
+
 Between the restore and the end the ranks do not talk to each other (no collectives): a lost node
 ends the step through Slurm and the supervisor, as it does for the real trainer.
 """
@@ -465,8 +469,20 @@ def _write_atomic(path: str, data: bytes, *, durable: bool = False) -> None:
     os.replace(tmp, path)
 
 
+def join_cgroup(env: dict[str, str]) -> None:
+    """Into OMNI_LIGHT_CGROUP (a cgroup folder), if set: a failure is said once and the rank runs on."""
+    folder = env.get("OMNI_LIGHT_CGROUP")
+    if folder:
+        try:
+            with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            print(f"light rank: couldn't join the cgroup {folder}: {e}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     env = dict(os.environ)
+    join_cgroup(env)
     try:
         rank = Rank(env)
     except BadInput as e:

@@ -87,6 +87,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.cpu_share import Sampler, share_line
 from bench.heartbeat_bench import Inotify
 from bench.light_rank import BLOCK_SIGNAL
 from slurm_omni.cluster.local import LocalCluster
@@ -182,6 +183,9 @@ class Run:
     confirmed_by: list[str] = field(default_factory=list)
     """The rule's reason, then each signal it rests on as the supervisor heard it (journal
     ``confirmed.signals``): ``source kind node +seconds after the fault``."""
+    cpu_share: dict[str, Any] = field(default_factory=dict)
+    """Fault -> first step: ``seconds``, CPU seconds per process class (``cpu``) and processes per
+    class (``procs``), from bench/cpu_share.py's sampler."""
 
 
 @dataclass
@@ -211,6 +215,9 @@ class Result:
     """decide's two Slurm commands (``squeue`` of the job, ``scontrol show node`` of its nodes) run
     bare by the bench in steady state: wall seconds, median of 3 (slurmctld's answer at this size
     with no failure to handle)."""
+    cpu_share: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per path, in the steady-state window: ``seconds``, CPU seconds per process class, processes
+    per class (bench/cpu_share.py)."""
     join_floor: float | None = None
     """The machine's floor of the rendezvous: this many ranks' processes (forked, already running)
     connect to one server, send their steps, and wake on its answer: wall seconds from the start
@@ -254,20 +261,85 @@ OWN_JOBS: set[str] = set()
 
 
 def kill_leftover_steps(jobs: set[str]) -> list[int]:
-    """SIGKILL the slurmstepd of ``jobs`` (ours) still running after the cluster went down: a step
-    killed late outlived the 11:00 512-node run's cluster and spoke to the next cluster's node of the
-    same name and port ("Orphan StepId=4101.0 reported on node node335"); that run's relaunch then
-    dropped node335 too. Their tasks go with them (proctrack/pgid: the step's process group)."""
+    """SIGKILL the slurmstepd of ``jobs`` (ours) still running after the cluster went down, and their
+    light ranks: a step killed late outlived the 11:00 512-node run's cluster and spoke to the next
+    cluster's node of the same name and port ("Orphan StepId=4101.0 reported on node node335"); that
+    run's relaunch then dropped node335 too. A slurmstepd's SIGKILL leaves its tasks running (each is
+    a process group of its own, reparented to init), so the ranks of those jobs go by their
+    environment (SLURM_JOB_ID)."""
     killed = []
     for pid in pids():
         argv = cmdline(pid)
-        if argv and argv[0].startswith("slurmstepd: [") and argv[0][len("slurmstepd: ["):].split(".")[0] in jobs:
+        ours = bool(argv) and argv[0].startswith("slurmstepd: [") and argv[0][len("slurmstepd: ["):].split(".")[0] in jobs
+        if not ours and argv[1:] == ["-S", str(LIGHT_RANK)]:
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ours = any(e.startswith(b"SLURM_JOB_ID=") and e[13:].decode(errors="replace") in jobs for e in env)
+        if ours:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             except OSError:
                 pass
     return killed
+
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+"""cgroup v1's cpu controller (this machine's); cgroup v2 keeps cpu.idle and cpu.weight at the root."""
+
+
+class RankGroup:
+    """The cgroup the light ranks join at their start (``OMNI_LIGHT_CGROUP``, bench/light_rank.py),
+    with a quarter of a session's CPU weight (``cpu.shares=256``, cgroup v2 ``cpu.weight=25``). One
+    host stands for 512 nodes: on a cluster the ranks run on their own nodes' cores and never take
+    slurmctld's or the supervisor's; here every slurmstepd is a session of its own (an autogroup, which
+    the scheduler weighs as it does slurmctld's), so 512 steps of 4 ranks starved slurmctld
+    (``scontrol show node`` answered in 11-15 s at load 1,000+). In the group the ranks weigh as one
+    session: slurmctld gets 4/5 of a core against all of them. Not the idle class (``cpu.idle=1``):
+    ranks that get no CPU while anything else runs stop beating, and the supervisor confirmed hangs
+    that were not (13:33, 8 nodes beside other work). Only the ranks join: slurmd, slurmstepd, srun,
+    slurmctld and the supervisor (in the batch step's session in-allocation, a session of its own in
+    allocation mode) keep their weight. A rank's interpreter starts before it joins, so the launch's
+    process start is on the normal weight."""
+
+    SHARES = 256
+
+    def __init__(self, name: str) -> None:
+        self.path: Path | None = None
+        self.how = "not made"
+        folder = (CGROUP_CPU if (CGROUP_CPU / "cpu.shares").exists() else Path("/sys/fs/cgroup")) / name
+        try:
+            folder.mkdir(exist_ok=True)
+            if (folder / "cpu.shares").exists():
+                (folder / "cpu.shares").write_text(str(self.SHARES))
+                self.how = f"cpu.shares={self.SHARES}, a session's 1024"
+            else:
+                (folder / "cpu.weight").write_text(str(self.SHARES * 100 // 1024))
+                self.how = f"cpu.weight={self.SHARES * 100 // 1024}, a session's 100"
+            self.path = folder
+        except OSError as e:
+            self.how = f"not made ({e}): the ranks run at the weight of their slurmstepd's session"
+
+    def remove(self) -> None:
+        """Empty (a rank still there goes back to the parent group) and removed."""
+        if self.path is None:
+            return
+        try:
+            left = (self.path / "cgroup.procs").read_text().split()
+            for pid in left:
+                try:
+                    (self.path.parent / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            self.path.rmdir()
+        except OSError as e:
+            print(f"couldn't remove the ranks' cgroup {self.path}: {e}", flush=True)
+        self.path = None
+
+
+RANK_GROUP: RankGroup | None = None
 
 
 def mean(values: list[float]) -> float | None:
@@ -325,6 +397,9 @@ class Size:
         # the bench's own polls: one quick try (a slurmctld gone must not hold the table for minutes)
         self.poller = CommandRunner(self.cluster.env, timeout_s=20, retries=1)
         self.result = Result(nodes=nodes, ranks=TASKS_PER_NODE * (nodes - SPARES))
+        # where the machine's CPU goes, per process class; a sample of 3,000 processes costs ~50 ms
+        self.sampler = Sampler(conf=str(self.cluster.paths.slurm_conf), jobs=OWN_JOBS, light_rank=str(LIGHT_RANK),
+                               bench_pid=os.getpid(), interval_s=1.0 if nodes <= 64 else 2.0)
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} n={self.nodes}] {msg}", flush=True)
@@ -351,6 +426,14 @@ class Size:
 
     def run(self) -> Result:
         self.up()
+        self.sampler.start()
+        try:
+            self._run_paths()
+        finally:
+            self.sampler.stop()
+        return self.result
+
+    def _run_paths(self) -> None:
         for path in self.args.paths:
             job = Job(self, path)
             try:
@@ -359,7 +442,6 @@ class Size:
                 job.fail(f"{type(e).__name__}: {e}")
             finally:
                 job.cleanup()
-        return self.result
 
 
 class Job:
@@ -403,6 +485,7 @@ class Job:
             "PYTHONPATH": REPO,
             # the supervisor logs every Slurm command it runs with its time: decide and launch split
             "OMNI_LOG_LEVEL": "DEBUG",
+            **({"OMNI_LIGHT_CGROUP": RANK_GROUP.path} if RANK_GROUP is not None and RANK_GROUP.path else {}),
             # a heartbeat file per node is the default (/dev/shm); the option names another or "off"
             **({"OMNI_HEARTBEAT_NODE_DIR": self.args.heartbeat_node_dir} if self.args.heartbeat_node_dir else {}),
         }.items()}
@@ -584,6 +667,9 @@ class Job:
             if watch is not None:
                 watch.drain()
         b1, took = cpu_s(sup), time.monotonic() - t0
+        seconds, cpu, procs, busy = self.size.sampler.window(time.time() - took, time.time())
+        if seconds:
+            r.cpu_share[self.path] = {"seconds": seconds, "cpu": cpu, "procs": procs, "machine": busy}
         if watch is not None:
             watch.drain()
             watch.close()
@@ -783,6 +869,10 @@ class Job:
         cpu = self.decide_cpu(k)
         if cpu is not None:
             run.split["decide_cpu"] = cpu
+        if stepped and len(stepped) == self.ranks:
+            seconds, used, procs, busy = self.size.sampler.window(run.fault_at, max(stepped))
+            if seconds:
+                run.cpu_share = {"seconds": seconds, "cpu": used, "procs": procs, "machine": busy}
 
     def check(self, finished: bool) -> None:
         r, st = self.size.result, self.journal().state
@@ -904,6 +994,16 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         if r.cpu_per_poll:
             print(f"{r.nodes:>5} nodes, {r.ranks:>5} ranks: " + ", ".join(
                 f"{path} {1000 * v:.1f} ms" for path, v in r.cpu_per_poll.items()))
+    print("\nwhere the machine's CPU went, per process class (bench/cpu_share.py, /proc sampled every 1-2 s): "
+          "in steady state, then each recovery fault -> first step; share of the CPU used, seconds, per process")
+    for r in results:
+        for path, w in r.cpu_share.items():
+            print(f"{r.nodes:>5} {path:>7} steady: " + share_line(w["seconds"], w["cpu"], w["procs"], w.get("machine", 0.0)))
+        for run in r.runs if not r.na else []:
+            if run.cpu_share:
+                w = run.cpu_share
+                print(f"{r.nodes:>5} {run.path:>7} {run.fault:>6}: "
+                      + share_line(w["seconds"], w["cpu"], w["procs"], w.get("machine", 0.0)))
     print("\nfile-system operations per second in steady state (inotify over the same window; metadata: create, "
           "rename, unlink; data: writes), per active node; the checkpoint folder's own files (each rank's "
           "checkpoint markers, one durable create and rename per rank every --ckpt-every steps, not watched)")
@@ -1041,6 +1141,12 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
                    f"{fmt(log_slope((a.nodes, fa), (b.nodes, fb)), '', 2)}), the launch over its floor x"
                    f"{fmt(la / fa if la and fa else None, '', 1)} -> x{fmt(lb / fb if lb and fb else None, '', 1)} "
                    f"(slope {fmt(own, '', 2)})")
+            na, nb = node_side_s(a), node_side_s(b)
+            if na and nb and la and lb:   # measured, not estimated: it decides
+                own = log_slope((a.nodes, la / na), (b.nodes, lb / nb))
+                why += (f"; measured: the node side's CPU per recovery ({', '.join(NODE_SIDE)}) over "
+                        f"{os.cpu_count()} cores {na:.1f} -> {nb:.1f} s (slope {fmt(log_slope((a.nodes, na), (b.nodes, nb)), '', 2)}), "
+                        f"the launch over it x{la / na:.1f} -> x{lb / nb:.1f} (slope {fmt(own, '', 2)})")
         elif p == "rendezvous":
             ra = median([v for x in a.runs if not x.na and (v := x.phases.get("rendezvous")) is not None])
             rb = median([v for x in b.runs if not x.na and (v := x.phases.get("rendezvous")) is not None])
@@ -1059,6 +1165,12 @@ def print_settings() -> None:
     print("the lane's settings (slurm.conf at every size, ClusterSpec.scale_lane; slurm_omni/cluster/spec.py):")
     for key, value, why in LARGE_SETTINGS:
         print(f"  slurm.conf {key}={value}: {why}")
+    if RANK_GROUP is not None:
+        print(f"  light ranks in the cgroup {RANK_GROUP.path or '-'} ({RANK_GROUP.how}): one host stands for 512 "
+              "nodes; on a cluster the ranks have their own nodes' cores and never take slurmctld's or the "
+              "supervisor's, here every slurmstepd's session weighs as much as slurmctld's (512 of them starved it), "
+              "in the group all ranks weigh a quarter of one (their interpreter starts before they join; slurmd, "
+              "slurmstepd, srun and the supervisor keep their weight)")
     print("  light rank (bench/light_rank.py): python -S with C modules only (about 4 MiB private), sleeps "
           "between steps (--step-delay) and beats (1 s), one heartbeat file per node (a node-local folder, "
           "one rank copies it twice per interval), no collectives; warm standbys off; one srun per allocation")
@@ -1084,6 +1196,18 @@ def floor_s(r: Result, start_s: float) -> float:
     size's steady state) and every rank's start on the machine's cores, one after the other."""
     stepd = r.memory.get("stepd_start_cpu_ms", 0.0) / 1000
     return ((r.nodes - SPARES) * stepd + r.ranks * start_s) / (os.cpu_count() or 1)
+
+
+NODE_SIDE = ("rank", "slurmstepd", "slurmd")
+"""What runs on the nodes of a cluster (bench/cpu_share.py's classes): here on the one host's cores."""
+
+
+def node_side_s(r: Result) -> float | None:
+    """The median recovery's CPU seconds on the node side (the old ranks' end, every slurmstepd's and
+    rank's start, the new ranks' rendezvous and first step, slurmd's forks) over the machine's cores:
+    seconds that no control plane can shorten on this machine (bench/cpu_share.py)."""
+    return median([sum(x.cpu_share["cpu"].get(c, 0.0) for c in NODE_SIDE) / (os.cpu_count() or 1)
+                   for x in r.runs if not x.na and x.cpu_share])
 
 
 def launch_floor(r: Result, start_s: float) -> str:
@@ -1118,7 +1242,8 @@ def load_results(path: Path) -> list[Result]:
                    runs=[Run(**x) for x in size["runs"]], checks=list(size.get("checks") or []),
                    memory=dict(size.get("memory") or {}), up_s=size.get("up_s"), load=size.get("load") or 0.0,
                    scan=tuple(size["scan"]) if size.get("scan") else None, fs_ops=dict(size.get("fs_ops") or {}),
-                   bare_cmds=dict(size.get("bare_cmds") or {}), join_floor=size.get("join_floor"))
+                   bare_cmds=dict(size.get("bare_cmds") or {}), join_floor=size.get("join_floor"),
+                   cpu_share=dict(size.get("cpu_share") or {}))
         r.checks.append(f"(from {path}: {doc.get('source', '?')}, measured {doc.get('measured', '?')})")
         out.append(r)
     return out
@@ -1132,7 +1257,7 @@ def write_json(results: list[Result], path: Path, args: argparse.Namespace) -> N
            "sizes": [{"nodes": r.nodes, "ranks": r.ranks, "na": r.na, "step_s": r.step_s,
                       "cpu_per_poll_s": r.cpu_per_poll, "elapsed_s": r.elapsed_s, "checks": r.checks,
                       "memory": r.memory, "up_s": r.up_s, "scan": r.scan, "load": r.load, "fs_ops": r.fs_ops,
-                      "bare_cmds": r.bare_cmds, "join_floor": r.join_floor,
+                      "bare_cmds": r.bare_cmds, "join_floor": r.join_floor, "cpu_share": r.cpu_share,
                       "runs": [dataclasses.asdict(x) for x in r.runs]} for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -1310,6 +1435,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds each wait of a size may take.")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="Memory left to the rest of the machine.")
     p.add_argument("--keep-cluster", action="store_true", help="Leave the last size's cluster up.")
+    p.add_argument("--rank-weight", choices=("low", "normal"), default="low",
+                   help="low: the light ranks join one cgroup weighing a quarter of a session (RankGroup; root "
+                        "and the cpu controller); normal: each keeps its slurmstepd's session's weight")
     p.add_argument("--heartbeat-node-dir", default="",
                    help="OMNI_HEARTBEAT_NODE_DIR for the ranks: a node-local folder (default: none set, the ranks' "
                         "default /dev/shm, one heartbeat file per node) or 'off' (one per rank; "
@@ -1336,6 +1464,9 @@ def main() -> int:
         except ValueError:
             p.error(f"--stop-at {args.stop_at!r}: expected HH:MM (UTC)")
     root = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
+    global RANK_GROUP
+    if args.rank_weight == "low":
+        RANK_GROUP = RankGroup(f"omni-scale-ranks-{os.getpid()}")
     spares = SPARES
     results: list[Result] = load_results(Path(args.include)) if args.include else []
     started = time.monotonic()
@@ -1373,11 +1504,14 @@ def main() -> int:
                     size.cluster.down()
                     left = kill_leftover_steps(OWN_JOBS)
                     if left:
-                        size.log(f"killed {len(left)} slurmstepd of this run's jobs left after the cluster went down")
+                        size.log(f"killed {len(left)} slurmstepd and light ranks of this run's jobs left after the "
+                                 "cluster went down")
                 size.result.elapsed_s = time.monotonic() - t0
                 loads = [x.load for x in size.result.runs if x.load]
                 size.result.load = max(loads, default=0.0)
     finally:
+        if RANK_GROUP is not None:
+            RANK_GROUP.remove()
         report(results, args)
         out = Path(args.json) if args.json else root / "results.json"
         write_json(results, out, args)
