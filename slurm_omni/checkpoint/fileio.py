@@ -30,7 +30,7 @@ import xxhash
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
-from slurm_omni.checkpoint.held import HeldCopy, read_remote
+from slurm_omni.checkpoint.held import HeldCopy, read_checked
 
 log = logging.getLogger(__name__)
 
@@ -413,8 +413,8 @@ class ShardFiles:
 
     def _read_held(self, shard: str, run: list[Job], sums: list[xxhash.xxh3_64], stop: Callable[[], bool]) -> bool:
         """A shard in the node keeper's memory: each piece with ``process_vm_readv`` straight into its
-        memory, a step at a time, each step checksummed right after it lands (no GIL held while the
-        kernel copies: the I/O threads copy at once). A keeper gone (ESRCH), access refused (EPERM) or a
+        memory, a step at a time, each step checksummed right after it lands (``held.read_checked``; no
+        GIL held while the kernel copies or xxh3 hashes a step: the I/O threads work at once). A keeper gone (ESRCH), access refused (EPERM) or a
         range it no longer maps is a bad copy: ``CheckpointCorrupt``, the restore reads the files."""
         copy = self.held[shard]
         total = 0
@@ -427,11 +427,7 @@ class ShardFiles:
             try:
                 if off + n > copy.size:
                     raise OSError(errno.EFAULT, f"{off}+{n} is outside the copy's {copy.size} bytes")
-                local = ctypes.addressof(ctypes.c_char.from_buffer(job.buf))   # once a piece, not a step
-                for a in range(0, n, _MEM_STEP):
-                    b = min(n, a + _MEM_STEP)
-                    read_remote(copy.pid, copy.addr + off + a, local + a, b - a)
-                    digest.update(job.buf[a:b])   # just written: still in the CPU cache
+                read_checked(copy.pid, copy.addr + off, job.buf, digest.update)
             except OSError as e:
                 raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: {shard}.h5's copy in the "
                                         f"keeper's memory: {e.strerror or e}, inside {job.where}") from e

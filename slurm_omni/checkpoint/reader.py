@@ -82,9 +82,14 @@ class Restore:
                                 for shard, items in self._streamed.items()]
         for thread in self._stream_threads:
             thread.start()
-        self._prefetcher = threading.Thread(target=self._prefetch, args=(units,), daemon=True,
-                                            name="omni-ckpt-prefetch")
-        self._prefetcher.start()
+        in_memory = set(self._files.sources) | set(self._files.held) | set(self._files.streams)
+        self._prefetcher: threading.Thread | None = None
+        if any(p.shard not in in_memory for u in units for e in u.tensors.values() for p in self._pieces_for(e)
+               if p.nbytes):
+            # (none when every byte is in memory already: the thread would only hold the GIL a while)
+            self._prefetcher = threading.Thread(target=self._prefetch, args=(units,), daemon=True,
+                                                name="omni-ckpt-prefetch")
+            self._prefetcher.start()
 
     # -- what the runtime uses ----------------------------------------------------------------------
 
@@ -142,7 +147,8 @@ class Restore:
         for stream in self._files.streams.values():
             stream.abort()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._prefetcher.join()
+        if self._prefetcher is not None:
+            self._prefetcher.join()
         for thread in self._stream_threads:
             thread.join()
         self._files.close()

@@ -317,6 +317,29 @@ def test_the_records_round_trip() -> None:
     assert decode(encode(rep), HoldReply, "r") == rep
 
 
+def test_a_checked_read_hands_each_step_to_the_checksum_as_it_lands() -> None:
+    """``read_checked``: the bytes land where asked, every step goes to ``update`` in order, a short last
+    step included (its digest is the whole range's); a process that is gone is an OSError (ESRCH)."""
+    import xxhash
+
+    src = bytearray(os.urandom(5 * 4096 + 123))
+    at = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    dst = bytearray(len(src) - 100)
+    steps: list[int] = []
+    digest = xxhash.xxh3_64()
+
+    def update(view: memoryview) -> None:
+        steps.append(len(view))
+        digest.update(view)
+
+    held.read_checked(os.getpid(), at + 100, memoryview(dst), update, step=4096)
+    assert dst == src[100:] and steps == [4096] * 5 + [23]
+    assert digest.hexdigest() == xxhash.xxh3_64(bytes(src[100:])).hexdigest()
+    with pytest.raises(OSError) as e:
+        held.read_checked(2**22 + 7, at, memoryview(dst), update)   # no such pid
+    assert e.value.errno == errno.ESRCH
+
+
 def test_a_held_buffer_is_on_huge_pages_where_the_kernel_allows_it() -> None:
     """THP for anonymous memory ``madvise`` or ``always``: the copy's buffer is 2 MiB aligned and advised."""
     mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
