@@ -161,7 +161,7 @@ def _vecs() -> tuple[_IoVec, _IoVec, Any, Any]:
     if vecs is None:
         mine, theirs = _IoVec(), _IoVec()
         vecs = _THREAD.vecs = (mine, theirs, ctypes.pointer(mine), ctypes.pointer(theirs))
-    return vecs  # type: ignore[no-any-return]
+    return vecs
 
 
 def allow_readers() -> None:
