@@ -414,8 +414,9 @@ class ShardFiles:
     def _read_held(self, shard: str, run: list[Job], sums: list[xxhash.xxh3_64], stop: Callable[[], bool]) -> bool:
         """A shard in the node keeper's memory: each piece with ``process_vm_readv`` straight into its
         memory, a step at a time, each step checksummed right after it lands (``held.read_checked``; no
-        GIL held while the kernel copies or xxh3 hashes a step: the I/O threads work at once). A keeper gone (ESRCH), access refused (EPERM) or a
-        range it no longer maps is a bad copy: ``CheckpointCorrupt``, the restore reads the files."""
+        GIL held while the kernel copies or xxh3 hashes a step: the I/O threads work at once). A keeper
+        gone (ESRCH), access refused (EPERM) or a range it no longer maps is a bad copy:
+        ``CheckpointCorrupt``, the restore reads the files."""
         copy = self.held[shard]
         total = 0
         for job, digest in zip(run, sums, strict=True):

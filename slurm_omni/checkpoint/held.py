@@ -127,7 +127,8 @@ _THREAD = threading.local()
 READ_STEP = 2 << 20
 """Bytes per ``process_vm_readv`` of a restore, each hashed right after it lands: one huge page of
 the keeper's; at 512 KiB the calls, GIL hand-overs and step loop cost 0.01-0.015 CPU s per GiB more
-(1 GiB over two threads, 0.134 -> 0.123 CPU s, the xxh3 still reading from the core's caches)."""
+(1 GiB over two threads, 0.134 -> 0.123 CPU s at load 20-30, the xxh3 still reading from the core's
+caches; 1 MiB was no cheaper, 8 MiB dearer: 0.136, the xxh3 then reading from memory)."""
 
 
 def read_checked(pid: int, remote: int, view: memoryview, update: Callable[[memoryview], object],
