@@ -73,8 +73,12 @@ class CliBackend:
                 frozenset(i for s in read.skipped for i in s.job_ids))
 
     def snapshot(self, *, user: str | None = None) -> ClusterSnapshot:
-        nodes = self.nodes()
+        # The jobs first, then the nodes: a node failure that already changed a job (JobRequeue puts
+        # it back to PENDING within the DOWN's RPC) is then in the nodes' read too. Read the other
+        # way round, a DOWN landing between the two reads showed a requeued job beside a healthy node
+        # (seen once on the 24.11 lane at load 8-10: the recovery's cause became "requeued", not "down").
         jobs, unreadable = self._jobs(user)
+        nodes = self.nodes()
         return ClusterSnapshot(tuple(nodes), tuple(jobs), self.topology(), time.time(), unreadable_jobs=unreadable)
 
     def _log_skipped(self, command: str, skipped: list[Skipped]) -> None:

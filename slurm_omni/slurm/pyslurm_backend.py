@@ -80,7 +80,8 @@ class PyslurmBackend(CliBackend):  # pragma: no cover - needs a Slurm matching p
         return jobs
 
     def snapshot(self, *, user: str | None = None) -> ClusterSnapshot:
-        return ClusterSnapshot(tuple(self.nodes()), tuple(self.jobs(user=user)), self.topology(), time.time())
+        jobs = tuple(self.jobs(user=user))   # before the nodes, as CliBackend.snapshot says why
+        return ClusterSnapshot(tuple(self.nodes()), jobs, self.topology(), time.time())
 
 
 def _gres_items(gres: Any) -> list[str]:

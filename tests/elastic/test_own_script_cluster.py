@@ -152,9 +152,9 @@ def test_no_node_to_replace_a_lost_one_shrinks_to_dp1_keeping_the_global_batch_a
     _, text = run.components(job_id)
     run.set_node(text[1], "DOWN", "omni-test-drill")
     (rec,) = run.wait_recovery(1, "first_step", timeout_s=180)
-    # Slurm may requeue the job for the lost node (JobRequeue) before a poll shows the node DOWN
-    assert rec.cause in ("down", "task_exit", "requeued"), rec
-    assert rec.cause == "requeued" or text[1] in rec.nodes, rec
+    # a rank's fault record may come before the poll that shows the node DOWN; Slurm's requeue for the
+    # lost node (JobRequeue) never does: a poll reads the jobs before the nodes (CliBackend.snapshot)
+    assert rec.cause in ("down", "task_exit") and text[1] in rec.nodes, rec
     shrunk = run.incarnations()[1]
     assert shrunk["layout"]["data_parallel_size"] == 1
     _wait_done(run)
