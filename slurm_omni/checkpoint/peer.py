@@ -448,11 +448,18 @@ class Keeper:
                       KeeperAddress(node=self.node, host=self.host, port=self.port, pid=os.getpid(), job=self.job))
 
     def serve_forever(self) -> None:
+        self._open()
+        self._accept()
+
+    def _open(self) -> None:
+        """Ready for the ranks and the peers, and say so (the listening socket queues connections)."""
         if self.local is not None:
             self.local.start()
         self.advertise()
         log.info("checkpoint: replica keeper of job %s on %s:%d (peer area %s)", self.job, self.host, self.port,
                  self.area)
+
+    def _accept(self) -> None:
         while not self._stopped.is_set():
             try:
                 conn, _ = self.sock.accept()
@@ -463,8 +470,10 @@ class Keeper:
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def start(self) -> threading.Thread:
-        """Serve from a thread (tests, benchmarks)."""
-        thread = threading.Thread(target=self.serve_forever, daemon=True, name="omni-replica-keeper")
+        """Serve from a thread (tests, benchmarks); advertised when this returns (a save right after
+        once found no address yet, under nice 19 at load 500, and left its replica to the file system)."""
+        self._open()
+        thread = threading.Thread(target=self._accept, daemon=True, name="omni-replica-keeper")
         thread.start()
         return thread
 

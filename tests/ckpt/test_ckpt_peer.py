@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -48,6 +49,20 @@ def keeper_b(tmp_path: Path, shm: Path) -> Iterator[peer.Keeper]:
     keeper.start()
     yield keeper
     keeper.stop()
+
+
+def test_a_keeper_started_in_a_thread_has_said_where_it_listens_when_start_returns(
+        tmp_path: Path, shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save right after ``start()`` finds the address (once, under nice 19 at load 500, it found
+    none and left the step's replica to the file system): here the serving thread never runs at all."""
+    keeper = peer.Keeper("j1", tmp_path, "B", base=shm / "B", bind="127.0.0.1", host="127.0.0.1")
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(threading.Thread, "start", lambda self: None)
+            keeper.start()
+        assert peer.keeper_path(tmp_path, "B").exists()
+    finally:
+        keeper.stop()
 
 
 def on_node(root: Path, shm: Path, node: str, **config: Any) -> CheckpointEngine:
