@@ -49,10 +49,9 @@ collective does, until they are killed (a stop signal then ends them with exit 1
 checkpoint: a rank inside a collective cannot save). SIGURG is ignored by default, so a rank it
 reaches before its handler is set is unharmed.
 
-The emulated compute's priority (OMNI_LIGHT_CGROUP, set by the scale bench): after the rendezvous the
-rank moves itself into that cgroup (``cgroup.procs``), one the bench made with a low CPU weight, so
-that 2,044 stepping ranks on one host leave slurmctld and the supervisor the CPU they need, as ranks
-on their own nodes would.
+The emulated compute's priority (OMNI_LIGHT_CGROUP, set by the scale bench): the rank moves itself
+into that cgroup (``cgroup.procs``), one the bench made with the least CPU weight, so that 2,044 ranks
+on one host take only what slurmctld and the supervisor leave, as ranks on their own nodes would.
 
 Between the restore and the end the ranks do not talk to each other (no collectives): a lost node
 ends the step through Slurm and the supervisor, as it does for the real trainer.
@@ -334,7 +333,6 @@ class Rank:
         self.check()
         held = self.markers()
         agreed = self.agree(held, _float(self.env, "OMNI_COLLECTIVE_TIMEOUT", 300.0))
-        join_cgroup(self.env)   # after the rendezvous: in one group rank 0's store waited its turn among 2,043 peers
         groups_ready_at = time.time()
         if agreed < 0 or (agreed and not os.path.exists(os.path.join(self.mine, f"step-{agreed}.json"))):
             raise BadInput(f"light rank: couldn't restore: no step every rank holds a marker of (rank {self.rank} "
@@ -484,6 +482,7 @@ def join_cgroup(env: dict[str, str]) -> None:
 
 def main() -> int:
     env = dict(os.environ)
+    join_cgroup(env)
     try:
         rank = Rank(env)
     except BadInput as e:

@@ -291,7 +291,7 @@ CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 
 
 class RankGroup:
-    """The cgroup the light ranks join after their rendezvous (``OMNI_LIGHT_CGROUP``, bench/light_rank.py),
+    """The cgroup the light ranks join at their start (``OMNI_LIGHT_CGROUP``, bench/light_rank.py),
     with a quarter of a session's CPU weight (``cpu.shares=256``, cgroup v2 ``cpu.weight=25``). One
     host stands for 512 nodes: on a cluster the ranks run on their own nodes' cores and never take
     slurmctld's or the supervisor's; here every slurmstepd is a session of its own (an autogroup, which
@@ -301,9 +301,8 @@ class RankGroup:
     ranks that get no CPU while anything else runs stop beating, and the supervisor confirmed hangs
     that were not (13:33, 8 nodes beside other work). Only the ranks join: slurmd, slurmstepd, srun,
     slurmctld and the supervisor (in the batch step's session in-allocation, a session of its own in
-    allocation mode) keep their weight. A rank joins after the rendezvous: its start and the
-    rendezvous are on its slurmstepd's session's weight (14:16, 512 nodes, joining at the start: rank
-    0's store waited its turn among 2,043 peers in the group, the rendezvous took 18 s)."""
+    allocation mode) keep their weight. A rank's interpreter starts before it joins, so the launch's
+    process start is on the normal weight."""
 
     SHARES = 256
 
@@ -1170,7 +1169,7 @@ def print_settings() -> None:
         print(f"  light ranks in the cgroup {RANK_GROUP.path or '-'} ({RANK_GROUP.how}): one host stands for 512 "
               "nodes; on a cluster the ranks have their own nodes' cores and never take slurmctld's or the "
               "supervisor's, here every slurmstepd's session weighs as much as slurmctld's (512 of them starved it), "
-              "in the group all ranks weigh a quarter of one (they join after the rendezvous; slurmd, "
+              "in the group all ranks weigh a quarter of one (their interpreter starts before they join; slurmd, "
               "slurmstepd, srun and the supervisor keep their weight)")
     print("  light rank (bench/light_rank.py): python -S with C modules only (about 4 MiB private), sleeps "
           "between steps (--step-delay) and beats (1 s), one heartbeat file per node (a node-local folder, "
