@@ -110,6 +110,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -446,6 +447,21 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     io_threads = CheckpointConfig(root=mem_root).restore_threads
 
+    def timed_on_io_threads(worker: Callable[[list[Any]], None], spans: list[Any], cpu_key: str) -> float:
+        """``worker`` over ``spans`` split evenly across the restore's I/O threads: wall seconds, and
+        the CPU seconds of every thread under ``cpu_key``."""
+        c = cpu_s()
+        t = time.perf_counter()
+        share = -(-len(spans) // io_threads)
+        pool = [threading.Thread(target=worker, args=(spans[i * share:(i + 1) * share],)) for i in range(io_threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+        elapsed = time.perf_counter() - t
+        add(cpu_key, cpu_s() - c)
+        return elapsed
+
     def raw_shm_read() -> float:
         """The least work that gets the same bytes out of the same copies: ``process_vm_readv`` calls of
         ``held.READ_STEP`` (the restore's; calls of 8 MiB cost more CPU here at times) from the keeper's
@@ -480,17 +496,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for fd in fds.values():
                     os.close(fd)
 
-        c = cpu_s()
-        t = time.perf_counter()
-        share = -(-len(spans) // io_threads)
-        pool = [threading.Thread(target=worker, args=(spans[i * share:(i + 1) * share],)) for i in range(io_threads)]
-        for th in pool:
-            th.start()
-        for th in pool:
-            th.join()
-        elapsed = time.perf_counter() - t
-        add("raw_shm_read_cpu_s", cpu_s() - c)
-        return elapsed
+        return timed_on_io_threads(worker, spans, "raw_shm_read_cpu_s")
 
     def checked_shm_read() -> float:
         """The least work that gets the same bytes out of the same copies *and* checks them: the raw
@@ -522,17 +528,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 finally:
                     os.close(fd)
 
-        c = cpu_s()
-        t = time.perf_counter()
-        share = -(-len(spans) // io_threads)
-        pool = [threading.Thread(target=worker, args=(spans[i * share:(i + 1) * share],)) for i in range(io_threads)]
-        for th in pool:
-            th.start()
-        for th in pool:
-            th.join()
-        elapsed = time.perf_counter() - t
-        add("checked_shm_read_cpu_s", cpu_s() - c)
-        return elapsed
+        return timed_on_io_threads(worker, spans, "checked_shm_read_cpu_s")
 
     def xxh3_cost() -> float:
         """The checksum's least cost: xxh3 of as many bytes as the copies hold, in 512 KiB steps that the
