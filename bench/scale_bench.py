@@ -260,23 +260,60 @@ OWN_JOBS: set[str] = set()
 """The Slurm jobs this run made (their slurmstepd may outlive the cluster's ``down``)."""
 
 
-def kill_leftover_steps(jobs: set[str]) -> list[int]:
+def socket_inodes_under(net_unix: str, folder: Path) -> set[int]:
+    """The inodes of the Unix sockets bound under ``folder``, from the text of /proc/net/unix (columns
+    Num RefCount Protocol Flags Type St Inode Path). A slurmstepd listens on
+    ``<SlurmdSpoolDir>/<node>_<job>.<step>``, and the name stays in the table after the file is gone."""
+    prefix = str(folder).rstrip("/") + "/"
+    inodes = set()
+    for line in net_unix.splitlines()[1:]:
+        fields = line.split(None, 7)
+        if len(fields) == 8 and fields[7].startswith(prefix) and fields[6].isdigit():
+            inodes.add(int(fields[6]))
+    return inodes
+
+
+def holds_socket(pid: int, inodes: set[int]) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            return True
+    return False
+
+
+def kill_leftover_steps(jobs: set[str], state_dir: Path, work: Path) -> list[int]:
     """SIGKILL the slurmstepd of ``jobs`` (ours) still running after the cluster went down, and their
     light ranks: a step killed late outlived the 11:00 512-node run's cluster and spoke to the next
     cluster's node of the same name and port ("Orphan StepId=4101.0 reported on node node335"); that
     run's relaunch then dropped node335 too. A slurmstepd's SIGKILL leaves its tasks running (each is
     a process group of its own, reparented to init), so the ranks of those jobs go by their
-    environment (SLURM_JOB_ID)."""
+    environment (SLURM_JOB_ID). A job id alone names no cluster (every embedded cluster on the host
+    counts its own), so a slurmstepd is ours only when it holds a socket bound under this cluster's
+    ``state_dir`` (its spool), and a rank only when its environment points into this run's ``work``."""
+    try:
+        ours_sockets = socket_inodes_under(Path("/proc/net/unix").read_text(), state_dir.resolve())
+    except OSError:
+        ours_sockets = set()
+    work_prefix = (str(work.resolve()).rstrip("/") + "/").encode()
     killed = []
     for pid in pids():
         argv = cmdline(pid)
-        ours = bool(argv) and argv[0].startswith("slurmstepd: [") and argv[0][len("slurmstepd: ["):].split(".")[0] in jobs
+        ours = (bool(argv) and argv[0].startswith("slurmstepd: [")
+                and argv[0][len("slurmstepd: ["):].split(".")[0] in jobs and holds_socket(pid, ours_sockets))
         if not ours and argv[1:] == ["-S", str(LIGHT_RANK)]:
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            ours = any(e.startswith(b"SLURM_JOB_ID=") and e[13:].decode(errors="replace") in jobs for e in env)
+            ours = (any(e.startswith(b"SLURM_JOB_ID=") and e[13:].decode(errors="replace") in jobs for e in env)
+                    and any(e.startswith(b"OMNI_") and work_prefix in e for e in env))
         if ours:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -1463,7 +1500,7 @@ def main() -> int:
             args.stop_at = calendar.timegm((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, 0))
         except ValueError:
             p.error(f"--stop-at {args.stop_at!r}: expected HH:MM (UTC)")
-    root = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
+    root = Path(args.work).resolve() / time.strftime("%Y%m%d-%H%M%S")
     global RANK_GROUP
     if args.rank_weight == "low":
         RANK_GROUP = RankGroup(f"omni-scale-ranks-{os.getpid()}")
@@ -1502,7 +1539,7 @@ def main() -> int:
             finally:
                 if not (args.keep_cluster and n == sizes[-1]):
                     size.cluster.down()
-                    left = kill_leftover_steps(OWN_JOBS)
+                    left = kill_leftover_steps(OWN_JOBS, Path(args.state_dir), Path(args.work))
                     if left:
                         size.log(f"killed {len(left)} slurmstepd and light ranks of this run's jobs left after the "
                                  "cluster went down")

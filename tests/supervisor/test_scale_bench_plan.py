@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,18 +76,68 @@ def test_an_earlier_run_reads_back_with_its_source(tmp_path: Path) -> None:
 
 def test_the_slurmstepd_of_the_runs_own_jobs_left_after_the_cluster_went_down_are_killed() -> None:
     """One of an earlier size's steps spoke to the next cluster's node of the same name (issue 19,
-    512 nodes): the bench kills its own jobs' slurmstepd, no other's."""
-    ours = subprocess.Popen(["bash", "-c", 'exec -a "slurmstepd: [987654.0]" sleep 60'])
-    other = subprocess.Popen(["bash", "-c", 'exec -a "slurmstepd: [987655.0]" sleep 60'])
-    try:
-        for _ in range(100):   # until bash has exec'd under the new name
-            if Path(f"/proc/{other.pid}/cmdline").read_bytes().startswith(b"slurmstepd") and \
-                    Path(f"/proc/{ours.pid}/cmdline").read_bytes().startswith(b"slurmstepd"):
+    512 nodes): the bench kills its own jobs' slurmstepd, no other's: not another job's of its own
+    cluster, and not the same job id's of another cluster on the host (each holds a socket bound in its
+    own cluster's spool, as slurmstepd does)."""
+    import shutil
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))   # a Unix socket's path holds 107 bytes
+    state, other_state = tmp_path / "cluster", tmp_path / "other-cluster"
+    hold = ("import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
+            "open(sys.argv[1] + '.up', 'w').close(); time.sleep(60)")
+
+    def stepd(job: str, spool: Path) -> subprocess.Popen[bytes]:
+        spool.mkdir(parents=True, exist_ok=True)
+        sock = spool / f"node1_{job}.0"
+        p = subprocess.Popen(["bash", "-c", f'exec -a "slurmstepd: [{job}.0]" "$0" -c "$1" "$2"', sys.executable, hold,
+                              str(sock)])
+        for _ in range(500):   # until it has exec'd under the new name and bound its socket
+            if Path(f"{sock}.up").exists() and Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"slurmstepd"):
                 break
             subprocess.run(["sleep", "0.02"], check=True)
-        assert kill_leftover_steps({"987654", "12"}) == [ours.pid]
-        assert ours.wait(timeout=10) == -9 and other.poll() is None
+        return p
+
+    ours = stepd("987654", state / "nodes" / "node1" / "spool")
+    other_job = stepd("987655", state / "nodes" / "node1" / "spool")
+    other_cluster = stepd("987654", other_state / "nodes" / "node1" / "spool")
+    try:
+        assert kill_leftover_steps({"987654", "12"}, state, tmp_path / "work") == [ours.pid]
+        assert ours.wait(timeout=10) == -9
+        assert other_job.poll() is None and other_cluster.poll() is None
     finally:
-        other.kill()
-        ours.kill()
-        other.wait()
+        for p in (ours, other_job, other_cluster):
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp_path)
+
+
+def test_a_leftover_step_is_ours_only_by_a_socket_bound_under_this_clusters_state_dir() -> None:
+    """Job ids name no cluster (each embedded cluster on the host counts its own): the killer takes a
+    slurmstepd only when it holds a socket bound under this cluster's state folder. Read from the real
+    /proc/net/unix of this process's own sockets, one bound in each of two clusters' spools."""
+    import shutil
+    import socket
+    import tempfile
+
+    from bench.scale_bench import holds_socket, socket_inodes_under
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))   # a Unix socket's path holds 107 bytes
+    ours, theirs = tmp_path / "ours" / "nodes" / "node1" / "spool", tmp_path / "theirs" / "nodes" / "node1" / "spool"
+    ours.mkdir(parents=True)
+    theirs.mkdir(parents=True)
+    a, b = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        a.bind(str(ours / "node1_4003.0"))
+        b.bind(str(theirs / "node1_4003.0"))
+        (ours / "node1_4003.0").unlink()  # the name stays in the kernel's table after the file goes
+        table = Path("/proc/net/unix").read_text()
+        mine = socket_inodes_under(table, tmp_path / "ours")
+        assert mine == {os.fstat(a.fileno()).st_ino}
+        assert socket_inodes_under(table, tmp_path / "ou") == set()  # a prefix of a name is not its folder
+        assert holds_socket(os.getpid(), mine)
+        assert not holds_socket(os.getpid(), socket_inodes_under(table, tmp_path / "elsewhere"))
+    finally:
+        a.close()
+        b.close()
+        shutil.rmtree(tmp_path)
