@@ -12,6 +12,7 @@ from slurm_omni.config.job import load_job
 from slurm_omni.config.site import SiteConfig
 from slurm_omni.drill.history import loss_file
 from slurm_omni.drill.inject import DrillError, DrillRefused, TaskPid
+from slurm_omni.formats.metrics import NODE_FILE_GLOB
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.ownership import current_user
 from slurm_omni.render.registry import read_registrations
@@ -134,12 +135,53 @@ def pick_task(tasks: list[TaskPid], component: HetComponent, handle: JobHandle,
     return rank, by_rank[rank]
 
 
+TAIL_BYTES = 1 << 16
+"""How much of the end of each file :func:`latest_incarnation_step` reads: a node file holds every rank
+of its node's lines, copied once per heartbeat interval."""
+
+
 def latest_incarnation_step(metrics_dir: Path, stages: Sequence[str] = ()) -> tuple[int, int] | None:
-    """(incarnation, step) of the last line the loss-reporting rank wrote, without parsing the file;
-    ``stages``: the job's stage names in pipeline order (empty: the loss file found from the files)."""
+    """(incarnation, step) of the last line the loss-reporting rank wrote, from the ends of its own
+    file and of the node files that carry its lines (``formats.metrics``: under Slurm a node's
+    heartbeat leader copies them there once per interval, and the rank's own file gets only what was
+    left at its end), the newest by (incarnation, time); ``stages``: the job's stage names in pipeline
+    order (empty: the loss file found from the files). Only the files' ends are read: the drill polls
+    this while training runs."""
     path = loss_file(metrics_dir, stages) if metrics_dir.is_dir() else None
     if path is None:
         return None
+    newest: tuple[float, float, int] | None = None
+    for source in [path, *sorted(metrics_dir.glob(NODE_FILE_GLOB))]:
+        for obj in _tail_objects(source):
+            if source != path and obj.get("file") != path.name:
+                continue
+            try:
+                key = (float(obj["incarnation"]), float(obj.get("time", 0.0)), int(obj["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if newest is None or key[:2] >= newest[:2]:
+                newest = key
+    return (int(newest[0]), newest[2]) if newest is not None else None
+
+
+def _tail_objects(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects among the whole lines of the last :data:`TAIL_BYTES` of ``path`` (a line cut by
+    the window's start, or torn by a writer, is not JSON and is passed over)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - TAIL_BYTES))
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
     try:
         with open(path, "rb") as f:
             f.seek(max(0, path.stat().st_size - 4096))

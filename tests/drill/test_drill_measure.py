@@ -194,3 +194,24 @@ def test_current_job_is_the_newest_live_one_of_its_name_and_user() -> None:
     foreign = Job(99, "j", "bob", JobState.RUNNING, "RUNNING", foreign.components)
     assert h.current([old, new, foreign]) == new
     assert h.current([old]) is None
+
+
+def test_latest_step_reads_the_node_files_that_carry_the_loss_ranks_lines(tmp_path: Path) -> None:
+    """Under Slurm a node's heartbeat leader copies its ranks' lines to node-<NODE>.jsonl and the
+    rank's own file stays empty while it runs (formats/metrics): the drill's progress (the demo's
+    'waiting for 30 steps') comes from the node files, the newest line by (incarnation, time), and a
+    line of another rank or a torn one is passed over."""
+    def line(file: str, inc: int, step: int, t: float, rank: int = 0) -> str:
+        return json.dumps({"file": file, "time": t, "rank": rank, "stage": 0, "dp_rank": rank,
+                           "incarnation": inc, "step": step, "loss": 1.0}) + "\n"
+
+    (tmp_path / "metrics-main-0.jsonl").write_text("")
+    (tmp_path / "node-node1.jsonl").write_text(
+        line("metrics-main-0.jsonl", 0, 7, 10.0) + line("metrics-main-0.jsonl", 1, 5, 20.0)
+        + '{"file": "metrics-main-0.jsonl", "incarn')
+    (tmp_path / "node-node2.jsonl").write_text(
+        line("metrics-main-0.jsonl", 0, 9, 15.0) + line("metrics-main-1.jsonl", 1, 40, 30.0, rank=1))
+    assert latest_incarnation_step(tmp_path, ("main",)) == (1, 5)
+    # a rank that ended appended what no leader copied to its own file: newer, so it counts
+    (tmp_path / "metrics-main-0.jsonl").write_text(line("metrics-main-0.jsonl", 1, 6, 21.0))
+    assert latest_incarnation_step(tmp_path, ("main",)) == (1, 6)
