@@ -189,7 +189,9 @@ def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float
                "OMNI_MAX_STEPS": "100000", "OMNI_LIGHT_CKPT_EVERY": str(ckpt_every), "OMNI_COLLECTIVE_TIMEOUT": "60",
                "SLURMD_NODENAME": f"node{r // per_node + 1}",
                # per node is the ranks' default (/dev/shm); here a folder of the bench's own, or off
-               "OMNI_HEARTBEAT_NODE_DIR": str(shm) if aggregate else "off"}
+               "OMNI_HEARTBEAT_NODE_DIR": str(shm) if aggregate else "off",
+               # metrics lines through the node too (opt-in: formats.metrics.per_node_setting)
+               "OMNI_METRICS_PER_NODE": "1" if aggregate else "0"}
         procs.append(subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     watch = Inotify(hb)

@@ -189,7 +189,9 @@ class Rank:
             os.makedirs(self.metrics_dir, exist_ok=True)
             path = os.path.join(self.metrics_dir, f"metrics-{self.stage_name}-{self.dp_rank}.jsonl")
             self.metrics = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in finish)
-            self.node_lines = self.relay is not None and self.relay.open_lines(self.metrics_dir, self.rank)
+            # lines per node only when asked (formats.metrics.per_node_setting: a lost node loses its uncopied lines)
+            self.node_lines = (self.relay is not None and self.env.get("OMNI_METRICS_PER_NODE", "").strip().lower()
+                               in ("1", "on", "true", "yes") and self.relay.open_lines(self.metrics_dir, self.rank))
         line = {"time": time.time(), "rank": self.rank, "stage": self.stage, "dp_rank": self.dp_rank,
                 "incarnation": self.incarnation, "step": step, "step_time_seconds": step_time,
                 "data_parallel_size": self.dp, **first}

@@ -31,6 +31,7 @@ from slurm_omni.elastic.metrics import MetricsLog
 from slurm_omni.elastic.stop import StopSignals
 from slurm_omni.elastic.timing import StepTimer
 from slurm_omni.errors import CheckpointError, OmniError, RuntimeLayoutError
+from slurm_omni.formats.metrics import per_node_setting
 from slurm_omni.policy.snapshot_cadence import BUDGET, Cadence, blocked_share, plan_cadence, snapshot_every
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class Run:
                                   rank=layout.rank, dp_rank=layout.data_parallel_rank,
                                   dp_size=layout.data_parallel_size, incarnation=layout.incarnation,
                                   job_id=layout.job_id, trace=trace, help_text=metric_help,
-                                  relay=self.heartbeat.relay)
+                                  relay=self.heartbeat.relay if per_node_setting() else None)
         self.checkpoints: Checkpointer | None = None
         self.resume: Resume | None = None
         """What :meth:`restore` resumed from (None: a fresh start)."""

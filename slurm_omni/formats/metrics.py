@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from slurm_omni.errors import RuntimeLayoutError
 from slurm_omni.formats import RecordRejected, _no_duplicates
 from slurm_omni.fsio import decode_utf8, one_line, read_bounded
 
@@ -138,6 +140,26 @@ def dumps(record: Mapping[str, Any]) -> str:
 MAX_FILE_BYTES = 1 << 30
 """A metrics or node file read back is refused past this size."""
 FILE_NAME = re.compile(r"^metrics-[^/]+\.jsonl$")
+PER_NODE_ENV = "OMNI_METRICS_PER_NODE"
+PER_NODE_ON = ("1", "on", "true", "yes")
+PER_NODE_OFF = ("", "0", "off", "false", "no")
+
+
+def per_node_setting(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a rank's lines go through its node (``OMNI_METRICS_PER_NODE``, off by default): the
+    shared file system then sees one append per node per heartbeat interval instead of one per rank
+    per step, but the lines a lost node had not copied yet are lost with it (at most one interval's).
+    The drills' proof that a resumed run equals one that never failed needs the loss-reporting rank's
+    line of every step, so a job that runs drills keeps it off."""
+    raw = (os.environ if env is None else env).get(PER_NODE_ENV, "").strip().lower()
+    if raw in PER_NODE_ON:
+        return True
+    if raw in PER_NODE_OFF:
+        return False
+    raise RuntimeLayoutError(f"{PER_NODE_ENV}={raw[:40]!r}: allowed are {', '.join(PER_NODE_ON)} (per node) "
+                             f"or {', '.join(repr(v) for v in PER_NODE_OFF)} (each rank's own file, the default)")
+
+
 NODE_FILE_GLOB = "node-*.jsonl"
 
 

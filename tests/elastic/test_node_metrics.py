@@ -204,3 +204,22 @@ def test_a_rank_whose_file_was_taken_for_a_dead_one_s_opens_a_new_one(tmp_path: 
     relay.lead(2.0)
     log.close()
     assert _steps(metrics, 0) == [(0, 1), (0, 2)]
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, False), ("", False), ("0", False), ("off", False),
+                                           ("1", True), ("on", True), ("TRUE", True)])
+def test_lines_per_node_are_asked_for(value: str | None, on: bool) -> None:
+    """Off by default: a lost node loses the lines it had not copied, and a drill's proof needs the
+    loss-reporting rank's line of every step (formats.metrics.per_node_setting)."""
+    from slurm_omni.formats.metrics import per_node_setting
+
+    assert per_node_setting({} if value is None else {"OMNI_METRICS_PER_NODE": value}) is on
+
+
+def test_a_bad_per_node_setting_is_one_line_naming_what_is_allowed() -> None:
+    from slurm_omni.errors import RuntimeLayoutError
+    from slurm_omni.formats.metrics import per_node_setting
+
+    with pytest.raises(RuntimeLayoutError, match=r"OMNI_METRICS_PER_NODE='maybe': allowed are 1, on, true, yes") as e:
+        per_node_setting({"OMNI_METRICS_PER_NODE": "maybe"})
+    assert "\n" not in str(e.value)

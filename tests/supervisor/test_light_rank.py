@@ -35,7 +35,8 @@ def _env(tmp_path: Path, rank: int, world: int, port: int, **extra: str) -> dict
                OMNI_JOB_ID="42", OMNI_HEARTBEAT_INTERVAL="0.05", OMNI_STEP_DELAY_S="0.01",
                OMNI_COLLECTIVE_TIMEOUT="60", SLURMD_NODENAME=f"node{rank + 1}",
                # per node by default (/dev/shm); here the test's own node-local folder
-               OMNI_HEARTBEAT_NODE_DIR=str(tmp_path / "shm"))
+               OMNI_HEARTBEAT_NODE_DIR=str(tmp_path / "shm"),
+               OMNI_METRICS_PER_NODE="1")   # opt-in (formats.metrics.per_node_setting)
     env.update(extra)
     return env
 
