@@ -19,7 +19,7 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   (the rank's own file when no leader published for 1.5 intervals, and for its last beat);
 - the metrics lines ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl`` (``formats/metrics``; with
   the node folder each line goes there and the leader copies it into ``node-<NODE>.jsonl``, as
-  ``elastic/node_metrics.py`` does), the life's first line with ``task_started_at``, ``groups_ready_at``, ``restored_at`` and this rank's
+  ``elastic/node_metrics.py`` does, but replica 0 of the last stage's, which go straight to its file), the life's first line with ``task_started_at``, ``groups_ready_at``, ``restored_at`` and this rank's
   ``restored_step``;
 - a checkpoint marker every OMNI_LIGHT_CKPT_EVERY steps (default 5) and at the last step:
   ``<OMNI_CKPT_DIR>/light/rank-<RANK>/step-<N>.json`` (and on a stop signal), those older than
@@ -91,6 +91,9 @@ class Rank:
         self.stage = 0 if colocated else _int(env, "OMNI_STAGE", self.rank // max(1, self.dp))
         self.dp_rank = _int(env, "OMNI_DP_RANK", self.rank % max(1, self.dp))
         self.stage_name = "+".join(stages) if colocated else stages[self.stage] if self.stage < len(stages) else "?"
+        # replica 0 of the last stage (Layout.reports_loss): its lines go straight to its own file
+        self.reports_loss = (colocated or self.stage == len(stages) - 1) and self.dp_rank == 0
+        self.per_node = env.get("OMNI_METRICS_PER_NODE", "").strip().lower()
         self.incarnation = _int(env, "OMNI_INCARNATION", _int(env, "SLURM_RESTART_COUNT", 0))
         self.job_id = env.get("OMNI_JOB_ID") or env.get("SLURM_JOB_ID") or "local"
         run_dir = env.get("OMNI_RUN_DIR") or "omni-run"
@@ -117,6 +120,9 @@ class Rank:
         self.next_beat = 0.0
         self.metrics = None
         self.node_lines = False
+        """The node's metrics lines are open: this rank copies them when it leads."""
+        self.via_node = False
+        """This rank's lines go through the node (not the loss rank's: elastic/node_metrics.py)."""
         self.relay = None
         node_dir = node_dir_setting(env)
         if node_dir and self.node:
@@ -145,6 +151,9 @@ class Rank:
         if self.max_steps < 1 or self.every < 1 or self.interval <= 0:
             problems.append(f"OMNI_MAX_STEPS={self.max_steps}, OMNI_LIGHT_CKPT_EVERY={self.every}, "
                             f"OMNI_HEARTBEAT_INTERVAL={self.interval} (all must be > 0)")
+        if self.per_node not in ("", "1", "on", "true", "yes", "0", "off", "false", "no"):
+            problems.append(f"OMNI_METRICS_PER_NODE={self.per_node[:40]!r} (allowed: 1, on, true, yes or unset: "
+                            "per node; 0, off, false, no: each rank's own file)")
         if problems:
             raise BadInput("light rank: couldn't place rank: " + "; ".join(problems))
 
@@ -189,13 +198,15 @@ class Rank:
             os.makedirs(self.metrics_dir, exist_ok=True)
             path = os.path.join(self.metrics_dir, f"metrics-{self.stage_name}-{self.dp_rank}.jsonl")
             self.metrics = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in finish)
-            # lines per node only when asked (formats.metrics.per_node_setting: a lost node loses its uncopied lines)
-            self.node_lines = (self.relay is not None and self.env.get("OMNI_METRICS_PER_NODE", "").strip().lower()
-                               in ("1", "on", "true", "yes") and self.relay.open_lines(self.metrics_dir, self.rank))
+            # lines per node only when asked (formats.metrics.per_node_setting), the loss rank's straight to
+            # its own file: a lost node costs only other ranks' lines of at most one interval
+            self.node_lines = (self.relay is not None and self.per_node in ("1", "on", "true", "yes")
+                               and self.relay.open_lines(self.metrics_dir, self.rank, own=not self.reports_loss))
+            self.via_node = self.node_lines and not self.reports_loss
         line = {"time": time.time(), "rank": self.rank, "stage": self.stage, "dp_rank": self.dp_rank,
                 "incarnation": self.incarnation, "step": step, "step_time_seconds": step_time,
                 "data_parallel_size": self.dp, **first}
-        if self.node_lines:   # per node: the leader copies it into <metrics>/node-<NODE>.jsonl
+        if self.via_node:   # per node: the leader copies it into <metrics>/node-<NODE>.jsonl
             self.relay.append_line(_dumps({**line, "file": os.path.basename(self.metrics.name)}))  # type: ignore[union-attr]
         else:
             self.metrics.write(_dumps(line))

@@ -142,12 +142,14 @@ class Relay:
             pass
 
     # -- metrics lines per node, as slurm_omni.elastic.node_metrics ---------------------------------
-    def open_lines(self, metrics_dir: str, rank: int) -> bool:
-        """This rank's lines go to the node (False: the folder is not usable, the caller appends them)."""
+    def open_lines(self, metrics_dir: str, rank: int, *, own: bool = True) -> bool:
+        """The node's lines copied by this rank when it leads, and with ``own`` this rank's lines go to
+        the node (False: the folder is not usable, the caller appends them)."""
         try:
             self.metrics_fd = os.open(metrics_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self.lines_name = f"lines-{rank}-{os.getpid()}-0.jsonl"
-            self.lines_fd = _open_file(self.lines_name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.fd)
+            if own:
+                self.lines_name = f"lines-{rank}-{os.getpid()}-0.jsonl"
+                self.lines_fd = _open_file(self.lines_name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.fd)
         except OSError as e:
             print(f"light rank: couldn't write metrics on the node ({e}); appending its own file", file=sys.stderr,
                   flush=True)
@@ -203,33 +205,33 @@ class Relay:
 
     def close_lines(self, own_fd: int) -> None:
         """This rank ends: what no leader copied of its lines to its own file (open for appending),
-        its file on the node removed."""
-        if self.lines_fd < 0:
-            return
+        its file on the node removed (the loss rank has none: it only copied the others')."""
         try:
-            st = os.fstat(self.lines_fd)
-            ino, start = _read_copied(self.fd).get(self.lines_name, (-1, 0))
-            size = st.st_size
-            start = start if ino == st.st_ino and start <= size else 0
-            src = _open_file(self.lines_name, os.O_RDONLY, self.fd)
-            try:
-                rest = os.pread(src, max(0, size - start), start) if size > start else b""
-            finally:
-                os.close(src)
-            rest = rest[:rest.rfind(b"\n") + 1]
-            if rest:
-                _write_all(own_fd, rest)
-            os.unlink(self.lines_name, dir_fd=self.fd)
+            if self.lines_fd >= 0:
+                self._rest_to(own_fd)
         except OSError as e:   # its lines stay on the node for the next leader
             print(f"light rank: couldn't finish its metrics lines on the node: {e}", file=sys.stderr, flush=True)
         finally:
-            os.close(self.lines_fd)
-            self.lines_fd = -1
-            for fd in (self.out_fd, self.metrics_fd):
+            for fd in (self.lines_fd, self.out_fd, self.metrics_fd):
                 if fd >= 0:
                     os.close(fd)
-            self.out_fd = self.metrics_fd = -1
+            self.lines_fd = self.out_fd = self.metrics_fd = -1
         self.remove_if_last()
+
+    def _rest_to(self, own_fd: int) -> None:
+        st = os.fstat(self.lines_fd)
+        ino, start = _read_copied(self.fd).get(self.lines_name, (-1, 0))
+        size = st.st_size
+        start = start if ino == st.st_ino and start <= size else 0
+        src = _open_file(self.lines_name, os.O_RDONLY, self.fd)
+        try:
+            rest = os.pread(src, max(0, size - start), start) if size > start else b""
+        finally:
+            os.close(src)
+        rest = rest[:rest.rfind(b"\n") + 1]
+        if rest:
+            _write_all(own_fd, rest)
+        os.unlink(self.lines_name, dir_fd=self.fd)
 
 
 def _pid_of(name: str) -> int | None:

@@ -148,6 +148,12 @@ class Layout:
     def last_stage(self) -> bool:
         return self.num_stages - 1 in self.stages
 
+    @property
+    def reports_loss(self) -> bool:
+        """Replica 0 of the last stage: the rank whose metrics lines carry the job's loss, read for every
+        step by the drills and reports (``drill.history.loss_file``)."""
+        return self.last_stage and self.data_parallel_rank == 0
+
     def runs(self, stage: str) -> bool:
         """Does this rank run the stage named ``stage``?"""
         return stage in self.stage_names and self.stage_names.index(stage) in self.stages

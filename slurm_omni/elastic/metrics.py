@@ -22,7 +22,10 @@ to the node-local folder, and the node's heartbeat leader appends the node's new
 ``<OMNI_METRICS_DIR>/node-<NODE>.jsonl`` once per heartbeat interval (``elastic/node_metrics.py``):
 the shared file system sees a write per node per interval, not one per rank per step. What no leader
 copied yet when the rank ends goes to its own ``metrics-<stage>-<dp_rank>.jsonl``; without a node
-folder every line does. Readers merge both (``formats.metrics.read_folder``).
+folder (or with ``OMNI_METRICS_PER_NODE=0``) every line does. The rank that reports the job's loss
+(``direct``: replica 0 of the last stage) writes every line to its own file as well, so that a node
+lost never takes a step of the loss with it: one file per job written every step, whatever the ranks
+per node. Readers merge both (``formats.metrics.read_folder``).
 
 The folder goes through the one ownership check (``slurm_omni.ownership``: ours, nobody else can
 write it; made 0755 when missing so that node_exporter can read it) and is held open: every file is
@@ -61,8 +64,11 @@ PROM_EVERY_S = 10.0
 class MetricsLog:
     def __init__(self, metrics_dir: Path, *, stage_name: str, stage: int, rank: int, dp_rank: int,
                  dp_size: int, incarnation: int, job_id: str, trace: bool = False,
-                 help_text: Mapping[str, str] | None = None, relay: NodeRelay | None = None) -> None:
-        """``relay``: the heartbeat's node aggregation (None: every line to this rank's own file)."""
+                 help_text: Mapping[str, str] | None = None, relay: NodeRelay | None = None,
+                 direct: bool = False) -> None:
+        """``relay``: the heartbeat's node aggregation (None: every line to this rank's own file);
+        ``direct``: this rank reports the job's loss (``Layout.reports_loss``): its lines go to its own
+        file even with a relay, and it copies the node's other lines only when it leads."""
         try:
             self._dir = ensure_dir(metrics_dir, what="metrics", mode=0o755)
         except NotOwnedError as e:   # exit 78: no restart makes another user's folder ours
@@ -90,7 +96,7 @@ class MetricsLog:
             folder = OwnDir(os.dup(relay.folder.fd), relay.folder_path)
             try:
                 self._node = NodeLines(folder, metrics=self._dir, node_file=node_file_name(relay.node),
-                                       rank=rank)
+                                       rank=rank, own=not direct)
                 relay.lines = self._node
             except (OSError, NotOwnedError) as e:   # the node folder is gone or not ours: lines to our own file
                 folder.close()
@@ -112,7 +118,7 @@ class MetricsLog:
             check_line(record, f"step {values.get('step')!r} to {self.jsonl_path}", "log")
         except RecordRejected as e:
             raise RuntimeLayoutError(f"elastic: {e}") from None
-        if self._node is not None:
+        if self._node is not None and self._node.own:
             try:
                 self._node.append(dumps({**record, "file": self.jsonl_path.name}).encode())
             except OSError as e:   # /dev/shm full: this line and the rest to our own file

@@ -19,12 +19,19 @@ next append starts a new line after. The readers (``formats.metrics.read_folder`
 is not JSON in a node file and count a line that appears twice (the same bytes) once: no line is
 lost or counted twice across leader changes, crashes and relaunches.
 
+The rank that reports the job's loss (replica 0 of the last stage, ``Layout.reports_loss``; the
+drills and ``omni report`` read its line of every step, ``drill.history.loss_file``) keeps appending
+to its own ``metrics-<stage>-<dp_rank>.jsonl`` and has no file on the node (``NodeLines(own=False)``):
+a lost node takes with it only other ranks' lines, never a step of the loss. As the node's leader it
+copies the others' lines like any rank.
+
 A rank that ends (``close``) appends what the leader had not copied yet of its own lines to its own
 ``metrics-<stage>-<dp_rank>.jsonl``, as every rank did before, so that its last lines do not wait on
 a leader that may be ending too; the leader may copy them as well (counted once). Lines of a rank
 killed (its process gone) stay in the node folder for the next leader of the job on the node, which
-removes a dead rank's file once it copied all of it and nobody wrote it for a minute. A node lost loses the lines of its last half
-interval with its memory.
+removes a dead rank's file once it copied all of it and nobody wrote it for a minute. A node lost
+loses with its memory the lines of its other ranks that its leader had not copied yet: at most one
+heartbeat interval's (docs/in-allocation.md, "Scale").
 """
 
 from __future__ import annotations
@@ -118,22 +125,27 @@ class NodeLines:
     """The node folder's metrics lines: a rank's own file (``append``, ``close``) and the leader's copy
     (``copy``) into ``node-<NODE>.jsonl`` of the metrics folder (module doc)."""
 
-    def __init__(self, folder: OwnDir, *, metrics: OwnDir, node_file: str, rank: int) -> None:
+    def __init__(self, folder: OwnDir, *, metrics: OwnDir, node_file: str, rank: int, own: bool = True) -> None:
         """``folder`` and ``metrics``: held open by the caller (the node folder's descriptor outlives a
-        reopen of it by the heartbeat: this rank's file keeps it from being removed)."""
+        reopen of it by the heartbeat: this rank's file keeps it from being removed). ``own``: this
+        rank's lines go through the node (False: the loss-reporting rank's go straight to its own file;
+        it only copies the others' when it leads, module doc)."""
         self.folder = folder
         self.metrics = metrics
         self.node_file = node_file
         self.rank = rank
         self.generation = 0
         self.name = source_name(rank, os.getpid())
-        self._fd = _open_source(folder.fd, self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self.own = own
+        self._fd = _open_source(folder.fd, self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT) if own else -1
         self._out = -1
         self.copies = 0
 
     def append(self, line: bytes) -> None:
         """One line (newline included) in this rank's file on the node (a new file when a leader took
         this one for a dead rank's: everything in it was copied)."""
+        if not self.own:
+            raise ValueError(f"rank {self.rank} writes its lines to its own file, not on the node")
         if os.fstat(self._fd).st_nlink == 0:
             os.close(self._fd)
             self.generation += 1   # a new name: the leaders' record of the old one is not about it
@@ -194,6 +206,9 @@ class NodeLines:
         """This rank ends: what no leader copied yet of its lines goes to ``out`` (its own
         ``metrics-<stage>-<dp_rank>.jsonl``, open for appending) (a leader may copy it too: the readers count it once), then its file on the node is
         removed. A rank that leads copies first (``copy``), so usually nothing is left."""
+        if not self.own:
+            self.detach()
+            return
         try:
             st = os.fstat(self._fd)
             start, size = _start(read_copied(self.folder.fd), self.name, st), st.st_size

@@ -130,7 +130,8 @@ class Run:
                                   rank=layout.rank, dp_rank=layout.data_parallel_rank,
                                   dp_size=layout.data_parallel_size, incarnation=layout.incarnation,
                                   job_id=layout.job_id, trace=trace, help_text=metric_help,
-                                  relay=self.heartbeat.relay if per_node_setting() else None)
+                                  relay=self.heartbeat.relay if per_node_setting() else None,
+                                  direct=layout.reports_loss)
         self.checkpoints: Checkpointer | None = None
         self.resume: Resume | None = None
         """What :meth:`restore` resumed from (None: a fresh start)."""

@@ -206,6 +206,56 @@ def test_a_rank_whose_file_was_taken_for_a_dead_one_s_opens_a_new_one(tmp_path: 
     assert _steps(metrics, 0) == [(0, 1), (0, 2)]
 
 
+def test_the_loss_rank_writes_every_step_itself_and_a_lost_node_costs_only_other_ranks_lines(
+        tmp_path: Path) -> None:
+    """The loss-reporting rank (replica 0 of the last stage) keeps no file on the node: each of its
+    lines goes straight to its own file, and as the node's leader it copies the other ranks' lines.
+    The node lost mid-interval (its memory gone, nobody closed): the drill's history still has every
+    step of the loss; the other rank lost only what no leader had copied yet."""
+    import shutil
+
+    from slurm_omni.drill.history import load_history
+
+    shm, hb, metrics = _dirs(tmp_path)
+    relays = [_relay(shm, hb, r) for r in range(2)]
+    loss = MetricsLog(metrics, stage_name="text", stage=1, rank=0, dp_rank=0, dp_size=1, incarnation=0,
+                      job_id="7", relay=relays[0], direct=True)
+    other = MetricsLog(metrics, stage_name="vision", stage=0, rank=1, dp_rank=0, dp_size=1, incarnation=0,
+                       job_id="7", relay=relays[1])
+    assert sorted(p.name for p in relays[0].folder_path.glob("lines-*.jsonl")) == \
+        [node_metrics.source_name(1, os.getpid())]          # the other rank's only
+    for step in range(1, 4):
+        loss.log_step({"step": step, "loss": 1.0 / step})
+        other.log_step({"step": step})
+        assert len((metrics / "metrics-text-0.jsonl").read_text().splitlines()) == step   # at once
+    relays[0].lead(1.0)                                      # the loss rank leads: copies the other's 3 lines
+    assert relays[0].leader
+    assert [json.loads(x)["file"] for x in (metrics / "node-n1.jsonl").read_text().splitlines()] == \
+        ["metrics-vision-0.jsonl"] * 3
+    for step in range(4, 6):                                 # the node is lost before the next copy
+        loss.log_step({"step": step, "loss": 1.0 / step})
+        other.log_step({"step": step})
+    shutil.rmtree(shm)
+    assert [r.step for r in load_history(metrics, ("vision", "text")).records] == [1, 2, 3, 4, 5]
+    assert [int(json.loads(t)["step"]) for _, t in read_folder(metrics)["metrics-vision-0.jsonl"]] == [1, 2, 3]
+
+
+def test_layout_reports_loss_is_replica_0_of_the_last_stage() -> None:
+    from slurm_omni.elastic.layout import Layout
+
+    def layout(names: tuple[str, ...], stages: tuple[int, ...], dp: int, rank: int) -> Layout:
+        return Layout(rank=rank, world_size=dp * (len(names) // len(stages)), local_rank=0, stage_names=names,
+                      stages=stages, data_parallel_size=dp, data_parallel_rank=rank % dp, incarnation=0,
+                      job_id="7", job_name="t", master_addr="127.0.0.1", master_port=1,
+                      ckpt_dir=Path("c"), heartbeat_dir=Path("h"), metrics_dir=Path("m"))
+
+    three = ("a", "b", "c")
+    assert [layout(three, (s,), 2, s * 2 + d).reports_loss for s in range(3) for d in range(2)] == \
+        [False, False, False, False, True, False]
+    assert [layout(three, (0, 1, 2), 2, d).reports_loss for d in range(2)] == [True, False]   # colocated
+    assert [layout(("only",), (0,), 3, d).reports_loss for d in range(3)] == [True, False, False]
+
+
 @pytest.mark.parametrize(("value", "on"), [(None, False), ("", False), ("0", False), ("off", False),
                                            ("1", True), ("on", True), ("TRUE", True)])
 def test_lines_per_node_are_asked_for(value: str | None, on: bool) -> None:

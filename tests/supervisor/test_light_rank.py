@@ -77,9 +77,11 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
     for path in own:
         data = path.read_bytes()
         assert encode(msgspec.json.decode(data, type=HeartbeatRecord)) == data, data
-    # the metrics lines went per node (node-<NODE>.jsonl, copied by the node's leader): every step once
-    assert sorted(p.name for p in (tmp_path / "metrics").glob("node-*.jsonl")) == \
-        ["node-node1.jsonl", "node-node2.jsonl", "node-node3.jsonl"]
+    # the metrics lines went per node (node-<NODE>.jsonl, copied by the node's leader): every
+    # step once; the loss rank's (replica 0 of the last stage, alone on node1) straight to its own file
+    assert sorted(p.name for p in (tmp_path / "metrics").glob("node-*.jsonl")) == ["node-node2.jsonl", "node-node3.jsonl"]
+    own = (tmp_path / "metrics" / "metrics-main-0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in own] == list(range(1, 13))
     for lines in read_folder(tmp_path / "metrics").values():
         assert [parse_line(t, w).step for w, t in lines] == list(range(1, 13))
     assert not list((tmp_path / "shm").iterdir())   # the node folders removed by their last rank
@@ -151,7 +153,8 @@ def test_ranks_with_no_step_in_common_exit_78(tmp_path: Path) -> None:
     assert {(b.phase, b.exit_code) for b in read_heartbeats(tmp_path / "hb")} == {("failed", EXIT_BAD_INPUT)}
 
 
-@pytest.mark.parametrize("bad", [{"WORLD_SIZE": "two"}, {"OMNI_DP_RANK": "5"}, {"MASTER_PORT": ""}])
+@pytest.mark.parametrize("bad", [{"WORLD_SIZE": "two"}, {"OMNI_DP_RANK": "5"}, {"MASTER_PORT": ""},
+                                 {"OMNI_METRICS_PER_NODE": "maybe"}])
 def test_input_no_restart_can_fix_exits_78_with_one_line(tmp_path: Path, bad: dict[str, str]) -> None:
     env = {**_env(tmp_path, 1, 2, 1), **bad}
     proc = subprocess.run([sys.executable, "-S", str(LIGHT_RANK)], env=env, capture_output=True, text=True,
