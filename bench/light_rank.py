@@ -19,7 +19,8 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   (the rank's own file when no leader published for 1.5 intervals, and for its last beat);
 - the metrics lines ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl`` (``formats/metrics``; with
   the node folder each line goes there and the leader copies it into ``node-<NODE>.jsonl``, as
-  ``elastic/node_metrics.py`` does, but replica 0 of the last stage's, which go straight to its file), the life's first line with ``task_started_at``, ``groups_ready_at``, ``restored_at`` and this rank's
+  ``elastic/node_metrics.py`` does, but replica 0 of the last stage's, which go straight to its file;
+  OMNI_METRICS_PER_NODE=0: every rank's), the life's first line with ``task_started_at``, ``groups_ready_at``, ``restored_at`` and this rank's
   ``restored_step``;
 - a checkpoint marker every OMNI_LIGHT_CKPT_EVERY steps (default 5) and at the last step:
   ``<OMNI_CKPT_DIR>/light/rank-<RANK>/step-<N>.json`` (and on a stop signal), those older than
@@ -198,9 +199,9 @@ class Rank:
             os.makedirs(self.metrics_dir, exist_ok=True)
             path = os.path.join(self.metrics_dir, f"metrics-{self.stage_name}-{self.dp_rank}.jsonl")
             self.metrics = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in finish)
-            # lines per node only when asked (formats.metrics.per_node_setting), the loss rank's straight to
-            # its own file: a lost node costs only other ranks' lines of at most one interval
-            self.node_lines = (self.relay is not None and self.per_node in ("1", "on", "true", "yes")
+            # lines per node unless OMNI_METRICS_PER_NODE=0 (formats.metrics.per_node_setting), the loss rank's
+            # straight to its own file: a lost node costs only other ranks' lines of at most one interval
+            self.node_lines = (self.relay is not None and self.per_node not in ("0", "off", "false", "no")
                                and self.relay.open_lines(self.metrics_dir, self.rank, own=not self.reports_loss))
             self.via_node = self.node_lines and not self.reports_loss
         line = {"time": time.time(), "rank": self.rank, "stage": self.stage, "dp_rank": self.dp_rank,

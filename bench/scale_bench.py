@@ -523,11 +523,10 @@ class Job:
             # the supervisor logs every Slurm command it runs with its time: decide and launch split
             "OMNI_LOG_LEVEL": "DEBUG",
             **({"OMNI_LIGHT_CGROUP": RANK_GROUP.path} if RANK_GROUP is not None and RANK_GROUP.path else {}),
-            # a heartbeat file per node is the default (/dev/shm); the option names another or "off"
+            # a heartbeat file per node is the default (/dev/shm), and with it the metrics lines through the
+            # node (formats.metrics.per_node_setting; the bench reads them from the node files too); the
+            # option names another folder or "off"
             **({"OMNI_HEARTBEAT_NODE_DIR": self.args.heartbeat_node_dir} if self.args.heartbeat_node_dir else {}),
-            # metrics lines through the node (opt-in, formats.metrics.per_node_setting): the file system's
-            # operations per node stay flat with the ranks per node; the bench reads them from the node files
-            "OMNI_METRICS_PER_NODE": 1,
         }.items()}
 
     def supervise_argv(self) -> list[str]:

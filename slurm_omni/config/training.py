@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 from slurm_omni.config.schema import load_dataclass, read_toml
-from slurm_omni.errors import ConfigError
+from slurm_omni.errors import ConfigError, RuntimeLayoutError
+from slurm_omni.formats.metrics import PER_NODE_ENV, per_node_setting
 
 ModelPreset = Literal["tiny", "small", "base", "large"]
 
@@ -253,7 +254,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """Set by slurm-omni for every rank; a job file cannot override them (nor OMNI_* and SLURM_*)."""
 USER_OMNI_ENV = ("OMNI_STEP_DELAY_S", "OMNI_TRACE_SAMPLES", "OMNI_DEVICE", "OMNI_COLLECTIVE_TIMEOUT",
-                 "OMNI_HEARTBEAT_NODE_DIR")
+                 "OMNI_HEARTBEAT_NODE_DIR", PER_NODE_ENV)
 """The OMNI_* knobs of the training API (``slurm_omni/elastic/layout.py``) a job file may set."""
 
 
@@ -317,6 +318,11 @@ class TrainingConfig:
                                   "WORLD_SIZE, LOCAL_RANK, MASTER_*, OMNI_* and SLURM_* are slurm-omni's, "
                                   f"but {', '.join(USER_OMNI_ENV)})")
             substitute(value, probe, where=f"training.env.{name}")
+            if name == PER_NODE_ENV:   # refused at submit, not by every rank at its start
+                try:
+                    per_node_setting({name: value})
+                except RuntimeLayoutError as e:
+                    raise ConfigError(f"training.env.{e}") from None
 
     @property
     def shards(self) -> DataConfig:

@@ -4,12 +4,14 @@ per logged step::
     {"time": 1764460000.12, "rank": 3, "stage": 1, "dp_rank": 1, "incarnation": 0, "step": 17,
      "loss": 2.31, "step_time_seconds": 0.031, "data_parallel_size": 2, ...}
 
-Per node (the default under Slurm, ``slurm_omni.elastic.node_metrics``): the node's heartbeat
-leader appends its ranks' lines to ``<OMNI_METRICS_DIR>/node-<NODE>.jsonl``, each line naming the
-file it belongs to (``"file": "metrics-text-0.jsonl"``), and a rank that ends appends what was not
-copied yet to its own file. :func:`read_folder` gives every file's lines from both: a line that is
-not JSON in a node file (torn by a leader killed mid-write) is skipped, a line found twice (the same
-bytes: copied again after a leader died before recording how far it got) counts once, and the
+Per node (the default under Slurm, ``slurm_omni.elastic.node_metrics``; ``OMNI_METRICS_PER_NODE=0``
+turns it off): the node's heartbeat leader appends its ranks' lines to
+``<OMNI_METRICS_DIR>/node-<NODE>.jsonl``, each line naming the file it belongs to (``"file":
+"metrics-text-0.jsonl"``), and a rank that ends appends what was not copied yet to its own file; the
+rank that reports the job's loss (replica 0 of the last stage) writes every line to its own file.
+:func:`read_folder` gives every file's lines from both: a line that is not JSON in a node file (torn
+by a leader killed mid-write) is skipped, a line found twice (the same bytes: copied again after a
+leader died before recording how far it got) counts once, and the
 lines are put in order of (``incarnation``, ``time``).
 
 The writer is ``slurm_omni.elastic.metrics.MetricsLog`` (every training script's, the built-in
@@ -141,23 +143,23 @@ MAX_FILE_BYTES = 1 << 30
 """A metrics or node file read back is refused past this size."""
 FILE_NAME = re.compile(r"^metrics-[^/]+\.jsonl$")
 PER_NODE_ENV = "OMNI_METRICS_PER_NODE"
-PER_NODE_ON = ("1", "on", "true", "yes")
-PER_NODE_OFF = ("", "0", "off", "false", "no")
+PER_NODE_ON = ("", "1", "on", "true", "yes")
+PER_NODE_OFF = ("0", "off", "false", "no")
 
 
 def per_node_setting(env: Mapping[str, str] | None = None) -> bool:
-    """Whether a rank's lines go through its node (``OMNI_METRICS_PER_NODE``, off by default): the
-    shared file system then sees one append per node per heartbeat interval instead of one per rank
-    per step, but the lines a lost node had not copied yet are lost with it (at most one interval's).
-    The drills' proof that a resumed run equals one that never failed needs the loss-reporting rank's
-    line of every step, so a job that runs drills keeps it off."""
+    """Whether a rank's lines go through its node (``OMNI_METRICS_PER_NODE``, on by default; ``0``
+    turns it off): the shared file system sees one append per node per heartbeat interval and one per
+    step of the loss-reporting rank, which writes its own file (``elastic/node_metrics.py``), instead
+    of one per rank per step. A lost node loses with its memory the other ranks' lines its leader had
+    not copied yet: at most one interval's, never a step of the loss the drills' proof reads."""
     raw = (os.environ if env is None else env).get(PER_NODE_ENV, "").strip().lower()
     if raw in PER_NODE_ON:
         return True
     if raw in PER_NODE_OFF:
         return False
-    raise RuntimeLayoutError(f"{PER_NODE_ENV}={raw[:40]!r}: allowed are {', '.join(PER_NODE_ON)} (per node) "
-                             f"or {', '.join(repr(v) for v in PER_NODE_OFF)} (each rank's own file, the default)")
+    raise RuntimeLayoutError(f"{PER_NODE_ENV}={raw[:40]!r}: allowed are {', '.join(v for v in PER_NODE_ON if v)} or "
+                             f"unset (per node, the default) or {', '.join(PER_NODE_OFF)} (each rank's own file)")
 
 
 NODE_FILE_GLOB = "node-*.jsonl"

@@ -66,6 +66,8 @@ def test_site_python_is_what_scripts_run(tmp_path: Path) -> None:
     ('[training]\ncommand = ["python3"]\n[training.env]\nOMNI_DP_SIZE = "1"\n', "training.env.OMNI_DP_SIZE"),
     ('[training]\ncommand = ["python3"]\n[training.env]\nRANK = "1"\n', "training.env.RANK"),
     ('[training]\nmax_steps = 3\n', "missing [training.data]"),
+    ('[training]\ncommand = ["python3"]\n[training.env]\nOMNI_METRICS_PER_NODE = "maybe"\n',
+     "training.env.OMNI_METRICS_PER_NODE='maybe': allowed are 1, on, true, yes or unset"),
 ])
 def test_bad_command_is_one_line(tmp_path: Path, training: str, needle: str) -> None:
     job, _ = _files(tmp_path, training)
@@ -76,8 +78,9 @@ def test_bad_command_is_one_line(tmp_path: Path, training: str, needle: str) -> 
 
 def test_the_training_apis_knobs_may_be_set_in_training_env(tmp_path: Path) -> None:
     job, _ = _files(tmp_path, '[training]\ncommand = ["python3"]\n[training.env]\nOMNI_STEP_DELAY_S = "0.3"\n'
-                              'OMNI_TRACE_SAMPLES = "1"\n')
-    assert load_job(job).training.env == {"OMNI_STEP_DELAY_S": "0.3", "OMNI_TRACE_SAMPLES": "1"}
+                              'OMNI_TRACE_SAMPLES = "1"\nOMNI_METRICS_PER_NODE = "0"\n')
+    assert load_job(job).training.env == {"OMNI_STEP_DELAY_S": "0.3", "OMNI_TRACE_SAMPLES": "1",
+                                          "OMNI_METRICS_PER_NODE": "0"}
 
 
 def test_config_check_names_the_missing_program(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -35,8 +35,7 @@ def _env(tmp_path: Path, rank: int, world: int, port: int, **extra: str) -> dict
                OMNI_JOB_ID="42", OMNI_HEARTBEAT_INTERVAL="0.05", OMNI_STEP_DELAY_S="0.01",
                OMNI_COLLECTIVE_TIMEOUT="60", SLURMD_NODENAME=f"node{rank + 1}",
                # per node by default (/dev/shm); here the test's own node-local folder
-               OMNI_HEARTBEAT_NODE_DIR=str(tmp_path / "shm"),
-               OMNI_METRICS_PER_NODE="1")   # opt-in (formats.metrics.per_node_setting)
+               OMNI_HEARTBEAT_NODE_DIR=str(tmp_path / "shm"))
     env.update(extra)
     return env
 
@@ -77,7 +76,7 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
     for path in own:
         data = path.read_bytes()
         assert encode(msgspec.json.decode(data, type=HeartbeatRecord)) == data, data
-    # the metrics lines went per node (node-<NODE>.jsonl, copied by the node's leader): every
+    # the metrics lines went per node (node-<NODE>.jsonl, copied by the node's leader), by default: every
     # step once; the loss rank's (replica 0 of the last stage, alone on node1) straight to its own file
     assert sorted(p.name for p in (tmp_path / "metrics").glob("node-*.jsonl")) == ["node-node2.jsonl", "node-node3.jsonl"]
     own = (tmp_path / "metrics" / "metrics-main-0.jsonl").read_text().splitlines()
