@@ -21,9 +21,12 @@ ranks, and the heartbeat folder's file-system operations per second in steady st
    (create, write, rename, unlink: every process's, nothing assumed); the reader's are the
    scanner's own count (listdir, stat, open) of a 0.5 s poll over the same window. Per node, they
    must not grow with the ranks per node. The same windows count the job's other folders: the
-   checkpoint folder and the metrics folder, whose lines go per node with the heartbeats (the node's
-   leader appends its ranks' new lines to ``node-<NODE>.jsonl`` in its pass, ``elastic/node_metrics.py``)
-   and per rank without a node folder.
+   checkpoint folder and the metrics folder, whose lines go per node with the heartbeats by default
+   (the node's leader appends its ranks' new lines to ``node-<NODE>.jsonl`` once per interval,
+   ``elastic/node_metrics.py``) and per rank without a node folder. Per node, the node files are
+   counted per node that copies (at 1 rank per node, the node of the loss-reporting rank has none:
+   that rank writes its own file) and the ranks' own files per job (the loss-reporting rank's line a
+   step, whatever the ranks per node).
 """
 
 from __future__ import annotations
@@ -123,18 +126,25 @@ class Inotify:
         if self.fd < 0:
             raise SystemExit(f"heartbeat bench: couldn't start inotify: {os.strerror(ctypes.get_errno())}")
         self.area: dict[int, str] = {}
+        self.split: dict[int, dict[str, str]] = {}
+        self.names: dict[str, set[str]] = {}
         self.counts = dict.fromkeys(WRITE_OPS.values(), 0)
         self.by_area: dict[str, dict[str, int]] = {}
         self.overflow = False
         if folder is not None:
             self.add(folder, "heartbeat")
 
-    def add(self, folder: Path, area: str) -> None:
+    def add(self, folder: Path, area: str, split: dict[str, str] | None = None) -> None:
+        """Count the folder's operations as ``area``; those on a name that starts with a key of
+        ``split`` as that key's area (the names written are kept per area: ``names``)."""
         wd = self.libc.inotify_add_watch(self.fd, str(folder).encode(), sum(WRITE_OPS))
         if wd < 0:
             raise SystemExit(f"heartbeat bench: couldn't watch {folder}: {os.strerror(ctypes.get_errno())}")
         self.area[wd] = area
-        self.by_area.setdefault(area, dict.fromkeys(WRITE_OPS.values(), 0))
+        self.split[wd] = dict(split or {})
+        for a in (area, *self.split[wd].values()):
+            self.by_area.setdefault(a, dict.fromkeys(WRITE_OPS.values(), 0))
+            self.names.setdefault(a, set())
 
     def drain(self) -> None:
         while True:
@@ -145,9 +155,14 @@ class Inotify:
             at = 0
             while at < len(buf):
                 wd, mask, _cookie, size = struct.unpack_from("iIII", buf, at)
+                name = buf[at + 16:at + 16 + size].split(b"\0", 1)[0].decode(errors="replace")
                 at += 16 + size
                 self.overflow |= bool(mask & IN_Q_OVERFLOW)
-                area = self.by_area.get(self.area.get(wd, ""))
+                where = self.area.get(wd, "")
+                where = next((a for prefix, a in self.split.get(wd, {}).items() if name.startswith(prefix)), where)
+                area = self.by_area.get(where)
+                if area is not None and name:
+                    self.names[where].add(name)
                 for bit, name in WRITE_OPS.items():
                     if mask & bit:
                         self.counts[name] += 1
@@ -158,14 +173,18 @@ class Inotify:
         self.drain()
         self.counts = dict.fromkeys(self.counts, 0)
         self.by_area = {k: dict.fromkeys(v, 0) for k, v in self.by_area.items()}
+        self.names = {k: set() for k in self.names}
 
     def close(self) -> None:
         os.close(self.fd)
 
 
-AREAS = ("heartbeat", "checkpoint", "metrics")
+AREAS = ("heartbeat", "checkpoint", "metrics", "own lines")
 """The folders counted: the heartbeat folder and the rest of the checkpoint folder (the ranks'
-checkpoint markers, ``light/rank-N/``), and the metrics folder (the site's, often the same file system)."""
+checkpoint markers, ``light/rank-N/``), and the metrics folder (the site's, often the same file
+system): its node files (``metrics``) apart from the ranks' own ``metrics-*.jsonl`` (``own lines``:
+every rank's per rank; per node, the loss-reporting rank's, one file per job written every step, and
+what a rank's end leaves)."""
 
 
 def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float, warmup: float,
@@ -188,10 +207,9 @@ def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float
                "OMNI_INCARNATION": "0", "OMNI_HEARTBEAT_INTERVAL": "1", "OMNI_STEP_DELAY_S": "0.5",
                "OMNI_MAX_STEPS": "100000", "OMNI_LIGHT_CKPT_EVERY": str(ckpt_every), "OMNI_COLLECTIVE_TIMEOUT": "60",
                "SLURMD_NODENAME": f"node{r // per_node + 1}",
-               # per node is the ranks' default (/dev/shm); here a folder of the bench's own, or off
-               "OMNI_HEARTBEAT_NODE_DIR": str(shm) if aggregate else "off",
-               # metrics lines through the node too (opt-in: formats.metrics.per_node_setting)
-               "OMNI_METRICS_PER_NODE": "1" if aggregate else "0"}
+               # per node is the ranks' default (/dev/shm), the metrics lines' with it
+               # (formats.metrics.per_node_setting); here a folder of the bench's own, or off
+               "OMNI_HEARTBEAT_NODE_DIR": str(shm) if aggregate else "off"}
         procs.append(subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     watch = Inotify(hb)
@@ -199,7 +217,7 @@ def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float
     watch.add(ckpt / "light", "checkpoint")
     for r in range(world):
         watch.add(ckpt / "light" / f"rank-{r}", "checkpoint")
-    watch.add(metrics, "metrics")
+    watch.add(metrics, "metrics", split={"metrics-": "own lines"})
     scanner = HeartbeatScanner()
     reads = {"listdir": 0, "stat": 0, "open": 0}
     try:
@@ -236,6 +254,7 @@ def fs_ops(work: Path, per_node: int, nodes: int, aggregate: bool, window: float
         per_area[f"{area}_meta_s"] = sum(v for k, v in counts.items() if k != "write") / took
         per_area[f"{area}_data_s"] = counts["write"] / took
     return {"write_ops_s": writes / took, "read_ops_s": sum(reads.values()) / took, **per_area,
+            "node_files": float(len(watch.names["metrics"])),
             **{f"{k}_s": v / took for k, v in watch.by_area["heartbeat"].items()},
             **{f"{k}_s": v / took for k, v in reads.items()}}
 
@@ -301,14 +320,30 @@ def main(argv: list[str] | None = None) -> int:
         metrics_growth = []
         for mode in ("per-rank", "per-node"):
             rows = [ops for m, _, ops in others if m == mode]
-            total = [(o["metrics_meta_s"] + o["metrics_data_s"]) / args.nodes for o in (rows[0], rows[-1])] if rows else []
-            if len(rows) > 1 and total[0] > 0:
-                metrics_growth.append(f"{mode} x{total[1] / total[0]:.2f} ({total[0]:.2f} -> {total[1]:.2f})")
+            if len(rows) < 2:
+                continue
+            ends = (rows[0], rows[-1])
+            total = [sum(o[f"{a}_{k}_s"] for a in AREAS[2:] for k in ("meta", "data")) / args.nodes for o in ends]
+            node = [(o["metrics_meta_s"] + o["metrics_data_s"]) / max(1.0, o["node_files"]) for o in ends]
+            own = [o["own lines_meta_s"] + o["own lines_data_s"] for o in ends]
+            parts = [f"all per node {_times(total)}"]
+            if mode == "per-node":
+                files = f"{ends[0]['node_files']:.0f} -> {ends[1]['node_files']:.0f} node files written"
+                parts = [f"the node files per node that copies {_times(node)} ({files})",
+                         f"the ranks' own files per job {_times(own)} (the loss-reporting rank's, a line a step)",
+                         *parts]
+            metrics_growth.append(f"{mode}: " + ", ".join(parts))
         if metrics_growth:
-            print(f"  growth of the metrics folder's operations per node, {per_node_counts[0]} -> {per_node_counts[-1]} "
-                  f"ranks per node (1: flat; per node, the lines copied by the node's heartbeat leader): "
-                  + "; ".join(metrics_growth))
+            print(f"  growth of the metrics folder's operations, {per_node_counts[0]} -> {per_node_counts[-1]} ranks "
+                  "per node (1: flat; per node, the node's heartbeat leader copies its ranks' lines once per "
+                  "interval): " + "; ".join(metrics_growth))
     return 0
+
+
+def _times(pair: list[float]) -> str:
+    """``x<ratio> (<first> -> <last>)`` of two rates (``x-`` when the first is 0)."""
+    ratio = f"x{pair[1] / pair[0]:.2f}" if pair[0] > 0 else "x-"
+    return f"{ratio} ({pair[0]:.2f} -> {pair[1]:.2f} ops/s)"
 
 
 if __name__ == "__main__":
