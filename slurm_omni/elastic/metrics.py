@@ -23,9 +23,9 @@ to the node-local folder, and the node's heartbeat leader appends the node's new
 the shared file system sees a write per node per interval, not one per rank per step. What no leader
 copied yet when the rank ends goes to its own ``metrics-<stage>-<dp_rank>.jsonl``; without a node
 folder (or with ``OMNI_METRICS_PER_NODE=0``) every line does. The rank that reports the job's loss
-(``direct``: replica 0 of the last stage) writes every line to its own file as well, so that a node
-lost never takes a step of the loss with it: one file per job written every step, whatever the ranks
-per node. Readers merge both (``formats.metrics.read_folder``).
+(``direct``: replica 0 of the last stage) writes every line straight to its own file instead, so
+that a node lost never takes a step of the loss with it: one file per job written every step,
+whatever the ranks per node. Readers merge both (``formats.metrics.read_folder``).
 
 The folder goes through the one ownership check (``slurm_omni.ownership``: ours, nobody else can
 write it; made 0755 when missing so that node_exporter can read it) and is held open: every file is
