@@ -1,6 +1,7 @@
-"""bench/light_rank.py, the scale lane's rank without torch, speaks the runtime's contract: its files
-decode with the package's own schemas, every rank resumes from the newest step all of them hold,
-and its exit codes are the runtime's (0, 75, 78)."""
+"""bench/light_rank.py, the scale lane's rank without torch, and bench/light_rank.c, the same rank in
+C (what the scale bench runs), speak the runtime's contract: their files decode with the package's
+own schemas, every rank resumes from the newest step all of them hold, and their exit codes are the
+runtime's (0, 75, 78). Every contract test runs on both ranks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from bench.light_build import BuildError, build, compiler, rank_argv
 from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import HeartbeatRecord
@@ -24,6 +26,29 @@ from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.supervisor.ports import pick
 
 LIGHT_RANK = Path(__file__).resolve().parents[2] / "bench" / "light_rank.py"
+
+
+def _compiled(dest: Path, **kw: object) -> Path:
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc or $CC): the C light rank is not built here")
+    try:
+        return build(dest, **kw)  # type: ignore[arg-type]
+    except BuildError as e:   # a compiler that finds a warning in our source: a failure, not a skip
+        pytest.fail(str(e))
+
+
+@pytest.fixture(scope="module")
+def c_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bench/light_rank.c compiled as the scale bench compiles it (warnings are errors)."""
+    return _compiled(tmp_path_factory.mktemp("light-c"))
+
+
+@pytest.fixture(params=["python", "c"])
+def rank(request: pytest.FixtureRequest) -> list[str]:
+    """The command of one light rank: the Python reference or the C rank."""
+    if request.param == "python":
+        return [sys.executable, "-S", str(LIGHT_RANK)]
+    return [str(request.getfixturevalue("c_rank"))]
 
 
 def _env(tmp_path: Path, rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
@@ -40,9 +65,9 @@ def _env(tmp_path: Path, rank: int, world: int, port: int, **extra: str) -> dict
     return env
 
 
-def _start(tmp_path: Path, world: int, **extra: str) -> list[subprocess.Popen[bytes]]:
+def _start(tmp_path: Path, world: int, rank: list[str], **extra: str) -> list[subprocess.Popen[bytes]]:
     port, _ = pick(range(41000, 41100))
-    return [subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=_env(tmp_path, r, world, port, **extra),
+    return [subprocess.Popen(rank, env=_env(tmp_path, r, world, port, **extra),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
 
 
@@ -65,8 +90,8 @@ def _first_lines(tmp_path: Path, incarnation: int) -> dict[int, dict[str, object
     return out
 
 
-def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path) -> None:
-    assert _codes(_start(tmp_path, 3, OMNI_MAX_STEPS="12", OMNI_INCARNATION="0")) == [EXIT_DONE] * 3
+def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path, rank: list[str]) -> None:
+    assert _codes(_start(tmp_path, 3, rank, OMNI_MAX_STEPS="12", OMNI_INCARNATION="0")) == [EXIT_DONE] * 3
     beats = read_heartbeats(tmp_path / "hb")
     assert sorted(b.rank for b in beats) == [0, 1, 2]
     assert {(b.phase, b.step, b.exit_code, b.last_checkpoint_step) for b in beats} == {("done", 12, 0, 12)}
@@ -90,7 +115,7 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
     # all hold, and markers older than it go
     (tmp_path / "ckpt" / "light" / "rank-2" / "step-12.json").unlink()
     (tmp_path / "ckpt" / "light" / "rank-0" / "step-5.json").unlink()
-    assert _codes(_start(tmp_path, 3, OMNI_MAX_STEPS="14", OMNI_INCARNATION="1")) == [EXIT_DONE] * 3
+    assert _codes(_start(tmp_path, 3, rank, OMNI_MAX_STEPS="14", OMNI_INCARNATION="1")) == [EXIT_DONE] * 3
     assert sorted(p.name for p in (tmp_path / "ckpt" / "light" / "rank-1").iterdir()) == \
         ["step-10.json", "step-12.json", "step-14.json"]
     first = _first_lines(tmp_path, 1)
@@ -102,8 +127,8 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
         assert 0 < started <= ready <= restored
 
 
-def test_a_stop_signal_saves_and_exits_75(tmp_path: Path) -> None:
-    procs = _start(tmp_path, 2, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.05", OMNI_INCARNATION="3")
+def test_a_stop_signal_saves_and_exits_75(tmp_path: Path, rank: list[str]) -> None:
+    procs = _start(tmp_path, 2, rank, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.05", OMNI_INCARNATION="3")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if (b := _beat(tmp_path, 1)) is not None and b.step >= 2:
@@ -118,10 +143,10 @@ def test_a_stop_signal_saves_and_exits_75(tmp_path: Path) -> None:
         assert (tmp_path / "ckpt" / "light" / f"rank-{b.rank}" / f"step-{b.step}.json").exists()
 
 
-def test_a_blocked_rank_beats_without_stepping_and_a_stop_ends_it_without_saving(tmp_path: Path) -> None:
+def test_a_blocked_rank_beats_without_stepping_and_a_stop_ends_it_without_saving(tmp_path: Path, rank: list[str]) -> None:
     """The scale bench's hang: SIGURG puts a rank in a collective that never returns (it beats, it
     never steps); a stop signal then ends it with exit 1 and no new checkpoint."""
-    procs = _start(tmp_path, 1, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.02", OMNI_LIGHT_CKPT_EVERY="1000")
+    procs = _start(tmp_path, 1, rank, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.02", OMNI_LIGHT_CKPT_EVERY="1000")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if (b := _beat(tmp_path, 0)) is not None and b.step >= 2:
@@ -145,18 +170,18 @@ def test_a_blocked_rank_beats_without_stepping_and_a_stop_ends_it_without_saving
     assert last.last_checkpoint_step is None and not (tmp_path / "ckpt" / "light" / "rank-0").exists()
 
 
-def test_ranks_with_no_step_in_common_exit_78(tmp_path: Path) -> None:
-    assert _codes(_start(tmp_path, 2, OMNI_MAX_STEPS="5")) == [EXIT_DONE] * 2
+def test_ranks_with_no_step_in_common_exit_78(tmp_path: Path, rank: list[str]) -> None:
+    assert _codes(_start(tmp_path, 2, rank, OMNI_MAX_STEPS="5")) == [EXIT_DONE] * 2
     (tmp_path / "ckpt" / "light" / "rank-1" / "step-5.json").rename(tmp_path / "ckpt" / "light" / "rank-1" / "step-4.json")
-    assert _codes(_start(tmp_path, 2, OMNI_MAX_STEPS="10", OMNI_INCARNATION="1")) == [EXIT_BAD_INPUT] * 2
+    assert _codes(_start(tmp_path, 2, rank, OMNI_MAX_STEPS="10", OMNI_INCARNATION="1")) == [EXIT_BAD_INPUT] * 2
     assert {(b.phase, b.exit_code) for b in read_heartbeats(tmp_path / "hb")} == {("failed", EXIT_BAD_INPUT)}
 
 
 @pytest.mark.parametrize("bad", [{"WORLD_SIZE": "two"}, {"OMNI_DP_RANK": "5"}, {"MASTER_PORT": ""},
                                  {"OMNI_METRICS_PER_NODE": "maybe"}])
-def test_input_no_restart_can_fix_exits_78_with_one_line(tmp_path: Path, bad: dict[str, str]) -> None:
+def test_input_no_restart_can_fix_exits_78_with_one_line(tmp_path: Path, bad: dict[str, str], rank: list[str]) -> None:
     env = {**_env(tmp_path, 1, 2, 1), **bad}
-    proc = subprocess.run([sys.executable, "-S", str(LIGHT_RANK)], env=env, capture_output=True, text=True,
+    proc = subprocess.run(rank, env=env, capture_output=True, text=True,
                           timeout=30, check=False)
     assert proc.returncode == EXIT_BAD_INPUT
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("light rank: couldn't")
@@ -165,11 +190,11 @@ def test_input_no_restart_can_fix_exits_78_with_one_line(tmp_path: Path, bad: di
         assert beat is not None and (beat.phase, beat.exit_code) == ("failed", EXIT_BAD_INPUT) and beat.error.startswith("light rank:")
 
 
-def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path) -> None:
+def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path, rank: list[str]) -> None:
     """Per node (the default; OMNI_HEARTBEAT_NODE_DIR names the folder): the 4 ranks of one node beat on the node and one of them copies their
     beats into node-<NODE>.jsonl, which the package's reader decodes; the last beats are each rank's own."""
     shm = tmp_path / "shm"
-    procs = _start(tmp_path, 4, OMNI_MAX_STEPS="150", OMNI_INCARNATION="0", SLURMD_NODENAME="nodeA",
+    procs = _start(tmp_path, 4, rank, OMNI_MAX_STEPS="150", OMNI_INCARNATION="0", SLURMD_NODENAME="nodeA",
                    OMNI_HEARTBEAT_NODE_DIR=str(shm))
     node_file = tmp_path / "hb" / "node-nodeA.jsonl"
     seen: set[int] = set()
@@ -193,7 +218,7 @@ def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("setting", [None, "off"])
-def test_beats_go_per_node_by_default_and_per_rank_when_off(tmp_path: Path, setting: str | None) -> None:
+def test_beats_go_per_node_by_default_and_per_rank_when_off(tmp_path: Path, setting: str | None, rank: list[str]) -> None:
     """Unset, OMNI_HEARTBEAT_NODE_DIR means /dev/shm (the node's ranks publish node-<NODE>.jsonl);
     ``off``: every rank writes its own file and no node file appears."""
     job = f"t{uuid.uuid4().hex[:12]}"   # /dev/shm is the machine's: a job id no other test uses
@@ -204,7 +229,7 @@ def test_beats_go_per_node_by_default_and_per_rank_when_off(tmp_path: Path, sett
         del env["OMNI_HEARTBEAT_NODE_DIR"]
         if setting is not None:
             env["OMNI_HEARTBEAT_NODE_DIR"] = setting
-    procs = [subprocess.Popen([sys.executable, "-S", str(LIGHT_RANK)], env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(rank, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT) for env in envs]
     node_file, local = tmp_path / "hb" / "node-nodeA.jsonl", Path("/dev/shm") / f"omni-beats-{os.geteuid()}-{job}-nodeA"
     seen_local = False
@@ -227,3 +252,39 @@ def test_floats_are_written_as_the_runtime_writes_them(value: float) -> None:
     finally:
         sys.path.remove(str(LIGHT_RANK.parent))
     assert light_rank._encode(value).encode() == msgspec.json.encode(value)
+
+
+FLOAT_HARNESS = r"""
+#define main light_rank_main
+#include "light_rank.c"
+#undef main
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        struct buf b = {0};
+        put_float(&b, strtod(argv[i], NULL), 1);
+        puts(b.p);
+        free(b.p);
+    }
+    return 0;
+}
+"""
+
+
+def test_the_c_rank_writes_floats_as_the_runtime_writes_them(tmp_path: Path) -> None:
+    """The C rank's float writer (a harness around its source) against msgspec, the runtime's."""
+    values = [6.461143493652344e-05, 1.5e-05, -6.4e-05, 1e-05, 1e-06, 2.5e-07, 0.0001, 0.5, 1796217469.8657355,
+              1e16, 1.2345678901234568e17, -1e22, 0.0, 123.0, 1e15, 0.1 + 0.2, 5e-324, 1.7976931348623157e308]
+    harness = tmp_path / "float_harness.c"
+    harness.write_text(FLOAT_HARNESS)
+    binary = _compiled(tmp_path / "out", source=harness, extra=("-I", str(LIGHT_RANK.parent), "-lm"))
+    out = subprocess.run([str(binary), *map(repr, values)], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.split() == [msgspec.json.encode(v).decode() for v in values]
+
+
+def test_without_a_compiler_the_bench_says_so_and_runs_the_python_rank(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    argv, said = rank_argv("c", sys.executable, tmp_path)
+    assert argv == [sys.executable, "-S", str(LIGHT_RANK)]
+    assert "fell back" in said and "couldn't compile" in said and "\n" not in said

@@ -1,0 +1,1780 @@
+/* The scale lane's light rank in C (issue 19): bench/light_rank.py's contract, byte for byte.
+ *
+ *     cc -O2 -Wall -Wextra -Werror -o light_rank bench/light_rank.c    # the scale bench does this
+ *
+ * bench/light_rank.py (and bench/light_relay.py, its node aggregation) is the reference and its
+ * docstring the contract: the same environment, heartbeat files (per rank, or per node through a
+ * node-local folder whose lock holder copies the node's beats), metrics lines (per node when the
+ * beats are), checkpoint markers, rendezvous protocol and agreement, exit codes and signals (SIGUSR1
+ * and SIGTERM save and exit 75; SIGURG: a collective that never returns), and the cgroup join
+ * (OMNI_LIGHT_CGROUP). tests/supervisor/test_light_rank.py holds both ranks to it with the package's
+ * own readers.
+ *
+ * Why C: a Python rank costs ~20 ms of CPU to start and ~0.5 ms per second of steady state; at 512
+ * emulated nodes x 4 ranks on one 2-core host that was 40 CPU s per relaunch and half the machine in
+ * steady state, which starved slurmctld. What Python does implicitly is done here on purpose:
+ * SIGPIPE ignored, environment strings read as Python reads them (UTF-8, undecodable bytes as
+ * surrogates) so that the JSON bytes are those of json/msgspec, floats written as repr() writes
+ * them (and as msgspec does, for the records).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { EXIT_DONE = 0, EXIT_FAILED = 1, EXIT_CHECKPOINTED = 75, EXIT_BAD_INPUT = 78 };
+#define BLOCK_SIGNAL SIGURG
+#define MAX_ERROR_CHARS 400
+#define MAX_BEATS_PER_NODE 256
+
+/* -- bytes ------------------------------------------------------------------------------------ */
+struct buf {
+    char *p;
+    size_t len, cap;
+};
+
+static void buf_add(struct buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            fputs("light rank: out of memory\n", stderr);
+            _exit(EXIT_FAILED);
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+__attribute__((format(printf, 2, 3))) static void buf_fmt(struct buf *b, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof tmp) {
+        char *big = malloc((size_t)n + 1);
+        if (!big)
+            _exit(EXIT_FAILED);
+        va_start(ap, fmt);
+        vsnprintf(big, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+        buf_add(b, big, (size_t)n);
+        free(big);
+    } else if (n > 0) {
+        buf_add(b, tmp, (size_t)n);
+    }
+}
+
+static void buf_reset(struct buf *b) { b->len = 0; if (b->p) b->p[0] = 0; }
+
+static char *join(const char *dir, const char *name)   /* os.path.join of two */
+{
+    struct buf b = {0};
+    if (name[0] == '/' || !dir[0]) {
+        buf_str(&b, name);
+    } else {
+        buf_str(&b, dir);
+        if (dir[strlen(dir) - 1] != '/')
+            buf_str(&b, "/");
+        buf_str(&b, name);
+    }
+    return b.p;
+}
+
+/* One character of a string as Python reads the environment (UTF-8, surrogateescape): its code
+ * point, *i moved past it; an undecodable byte is one character, U+DC80..U+DCFF. */
+static unsigned next_char(const char *s, size_t *i)
+{
+    const unsigned char *u = (const unsigned char *)s + *i;
+    unsigned c = u[0];
+    int n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (n == 1) {
+        *i += 1;
+        return c;
+    }
+    unsigned cp = n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+    for (int k = 1; k < n; k++) {
+        if ((u[k] & 0xc0) != 0x80) {
+            n = 0;
+            break;
+        }
+        cp = cp << 6 | (u[k] & 0x3f);
+    }
+    if (n == 0 || (n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff))
+        || (cp >= 0xd800 && cp <= 0xdfff)) {
+        *i += 1;
+        return 0xdc00 + c;
+    }
+    *i += (size_t)n;
+    return cp;
+}
+
+/* The first `chars` characters of s (a new string). */
+static char *head(const char *s, size_t chars)
+{
+    size_t i = 0;
+    for (size_t k = 0; s[i] && k < chars; k++)
+        next_char(s, &i);
+    return strndup(s, i);
+}
+
+/* -- JSON as json.dumps(separators=(",", ":")) and msgspec write it ------------------------------- */
+static void json_str(struct buf *b, const char *s)   /* _json.encode_basestring_ascii */
+{
+    buf_str(b, "\"");
+    for (size_t i = 0; s[i];) {
+        unsigned c = next_char(s, &i);
+        switch (c) {
+        case '"': buf_str(b, "\\\""); break;
+        case '\\': buf_str(b, "\\\\"); break;
+        case '\n': buf_str(b, "\\n"); break;
+        case '\r': buf_str(b, "\\r"); break;
+        case '\t': buf_str(b, "\\t"); break;
+        case '\b': buf_str(b, "\\b"); break;
+        case '\f': buf_str(b, "\\f"); break;
+        default:
+            if (c >= 0x20 && c < 0x7f) {
+                char ch = (char)c;
+                buf_add(b, &ch, 1);
+            } else if (c > 0xffff) {
+                c -= 0x10000;
+                buf_fmt(b, "\\u%04x\\u%04x", 0xd800 | (c >> 10), 0xdc00 | (c & 0x3ff));
+            } else {
+                buf_fmt(b, "\\u%04x", c);
+            }
+        }
+    }
+    buf_str(b, "\"");
+}
+
+/* The shortest digits that read back as v (> 0, finite), as repr finds them: "d1d2..." and the
+ * decimal exponent of d1. */
+static int shortest(double v, char *digits, int *exp10)
+{
+    char tmp[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, v);
+        if (strtod(tmp, NULL) == v)
+            break;
+    }
+    int n = 0;
+    const char *t = tmp;
+    for (; *t && *t != 'e'; t++)
+        if (*t >= '0' && *t <= '9')
+            digits[n++] = *t;
+    while (n > 1 && digits[n - 1] == '0')
+        n--;
+    digits[n] = 0;
+    *exp10 = atoi(t + 1);
+    return n;
+}
+
+/* repr(v) (msgspec = 0), or as msgspec writes it (msgspec = 1: 1.5e-05 as 0.000015, 1e+16 as 1e16). */
+static void put_float(struct buf *b, double v, int msgspec)
+{
+    if (!isfinite(v)) {   /* never a time or a duration; json would refuse it */
+        buf_str(b, msgspec ? "null" : isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+        return;
+    }
+    if (signbit(v))
+        buf_str(b, "-");
+    v = fabs(v);
+    if (v == 0) {
+        buf_str(b, "0.0");
+        return;
+    }
+    char d[24];
+    int x, n = shortest(v, d, &x);
+    if (x >= (msgspec ? -5 : -4) && x < 16) {
+        if (x >= 0) {
+            if (n <= x + 1) {
+                buf_add(b, d, (size_t)n);
+                for (int k = n; k < x + 1; k++)
+                    buf_str(b, "0");
+                buf_str(b, ".0");
+            } else {
+                buf_add(b, d, (size_t)x + 1);
+                buf_str(b, ".");
+                buf_str(b, d + x + 1);
+            }
+        } else {
+            buf_str(b, "0.");
+            for (int k = 0; k < -x - 1; k++)
+                buf_str(b, "0");
+            buf_str(b, d);
+        }
+        return;
+    }
+    buf_add(b, d, 1);
+    if (n > 1) {
+        buf_str(b, ".");
+        buf_str(b, d + 1);
+    }
+    if (msgspec)
+        buf_fmt(b, "e%d", x);
+    else
+        buf_fmt(b, "e%c%02d", x < 0 ? '-' : '+', abs(x));
+}
+
+/* repr() of a string, as a message quotes a bad value. */
+static void put_repr(struct buf *b, const char *s)
+{
+    char q = strchr(s, '\'') && !strchr(s, '"') ? '"' : '\'';
+    buf_add(b, &q, 1);
+    for (size_t i = 0; s[i];) {
+        size_t at = i;
+        unsigned c = next_char(s, &i);
+        if (c == (unsigned char)q || c == '\\')
+            buf_fmt(b, "\\%c", (char)c);
+        else if (c == '\n')
+            buf_str(b, "\\n");
+        else if (c == '\r')
+            buf_str(b, "\\r");
+        else if (c == '\t')
+            buf_str(b, "\\t");
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && c < 0xa0) || (c >= 0xdc80 && c <= 0xdcff))
+            buf_fmt(b, c <= 0xff ? "\\x%02x" : "\\u%04x", c);
+        else
+            buf_add(b, s + at, i - at);
+    }
+    buf_add(b, &q, 1);
+}
+
+/* -- files -------------------------------------------------------------------------------------- */
+static char oserr[1200];
+/* The failure of the last call, as Python's OSError says it. */
+static int os_fail(const char *what)
+{
+    int e = errno;
+    snprintf(oserr, sizeof oserr, "[Errno %d] %s: '%s'", e, strerror(e), what);
+    errno = e;
+    return -1;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)   /* a signal ends it early: the callers loop on the clock */
+{
+    if (s <= 0)
+        return;
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+static int write_all(int fd, const char *data, size_t len)
+{
+    while (len) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        data += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Like slurm_omni.fsio.write_atomic: a temporary name in the same folder (dir_fd: an open one, or
+ * AT_FDCWD), then a rename. */
+static int write_atomic(int dir_fd, const char *path, const char *data, size_t len, int durable)
+{
+    const char *slash = strrchr(path, '/');
+    struct buf tmp = {0};
+    if (slash)
+        buf_add(&tmp, path, (size_t)(slash - path) + 1);
+    buf_fmt(&tmp, ".%s.%d.partial", slash ? slash + 1 : path, (int)getpid());
+    int rv = -1;
+    int fd = openat(dir_fd, tmp.p, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        os_fail(tmp.p);
+        goto out;
+    }
+    if (write_all(fd, data, len) < 0 || (durable && fsync(fd) < 0)) {
+        os_fail(tmp.p);
+        close(fd);
+        goto out;
+    }
+    close(fd);
+    if (renameat(dir_fd, tmp.p, dir_fd, path) < 0) {
+        os_fail(path);
+        goto out;
+    }
+    rv = 0;
+out:
+    free(tmp.p);
+    return rv;
+}
+
+static int makedirs(const char *path, mode_t mode)   /* os.makedirs(path, mode, exist_ok=True) */
+{
+    char *p = strdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0777) < 0 && errno != EEXIST) {
+            os_fail(p);
+            free(p);
+            return -1;
+        }
+        *s = '/';
+    }
+    struct stat st;
+    if (mkdir(p, mode) < 0 && (errno != EEXIST || stat(p, &st) < 0 || !S_ISDIR(st.st_mode))) {
+        if (errno == EEXIST)
+            errno = EEXIST;
+        os_fail(p);
+        free(p);
+        return -1;
+    }
+    free(p);
+    return 0;
+}
+
+static int is_digits(const char *s, size_t n)
+{
+    if (!n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+static int starts(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
+static int ends(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* light_relay._safe: a name for a file, [A-Za-z0-9_.-] kept, every other character '_'. */
+static char *safe(const char *text, size_t limit)
+{
+    struct buf b = {0};
+    buf_str(&b, "");
+    size_t i = 0;
+    for (size_t k = 0; text[i] && k < limit; k++) {
+        size_t at = i;
+        unsigned c = next_char(text, &i);
+        char ch = (c < 0x80 && (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || (c >= '0' && c <= '9') || strchr("_.-", (int)c)))
+                      ? text[at] : '_';
+        buf_add(&b, &ch, 1);
+    }
+    return b.p;
+}
+
+/* -- the node's aggregation (bench/light_relay.py) ------------------------------------------------ */
+struct relay {
+    int fd;
+    char *path, *node, *shared;
+    char name[48];
+    double interval;
+    int lock_fd, leader;
+    double next_publish, published_at;
+    int lines_fd, metrics_fd, out_fd;
+    char lines_name[96];
+    double lines_due;
+};
+
+struct copied {
+    char name[128];
+    unsigned long long ino, offset;
+};
+
+static int dir_entries(int dir_fd, char ***names)   /* os.scandir of an open folder */
+{
+    int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return os_fail(".");
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return os_fail(".");
+    }
+    int n = 0, cap = 16;
+    char **out = malloc(sizeof *out * (size_t)cap);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (n == cap)
+            out = realloc(out, sizeof *out * (size_t)(cap *= 2));
+        out[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    *names = out;
+    return n;
+}
+
+static void free_names(char **names, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+static long pid_of(const char *name)   /* lines-<RANK>-<PID>-<N>.jsonl: PID; -1 otherwise */
+{
+    if (!starts(name, "lines-") || !ends(name, ".jsonl"))
+        return -1;
+    const char *s = name + 6, *end = name + strlen(name) - 6;
+    const char *a = memchr(s, '-', (size_t)(end - s));
+    if (!a || !is_digits(s, (size_t)(a - s)))
+        return -1;
+    const char *b = memchr(a + 1, '-', (size_t)(end - a - 1));
+    if (!b || !is_digits(a + 1, (size_t)(b - a - 1)) || !is_digits(b + 1, (size_t)(end - b - 1)))
+        return -1;
+    return strtol(a + 1, NULL, 10);
+}
+
+static int open_file(int dir_fd, const char *name, int flags, mode_t mode)   /* light_relay._open_file */
+{
+    int fd = openat(dir_fd, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode);
+    if (fd < 0)
+        return os_fail(name);
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_uid != geteuid() || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(oserr, sizeof oserr, "%s is not a regular file of uid %u", name, (unsigned)geteuid());
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+static int read_copied(int dir_fd, struct copied **out)
+{
+    *out = NULL;
+    int fd = openat(dir_fd, "lines-copied", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    size_t cap = 1 << 20;
+    char *raw = malloc(cap + 1);
+    ssize_t got = read(fd, raw, cap);
+    close(fd);
+    if (got < 0)
+        got = 0;
+    raw[got] = 0;
+    int n = 0, size = 0;
+    for (char *line = raw, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = 0;
+        char *f[3] = {line, "", ""};
+        char *sp = strchr(line, ' ');
+        if (sp) {
+            *sp = 0;
+            f[1] = sp + 1;
+            if ((sp = strchr(f[1], ' '))) {
+                *sp = 0;
+                f[2] = sp + 1;
+                if ((sp = strchr(f[2], ' ')))
+                    *sp = 0;
+            }
+        }
+        if (pid_of(f[0]) < 0 || !is_digits(f[1], strlen(f[1])) || !is_digits(f[2], strlen(f[2])) || strlen(f[0]) >= 128)
+            continue;
+        if (n == size)
+            *out = realloc(*out, sizeof **out * (size_t)(size = size ? 2 * size : 16));
+        struct copied *c = &(*out)[n++];
+        snprintf(c->name, sizeof c->name, "%s", f[0]);
+        c->ino = strtoull(f[1], NULL, 10);
+        c->offset = strtoull(f[2], NULL, 10);
+    }
+    free(raw);
+    return n;
+}
+
+static struct copied *find_copied(struct copied *c, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(c[i].name, name))
+            return &c[i];
+    return NULL;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const struct copied *)a)->name, ((const struct copied *)b)->name);
+}
+
+
+static struct relay *relay_open(const char *base, const char *job_id, const char *node, long long rank,
+                                const char *shared, double interval)
+{
+    if (!base[0] || !node[0])
+        return NULL;
+    char *j = safe(job_id, 64), *s = safe(node, 64);
+    struct buf name = {0};
+    buf_fmt(&name, "omni-beats-%u-%s-%s", (unsigned)geteuid(), j, s);
+    free(j);
+    free(s);
+    char *path = join(base, name.p);
+    free(name.p);
+    int fd = -1;
+    struct stat st;
+    if ((mkdir(path, 0700) < 0 && errno != EEXIST) ||
+        (fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(fd, &st) < 0) {
+        os_fail(path);
+        if (fd >= 0)
+            close(fd);
+        fprintf(stderr, "light rank: couldn't aggregate on the node (%s); writing its own file\n", oserr);
+        free(path);
+        return NULL;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+        close(fd);
+        fprintf(stderr, "light rank: couldn't aggregate on the node (%s is not ours and 0700 (uid %u, mode %o)); "
+                "writing its own file\n", path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777));
+        free(path);
+        return NULL;
+    }
+    struct relay *r = calloc(1, sizeof *r);
+    r->fd = fd;
+    r->path = path;
+    r->node = strdup(node);
+    r->shared = strdup(shared);
+    snprintf(r->name, sizeof r->name, "rank-%lld.json", rank);
+    r->interval = interval;
+    r->lock_fd = r->lines_fd = r->metrics_fd = r->out_fd = -1;
+    return r;
+}
+
+static int relay_copy_lines(struct relay *r)
+{
+    struct copied *copied, *done = NULL;
+    int ncopied = read_copied(r->fd, &copied), ndone = 0;
+    char **names;
+    int n = dir_entries(r->fd, &names);
+    if (n < 0) {
+        free(copied);
+        return -1;
+    }
+    struct buf out = {0};
+    char **finished = calloc((size_t)n + 1, sizeof *finished);
+    int nfinished = 0, rv = -1;
+    done = calloc((size_t)n + 1, sizeof *done);
+    for (int i = 0; i < n; i++) {
+        long pid = pid_of(names[i]);
+        if (pid < 0 || strlen(names[i]) >= sizeof done->name)
+            continue;
+        int src = open_file(r->fd, names[i], O_RDONLY, 0600);
+        if (src < 0)
+            continue;
+        struct stat st;
+        if (fstat(src, &st) < 0) {
+            os_fail(names[i]);
+            close(src);
+            goto out;
+        }
+        unsigned long long size = (unsigned long long)st.st_size, start = 0, len = 0;
+        struct copied *c = find_copied(copied, ncopied, names[i]);
+        if (c && c->ino == (unsigned long long)st.st_ino && c->offset <= size)
+            start = c->offset;
+        if (size > start) {
+            size_t want = size - start < (4u << 20) ? (size_t)(size - start) : (4u << 20);
+            char *data = malloc(want);
+            ssize_t got = pread(src, data, want, (off_t)start);
+            if (got < 0) {
+                os_fail(names[i]);
+                free(data);
+                close(src);
+                goto out;
+            }
+            for (ssize_t k = got; k > 0; k--)
+                if (data[k - 1] == '\n') {
+                    len = (unsigned long long)k;
+                    break;
+                }
+            buf_add(&out, data, (size_t)len);
+            free(data);
+        }
+        close(src);
+        struct copied *d = &done[ndone++];
+        snprintf(d->name, sizeof d->name, "%s", names[i]);
+        d->ino = (unsigned long long)st.st_ino;
+        d->offset = start + len;
+        if (start + len == size && pid != getpid() && now_s() - (double)st.st_mtim.tv_sec > 60 &&
+            kill((pid_t)pid, 0) < 0)   /* ESRCH or EPERM: not a rank of ours */
+            finished[nfinished++] = names[i];
+    }
+    if (out.len) {
+        if (r->out_fd < 0) {
+            char *s = safe(r->node, 200);
+            struct buf name = {0};
+            buf_fmt(&name, "node-%s.jsonl", s);
+            free(s);
+            r->out_fd = open_file(r->metrics_fd, name.p, O_RDWR | O_APPEND | O_CREAT, 0644);
+            free(name.p);
+            if (r->out_fd < 0)
+                goto out;
+        }
+        struct stat st;
+        char last = '\n';
+        if (fstat(r->out_fd, &st) < 0 || (st.st_size && pread(r->out_fd, &last, 1, st.st_size - 1) < 0)) {
+            os_fail("node file");
+            goto out;
+        }
+        if (last != '\n' && write_all(r->out_fd, "\n", 1) < 0)   /* a leader killed inside its write left a torn line */
+            goto fail_write;
+        if (write_all(r->out_fd, out.p, out.len) < 0)
+            goto fail_write;
+    }
+    int same = ndone == ncopied;
+    for (int i = 0; same && i < ndone; i++) {
+        struct copied *c = find_copied(copied, ncopied, done[i].name);
+        same = c && c->ino == done[i].ino && c->offset == done[i].offset;
+    }
+    if (out.len || !same) {
+        qsort(done, (size_t)ndone, sizeof *done, by_name);
+        struct buf list = {0};
+        buf_str(&list, "");
+        for (int i = 0; i < ndone; i++)
+            buf_fmt(&list, "%s %llu %llu\n", done[i].name, done[i].ino, done[i].offset);
+        int w = write_atomic(r->fd, "lines-copied", list.p, list.len, 0);
+        free(list.p);
+        if (w < 0)
+            goto out;
+    }
+    for (int i = 0; i < nfinished; i++)
+        unlinkat(r->fd, finished[i], 0);
+    rv = 0;
+    goto out;
+fail_write:
+    os_fail("node file");
+out:
+    free(out.p);
+    free(finished);
+    free(done);
+    free(copied);
+    free_names(names, n);
+    return rv;
+}
+
+static int relay_publish(struct relay *r, double now)
+{
+    char **names;
+    int n = dir_entries(r->fd, &names);
+    if (n < 0)
+        return -1;
+    struct found {
+        unsigned long long life;
+        char *raw;
+        size_t len;
+    } *found = calloc((size_t)n + 1, sizeof *found);
+    int nfound = 0, rv = -1;
+    unsigned long long newest = 0;
+    for (int i = 0; i < n; i++) {
+        if (!starts(names[i], "rank-") || !ends(names[i], ".json"))
+            continue;
+        int fd = openat(r->fd, names[i], O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0)
+            continue;   /* replaced or removed meanwhile */
+        char *raw = malloc(4098);
+        ssize_t got = read(fd, raw, 4097);
+        close(fd);
+        if (got < 0) {
+            os_fail(names[i]);
+            free(raw);
+            goto out;
+        }
+        size_t a = 0, z = (size_t)got;
+        while (a < z && strchr(" \t\n\r\v\f", raw[a]))
+            a++;
+        while (z > a && strchr(" \t\n\r\v\f", raw[z - 1]))
+            z--;
+        raw[z] = 0;
+        char *at = memmem(raw + a, z - a, "\"incarnation\":", 14);
+        size_t dn = 0;
+        if (at) {
+            char *d = at + 14;
+            size_t room = (size_t)(raw + z - d) < 20 ? (size_t)(raw + z - d) : 20;
+            while (dn < room && d[dn] != ',')
+                dn++;
+        }
+        if (z - a <= 4096 && z > a && raw[a] == '{' && raw[z - 1] == '}' && !memchr(raw + a, '\n', z - a) && at &&
+            is_digits(at + 14, dn)) {
+            unsigned long long life = strtoull(at + 14, NULL, 10);
+            memmove(raw, raw + a, z - a);
+            found[nfound++] = (struct found){life, raw, z - a};
+            if (life > newest)
+                newest = life;
+        } else {
+            free(raw);
+        }
+    }
+    struct buf data = {0};
+    int beats = 0;
+    for (int i = 0; i < nfound && beats < MAX_BEATS_PER_NODE; i++) {
+        if (found[i].life != newest)
+            continue;
+        if (!beats++) {
+            buf_str(&data, "{\"node\":");
+            json_str(&data, r->node);
+            buf_str(&data, ",\"time\":");
+            put_float(&data, now, 0);
+            buf_str(&data, "}\n");
+        }
+        buf_add(&data, found[i].raw, found[i].len);
+        buf_str(&data, "\n");
+    }
+    if (beats) {
+        char *s = safe(r->node, 200);
+        struct buf name = {0};
+        buf_fmt(&name, "node-%s.jsonl", s);
+        char *path = join(r->shared, name.p);
+        int w = write_atomic(AT_FDCWD, path, data.p, data.len, 0);
+        free(s);
+        free(name.p);
+        free(path);
+        free(data.p);
+        if (w < 0)
+            goto out;
+    }
+    struct buf stamp = {0};
+    put_float(&stamp, now, 0);
+    int w = write_atomic(r->fd, "published", stamp.p, stamp.len, 0);
+    free(stamp.p);
+    if (w < 0)
+        goto out;
+    r->published_at = now_s();
+    if (r->metrics_fd >= 0 && now >= r->lines_due) {   /* once per interval: every other pass */
+        r->lines_due = now + 0.75 * r->interval;
+        if (relay_copy_lines(r) < 0)   /* the beats are published; the lines wait for the next pass */
+            fprintf(stderr, "light rank: couldn't copy the node's metrics lines: %s\n", oserr);
+    }
+    rv = 0;
+out:
+    for (int i = 0; i < nfound; i++)
+        free(found[i].raw);
+    free(found);
+    free_names(names, n);
+    return rv;
+}
+
+/* As the leader (the holder of the folder's lock), the node's beats twice per interval; -1: the
+ * lock could not be opened. */
+static int relay_lead(struct relay *r, double now)
+{
+    if (!r->leader) {
+        if (r->lock_fd < 0) {
+            r->lock_fd = openat(r->fd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+            if (r->lock_fd < 0)
+                return os_fail("lock");
+        }
+        if (flock(r->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+            if (errno == EWOULDBLOCK)
+                return 0;
+            return os_fail("lock");
+        }
+        r->leader = 1;
+    }
+    if (now < r->next_publish)
+        return 0;
+    r->next_publish = now + r->interval / 2;
+    if (relay_publish(r, now) < 0)
+        fprintf(stderr, "light rank: couldn't publish the node's beats: %s\n", oserr);
+    return 0;
+}
+
+static void relay_remove_if_last(struct relay *r)   /* the node's last rank leaves no folder */
+{
+    char **names;
+    int n = dir_entries(r->fd, &names);
+    if (n < 0)
+        return;
+    int busy = 0;
+    for (int i = 0; i < n; i++)
+        busy |= (starts(names[i], "rank-") || starts(names[i], "lines-")) && strcmp(names[i], "lines-copied");
+    free_names(names, n);
+    if (busy)
+        return;
+    const char *left[] = {"published", "lock", "lines-copied"};
+    for (int i = 0; i < 3; i++)
+        if (unlinkat(r->fd, left[i], 0) < 0 && errno != ENOENT)
+            return;
+    rmdir(r->path);
+}
+
+/* This rank's beat on the node (the last one: removed, the lead handed over); *published: when a
+ * leader last published (0: never). */
+static int relay_beat(struct relay *r, const char *data, size_t len, double now, int last, double *published)
+{
+    *published = 0;
+    if (last) {
+        if (unlinkat(r->fd, r->name, 0) < 0 && errno != ENOENT)
+            return os_fail(r->name);
+        if (r->leader) {
+            r->next_publish = r->lines_due = 0;   /* the last pass copies every line there is */
+            relay_lead(r, now);
+            close(r->lock_fd);
+            r->lock_fd = -1;
+            r->leader = 0;
+        }
+        relay_remove_if_last(r);
+        return 0;
+    }
+    if (write_atomic(r->fd, r->name, data, len, 0) < 0)
+        return -1;
+    r->next_publish = 0;
+    if (relay_lead(r, now) < 0)
+        return -1;
+    if (r->leader && r->published_at >= now) {
+        *published = r->published_at;
+        return 0;
+    }
+    struct stat st;
+    if (fstatat(r->fd, "published", &st, AT_SYMLINK_NOFOLLOW) == 0)
+        *published = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+    else if (errno != ENOENT)
+        return os_fail("published");
+    return 0;
+}
+
+static int relay_open_lines(struct relay *r, const char *metrics_dir, long long rank)
+{
+    snprintf(r->lines_name, sizeof r->lines_name, "lines-%lld-%d-0.jsonl", rank, (int)getpid());
+    r->metrics_fd = open(metrics_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (r->metrics_fd < 0)
+        os_fail(metrics_dir);
+    else
+        r->lines_fd = open_file(r->fd, r->lines_name, O_WRONLY | O_APPEND | O_CREAT, 0600);
+    if (r->metrics_fd < 0 || r->lines_fd < 0) {
+        fprintf(stderr, "light rank: couldn't write metrics on the node (%s); appending its own file\n", oserr);
+        return 0;
+    }
+    return 1;
+}
+
+/* This rank ends: what no leader copied of its lines to its own file, its file on the node removed. */
+static void relay_close_lines(struct relay *r, int own_fd)
+{
+    if (r->lines_fd < 0)
+        return;
+    struct copied *copied;
+    int ncopied = read_copied(r->fd, &copied), src = -1;
+    struct stat st;
+    char *rest = NULL;
+    if (fstat(r->lines_fd, &st) < 0) {
+        os_fail(r->lines_name);
+        goto fail;
+    }
+    unsigned long long size = (unsigned long long)st.st_size, start = 0;
+    struct copied *c = find_copied(copied, ncopied, r->lines_name);
+    if (c && c->ino == (unsigned long long)st.st_ino && c->offset <= size)
+        start = c->offset;
+    if ((src = open_file(r->fd, r->lines_name, O_RDONLY, 0600)) < 0)
+        goto fail;
+    size_t len = size > start ? (size_t)(size - start) : 0;
+    rest = malloc(len + 1);
+    ssize_t got = len ? pread(src, rest, len, (off_t)start) : 0;
+    if (got < 0) {
+        os_fail(r->lines_name);
+        goto fail;
+    }
+    while (got > 0 && rest[got - 1] != '\n')
+        got--;
+    if (got > 0 && write_all(own_fd, rest, (size_t)got) < 0) {
+        os_fail("metrics file");
+        goto fail;
+    }
+    if (unlinkat(r->fd, r->lines_name, 0) < 0) {
+        os_fail(r->lines_name);
+        goto fail;
+    }
+    goto done;
+fail:   /* its lines stay on the node for the next leader */
+    fprintf(stderr, "light rank: couldn't finish its metrics lines on the node: %s\n", oserr);
+done:
+    if (src >= 0)
+        close(src);
+    free(rest);
+    free(copied);
+    close(r->lines_fd);
+    r->lines_fd = -1;
+    if (r->out_fd >= 0)
+        close(r->out_fd);
+    if (r->metrics_fd >= 0)
+        close(r->metrics_fd);
+    r->out_fd = r->metrics_fd = -1;
+    relay_remove_if_last(r);
+}
+
+/* -- the rank ----------------------------------------------------------------------------------- */
+static struct {
+    long long rank, world, dp, stage, dp_rank, incarnation, max_steps, every, port;
+    double interval, step_delay, started_at, next_beat, start_at, direct_at;
+    const char *master, *node;
+    char *job_id, *stage_name, *ckpt_dir, *hb_dir, *metrics_dir, *mine, *hb_path, *metrics_path;
+    struct relay *relay;
+    int node_failed, metrics_fd, node_lines, finishing;
+    /* the heartbeat (formats/heartbeat.HeartbeatRecord, its keys in order) */
+    long long step, beats, last_ckpt;
+    int has_step_time, has_last_ckpt, has_exit, exit_code;
+    double time, step_time;
+    const char *phase;
+    char *error;
+} R;
+
+static volatile sig_atomic_t stop_signal, blocked;
+
+static void on_signal(int sig) { stop_signal = sig; }
+static void on_block(int sig) { (void)sig; blocked = 1; }
+
+static int finish(int code, const char *phase, const char *error);
+
+/* An error no restart can fix (exit 78) or a crash (exit 1): said on one line and in the last beat. */
+__attribute__((noreturn)) static void fail(int code, const char *msg)
+{
+    if (code == EXIT_BAD_INPUT)
+        fprintf(stderr, "%s\n", msg);
+    else
+        fprintf(stderr, "light rank %lld: %s\n", R.rank, msg);
+    if (R.finishing)
+        _exit(EXIT_FAILED);
+    exit(finish(code, "failed", msg));
+}
+
+__attribute__((noreturn)) static void crash_os(void)
+{
+    char msg[1300];
+    snprintf(msg, sizeof msg, "OSError: %s", oserr);
+    fail(EXIT_FAILED, msg);
+}
+
+static const char *env_get(const char *name) { return getenv(name); }
+
+static const char *env_or(const char *name, const char *dflt)   /* env.get(name) or dflt */
+{
+    const char *v = getenv(name);
+    return v && v[0] ? v : dflt;
+}
+
+static char bad_env[600];
+
+static int strip(const char *raw, const char **a, size_t *n)
+{
+    const char *s = raw, *e = raw + strlen(raw);
+    while (s < e && strchr(" \t\n\r\v\f", *s))
+        s++;
+    while (e > s && strchr(" \t\n\r\v\f", e[-1]))
+        e--;
+    *a = s;
+    *n = (size_t)(e - s);
+    return *n > 0;
+}
+
+static void bad_value(const char *name, const char *raw, const char *kind)
+{
+    struct buf b = {0};
+    char *h = head(raw, 80);
+    buf_fmt(&b, "light rank: couldn't read %s: ", name);
+    put_repr(&b, h);
+    buf_fmt(&b, " is not %s", kind);
+    snprintf(bad_env, sizeof bad_env, "%s", b.p);
+    free(h);
+    free(b.p);
+}
+
+/* _int: the variable as Python's int() reads it, dflt when unset or empty; 0 and bad_env set when bad. */
+static int env_int(const char *name, long long dflt, long long *out)
+{
+    const char *raw = env_or(name, "");
+    if (!raw[0]) {
+        *out = dflt;
+        return 1;
+    }
+    const char *s;
+    size_t n;
+    char digits[64];
+    size_t k = 0;
+    if (strip(raw, &s, &n)) {
+        size_t i = 0;
+        if (s[0] == '+' || s[0] == '-')
+            digits[k++] = s[i++];
+        for (; i < n && k < sizeof digits - 1; i++) {
+            if (s[i] == '_' && i > 0 && s[i - 1] >= '0' && s[i - 1] <= '9' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9')
+                continue;
+            digits[k++] = s[i];
+        }
+        digits[k] = 0;
+        char *end;
+        errno = 0;
+        long long v = strtoll(digits, &end, 10);
+        if (i == n && k && *end == 0 && end != digits && digits[k - 1] >= '0' && digits[k - 1] <= '9' && !errno) {
+            *out = v;
+            return 1;
+        }
+    }
+    bad_value(name, raw, "an integer");
+    return 0;
+}
+
+static int env_float(const char *name, double dflt, double *out)
+{
+    const char *raw = env_or(name, "");
+    if (!raw[0]) {
+        *out = dflt;
+        return 1;
+    }
+    const char *s;
+    size_t n;
+    if (strip(raw, &s, &n) && n < 64 && !memchr(s, 'x', n) && !memchr(s, 'X', n)) {
+        char text[64], *end;
+        memcpy(text, s, n);
+        text[n] = 0;
+        double v = strtod(text, &end);
+        if (*end == 0 && end != text) {
+            *out = v;
+            return 1;
+        }
+    }
+    bad_value(name, raw, "a number");
+    return 0;
+}
+
+static long long floordiv(long long a, long long b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+/* The rank from its environment (elastic/layout.py's names); 0 and bad_env set when a number is bad. */
+static int setup(void)
+{
+    long long procid, v;
+    if (!env_int("SLURM_PROCID", 0, &procid) || !env_int("RANK", procid, &R.rank) || !env_int("WORLD_SIZE", 1, &R.world))
+        return 0;
+    char *stages_raw = strdup(env_or("OMNI_STAGES", "")), *save = NULL;
+    char *stages[256];
+    int nstages = 0;
+    for (char *t = strtok_r(stages_raw, ",", &save); t && nstages < 256; t = strtok_r(NULL, ",", &save))
+        stages[nstages++] = t;
+    if (!nstages)
+        stages[nstages++] = "main";
+    int colocated = nstages == 1;
+    if (!env_int("OMNI_DP_SIZE", colocated ? R.world : floordiv(R.world, nstages), &R.dp))
+        return 0;
+    long long dp1 = R.dp > 1 ? R.dp : 1;
+    R.stage = 0;
+    if (!colocated && !env_int("OMNI_STAGE", floordiv(R.rank, dp1), &R.stage))
+        return 0;
+    if (!env_int("OMNI_DP_RANK", R.rank - floordiv(R.rank, dp1) * dp1, &R.dp_rank))
+        return 0;
+    R.stage_name = strdup(colocated ? stages[0] : R.stage < nstages && R.stage >= -nstages
+                                                      ? stages[R.stage < 0 ? R.stage + nstages : R.stage] : "?");
+    free(stages_raw);
+    if (!env_int("SLURM_RESTART_COUNT", 0, &v) || !env_int("OMNI_INCARNATION", v, &R.incarnation))
+        return 0;
+    R.job_id = head(env_or("OMNI_JOB_ID", env_or("SLURM_JOB_ID", "local")), 63);
+    const char *run_dir = env_or("OMNI_RUN_DIR", "omni-run");
+    R.ckpt_dir = env_get("OMNI_CKPT_DIR") && env_get("OMNI_CKPT_DIR")[0] ? strdup(env_get("OMNI_CKPT_DIR")) : join(run_dir, "ckpt");
+    R.hb_dir = env_get("OMNI_HEARTBEAT_DIR") && env_get("OMNI_HEARTBEAT_DIR")[0] ? strdup(env_get("OMNI_HEARTBEAT_DIR"))
+                                                                                : join(run_dir, "heartbeat");
+    R.metrics_dir = env_get("OMNI_METRICS_DIR") && env_get("OMNI_METRICS_DIR")[0] ? strdup(env_get("OMNI_METRICS_DIR"))
+                                                                                 : join(run_dir, "metrics");
+    if (!env_float("OMNI_HEARTBEAT_INTERVAL", 2.0, &R.interval) || !env_float("OMNI_STEP_DELAY_S", 0.1, &R.step_delay) ||
+        !env_int("OMNI_MAX_STEPS", 100, &R.max_steps) || !env_int("OMNI_LIGHT_CKPT_EVERY", 5, &R.every))
+        return 0;
+    R.master = env_get("MASTER_ADDR") ? env_get("MASTER_ADDR") : "";
+    if (!env_int("MASTER_PORT", 0, &R.port))
+        return 0;
+    R.node = env_get("SLURMD_NODENAME") ? env_get("SLURMD_NODENAME") : "";
+    struct buf b = {0};
+    buf_fmt(&b, "light/rank-%lld", R.rank);
+    R.mine = join(R.ckpt_dir, b.p);
+    buf_reset(&b);
+    buf_fmt(&b, "rank-%lld.json", R.rank);
+    R.hb_path = join(R.hb_dir, b.p);
+    free(b.p);
+    R.step = -1;
+    R.phase = "starting";
+    R.error = strdup("");
+    R.metrics_fd = -1;
+    /* node_dir_setting: /dev/shm when unset; "", off, none, 0: a file per rank */
+    const char *raw = env_get("OMNI_HEARTBEAT_NODE_DIR");
+    struct stat st;
+    const char *node_dir = raw ? raw : stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "";
+    if (raw) {
+        const char *s;
+        size_t n;
+        strip(raw, &s, &n);
+        const char *off[] = {"off", "none", "0"};
+        int is_off = n == 0;
+        for (int i = 0; i < 3 && !is_off; i++)
+            is_off = n == strlen(off[i]) && strncasecmp(s, off[i], n) == 0;
+        if (is_off)
+            node_dir = "";
+    }
+    if (node_dir[0] && R.node[0])
+        R.relay = relay_open(node_dir, R.job_id, R.node, R.rank, R.hb_dir, R.interval);
+    return 1;
+}
+
+static void encode_beat(struct buf *b)
+{
+    buf_reset(b);
+    buf_fmt(b, "{\"rank\":%lld,\"stage\":%lld,\"dp_rank\":%lld,\"pid\":%d,\"incarnation\":%lld,\"job_id\":", R.rank,
+            R.stage, R.dp_rank, (int)getpid(), R.incarnation);
+    json_str(b, R.job_id);
+    buf_fmt(b, ",\"step\":%lld,\"phase\":", R.step);
+    json_str(b, R.phase);
+    buf_str(b, ",\"time\":");
+    put_float(b, R.time, 1);
+    buf_str(b, ",\"step_time_s\":");
+    if (R.has_step_time)
+        put_float(b, R.step_time, 1);
+    else
+        buf_str(b, "null");
+    if (R.has_last_ckpt)
+        buf_fmt(b, ",\"last_checkpoint_step\":%lld", R.last_ckpt);
+    else
+        buf_str(b, ",\"last_checkpoint_step\":null");
+    buf_fmt(b, ",\"beats\":%lld,\"node\":", R.beats);
+    json_str(b, R.node);
+    buf_str(b, ",\"compute_s\":null,\"data_s\":null,\"cpu_wait_s\":null,\"metrics\":{},\"error\":");
+    json_str(b, R.error);
+    if (R.has_exit)
+        buf_fmt(b, ",\"exit_code\":%d}\n", R.exit_code);
+    else
+        buf_str(b, ",\"exit_code\":null}\n");
+}
+
+static void beat(int force, int last)
+{
+    static struct buf data;
+    double now = now_s();
+    if (!force && now < R.next_beat) {
+        if (R.relay && relay_lead(R.relay, now) < 0)   /* the leader publishes twice per interval */
+            crash_os();
+        return;
+    }
+    R.next_beat = now + R.interval;
+    R.beats++;
+    R.time = now;
+    encode_beat(&data);
+    int direct = !R.relay || last;
+    if (R.relay) {
+        double published;
+        if (relay_beat(R.relay, data.p, data.len, now, last, &published) < 0) {
+            if (!R.node_failed)   /* once, not every interval */
+                fprintf(stderr, "light rank: couldn't beat on the node: %s\n", oserr);
+            R.node_failed = 1;
+            published = 0;
+        }
+        direct = direct || now - published > 1.5 * R.interval;
+        if (R.direct_at && published > R.direct_at && !last) {
+            R.direct_at = 0;
+            unlink(R.hb_path);   /* the node's copy carries this beat or a newer one */
+        }
+    }
+    if (!direct)
+        return;
+    if (write_atomic(AT_FDCWD, R.hb_path, data.p, data.len, 0) < 0)   /* a flaky disk: the beat goes stale */
+        fprintf(stderr, "light rank: couldn't write %s: %s\n", R.hb_path, oserr);
+    else
+        R.direct_at = now;
+}
+
+struct first {
+    int set;
+    double task_started_at, groups_ready_at, restored_at;
+    long long restored_step;
+};
+
+static void log_metrics(long long step, double step_time, const struct first *first)
+{
+    static struct buf line;
+    if (R.metrics_fd < 0) {
+        if (makedirs(R.metrics_dir, 0777) < 0)
+            crash_os();
+        struct buf name = {0};
+        buf_fmt(&name, "metrics-%s-%lld.jsonl", R.stage_name, R.dp_rank);
+        R.metrics_path = join(R.metrics_dir, name.p);
+        R.metrics_fd = open(R.metrics_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+        if (R.metrics_fd < 0)
+            crash_os();
+        R.node_lines = R.relay && relay_open_lines(R.relay, R.metrics_dir, R.rank);
+        free(name.p);
+    }
+    buf_reset(&line);
+    buf_str(&line, "{\"time\":");
+    put_float(&line, now_s(), 1);
+    buf_fmt(&line, ",\"rank\":%lld,\"stage\":%lld,\"dp_rank\":%lld,\"incarnation\":%lld,\"step\":%lld,"
+            "\"step_time_seconds\":", R.rank, R.stage, R.dp_rank, R.incarnation, step);
+    put_float(&line, step_time, 1);
+    buf_fmt(&line, ",\"data_parallel_size\":%lld", R.dp);
+    if (first->set) {
+        buf_str(&line, ",\"task_started_at\":");
+        put_float(&line, first->task_started_at, 1);
+        buf_str(&line, ",\"groups_ready_at\":");
+        put_float(&line, first->groups_ready_at, 1);
+        buf_str(&line, ",\"restored_at\":");
+        put_float(&line, first->restored_at, 1);
+        buf_fmt(&line, ",\"restored_step\":%lld", first->restored_step);
+    }
+    if (R.node_lines) {   /* per node: the leader copies it into <metrics>/node-<NODE>.jsonl */
+        buf_str(&line, ",\"file\":");
+        json_str(&line, strrchr(R.metrics_path, '/') ? strrchr(R.metrics_path, '/') + 1 : R.metrics_path);
+        buf_str(&line, "}\n");
+        if (write_all(R.relay->lines_fd, line.p, line.len) < 0) {
+            os_fail(R.relay->lines_name);
+            crash_os();
+        }
+    } else {
+        buf_str(&line, "}\n");
+        if (write_all(R.metrics_fd, line.p, line.len) < 0) {
+            os_fail(R.metrics_path);
+            crash_os();
+        }
+    }
+}
+
+static int by_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* The steps this rank holds a marker of, oldest first. */
+static int markers(long long **out)
+{
+    *out = NULL;
+    DIR *d = opendir(R.mine);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        os_fail(R.mine);
+        crash_os();
+    }
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len <= 10 || !starts(e->d_name, "step-") || !ends(e->d_name, ".json") || !is_digits(e->d_name + 5, len - 10))
+            continue;
+        if (n == cap)
+            *out = realloc(*out, sizeof **out * (size_t)(cap = cap ? 2 * cap : 16));
+        (*out)[n++] = strtoll(e->d_name + 5, NULL, 10);
+    }
+    closedir(d);
+    qsort(*out, (size_t)n, sizeof **out, by_ll);
+    return n;
+}
+
+static char *marker_path(long long step)
+{
+    struct buf b = {0};
+    buf_fmt(&b, "step-%lld.json", step);
+    char *p = join(R.mine, b.p);
+    free(b.p);
+    return p;
+}
+
+static void prune(long long below)   /* markers older than the step every rank restored */
+{
+    long long *held;
+    int n = markers(&held);
+    for (int i = 0; i < n; i++)
+        if (held[i] < below) {
+            char *p = marker_path(held[i]);
+            unlink(p);
+            free(p);
+        }
+    free(held);
+}
+
+static void save(long long step)   /* this rank's marker of step, durable before it counts */
+{
+    R.phase = "checkpointing";
+    beat(1, 0);
+    if (makedirs(R.mine, 0777) < 0)
+        crash_os();
+    struct buf data = {0};
+    buf_fmt(&data, "{\"rank\":%lld,\"step\":%lld,\"incarnation\":%lld,\"time\":", R.rank, step, R.incarnation);
+    put_float(&data, now_s(), 1);
+    buf_str(&data, "}\n");
+    char *p = marker_path(step);
+    if (write_atomic(AT_FDCWD, p, data.p, data.len, 1) < 0)
+        crash_os();
+    free(p);
+    free(data.p);
+    R.phase = "training";
+    R.has_last_ckpt = 1;
+    R.last_ckpt = step;
+    beat(1, 0);
+}
+
+/* -- the rendezvous: the newest step every rank holds --------------------------------------------- */
+static int master_addr(struct sockaddr_in *sa, int for_bind)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((unsigned short)R.port);
+    const char *host = R.master;
+    if (for_bind && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
+        host = "";
+    if (!host[0]) {
+        sa->sin_addr.s_addr = htonl(INADDR_ANY);
+        return 0;
+    }
+    if (inet_pton(AF_INET, host, &sa->sin_addr) == 1)
+        return 0;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc) {
+        snprintf(oserr, sizeof oserr, "[Errno %d] %s", rc, gai_strerror(rc));
+        return -1;
+    }
+    sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static void set_timeout(int fd, int opt, double s)
+{
+    struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+    setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof tv);
+}
+
+__attribute__((noreturn)) static void connection_error(const char *fmt, ...)
+{
+    char text[1000], msg[1100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    snprintf(msg, sizeof msg, "ConnectionError: %s", text);
+    fail(EXIT_FAILED, msg);
+}
+
+static long long join_store(const long long *mine, int n, double timeout_s)
+{
+    double deadline = mono_s() + timeout_s, pause = 0.05;
+    struct buf hello = {0};
+    buf_fmt(&hello, "%lld ", R.rank);
+    for (int i = 0; i < n; i++)
+        buf_fmt(&hello, i ? ",%lld" : "%lld", mine[i]);
+    buf_str(&hello, n ? "\n" : "-\n");
+    for (;;) {
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa;
+        char data[256];
+        size_t got = 0;
+        if (s < 0) {
+            os_fail("socket");
+            goto again;
+        }
+        if (master_addr(&sa, 0) < 0)
+            goto again;
+        set_timeout(s, SO_SNDTIMEO, 5);
+        if (connect(s, (struct sockaddr *)&sa, sizeof sa) < 0) {
+            if (errno == EINPROGRESS || errno == EAGAIN)
+                snprintf(oserr, sizeof oserr, "timed out");
+            else
+                snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
+            goto again;
+        }
+        if (send(s, hello.p, hello.len, MSG_NOSIGNAL) != (ssize_t)hello.len) {
+            snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
+            goto again;
+        }
+        set_timeout(s, SO_RCVTIMEO, R.interval);
+        while (!got || data[got - 1] != '\n') {
+            ssize_t k = recv(s, data + got, sizeof data - 1 - got, 0);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                beat(0, 0);
+                if (mono_s() > deadline) {
+                    snprintf(oserr, sizeof oserr, "timed out");
+                    goto again;
+                }
+                continue;
+            }
+            if (k < 0) {
+                snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
+                goto again;
+            }
+            if (k == 0 || got + (size_t)k >= sizeof data - 1) {
+                snprintf(oserr, sizeof oserr, "the store closed the connection");
+                goto again;
+            }
+            got += (size_t)k;
+        }
+        data[got] = 0;
+        close(s);
+        free(hello.p);
+        char *end;
+        long long agreed = strtoll(data, &end, 10);
+        while (*end == ' ')
+            end++;
+        R.start_at = *end && *end != '\n' ? strtod(end, NULL) : now_s();
+        return agreed;
+    again:   /* refused (rank 0 not listening yet), its backlog full, reset: again */
+        if (s >= 0)
+            close(s);
+        if (mono_s() > deadline)
+            connection_error("couldn't reach the store at %s:%lld: %s", R.master, R.port, oserr);
+        beat(0, 0);
+        /* backing off: 2,000 ranks retrying every 0.1 s while rank 0 starts were the machine's whole
+         * load at 512 nodes; with jitter, so that they do not come back together */
+        sleep_s(pause * (0.5 + (double)(getpid() % 97) / 97));
+        pause = pause * 2 < 0.5 ? pause * 2 : 0.5;
+    }
+}
+
+struct peer {
+    int fd;
+    struct buf data;
+};
+
+static long long serve_store(const long long *mine, int n, double timeout_s)
+{
+    long long world = R.world;
+    long long **held = calloc((size_t)world, sizeof *held);
+    int *nheld = calloc((size_t)world, sizeof *nheld);
+    char *seen = calloc((size_t)world, 1);
+    held[0] = malloc(sizeof **held * (size_t)(n + 1));
+    memcpy(held[0], mine, sizeof *mine * (size_t)n);
+    nheld[0] = n;
+    seen[0] = 1;
+    long long joined = 1;
+    int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
+    struct sockaddr_in sa;
+    if (server < 0 || setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+        connection_error("couldn't open the store: %s", strerror(errno));
+    if (master_addr(&sa, 1) < 0)
+        connection_error("couldn't resolve %s: %s", R.master, oserr);
+    if (bind(server, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(server, world < 4096 ? (int)world : 4096) < 0) {
+        snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
+        char msg[1300];
+        snprintf(msg, sizeof msg, "OSError: %s", oserr);
+        fail(EXIT_FAILED, msg);
+    }
+    size_t cap = 64, count = 1;
+    struct pollfd *pfd = calloc(cap, sizeof *pfd);
+    struct peer *peers = calloc(cap, sizeof *peers);
+    pfd[0] = (struct pollfd){.fd = server, .events = POLLIN};
+    size_t ndone = 0, done_cap = 64;   /* a rank that retried after a reset answers twice */
+    int *done = calloc(done_cap, sizeof *done);
+    double deadline = mono_s() + timeout_s;
+    while (joined < world) {
+        if (mono_s() > deadline)
+            connection_error("%lld of %lld ranks joined within %.0fs", joined, world, timeout_s);
+        beat(0, 0);
+        int ready = poll(pfd, count, (int)((R.interval < 0.5 ? R.interval : 0.5) * 1000));
+        if (ready <= 0)
+            continue;
+        size_t seen_now = count;
+        for (size_t i = 0; i < seen_now; i++) {
+            if (pfd[i].fd < 0 || !pfd[i].revents)
+                continue;
+            if (i == 0) {
+                for (;;) {   /* every connection waiting, not one per wake-up */
+                    int c = accept4(server, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                    if (c < 0)
+                        break;
+                    if (count == cap) {
+                        cap *= 2;
+                        pfd = realloc(pfd, cap * sizeof *pfd);
+                        peers = realloc(peers, cap * sizeof *peers);
+                    }
+                    pfd[count] = (struct pollfd){.fd = c, .events = POLLIN};
+                    peers[count] = (struct peer){.fd = c};
+                    count++;
+                }
+                continue;
+            }
+            struct peer *p = &peers[i];
+            char chunk[4096];
+            ssize_t k = recv(p->fd, chunk, sizeof chunk, 0);
+            if (k < 0 && (errno == EAGAIN || errno == EINTR))
+                continue;
+            if (k > 0)
+                buf_add(&p->data, chunk, (size_t)k);
+            if (k > 0 && p->data.p[p->data.len - 1] != '\n')
+                continue;
+            pfd[i].fd = -1;
+            /* "<rank> <step>,<step>|-\n" */
+            char *text = p->data.p ? p->data.p : "", *end;
+            long long rank = strtoll(text, &end, 10);
+            if (end == text || *end != ' ' || rank < 0 || rank >= world) {
+                close(p->fd);
+                free(p->data.p);
+                connection_error("a peer sent %.60s (expected '<rank> <steps>')", text);
+            }
+            free(held[rank]);
+            int m = 0;
+            held[rank] = malloc(sizeof **held * (p->data.len / 2 + 1));
+            for (char *t = end + 1; *t && *t != '\n';) {
+                char *after;
+                long long step = strtoll(t, &after, 10);
+                if (after != t)
+                    held[rank][m++] = step;
+                t = *after == ',' ? after + 1 : after == t ? t + 1 : after;
+            }
+            nheld[rank] = m;
+            if (!seen[rank]) {
+                seen[rank] = 1;
+                joined++;
+            }
+            free(p->data.p);
+            p->data = (struct buf){0};
+            if (ndone == done_cap)
+                done = realloc(done, (done_cap *= 2) * sizeof *done);
+            done[ndone++] = p->fd;
+        }
+    }
+    long long agreed = -1;
+    int any = 0;
+    for (long long r = 0; r < world; r++)
+        any |= nheld[r] > 0;
+    for (int i = 0; i < nheld[0]; i++) {   /* the newest step in every rank's markers */
+        long long step = held[0][i];
+        int everywhere = 1;
+        for (long long r = 1; r < world && everywhere; r++) {
+            everywhere = 0;
+            for (int k = 0; k < nheld[r] && !everywhere; k++)
+                everywhere = held[r][k] == step;
+        }
+        if (everywhere && step > agreed)
+            agreed = step;
+    }
+    if (agreed < 0)
+        agreed = any ? -1 : 0;
+    /* the life's start: every rank steps on this clock (a collective keeps real ranks in step) */
+    R.start_at = now_s();
+    struct buf answer = {0};
+    buf_fmt(&answer, "%lld ", agreed);
+    put_float(&answer, R.start_at, 0);
+    buf_str(&answer, "\n");
+    for (size_t i = 0; i < ndone; i++) {
+        fcntl(done[i], F_SETFL, fcntl(done[i], F_GETFL) & ~O_NONBLOCK);
+        send(done[i], answer.p, answer.len, MSG_NOSIGNAL);   /* a rank gone: the step ends without it */
+        close(done[i]);
+    }
+    for (size_t i = 1; i < count; i++)
+        if (pfd[i].fd >= 0)
+            close(pfd[i].fd);
+    close(server);
+    for (long long r = 0; r < world; r++)
+        free(held[r]);
+    free(held);
+    free(nheld);
+    free(seen);
+    free(done);
+    free(pfd);
+    free(peers);
+    free(answer.p);
+    return agreed;
+}
+
+/* The newest step in every rank's markers (0: none anywhere, a fresh start; -1: markers but no
+ * step in common). */
+static long long agree(const long long *mine, int n, double timeout_s)
+{
+    if (R.world == 1)
+        return n ? mine[n - 1] : 0;
+    return R.rank == 0 ? serve_store(mine, n, timeout_s) : join_store(mine, n, timeout_s);
+}
+
+/* -- the run ------------------------------------------------------------------------------------ */
+static int finish(int code, const char *phase, const char *error)
+{
+    R.finishing = 1;
+    signal(SIGUSR1, SIG_IGN);   /* the code is decided */
+    signal(SIGTERM, SIG_IGN);
+    if (error && error[0]) {   /* " ".join(error.split())[:MAX_ERROR_CHARS] */
+        struct buf b = {0};
+        buf_str(&b, "");
+        for (const char *s = error; *s;) {
+            while (*s && (strchr(" \t\n\r\v\f", *s) || (*s >= 0x1c && *s <= 0x1f)))
+                s++;
+            const char *w = s;
+            while (*s && !(strchr(" \t\n\r\v\f", *s) || (*s >= 0x1c && *s <= 0x1f)))
+                s++;
+            if (s > w) {
+                if (b.len)
+                    buf_str(&b, " ");
+                buf_add(&b, w, (size_t)(s - w));
+            }
+        }
+        free(R.error);
+        R.error = head(b.p, MAX_ERROR_CHARS);
+        free(b.p);
+    }
+    R.phase = phase;
+    R.has_exit = 1;
+    R.exit_code = code;
+    beat(1, 1);
+    if (R.metrics_fd >= 0) {
+        if (R.node_lines)
+            relay_close_lines(R.relay, R.metrics_fd);
+        close(R.metrics_fd);
+    }
+    return code;
+}
+
+static void pace(double seconds)   /* sleeping till the next step, beating meanwhile */
+{
+    double end = mono_s() + seconds, wake = R.relay ? R.interval / 2 : R.interval, left;
+    while ((left = end - mono_s()) > 0) {
+        sleep_s(left < wake ? left : wake);
+        beat(0, 0);
+    }
+}
+
+static int run(void)
+{
+    if (makedirs(R.hb_dir, 0700) < 0)
+        crash_os();
+    beat(1, 0);
+    /* what the layout checks: the same numbers a real rank would refuse */
+    struct buf problems = {0};
+    if (R.world < 1 || !(0 <= R.rank && R.rank < R.world))
+        buf_fmt(&problems, "; RANK=%lld with WORLD_SIZE=%lld", R.rank, R.world);
+    if (R.dp < 1 || !(0 <= R.dp_rank && R.dp_rank < R.dp))
+        buf_fmt(&problems, "; OMNI_DP_RANK=%lld with OMNI_DP_SIZE=%lld", R.dp_rank, R.dp);
+    if (R.world > 1 && !(R.master[0] && R.port))
+        buf_fmt(&problems, "; MASTER_ADDR and MASTER_PORT must be set for WORLD_SIZE=%lld", R.world);
+    if (R.max_steps < 1 || R.every < 1 || R.interval <= 0) {
+        buf_fmt(&problems, "; OMNI_MAX_STEPS=%lld, OMNI_LIGHT_CKPT_EVERY=%lld, OMNI_HEARTBEAT_INTERVAL=", R.max_steps, R.every);
+        put_float(&problems, R.interval, 0);
+        buf_str(&problems, " (all must be > 0)");
+    }
+    if (problems.len) {
+        struct buf msg = {0};
+        buf_fmt(&msg, "light rank: couldn't place rank: %s", problems.p + 2);
+        fail(EXIT_BAD_INPUT, msg.p);
+    }
+    long long *held;
+    int nheld = markers(&held);
+    double timeout_s;
+    if (!env_float("OMNI_COLLECTIVE_TIMEOUT", 300.0, &timeout_s))
+        fail(EXIT_BAD_INPUT, bad_env);
+    long long agreed = agree(held, nheld, timeout_s);
+    double groups_ready_at = now_s();
+    char *agreed_path = agreed > 0 ? marker_path(agreed) : NULL;
+    if (agreed < 0 || (agreed_path && access(agreed_path, F_OK) < 0)) {
+        struct buf msg = {0};
+        buf_fmt(&msg, "light rank: couldn't restore: no step every rank holds a marker of (rank %lld holds [", R.rank);
+        for (int i = nheld > 5 ? nheld - 5 : 0; i < nheld; i++)
+            buf_fmt(&msg, i > (nheld > 5 ? nheld - 5 : 0) ? ", %lld" : "%lld", held[i]);
+        buf_fmt(&msg, "] in %s)", R.mine);
+        fail(EXIT_BAD_INPUT, msg.p);
+    }
+    free(agreed_path);
+    free(held);
+    prune(agreed);
+    long long step = agreed;
+    R.step = step;
+    R.phase = "training";
+    R.has_last_ckpt = agreed != 0;
+    R.last_ckpt = agreed;
+    beat(1, 0);
+    struct first first = {1, R.started_at, groups_ready_at, now_s(), agreed};
+    double started = now_s(), start_at = R.start_at ? R.start_at : started;
+    while (step < R.max_steps) {
+        if (blocked) {   /* in a collective that never returns: beat, never step, until told to stop */
+            while (!stop_signal) {
+                sleep_s(R.interval);
+                beat(0, 0);
+            }
+            char msg[200];
+            snprintf(msg, sizeof msg, "stopped at step %lld inside a collective that never returned", step);
+            return finish(EXIT_FAILED, "failed", msg);
+        }
+        pace(start_at + (double)(step + 1 - agreed) * R.step_delay - now_s());
+        step++;
+        double now = now_s(), took = now - started;
+        started = now;
+        R.step = step;
+        R.has_step_time = 1;
+        R.step_time = took;
+        beat(0, 0);
+        log_metrics(step, took, &first);
+        first.set = 0;
+        if (stop_signal) {
+            save(step);
+            return finish(EXIT_CHECKPOINTED, "stopping", NULL);
+        }
+        if (step % R.every == 0 || step == R.max_steps)
+            save(step);
+    }
+    return finish(EXIT_DONE, "done", NULL);
+}
+
+/* Into OMNI_LIGHT_CGROUP (a cgroup folder), if set: a failure is said once and the rank runs on. */
+static void join_cgroup(void)
+{
+    const char *folder = env_get("OMNI_LIGHT_CGROUP");
+    if (!folder || !folder[0])
+        return;
+    char *path = join(folder, "cgroup.procs"), pid[24];
+    int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0 || write_all(fd, pid, (size_t)n) < 0) {
+        os_fail(path);
+        fprintf(stderr, "light rank: couldn't join the cgroup %s: %s\n", folder, oserr);
+    }
+    if (fd >= 0)
+        close(fd);
+    free(path);
+}
+
+int main(void)
+{
+    R.started_at = now_s();
+    signal(SIGPIPE, SIG_IGN);   /* as Python: a write to a closed socket is an error, not a death */
+    join_cgroup();
+    if (!setup()) {
+        fprintf(stderr, "%s\n", bad_env);
+        return EXIT_BAD_INPUT;
+    }
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sa.sa_handler = on_block;
+    sigaction(BLOCK_SIGNAL, &sa, NULL);
+    return run();
+}
