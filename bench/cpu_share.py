@@ -78,7 +78,7 @@ class Sampler:
             return "srun" if ppid_class == "supervisor" else ppid_class if ppid_class == "bench" else "other"
         if "supervise" in argv and any(a.startswith("--stages=") for a in argv):
             return "supervisor"
-        if self.light_rank and argv[1:] == ["-S", self.light_rank]:
+        if self.light_rank and (argv[1:] == ["-S", self.light_rank] or argv == [self.light_rank]):   # python, C
             return "rank"
         if ppid_class in ("supervisor", "bench", "srun"):
             return "supervisor" if ppid_class == "srun" else ppid_class

@@ -6,8 +6,9 @@
 
 Per size it brings the embedded cluster up with that many slurmd (``omni cluster up --nodes N``,
 leaves of 16 nodes, its own state directory) and runs one job per path, 4 light ranks per active
-node (``bench/light_rank.py``: the runtime's environment, heartbeats, checkpoint markers and exit
-codes without torch), one spare per fault, warm standbys off:
+node (``bench/light_rank.c``, compiled here with cc, or with ``--rank python`` its reference
+``bench/light_rank.py``: the runtime's environment, heartbeats, checkpoint markers and exit codes
+without torch), one spare per fault, warm standbys off:
 
   inalloc  ``sbatch --no-kill`` whose batch script runs the step supervisor (``omni supervise``);
   alloc    ``salloc --no-shell --no-kill`` and the supervisor outside it (``omni supervise
@@ -89,6 +90,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.cpu_share import Sampler, share_line
 from bench.heartbeat_bench import Inotify
+from bench.light_build import BUILD_DIR, rank_argv
 from bench.light_rank import BLOCK_SIGNAL
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
@@ -103,6 +105,15 @@ from slurm_omni.supervisor.journal import SupervisorJournal, journal_path
 from slurm_omni.supervisor.run import SupervisorOptions
 
 LIGHT_RANK = REPO / "bench" / "light_rank.py"
+C_RANK = BUILD_DIR / "light_rank"
+RANK_ARGV: list[str] = [sys.executable, "-S", str(LIGHT_RANK)]
+"""One rank's command: the C rank unless --rank python (or no compiler), set by main."""
+RANK_KIND = "python -S bench/light_rank.py"
+
+
+def is_light_rank(argv: list[str]) -> bool:
+    """A light rank's process, of either kind (a run before this one may have left the other)."""
+    return argv[1:] == ["-S", str(LIGHT_RANK)] or argv == [str(C_RANK)]
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
 SPLIT = ("decide_cmds", "decide_cpu", "to_srun", "srun_to_task", "task_spread")
 """decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
@@ -307,7 +318,7 @@ def kill_leftover_steps(jobs: set[str], state_dir: Path, work: Path) -> list[int
         argv = cmdline(pid)
         ours = (bool(argv) and argv[0].startswith("slurmstepd: [")
                 and argv[0][len("slurmstepd: ["):].split(".")[0] in jobs and holds_socket(pid, ours_sockets))
-        if not ours and argv[1:] == ["-S", str(LIGHT_RANK)]:
+        if not ours and is_light_rank(argv):
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
@@ -435,7 +446,7 @@ class Size:
         self.poller = CommandRunner(self.cluster.env, timeout_s=20, retries=1)
         self.result = Result(nodes=nodes, ranks=TASKS_PER_NODE * (nodes - SPARES))
         # where the machine's CPU goes, per process class; a sample of 3,000 processes costs ~50 ms
-        self.sampler = Sampler(conf=str(self.cluster.paths.slurm_conf), jobs=OWN_JOBS, light_rank=str(LIGHT_RANK),
+        self.sampler = Sampler(conf=str(self.cluster.paths.slurm_conf), jobs=OWN_JOBS, light_rank=RANK_ARGV[-1],
                                bench_pid=os.getpid(), interval_s=1.0 if nodes <= 64 else 2.0)
 
     def log(self, msg: str) -> None:
@@ -535,7 +546,7 @@ class Job:
                 f"--stages=main:{active}:{TASKS_PER_NODE}:{SPARES}", "--heartbeat-interval=1",
                 f"--confirmation-window={self.args.confirmation_window:g}", f"--hang-factor={self.args.hang_factor:g}",
                 "--no-standby", *([f"--allocation={self.job_id}"] if self.path == "alloc" else []),
-                "--", sys.executable, "-S", str(LIGHT_RANK)]
+                "--", *RANK_ARGV]
 
     def wait_idle(self) -> None:
         """Every node idle (the job before may still be completing: its steps' teardown at 64 nodes
@@ -693,7 +704,7 @@ class Job:
             argv = cmdline(pid)
             if argv and argv[0].startswith("slurmstepd") and tag in " ".join(argv):
                 steps.append(pid)
-            elif len(argv) == 3 and argv[1:] == ["-S", str(LIGHT_RANK)]:   # not srun, not the supervisor
+            elif is_light_rank(argv):   # not srun, not the supervisor
                 ranks.append(pid)
         ctld = self.size.cluster.running().get("slurmctld")
         slurmds = [pid for name, pid in self.size.cluster.running().items() if name.startswith("slurmd:") and pid]
@@ -1094,7 +1105,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         if limit:
             print(f"  {limit}")
         start = start_cpu_s()
-        print(f"  process start on this machine: one light rank's task (bash, then the interpreter) takes "
+        print(f"  process start on this machine: one light rank's task (bash, then the rank) takes "
               f"{1000 * start:.0f} ms of CPU to start (median of 5, now), a slurmstepd what the size measured; the "
               f"launch's floor, every node's slurmstepd and every rank started on {os.cpu_count()} cores: "
               f"{launch_floor(a, start)}, {launch_floor(b, start)} (slope {slope((a.nodes, floor_s(a, start)), (b.nodes, floor_s(b, start)))}: "
@@ -1210,21 +1221,24 @@ def print_settings() -> None:
               "supervisor's, here every slurmstepd's session weighs as much as slurmctld's (512 of them starved it), "
               "in the group all ranks weigh a quarter of one (their interpreter starts before they join; slurmd, "
               "slurmstepd, srun and the supervisor keep their weight)")
-    print("  light rank (bench/light_rank.py): python -S with C modules only (about 4 MiB private), sleeps "
-          "between steps (--step-delay) and beats (1 s), one heartbeat file per node (a node-local folder, "
-          "one rank copies it twice per interval), no collectives; warm standbys off; one srun per allocation")
+    print(f"  light rank: {RANK_KIND}; sleeps between steps (--step-delay) and beats (1 s), one heartbeat file "
+          "per node (a node-local folder, one rank copies it twice per interval), no collectives; warm standbys "
+          "off; one srun per allocation")
 
 
 def start_cpu_s() -> float:
-    """CPU seconds one light rank's task takes to start (its bash wrapper, then the interpreter and
-    what it imports), the median of 5 (``python -S`` with its C modules, measured from the children's rusage): the work a
-    launch of R ranks puts on the machine's cores before any rank runs."""
-    # as the step starts each task: bash (the stage wrapper of slurm/steps.py), then the interpreter
-    argv = ["bash", "-c", 'exec "$@"', "omni-task", sys.executable, "-S", "-c", "import _json, _signal, _socket, select, time"]
+    """CPU seconds one light rank's task takes to start (its bash wrapper, then the rank's process
+    up to reading its environment: the C rank, or ``python -S`` with its C modules), the median of 5
+    (the children's rusage): the work a launch of R ranks puts on the machine's cores before any
+    rank runs."""
+    # as the step starts each task: bash (the stage wrapper of slurm/steps.py), then the rank, which
+    # a bad WORLD_SIZE ends (exit 78) once it has read its environment
+    argv = ["bash", "-c", 'exec "$@"', "omni-task", *RANK_ARGV]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OMNI_", "SLURM_"))}, "WORLD_SIZE": "x"}
     runs = []
     for _ in range(5):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run(argv, check=True)
+        subprocess.run(argv, env=env, stderr=subprocess.DEVNULL, check=False)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         runs.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return sorted(runs)[2]
@@ -1477,6 +1491,9 @@ def main() -> int:
     p.add_argument("--rank-weight", choices=("low", "normal"), default="low",
                    help="low: the light ranks join one cgroup weighing a quarter of a session (RankGroup; root "
                         "and the cpu controller); normal: each keeps its slurmstepd's session's weight")
+    p.add_argument("--rank", choices=("c", "python"), default="c",
+                   help="c: bench/light_rank.c, compiled with cc into build/light-rank (no compiler: the Python "
+                        "rank, said in the output); python: bench/light_rank.py, its reference (python -S)")
     p.add_argument("--heartbeat-node-dir", default="",
                    help="OMNI_HEARTBEAT_NODE_DIR for the ranks: a node-local folder (default: none set, the ranks' "
                         "default /dev/shm, one heartbeat file per node) or 'off' (one per rank; "
@@ -1503,7 +1520,9 @@ def main() -> int:
         except ValueError:
             p.error(f"--stop-at {args.stop_at!r}: expected HH:MM (UTC)")
     root = Path(args.work).resolve() / time.strftime("%Y%m%d-%H%M%S")
-    global RANK_GROUP
+    global RANK_GROUP, RANK_ARGV, RANK_KIND
+    RANK_ARGV, RANK_KIND = rank_argv(args.rank, sys.executable)
+    print(f"light rank: {RANK_KIND}", flush=True)
     if args.rank_weight == "low":
         RANK_GROUP = RankGroup(f"omni-scale-ranks-{os.getpid()}")
     spares = SPARES

@@ -35,3 +35,21 @@ def test_a_busy_process_counts_in_its_class_and_a_gone_subshell_s_children_once(
     seconds, cpu, procs, machine = sampler.window(0, time.time() + 1)
     assert seconds > 0 and cpu["rank"] == sampler.totals["rank"] and machine > 0
     assert share_line(seconds, cpu, procs, machine).split(":")[1].lstrip().startswith(("rank", "bench", "other"))
+
+
+def test_a_c_rank_counts_as_a_rank(tmp_path: Path) -> None:
+    """The scale bench's C rank runs as its binary alone (argv == [path]): a rank too."""
+    rank = tmp_path / "light_rank"
+    sampler = Sampler(light_rank=str(rank), bench_pid=os.getpid(), interval_s=0.2)
+    sampler.sample()
+    # an interpreter titled as the binary (argv[0]), its program on stdin: /proc/PID/cmdline is [rank]
+    proc = subprocess.Popen([str(rank)], executable=sys.executable, stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(SPIN.format(s=0.6).encode())
+    proc.stdin.close()
+    time.sleep(0.3)
+    sampler.sample()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    sampler.sample()
+    proc.wait()
+    assert 0.5 <= sampler.totals["rank"] <= 0.8, sampler.totals
