@@ -360,9 +360,9 @@ static int makedirs(const char *path, mode_t mode)   /* os.makedirs(path, mode, 
         *s = '/';
     }
     struct stat st;
-    if (mkdir(p, mode) < 0 && (errno != EEXIST || stat(p, &st) < 0 || !S_ISDIR(st.st_mode))) {
-        if (errno == EEXIST)
-            errno = EEXIST;
+    int e = mkdir(p, mode) < 0 ? errno : 0;
+    if (e && (e != EEXIST || stat(p, &st) < 0 || !S_ISDIR(st.st_mode))) {
+        errno = e;
         os_fail(p);
         free(p);
         return -1;
@@ -947,6 +947,7 @@ static struct {
     long long rank, world, dp, stage, dp_rank, incarnation, max_steps, every, port;
     double interval, step_delay, started_at, next_beat, start_at, direct_at;
     const char *master, *node;
+    const char *job;   /* the job's id; job_id: its first 63 characters, as the beat carries it */
     char *job_id, *stage_name, *ckpt_dir, *hb_dir, *metrics_dir, *mine, *hb_path, *metrics_path;
     struct relay *relay;
     int node_failed, metrics_fd, node_lines, finishing;
@@ -1104,7 +1105,8 @@ static int setup(void)
     free(stages_raw);
     if (!env_int("SLURM_RESTART_COUNT", 0, &v) || !env_int("OMNI_INCARNATION", v, &R.incarnation))
         return 0;
-    R.job_id = head(env_or("OMNI_JOB_ID", env_or("SLURM_JOB_ID", "local")), 63);
+    R.job = env_or("OMNI_JOB_ID", env_or("SLURM_JOB_ID", "local"));
+    R.job_id = head(R.job, 63);
     const char *run_dir = env_or("OMNI_RUN_DIR", "omni-run");
     R.ckpt_dir = env_get("OMNI_CKPT_DIR") && env_get("OMNI_CKPT_DIR")[0] ? strdup(env_get("OMNI_CKPT_DIR")) : join(run_dir, "ckpt");
     R.hb_dir = env_get("OMNI_HEARTBEAT_DIR") && env_get("OMNI_HEARTBEAT_DIR")[0] ? strdup(env_get("OMNI_HEARTBEAT_DIR"))
@@ -1145,7 +1147,7 @@ static int setup(void)
             node_dir = "";
     }
     if (node_dir[0] && R.node[0])
-        R.relay = relay_open(node_dir, R.job_id, R.node, R.rank, R.hb_dir, R.interval);
+        R.relay = relay_open(node_dir, R.job, R.node, R.rank, R.hb_dir, R.interval);
     return 1;
 }
 
