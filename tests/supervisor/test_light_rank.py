@@ -288,3 +288,35 @@ def test_without_a_compiler_the_bench_says_so_and_runs_the_python_rank(tmp_path:
     argv, said = rank_argv("c", sys.executable, tmp_path)
     assert argv == [sys.executable, "-S", str(LIGHT_RANK)]
     assert "fell back" in said and "couldn't compile" in said and "\n" not in said
+
+
+def test_a_c_rank_and_a_python_rank_agree_through_one_store(tmp_path: Path, c_rank: Path) -> None:
+    """One rendezvous protocol: rank 0 in C with a Python peer, then rank 0 in Python with a C peer;
+    the second life resumes from the step both hold."""
+    python = [sys.executable, "-S", str(LIGHT_RANK)]
+    for life, kinds in enumerate([([str(c_rank)], python), (python, [str(c_rank)])]):
+        port, _ = pick(range(41000, 41100))
+        procs = [subprocess.Popen(argv, env=_env(tmp_path, r, 2, port, OMNI_MAX_STEPS=str(5 * (life + 1)),
+                                                 OMNI_INCARNATION=str(life)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r, argv in enumerate(kinds)]
+        assert _codes(procs) == [EXIT_DONE] * 2
+    first = _first_lines(tmp_path, 1)
+    assert {line["restored_step"] for line in first.values()} == {5} and sorted(first) == [0, 1]
+
+
+def test_a_rank_joins_the_cgroup_it_is_given_or_says_why_and_runs_on(tmp_path: Path, rank: list[str]) -> None:
+    """OMNI_LIGHT_CGROUP: the rank writes its pid into <folder>/cgroup.procs at its start (here a plain
+    folder stands for the cgroup); a folder it cannot write to: one line, and it trains on."""
+    group = tmp_path / "group"
+    group.mkdir()
+    procs = _start(tmp_path, 1, rank, OMNI_MAX_STEPS="2", OMNI_LIGHT_CGROUP=str(group))
+    assert _codes(procs) == [EXIT_DONE]
+    beat = _beat(tmp_path, 0)
+    assert beat is not None and (group / "cgroup.procs").read_text() == str(beat.pid)
+    missing = tmp_path / "no-such-group"
+    procs = _start(tmp_path, 1, rank, OMNI_MAX_STEPS="2", OMNI_INCARNATION="1", OMNI_LIGHT_CGROUP=str(missing))
+    assert _codes(procs) == [EXIT_DONE]
+    assert procs[0].stdout is not None
+    out = procs[0].stdout.read().decode()
+    lines = [line for line in out.splitlines() if "cgroup" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"light rank: couldn't join the cgroup {missing}: "), out
