@@ -15,5 +15,5 @@ lint:
 	.venv/bin/ruff check slurm_omni tests bench
 	@# the scale lane's C rank, with the flags bench/light_build.py compiles it with (no compiler: skipped)
 	@if command -v $${CC:-cc} >/dev/null; then $${CC:-cc} -fsyntax-only -O2 -std=gnu11 -Wall -Wextra -Werror \
-		-Wformat=2 -Wshadow -D_FORTIFY_SOURCE=2 bench/light_rank.c; else echo "lint: no C compiler, bench/light_rank.c not checked"; fi
+		-Wformat=2 -Wshadow -D_FORTIFY_SOURCE=2 bench/light_rank.c bench/light_relay.c bench/light_io.c; else echo "lint: no C compiler, the C light rank not checked"; fi
 	.venv/bin/mypy

@@ -12,7 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parent / "light_rank.c"
+SOURCES = tuple(Path(__file__).resolve().parent / f for f in ("light_rank.c", "light_relay.c", "light_io.c"))
+"""The rank, its node aggregation, its bytes and files (and light_rank.h, which they share)."""
 PYTHON_RANK = Path(__file__).resolve().parent / "light_rank.py"
 BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "light-rank"
 """Git-ignored (``build/``)."""
@@ -29,9 +30,9 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def build(dest: Path = BUILD_DIR, *, source: Path = SOURCE, extra: tuple[str, ...] = ()) -> Path:
-    """``dest``/light_rank compiled from ``source`` (``extra``: more arguments, such as a test
-    harness's sources); replaced by a rename, never rewritten while a rank may run it."""
+def build(dest: Path = BUILD_DIR, *, sources: tuple[Path, ...] = SOURCES, extra: tuple[str, ...] = ()) -> Path:
+    """``dest``/light_rank compiled from ``sources`` (``extra``: more arguments, such as a test
+    harness's include folder); replaced by a rename, never rewritten while a rank may run it."""
     cc = compiler()
     if cc is None:
         raise BuildError("light rank: couldn't compile bench/light_rank.c: no C compiler (cc, gcc or $CC) on PATH")
@@ -39,14 +40,14 @@ def build(dest: Path = BUILD_DIR, *, source: Path = SOURCE, extra: tuple[str, ..
     out = dest / "light_rank"
     tmp = dest / f".light_rank.{os.getpid()}.tmp"
     try:
-        proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(source), *extra], capture_output=True, text=True,
-                              timeout=120, check=False)
+        proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), *map(str, sources), *extra], capture_output=True,
+                              text=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise BuildError(f"light rank: couldn't compile {source.name} with {cc}: {e}") from e
+        raise BuildError(f"light rank: couldn't compile {sources[0].name} with {cc}: {e}") from e
     if proc.returncode != 0:
         first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
         tmp.unlink(missing_ok=True)
-        raise BuildError(f"light rank: couldn't compile {source.name} with {cc} (exit {proc.returncode}): {first}")
+        raise BuildError(f"light rank: couldn't compile {sources[0].name} with {cc} (exit {proc.returncode}): {first}")
     os.replace(tmp, out)
     return out
 
@@ -57,7 +58,8 @@ def rank_argv(kind: str, python: str, dest: Path = BUILD_DIR) -> tuple[list[str]
     if kind == "c":
         try:
             binary = build(dest)
-            return [str(binary)], f"C ({binary}, compiled from bench/light_rank.c: {' '.join(CFLAGS)})"
+            said = f"C ({binary}, compiled from bench/light_rank.c, light_relay.c, light_io.c: {' '.join(CFLAGS)})"
+            return [str(binary)], said
         except BuildError as e:
             return [python, "-S", str(PYTHON_RANK)], f"python -S bench/light_rank.py (the C rank fell back: {e})"
     return [python, "-S", str(PYTHON_RANK)], "python -S bench/light_rank.py (--rank python)"

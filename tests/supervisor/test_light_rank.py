@@ -255,9 +255,9 @@ def test_floats_are_written_as_the_runtime_writes_them(value: float) -> None:
 
 
 FLOAT_HARNESS = r"""
-#define main light_rank_main
-#include "light_rank.c"
-#undef main
+#include <stdio.h>
+#include <stdlib.h>
+#include "light_rank.h"
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -272,12 +272,13 @@ int main(int argc, char **argv)
 
 
 def test_the_c_rank_writes_floats_as_the_runtime_writes_them(tmp_path: Path) -> None:
-    """The C rank's float writer (a harness around its source) against msgspec, the runtime's."""
+    """The C rank's float writer (light_io.c in a harness) against msgspec, the runtime's."""
     values = [6.461143493652344e-05, 1.5e-05, -6.4e-05, 1e-05, 1e-06, 2.5e-07, 0.0001, 0.5, 1796217469.8657355,
               1e16, 1.2345678901234568e17, -1e22, 0.0, 123.0, 1e15, 0.1 + 0.2, 5e-324, 1.7976931348623157e308]
     harness = tmp_path / "float_harness.c"
     harness.write_text(FLOAT_HARNESS)
-    binary = _compiled(tmp_path / "out", source=harness, extra=("-I", str(LIGHT_RANK.parent), "-lm"))
+    binary = _compiled(tmp_path / "out", sources=(harness, LIGHT_RANK.parent / "light_io.c"),
+                       extra=("-I", str(LIGHT_RANK.parent), "-lm"))
     out = subprocess.run([str(binary), *map(repr, values)], capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.split() == [msgspec.json.encode(v).decode() for v in values]
 
