@@ -61,5 +61,5 @@ def rank_argv(kind: str, python: str, dest: Path = BUILD_DIR) -> tuple[list[str]
             said = f"C ({binary}, compiled from bench/light_rank.c, light_relay.c, light_io.c: {' '.join(CFLAGS)})"
             return [str(binary)], said
         except BuildError as e:
-            return [python, "-S", str(PYTHON_RANK)], f"python -S bench/light_rank.py (the C rank fell back: {e})"
+            return [python, "-S", str(PYTHON_RANK)], f"python -S bench/light_rank.py (the C rank fell back: {str(e).removeprefix('light rank: ')})"
     return [python, "-S", str(PYTHON_RANK)], "python -S bench/light_rank.py (--rank python)"
