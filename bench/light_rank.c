@@ -55,7 +55,11 @@ static struct {
     const char *job;   /* the job's id; job_id: its first 63 characters, as the beat carries it */
     char *job_id, *stage_name, *ckpt_dir, *hb_dir, *metrics_dir, *mine, *hb_path, *metrics_path;
     struct relay *relay;
-    int node_failed, metrics_fd, node_lines, finishing;
+    int node_failed, metrics_fd, finishing;
+    int reports_loss;   /* replica 0 of the last stage (Layout.reports_loss): its lines straight to its file */
+    char per_node[64];   /* OMNI_METRICS_PER_NODE, stripped and lowered */
+    int node_lines;   /* the node's metrics lines are open: this rank copies them when it leads */
+    int via_node;   /* this rank's lines go through the node (not the loss rank's: elastic/node_metrics.py) */
     /* the heartbeat (formats/heartbeat.HeartbeatRecord, its keys in order) */
     long long step, beats, last_ckpt;
     int has_step_time, has_last_ckpt, has_exit, exit_code;
@@ -207,7 +211,15 @@ static int setup(void)
         return 0;
     R.stage_name = strdup(colocated ? stages[0] : R.stage < nstages && R.stage >= -nstages
                                                       ? stages[R.stage < 0 ? R.stage + nstages : R.stage] : "?");
+    R.reports_loss = (colocated || R.stage == nstages - 1) && R.dp_rank == 0;
     free(stages_raw);
+    const char *per_node, *raw_pn = env_or("OMNI_METRICS_PER_NODE", "");
+    size_t pn;
+    strip(raw_pn, &per_node, &pn);
+    pn = pn < sizeof R.per_node - 1 ? pn : sizeof R.per_node - 1;
+    for (size_t i = 0; i < pn; i++)
+        R.per_node[i] = (char)(per_node[i] >= 'A' && per_node[i] <= 'Z' ? per_node[i] | 0x20 : per_node[i]);
+    R.per_node[pn] = 0;
     if (!env_int("SLURM_RESTART_COUNT", 0, &v) || !env_int("OMNI_INCARNATION", v, &R.incarnation))
         return 0;
     R.job = env_or("OMNI_JOB_ID", env_or("SLURM_JOB_ID", "local"));
@@ -321,6 +333,17 @@ static void beat(int force, int last)
         R.direct_at = now;
 }
 
+static int one_of(const char *value, const char *const *allowed)
+{
+    for (; *allowed; allowed++)
+        if (!strcmp(value, *allowed))
+            return 1;
+    return 0;
+}
+
+static const char *const PER_NODE_OFF[] = {"0", "off", "false", "no", NULL};
+static const char *const PER_NODE_ANY[] = {"", "1", "on", "true", "yes", "0", "off", "false", "no", NULL};
+
 struct first {
     int set;
     double task_started_at, groups_ready_at, restored_at;
@@ -339,7 +362,11 @@ static void log_metrics(long long step, double step_time, const struct first *fi
         R.metrics_fd = open(R.metrics_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
         if (R.metrics_fd < 0)
             crash_os();
-        R.node_lines = R.relay && relay_open_lines(R.relay, R.metrics_dir, R.rank);
+        /* lines per node unless OMNI_METRICS_PER_NODE=0 (formats.metrics.per_node_setting), the loss
+         * rank's straight to its own file: a lost node costs only other ranks' lines of one interval */
+        R.node_lines = R.relay && !one_of(R.per_node, PER_NODE_OFF) &&
+                       relay_open_lines(R.relay, R.metrics_dir, R.rank, !R.reports_loss);
+        R.via_node = R.node_lines && !R.reports_loss;
         free(name.p);
     }
     buf_reset(&line);
@@ -358,7 +385,7 @@ static void log_metrics(long long step, double step_time, const struct first *fi
         put_float(&line, first->restored_at, 1);
         buf_fmt(&line, ",\"restored_step\":%lld", first->restored_step);
     }
-    if (R.node_lines) {   /* per node: the leader copies it into <metrics>/node-<NODE>.jsonl */
+    if (R.via_node) {   /* per node: the leader copies it into <metrics>/node-<NODE>.jsonl */
         buf_str(&line, ",\"file\":");
         json_str(&line, strrchr(R.metrics_path, '/') ? strrchr(R.metrics_path, '/') + 1 : R.metrics_path);
         buf_str(&line, "}\n");
@@ -797,6 +824,13 @@ static int run(void)
         buf_fmt(&problems, "; OMNI_MAX_STEPS=%lld, OMNI_LIGHT_CKPT_EVERY=%lld, OMNI_HEARTBEAT_INTERVAL=", R.max_steps, R.every);
         put_float(&problems, R.interval, 0);
         buf_str(&problems, " (all must be > 0)");
+    }
+    if (!one_of(R.per_node, PER_NODE_ANY)) {
+        char *h = head(R.per_node, 40);
+        buf_str(&problems, "; OMNI_METRICS_PER_NODE=");
+        put_repr(&problems, h);
+        buf_str(&problems, " (allowed: 1, on, true, yes or unset: per node; 0, off, false, no: each rank's own file)");
+        free(h);
     }
     if (problems.len) {
         struct buf msg = {0};

@@ -56,7 +56,7 @@ struct relay *relay_open(const char *base, const char *job_id, const char *node,
                          const char *shared, double interval);
 int relay_lead(struct relay *r, double now);
 int relay_beat(struct relay *r, const char *data, size_t len, double now, int last, double *published);
-int relay_open_lines(struct relay *r, const char *metrics_dir, long long rank);
+int relay_open_lines(struct relay *r, const char *metrics_dir, long long rank, int own);
 void relay_close_lines(struct relay *r, int own_fd);
 
 #endif

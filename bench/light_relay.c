@@ -472,71 +472,79 @@ int relay_beat(struct relay *r, const char *data, size_t len, double now, int la
     return 0;
 }
 
-int relay_open_lines(struct relay *r, const char *metrics_dir, long long rank)
+/* The node's lines copied by this rank when it leads, and with `own` this rank's lines go to the node
+ * (0: the folder is not usable, the caller appends them). */
+int relay_open_lines(struct relay *r, const char *metrics_dir, long long rank, int own)
 {
-    snprintf(r->lines_name, sizeof r->lines_name, "lines-%lld-%d-0.jsonl", rank, (int)getpid());
     r->metrics_fd = open(metrics_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (r->metrics_fd < 0)
         os_fail(metrics_dir);
-    else
+    else if (own) {
+        snprintf(r->lines_name, sizeof r->lines_name, "lines-%lld-%d-0.jsonl", rank, (int)getpid());
         r->lines_fd = open_file(r->fd, r->lines_name, O_WRONLY | O_APPEND | O_CREAT, 0600);
-    if (r->metrics_fd < 0 || r->lines_fd < 0) {
+    }
+    if (r->metrics_fd < 0 || (own && r->lines_fd < 0)) {
         fprintf(stderr, "light rank: couldn't write metrics on the node (%s); appending its own file\n", oserr);
         return 0;
     }
     return 1;
 }
 
-/* This rank ends: what no leader copied of its lines to its own file, its file on the node removed. */
-void relay_close_lines(struct relay *r, int own_fd)
+/* What no leader copied of this rank's lines to its own file (open for appending), its file on the
+ * node removed; 0, or -1 with oserr set. */
+static int rest_to(struct relay *r, int own_fd)
 {
-    if (r->lines_fd < 0)
-        return;
     struct copied *copied;
-    int ncopied = read_copied(r->fd, &copied), src = -1;
+    int ncopied = read_copied(r->fd, &copied), src = -1, rv = -1;
     struct stat st;
     char *rest = NULL;
     if (fstat(r->lines_fd, &st) < 0) {
         os_fail(r->lines_name);
-        goto fail;
+        goto out;
     }
     unsigned long long size = (unsigned long long)st.st_size, start = 0;
     struct copied *c = find_copied(copied, ncopied, r->lines_name);
     if (c && c->ino == (unsigned long long)st.st_ino && c->offset <= size)
         start = c->offset;
     if ((src = open_file(r->fd, r->lines_name, O_RDONLY, 0600)) < 0)
-        goto fail;
+        goto out;
     size_t len = size > start ? (size_t)(size - start) : 0;
     rest = malloc(len + 1);
     ssize_t got = len ? pread(src, rest, len, (off_t)start) : 0;
     if (got < 0) {
         os_fail(r->lines_name);
-        goto fail;
+        goto out;
     }
     while (got > 0 && rest[got - 1] != '\n')
         got--;
     if (got > 0 && write_all(own_fd, rest, (size_t)got) < 0) {
         os_fail("metrics file");
-        goto fail;
+        goto out;
     }
     if (unlinkat(r->fd, r->lines_name, 0) < 0) {
         os_fail(r->lines_name);
-        goto fail;
+        goto out;
     }
-    goto done;
-fail:   /* its lines stay on the node for the next leader */
-    fprintf(stderr, "light rank: couldn't finish its metrics lines on the node: %s\n", oserr);
-done:
+    rv = 0;
+out:
     if (src >= 0)
         close(src);
     free(rest);
     free(copied);
-    close(r->lines_fd);
-    r->lines_fd = -1;
-    if (r->out_fd >= 0)
-        close(r->out_fd);
-    if (r->metrics_fd >= 0)
-        close(r->metrics_fd);
-    r->out_fd = r->metrics_fd = -1;
+    return rv;
+}
+
+/* This rank ends: its lines' rest to its own file (the loss rank has none on the node: it only
+ * copied the others'), the node's files closed. */
+void relay_close_lines(struct relay *r, int own_fd)
+{
+    if (r->lines_fd >= 0 && rest_to(r, own_fd) < 0)   /* its lines stay on the node for the next leader */
+        fprintf(stderr, "light rank: couldn't finish its metrics lines on the node: %s\n", oserr);
+    int *fds[] = {&r->lines_fd, &r->out_fd, &r->metrics_fd};
+    for (int i = 0; i < 3; i++) {
+        if (*fds[i] >= 0)
+            close(*fds[i]);
+        *fds[i] = -1;
+    }
     relay_remove_if_last(r);
 }
