@@ -20,9 +20,10 @@ turns so that the page cache and the allocator see the same history. Bars (from 
                            tmpfs files, the fallback), in wall time and in CPU seconds (every thread:
                            the figure that load moves least); the memcpy is torch's copy_ on its
                            intra-op threads (2 here) from one touched host tensor into another, the
-                           restore has its 4 I/O threads and writes into the model's existing tensors
-                           (touched too). A MISS prints two limits measured beside it: a raw read of
-                           the same copies (process_vm_readv in the restore's 2 MiB calls, or preadv
+                           restore has its I/O threads (4, no more than the CPUs when every byte is in
+                           memory: 2 here) and writes into the model's existing tensors (touched too).
+                           A MISS prints two limits measured beside it: a raw read of the same copies
+                           (process_vm_readv in the restore's 1 MiB calls, held.READ_STEP, or preadv
                            of 8 MiB; no checksum; as many threads as the restore), the least work that
                            gets those bytes out, and a checked read (the same reads, each step's xxh3
                            taken as it lands; no manifest, no tensors), the least that also checks
@@ -118,6 +119,7 @@ import torch
 
 from slurm_omni.checkpoint import CheckpointConfig, CheckpointEngine, ShardState, held, memtier
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint.reader import memory_threads
 from slurm_omni.fsio import fsync_dir
 
 SHARES = {"vision_encoder": 0.30, "projector": 0.03, "text_decoder": 0.67}
@@ -445,7 +447,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         finally:
             tier.keeper.close()
 
-    io_threads = CheckpointConfig(root=mem_root).restore_threads
+    io_threads = memory_threads(CheckpointConfig(root=mem_root).restore_threads)   # the restore's, from memory
 
     def timed_on_io_threads(worker: Callable[[list[Any]], None], spans: list[Any], cpu_key: str) -> float:
         """``worker`` over ``spans`` split evenly across the restore's I/O threads: wall seconds, and

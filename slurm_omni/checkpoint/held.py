@@ -124,11 +124,13 @@ def read_remote(pid: int, remote: int, local: int, n: int) -> None:
 
 _THREAD = threading.local()
 
-READ_STEP = 2 << 20
-"""Bytes per ``process_vm_readv`` of a restore, each hashed right after it lands: one huge page of
-the keeper's; at 512 KiB the calls, GIL hand-overs and step loop cost 0.01-0.015 CPU s per GiB more
-(1 GiB over two threads, 0.134 -> 0.123 CPU s at load 20-30, the xxh3 still reading from the core's
-caches; 1 MiB was no cheaper, 8 MiB dearer: 0.136, the xxh3 then reading from memory)."""
+READ_STEP = 1 << 20
+"""Bytes per ``process_vm_readv`` of a restore, each hashed right after it lands: the L2 cache of one
+core here (AMD EPYC, 1 MiB a core), so the xxh3 reads the step from L2, not L3. 1 GiB in 400 tensors,
+2 I/O threads, paired rounds (2026-12-02, 16:25, machine idle by vmstat): 0.137-0.147 CPU s a restore
+against 0.146-0.158 with 2 MiB steps (one huge page of the keeper's), 0.074-0.077 s wall against
+0.084-0.085; 512 KiB steps cost more again (more calls, GIL hand-overs and loop turns: 0.140 against
+0.132 with 2 MiB in that run)."""
 
 
 def read_checked(pid: int, remote: int, view: memoryview, update: Callable[[memoryview], object],

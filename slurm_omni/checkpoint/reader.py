@@ -35,6 +35,22 @@ from slurm_omni.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
+_MEMORY_BATCH = 32 << 20
+"""Bytes per task of an I/O thread at most when they are in memory already (a few ms of copying)."""
+
+
+def memory_threads(threads: int) -> int:
+    """I/O threads for a restore whose every byte is in memory already (the memory tier): no more than
+    the CPUs this process may run on. Each thread only copies and hashes, never waits on a disk, so a
+    thread beyond the cores just takes turns with the others (4 threads on 2 CPUs: more context
+    switches and more interpreter time per byte, no more bytes a second)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(threads, cpus))
+
+
 class Restore:
     """One checkpoint being loaded onto this rank."""
 
@@ -69,7 +85,10 @@ class Restore:
         self._local = threading.local()
         self._closed = False
         self._handed_out = False   # set by open_restore once it hands the session out
-        self._threads = max(1, threads)
+        in_memory = set(self._files.sources) | set(self._files.held) | set(self._files.streams)
+        from_files = any(p.shard not in in_memory for u in units for e in u.tensors.values()
+                         for p in self._pieces_for(e) if p.nbytes)
+        self._threads = max(1, threads if from_files else memory_threads(threads))
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="omni-ckpt-restore")
         self.started = time.monotonic()
         self.loaded_s: dict[str, float] = {}
@@ -82,10 +101,8 @@ class Restore:
                                 for shard, items in self._streamed.items()]
         for thread in self._stream_threads:
             thread.start()
-        in_memory = set(self._files.sources) | set(self._files.held) | set(self._files.streams)
         self._prefetcher: threading.Thread | None = None
-        if any(p.shard not in in_memory for u in units for e in u.tensors.values() for p in self._pieces_for(e)
-               if p.nbytes):
+        if from_files:
             # (none when every byte is in memory already: the thread would only hold the GIL a while)
             self._prefetcher = threading.Thread(target=self._prefetch, args=(units,), daemon=True,
                                                 name="omni-ckpt-prefetch")
@@ -230,6 +247,10 @@ class Restore:
                     direct = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
                     self._streamed[piece.shard].append(_Streamed(unit, path, entry, piece, direct, done))
         share = sum(j[2].nbytes + 4096 for j in todo) / self._threads
+        if all(j[2].shard in self._files.held or j[2].shard in self._files.sources for j in todo):
+            # In memory: no read-ahead to keep going, so smaller batches, and a thread that a busy core
+            # slows does not leave the others idle at the end with its share still to read.
+            share = min(share, _MEMORY_BATCH)
         batch: list[tuple[str, fmt.TensorEntry, fmt.Piece]] = []
         filled = 0
         for job in todo:
