@@ -13,6 +13,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -315,6 +316,31 @@ def test_the_records_round_trip() -> None:
     assert decode(encode(req), HoldRequest, "r") == req
     rep = HoldReply(ok=False, refused="cap", error="over")
     assert decode(encode(rep), HoldReply, "r") == rep
+
+
+def restore_threads_alive() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("omni-ckpt-restore"))
+
+
+def test_a_restore_from_the_keepers_memory_runs_no_more_io_threads_than_cpus(
+        tmp_path: Path, job: str, keeper: peer.Keeper) -> None:
+    """Every byte in memory: the I/O threads only copy and hash, so no more of them than the CPUs this
+    process may run on (whatever ``restore_threads`` says); the same step from the file system, after
+    the keeper is gone, gets the threads it asks for."""
+    cpus = len(os.sched_getaffinity(0))
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        for step in (100, 200):
+            eng.save(step, shard_state(step), sync=True)
+    before = restore_threads_alive()
+    with engine(tmp_path, memory_tier=True, memory_job=job, restore_threads=cpus + 6) as eng, eng.restore() as r:
+        assert r.source == "memory" and r.read_bytes["memory"] > 0
+        assert_same(r.optimizer("text_decoder"), optimizer_state(200))
+        assert 1 <= restore_threads_alive() - before <= cpus
+    keeper.stop()
+    with engine(tmp_path, memory_tier=True, memory_job=job, restore_threads=cpus + 6) as eng, eng.restore() as r:
+        assert r.source == "file system"
+        assert_same(r.optimizer("text_decoder"), optimizer_state(200))
+        assert r._threads == cpus + 6
 
 
 def test_a_checked_read_hands_each_step_to_the_checksum_as_it_lands() -> None:
