@@ -89,6 +89,9 @@ Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, 
         wall (single rounds 0.21-1.11), 0.62-0.76 CPU: MISS; the checked read (the same reads, each
         step's xxh3 as it lands, no manifest or tensors) 0.73-0.89 CPU: the checksum caps the CPU
         ratio here, and the restore costs 1.2-1.3 x the checked read (its set-up, 400 tensors).
+        With 1 MiB steps (a core's L2), I/O threads = CPUs and tasks of <= 32 MiB (16:31-16:37, three
+        runs, load 3-147): 0.72, 0.59, 0.64 wall, 0.77, 0.78, 0.66 CPU: MISS; the restore 0.79-0.90 x
+        the checked read's wall time (0.71 idle before), the checked read 0.71-0.85 x the memcpy's.
 
 Peer tier (issue 22; 2026-12-02): the restore receives the keeper's stream straight into the tensors,
 checking each 512 KiB step as it lands (one pass). ``--only peer --gib 0.5 --repeat 7`` at load 6-7:
