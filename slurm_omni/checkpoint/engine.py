@@ -57,7 +57,8 @@ class CheckpointConfig:
     critical: tuple[str, ...] | None = None
     """Modules whose weights must be in memory before training resumes; None means all weights."""
     restore_threads: int = 4
-    """I/O threads reading tensors during a restore."""
+    """I/O threads reading tensors during a restore (no more than the CPUs the process may use when
+    every byte is in the memory tier: ``reader.memory_threads``)."""
     direct_io: bool = True
     """Read the chunks the page cache does not hold with O_DIRECT (less CPU than a buffered read from a
     cold cache); False reads everything through the page cache. File systems that refuse O_DIRECT are
