@@ -11,6 +11,7 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -386,13 +387,13 @@ def test_a_held_buffer_is_on_huge_pages_where_the_kernel_allows_it() -> None:
 
 
 HOLDER = """
-import ctypes, mmap, sys, time
+import ctypes, mmap, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 libc.prctl(0x59616d61, ctypes.c_ulong(-1).value, 0, 0, 0)   # held.allow_readers
 buf = mmap.mmap(-1, 1 << 21, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 buf[:5] = b"alice"
-print(ctypes.addressof(ctypes.c_char.from_buffer(buf)), flush=True)
+print(os.getpid(), ctypes.addressof(ctypes.c_char.from_buffer(buf)), flush=True)
 time.sleep(60)
 """
 
@@ -420,12 +421,14 @@ def test_as_unprivileged_users_a_sibling_of_the_same_user_reads_the_holders_memo
         pytest.skip("needs root, runuser and /usr/bin/python3 to act as alice and bob")
     holder = subprocess.Popen(["runuser", "-u", "alice", "--", "/usr/bin/python3", "-c", HOLDER],
                               stdout=subprocess.PIPE, text=True)
+    pid = 0
     try:
         assert holder.stdout is not None
-        addr = holder.stdout.readline().strip()
-        pid = next(int(p) for p in os.listdir("/proc") if p.isdigit()
-                   and Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"/usr/bin/python3\0-c\0\nimport ctypes, mmap")
-                   and os.stat(f"/proc/{p}").st_uid == pwd.getpwnam("alice").pw_uid)
+        # the holder names itself: runuser is its parent, and a holder of an earlier run (this
+        # machine's other sessions run these tests too) may still sleep under alice's uid
+        said, addr = holder.stdout.readline().split()
+        pid = int(said)
+        assert os.stat(f"/proc/{pid}").st_uid == pwd.getpwnam("alice").pw_uid
 
         def read_as(user: str) -> list[str]:
             return subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", READER, str(pid), addr],
@@ -434,6 +437,11 @@ def test_as_unprivileged_users_a_sibling_of_the_same_user_reads_the_holders_memo
         assert read_as("alice") == ["5", "0", "alice"]
         assert read_as("bob")[:2] == ["-1", str(errno.EPERM)]
     finally:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)   # killing runuser alone leaves it sleeping, an orphan
+            except ProcessLookupError:
+                pass
         holder.kill()
         holder.wait()
 
