@@ -30,6 +30,9 @@ from slurm_omni.errors import ConfigError
 @click.option("--hang-factor", type=click.FloatRange(min=1.0), default=30.0, show_default=True,
               help="A hang confirms no sooner than this many median step times (the site's "
                    "detection.confirm.hang_factor).")
+@click.option("--kill-grace", type=click.FloatRange(min=0.0, max=600.0), default=0.0, show_default=True,
+              help="After killing a confirmed failed step, wait up to this many seconds for its srun to end (every "
+                   "old task it reached gone) before the next launch; 0: start it at once beside the dying tasks.")
 @click.option("--spank-ckpt", default="", help="Give every component the SPANK plugin's --omni-stage and this "
               "--omni-ckpt (its per-task fault records).")
 @click.option("--standby/--no-standby", default=True, show_default=True,
@@ -45,7 +48,8 @@ from slurm_omni.errors import ConfigError
                    "asked for ahead of the time limit by 1.5 times it plus one relaunch (0: none).")
 @click.argument("command", nargs=-1, required=True)
 def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: str, max_relaunches: int,
-              heartbeat_interval: float, confirmation_window: float, hang_factor: float, spank_ckpt: str, standby: bool,
+              heartbeat_interval: float, confirmation_window: float, hang_factor: float, kill_grace: float,
+              spank_ckpt: str, standby: bool,
               allocation: int | None, stop_before: int,
               stop_signal: str, successor_queue_wait: float, command: tuple[str, ...]) -> None:
     """Launch COMMAND as one heterogeneous step over the allocation's active nodes, and relaunch it
@@ -75,7 +79,7 @@ def supervise(stages_text: str, min_dp: int, units_divide: int, spare_policy: st
         incarnation=int(env.get("OMNI_INCARNATION", "0") or 0), min_data_parallel_size=min_dp,
         units_divide=units_divide, spare_policy=spare_policy,  # type: ignore[arg-type]
         max_relaunches=max_relaunches, heartbeat_interval_s=heartbeat_interval,
-        confirmation_window_s=confirmation_window, hang_factor=hang_factor, spank_ckpt=spank_ckpt,
+        confirmation_window_s=confirmation_window, hang_factor=hang_factor, kill_grace_s=kill_grace, spank_ckpt=spank_ckpt,
         log_dir=Path(log_dir) if log_dir else None, crash_at=env.get(CRASH_ENV, ""),
         restart_count=0 if allocation else int(env.get("SLURM_RESTART_COUNT", "0") or 0),
         standby=standby and env.get("OMNI_STANDBY", "1") != "0",

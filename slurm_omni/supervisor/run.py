@@ -199,7 +199,12 @@ class SupervisorOptions:
     tick_s: float = 0.05
     kill_grace_s: float = 0.0
     """After killing a confirmed failed step's tasks, wait this long for its srun before relaunching
-    anyway (its exit code adds nothing to a latched confirmation; the srun is reaped later)."""
+    anyway (its exit code adds nothing to a latched confirmation; the srun is reaped later). 0: the
+    next launch starts at once beside the dying tasks (``--overlap``). srun ends once every task it
+    reached is gone, but with ``proctrack/pgid`` slurmstepd rechecks a killed process group after 1,
+    2, 4 s...: waiting costs 1.4-1.6 s at 8 nodes and 2-6 s at 64 (issue 19), so it is the site's choice
+    (``omni supervise --kill-grace``) where a dying rank's memory must not be given twice (512
+    emulated nodes on one host: the new ranks beside 2,044 SIGKILLed ones ran the host out of memory)."""
     max_fruitless: int = 3
     """Launches in a row that end before their first step (a crash at start-up) before handing over."""
     node_poll_s: float = 3.0
@@ -590,6 +595,9 @@ class Supervisor:
             now = self.clock()
             rc = self._poll(adopted)
             if rc is not False:
+                if self.state.phase is Phase.CONFIRMING and self.state.killed_at is not None:
+                    log.debug("supervisor: launch %d: its srun ended %.3f s after the kill", cur.number,
+                              now - self.state.killed_at)
                 return rc if isinstance(rc, int) else None
             heard = False
             for event in self._step_log.drain() if self._step_log is not None else ():
@@ -863,6 +871,9 @@ class Supervisor:
             if not scancels:
                 self._stop_step(signal.SIGINT)
         elif isinstance(effect, LeaveStep):
+            if cur is not None and self.opts.kill_grace_s > 0:
+                log.warning("supervisor: launch %d: its srun still runs %.0f s after the kill: the next launch "
+                            "starts beside it", cur.number, self.opts.kill_grace_s)
             if self._proc is not None:
                 self._dying.append(self._proc)
             self._dying.extend(x.proc for x in self._extra if x.proc is not None)
