@@ -92,12 +92,12 @@ from bench.cpu_share import Sampler, share_line
 from bench.heartbeat_bench import Inotify
 from bench.light_build import BUILD_DIR, rank_argv
 from bench.light_rank import BLOCK_SIGNAL
+from bench.metrics_tail import MetricsTail
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
 from slurm_omni.errors import SlurmError
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord
-from slurm_omni.formats.metrics import parse_line, read_folder
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
@@ -126,6 +126,13 @@ _POLL = next(f.default for f in dataclasses.fields(SupervisorOptions) if f.name 
 HEARTBEAT_POLL_S = _POLL if isinstance(_POLL, float) else 0.5
 """The supervisor reads the heartbeats this often."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+IDLE_S = 1.0
+"""Seconds slurmd's idle CPU is measured over after the cluster is up (0.0 ms/s at every size)."""
+POLL_S = 0.25
+"""The bench's own polls (beats, journal, lines): each second of reaction is steps the ranks make
+before a fault, which the plan must keep in hand."""
+JOB_POLL_S = 5.0
+"""Slurm is asked for the job's state at most this often while the bench waits on the files."""
 _CMD_LINE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) slurm_omni\.slurm\.runner DEBUG "
                        r"(?P<kind>ran|started) \((?P<argv>[^)]*)\)(?: -> -?\d+ in (?P<took>[\d.]+)s)?")
 """The runner's debug lines: ``ran (argv) -> rc in Xs`` and ``started (argv)``."""
@@ -135,27 +142,51 @@ _JOURNALED = re.compile(r"supervisor: launch (\d+) journaled \(process CPU ([\d.
 when it journaled launch N + 1."""
 
 
+WALL = ("floors", "up", "idle", "start", "steady", "to_fault", "recovery", "lines", "finish", "down")
+"""Where a size's wall time goes: floors (the heartbeat scan and the rendezvous floor, measured
+before the cluster), up (the cluster), idle (slurmd's idle CPU, waiting for every node idle between
+jobs), start (submission to launch 0's first step), steady (the steady-state window), to_fault (the
+ranks checkpointing before each fault: the plan's least), recovery (fault to the next launch's
+first step, as the journal records it), lines (the new launch's first metrics lines reaching the
+folder), finish (the last launch's steps to the job's end), down (the cluster down, leftovers killed)."""
+BAR_S = 15 * 60.0
+BAR_SIZES = (8, 64, 256, 512)
+"""Issue 19: ``python bench/scale_bench.py`` finishes in under 15 minutes with these sizes in it."""
+
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
 SLACK_S = 2.0
-"""Seconds of steps kept in hand per fault beyond what the ranks made after the same fault at the size
-before (the bench's own reaction: it reads the beats every second and injects a fault once every
-rank has checkpointed; the ranks step in step, so no spread among them)."""
+"""Seconds of steps kept in hand per fault beyond what the same fault took measured (``Run.extra_s``);
+the whole of it when none was measured yet (the ranks step in step, so no spread among them)."""
 
 
-def step_plan(args: argparse.Namespace, pace_s: float, overrun: dict[str, float] | None = None
+def window_steps(args: argparse.Namespace, pace_s: float) -> int:
+    """Steps of launch 0 the steady-state window takes (``--cpu-window``) before the first fault."""
+    return math.ceil(args.cpu_window / pace_s)
+
+
+def step_plan(args: argparse.Namespace, pace_s: float, extra: dict[str, float] | None = None
               ) -> tuple[int, dict[str, int]]:
     """(max steps, slack steps per fault) for ranks stepping every ``pace_s`` (in step with rank 0's
     clock: bench/light_rank.py): the steady-state window's steps, then per fault a checkpoint and
     its slack, and a checkpoint and the smallest slack for the last life. A fault's slack is the
-    steps the ranks made from that fault to the kill of their step at the size before (``overrun``,
-    in seconds, scaled by the bench to this size), at least SLACK_S: a node loss at 512 nodes
-    leaves the others stepping for the whole confirmation, a hang stops them at once."""
+    seconds of steps that fault took beyond its checkpoint where it was measured (``extra``: the
+    bench's reaction to the checkpoint, then the ranks stepping on until their step is killed; a node
+    loss at 512 nodes leaves the others stepping for the whole confirmation, a hang stops them at
+    once), plus SLACK_S."""
     least = max(3, math.ceil(SLACK_S / pace_s))
-    slack = {f: max(least, math.ceil((SLACK_S + (overrun or {}).get(f, 0.0)) / pace_s)) for f in args.faults}
-    return (math.ceil(args.cpu_window / pace_s) + sum(args.ckpt_every + k for k in slack.values())
+    slack = {f: max(least, math.ceil((SLACK_S + (extra or {}).get(f, 0.0)) / pace_s)) for f in args.faults}
+    return (window_steps(args, pace_s) + sum(args.ckpt_every + k for k in slack.values())
             + args.ckpt_every + least), slack
+
+
+def extra_steps(restored: int, base: int, every: int, window: int = 0) -> int:
+    """Steps a fault took beyond what the plan gives it at the least: the next launch restored
+    ``restored``; the fault waited for every rank to checkpoint ``base + every`` (launch 0: after its
+    ``window`` steps of steady state too). What is beyond is the bench's reaction (reading the beats,
+    the injection) and the ranks stepping on until their step is killed: the plan keeps it in hand."""
+    return max(0, restored - base - every - window)
 
 
 SPARES = 1
@@ -186,8 +217,12 @@ class Run:
     step_at_fault: int | None = None
     """The most advanced rank's step when the fault was injected."""
     overrun_s: float | None = None
-    """Seconds of steps the ranks made after the fault that the next launch restored (they step on
-    until their step is killed): the next size's plan keeps as much in hand, scaled."""
+    """Seconds of steps the ranks made after the fault (their highest step in the old launch's lines;
+    they step on until their step is killed)."""
+    extra_s: float | None = None
+    """Seconds of steps the fault took beyond its checkpoint (``extra_steps``: the bench's reaction
+    and the overrun): the next job's plan keeps as much in hand (this size's own, else the size
+    before's, scaled)."""
     decide_cmds: list[str] = field(default_factory=list)
     """The Slurm commands the supervisor ran or started between the confirmation and the next launch's
     record, each ``name seconds`` (a started one ``name +``): none may be per node."""
@@ -222,6 +257,10 @@ class Result:
     """The ranks' median step time in steady state (their heartbeats' step_time_s), paced at --step-delay."""
     elapsed_s: float | None = None
     """Wall seconds of the whole size (cluster up to down)."""
+    wall: dict[str, float] = field(default_factory=dict)
+    """Where the size's wall time went (``WALL``), seconds per part."""
+    included: bool = False
+    """Read from an earlier run's results (``--include``), not measured by this one."""
     bare_cmds: dict[str, float] = field(default_factory=dict)
     """decide's two Slurm commands (``squeue`` of the job, ``scontrol show node`` of its nodes) run
     bare by the bench in steady state: wall seconds, median of 3 (slurmctld's answer at this size
@@ -354,21 +393,32 @@ class RankGroup:
 
     SHARES = 256
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, shares: int = SHARES) -> None:
         self.path: Path | None = None
         self.how = "not made"
         folder = (CGROUP_CPU if (CGROUP_CPU / "cpu.shares").exists() else Path("/sys/fs/cgroup")) / name
         try:
             folder.mkdir(exist_ok=True)
             if (folder / "cpu.shares").exists():
-                (folder / "cpu.shares").write_text(str(self.SHARES))
-                self.how = f"cpu.shares={self.SHARES}, a session's 1024"
+                (folder / "cpu.shares").write_text(str(shares))
+                self.how = f"cpu.shares={shares}, a session's 1024"
             else:
-                (folder / "cpu.weight").write_text(str(self.SHARES * 100 // 1024))
-                self.how = f"cpu.weight={self.SHARES * 100 // 1024}, a session's 100"
+                (folder / "cpu.weight").write_text(str(shares * 100 // 1024))
+                self.how = f"cpu.weight={shares * 100 // 1024}, a session's 100"
             self.path = folder
         except OSError as e:
-            self.how = f"not made ({e}): the ranks run at the weight of their slurmstepd's session"
+            self.how = f"not made ({e}): its processes run at the weight of their sessions"
+
+    def join(self, pid: int, *, leave: bool = False) -> bool:
+        """``pid`` (every thread of it) into this group, or back to the parent group (``leave``); its
+        children to come follow it, those it has do not."""
+        if self.path is None:
+            return False
+        try:
+            ((self.path.parent if leave else self.path) / "cgroup.procs").write_text(str(pid))
+            return True
+        except OSError:   # gone
+            return False
 
     def remove(self) -> None:
         """Empty (a rank still there goes back to the parent group) and removed."""
@@ -388,6 +438,16 @@ class RankGroup:
 
 
 RANK_GROUP: RankGroup | None = None
+NODE_GROUP: RankGroup | None = None
+NODE_SHARES = 1024
+"""The emulated nodes' daemons: every slurmd joins it after the cluster is up, and the slurmstepd it
+forks (with their tasks until the ranks join RANK_GROUP) follow, weighing one session together. On a
+cluster slurmd and slurmstepd run on the nodes' cores, never on slurmctld's or the supervisor's;
+here each slurmstepd is a session of its own (an autogroup as heavy as slurmctld's), and while a
+512-node step was torn down slurmctld answered the supervisor's one-node read of the lost node in
+2-4 s (256-512 nodes, 14:05: the node loss's confirmation). The in-allocation supervisor, started by
+its batch step's slurmstepd, leaves the group once the bench finds it (on a cluster it has its
+batch host's cores): it, its sruns and its reads of Slurm weigh as its session again."""
 
 
 def mean(values: list[float]) -> float | None:
@@ -410,6 +470,11 @@ def process_tree_cpu(root: int) -> float | None:
     except OSError:
         return None
     total = sum(int(f) for f in fields[11:15]) / CLK_TCK
+    return total + sum(cpu_s(pid) or 0.0 for pid in descendants(root))
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below ``root`` (from /proc)."""
     children: dict[int, list[int]] = {}
     for pid in pids():
         try:
@@ -417,24 +482,25 @@ def process_tree_cpu(root: int) -> float | None:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(pid)
-    todo = list(children.get(root, []))
+    out, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        total += cpu_s(pid) or 0.0
+        out.append(pid)
         todo.extend(children.get(pid, []))
-    return total
+    return out
 
 
 class Size:
     """One cluster size: the cluster up once, then one job per path, each running every fault in turn."""
 
     def __init__(self, args: argparse.Namespace, nodes: int, root: Path, pace_s: float = 0.0,
-                 overrun: dict[str, float] | None = None) -> None:
+                 measured: list[Result] | None = None) -> None:
         self.args = args
-        planned, self.slack = step_plan(args, max(pace_s, args.step_delay), overrun)
-        self.max_steps = args.max_steps or planned
-        """``--max-steps``, else planned at the smaller sizes' measured step time (``pace_s``) and the
-        seconds their ranks stepped on after each fault (``overrun``, scaled to this size)."""
+        self.pace_s = pace_s
+        """The smaller sizes' measured step time: each job's steps are planned at it (or at this size's
+        own, once a job of it measured one)."""
+        self.measured = measured or []
+        """The sizes measured before: a job plans from their faults' extra steps when this size has none."""
         self.nodes = nodes
         self.root = root
         self.spec = ClusterSpec(nodes=nodes, nodes_per_switch=4 if nodes <= 8 else 16, cpus_per_node=TASKS_PER_NODE,
@@ -452,6 +518,12 @@ class Size:
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} n={self.nodes}] {msg}", flush=True)
 
+    def spent(self, part: str, since: float) -> float:
+        """Adds the wall seconds since ``since`` (monotonic) to ``part`` of the size's time (``WALL``)."""
+        took = time.monotonic() - since
+        self.result.wall[part] = self.result.wall.get(part, 0.0) + took
+        return took
+
     def up(self) -> None:
         recorded = self.cluster.recorded_spec()
         if recorded is not None and recorded != self.spec and any(self.cluster.running().values()):
@@ -459,18 +531,24 @@ class Size:
             LocalCluster(Path(self.args.state_dir)).down()
         started = time.monotonic()
         self.cluster.up(wait_s=120)
-        self.result.up_s = time.monotonic() - started
+        self.result.up_s = self.spent("up", started)
         self.log(f"cluster up in {self.result.up_s:.1f}s")
+        started = time.monotonic()
         slurmds = [pid for name, pid in self.cluster.running().items() if name.startswith("slurmd:") and pid]
         before = {p: cpu_s(p) for p in slurmds}
-        time.sleep(3)
-        cpu = [(c - b) / 3 for p, b in before.items() if b is not None and (c := cpu_s(p)) is not None]
+        time.sleep(IDLE_S)
+        cpu = [(c - b) / IDLE_S for p, b in before.items() if b is not None and (c := cpu_s(p)) is not None]
         mem = [m for p in slurmds if (m := private_mib(p)) is not None]
         self.result.memory["slurmd_mib"] = mean(mem) or 0.0
         self.result.memory["slurmd_idle_cpu_ms_per_s"] = 1000 * (mean(cpu) or 0.0)
         ctld = self.cluster.running().get("slurmctld")
         if ctld:
             self.result.memory["slurmctld_mib"] = private_mib(ctld) or 0.0
+        if NODE_GROUP is not None:
+            joined = sum(NODE_GROUP.join(pid) for pid in slurmds)
+            if joined < len(slurmds):
+                self.log(f"{len(slurmds) - joined} of {len(slurmds)} slurmd did not join {NODE_GROUP.path}")
+        self.spent("idle", started)
 
     def run(self) -> Result:
         self.up()
@@ -505,6 +583,32 @@ class Job:
         self.down: list[str] = []
         self.ranks = size.result.ranks
         self.runs: list[Run] = []
+        self.max_steps, self.slack, self.window = 0, {}, 0
+        """The job's steps (``plan``), the steps kept in hand per fault, launch 0's steady-state steps."""
+        self.kill_grace = 0.0
+        """``omni supervise --kill-grace`` (``plan``): 0 unless two launches' ranks would not fit in memory."""
+        self.lines = MetricsTail(self.work / "metrics")
+        self.last_asked = 0.0
+        """When ``wait`` last asked Slurm for the job's state (monotonic)."""
+
+    def plan(self) -> None:
+        """The job's steps at the pace and extra steps measured: this size's own where a job of it ran
+        (its step time, each fault's extra steps), else the sizes before (``extra_at``)."""
+        r = self.size.result
+        pace = max(self.size.pace_s, r.step_s or 0.0, self.args.step_delay)
+        extra, source = extra_at(self.nodes, self.size.measured, r.runs)
+        planned, self.slack = step_plan(self.args, pace, extra)
+        self.max_steps = self.args.max_steps or planned
+        self.window = window_steps(self.args, pace)
+        why = two_launches_fit(self.nodes, [*self.size.measured, r], self.args.reserve_gib * 1024)
+        self.kill_grace = KILL_GRACE_S if why else 0.0
+        if why:
+            self.log(f"{why}: the supervisor waits up to {KILL_GRACE_S:g} s for the killed step's srun "
+                     "(every old rank gone) before the next launch (--kill-grace)")
+        self.log(f"{self.max_steps} steps{' (--max-steps)' if self.args.max_steps else ''}: paced {pace:.2f} s, "
+                 f"kept in hand per fault: " + ", ".join(
+                     f"{f} {k} ({source.get(f, 'nothing measured: ' + format(SLACK_S, 'g') + ' s')})"
+                     for f, k in self.slack.items()))
 
     def log(self, msg: str) -> None:
         self.size.log(f"{self.path}: {msg}")
@@ -527,7 +631,7 @@ class Job:
         return {k: str(v) for k, v in {
             "OMNI_CKPT_DIR": w / "ckpt", "OMNI_HEARTBEAT_DIR": w / "hb", "OMNI_METRICS_DIR": w / "metrics",
             "OMNI_LOG_DIR": w / "logs", "OMNI_DP_SIZE": self.ranks, "OMNI_STAGES": "main",
-            "OMNI_MAX_STEPS": self.size.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
+            "OMNI_MAX_STEPS": self.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
             "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}-{self.path}", "OMNI_STANDBY": 0,
             "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
             "PYTHONPATH": REPO,
@@ -546,6 +650,7 @@ class Job:
                 f"--stages=main:{active}:{TASKS_PER_NODE}:{SPARES}", "--heartbeat-interval=1",
                 f"--confirmation-window={self.args.confirmation_window:g}", f"--hang-factor={self.args.hang_factor:g}",
                 "--no-standby", *([f"--allocation={self.job_id}"] if self.path == "alloc" else []),
+                *([f"--kill-grace={self.kill_grace:g}"] if self.kill_grace else []),
                 "--", *RANK_ARGV]
 
     def wait_idle(self) -> None:
@@ -582,7 +687,10 @@ class Job:
                            f"{' ...' if len(busy) > 5 else ''}")
 
     def submit(self) -> None:
+        t0 = time.monotonic()
         self.wait_idle()
+        self.size.spent("idle", t0)
+        self.plan()
         w = self.work
         for d in ("ckpt", "hb", "metrics", "logs"):
             (w / d).mkdir(parents=True, exist_ok=True)
@@ -627,16 +735,24 @@ class Job:
         return list(self.journal().state.launches)
 
     def wait(self, cond: Any, timeout: float) -> bool:
+        """Until ``cond()`` (True), the job ends or ``timeout`` (False). ``cond`` is asked every
+        POLL_S, or twice its own time when it takes longer (a read of 2,044 ranks' beats at load
+        1,000+: the bench takes at most a third of a core); Slurm is asked for the job's state every
+        JOB_POLL_S only (at 512 nodes one ``scontrol show job`` answered in seconds)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            t0 = time.monotonic()
             if cond():
                 return True
-            if self.job_finished():
-                return bool(cond())
+            took = time.monotonic() - t0
+            if t0 - self.last_asked >= JOB_POLL_S:
+                self.last_asked = t0
+                if self.job_finished():
+                    return bool(cond())
             if self.args.stop_at and time.time() >= self.args.stop_at:
                 raise TimeoutError(f"--stop-at {time.strftime('%H:%M:%S', time.gmtime(self.args.stop_at))} UTC "
                                    "reached: the cluster goes down now")
-            time.sleep(1.0)
+            time.sleep(max(POLL_S, 2 * took))
         return False
 
     def job_state(self) -> str:
@@ -670,13 +786,9 @@ class Job:
         return None
 
     def first_lines(self, incarnation: int) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        for lines in read_folder(self.work / "metrics").values():   # own files and node files
-            for where, line in lines:
-                rec = parse_line(line, where)
-                if rec.incarnation == incarnation and rec.rank not in out:
-                    out[rec.rank] = json.loads(line)
-        return out
+        """Each rank's first metrics line of ``incarnation`` (own files and node files, each line
+        parsed once: bench/metrics_tail.py)."""
+        return self.lines.first_lines(incarnation)
 
     def watch_files(self) -> Inotify | None:
         """inotify on the job's folders (heartbeat_bench.Inotify): the heartbeat folder, the checkpoint
@@ -780,39 +892,52 @@ class Job:
         return f"rank {target.rank} (pid {target.pid} on {target.node}) SIGSTOPped, {len(beats) - 1} peers blocked"
 
     def run(self) -> None:
-        args, every = self.args, self.args.ckpt_every
+        args, every, size = self.args, self.args.ckpt_every, self.size
         self.submit()
+        t0 = time.monotonic()
         ok = self.wait(lambda: (la := self.launches()) and la[0].first_step_at, args.timeout)
+        size.spent("start", t0)
         if not ok:
             raise TimeoutError(f"launch 0 made no step within {args.timeout:.0f}s (job {self.job_state()}; "
                                f"{self.work}/logs)")
         sup = self.supervisor_pid()
+        if sup is not None and self.path == "inalloc" and NODE_GROUP is not None:
+            # on a cluster the batch host's cores are its own: out of the nodes' group (NODE_GROUP)
+            left = sum(NODE_GROUP.join(pid, leave=True) for pid in (sup, *descendants(sup)))
+            self.log(f"the supervisor (pid {sup}) and {left - 1} process(es) below it left the nodes' cgroup")
         self.log("launch 0 stepping: measuring the control plane in steady state")
+        t0 = time.monotonic()
         if sup is not None:
             self.steady_state(sup)
         times = sorted(b.step_time_s for b in self.beats(self.launches()[0].incarnation) if b.step_time_s is not None)
-        self.size.result.step_s = times[len(times) // 2] if times else None
+        if times:
+            size.result.step_s = max(size.result.step_s or 0.0, times[len(times) // 2])
+        size.spent("steady", t0)
         base = 0
         for k, fault in enumerate(args.faults):
             la = self.launches()[k]
             inc = la.incarnation
+            t0 = time.monotonic()
             ok = self.wait(lambda inc=inc, base=base: len(b := self.beats(inc)) == self.ranks and
                            min(x.last_checkpoint_step or 0 for x in b) >= base + every, args.timeout)
+            size.spent("to_fault", t0)
             if not ok:
                 raise TimeoutError(f"launch {k}: the ranks did not all checkpoint step {base + every} "
                                    f"within {args.timeout:.0f}s")
             at_fault = max(x.step for x in self.beats(inc))
-            if at_fault >= self.size.max_steps - self.size.slack[fault]:
+            if at_fault >= self.max_steps - self.slack[fault]:
                 raise TimeoutError(f"launch {k} got too close to max steps before the {fault} fault: step {at_fault} "
-                                   f"of {self.size.max_steps}, {self.size.slack[fault]} kept for it (raise --max-steps)")
+                                   f"of {self.max_steps}, {self.slack[fault]} kept for it (raise --max-steps)")
             run = Run(self.path, fault, load=os.getloadavg()[0], step_at_fault=at_fault)
-            ctld = self.size.cluster.running().get("slurmctld")
+            ctld = size.cluster.running().get("slurmctld")
             cpu0 = process_tree_cpu(sup) if sup else None
             ctld0 = cpu_s(ctld) if ctld else None
             run.fault_at = time.time()
+            t0 = time.monotonic()
             what = self.inject(fault, inc, la.layout)
             self.log(f"launch {k}: {fault}: {what} (load {run.load:.1f})")
             ok = self.wait(lambda k=k: len(la := self.launches()) > k + 1 and la[k + 1].first_step_at, args.timeout)
+            size.spent("recovery", t0)
             cpu1 = process_tree_cpu(sup) if sup else None
             ctld1 = cpu_s(ctld) if ctld else None
             if cpu0 is not None and cpu1 is not None:
@@ -826,25 +951,34 @@ class Job:
             self.runs.append(run)
             nxt = self.launches()[k + 1]
             # the ranks' lines reach the metrics folder with their node's next copy (once per 1 s interval)
-            wait_lines = time.monotonic() + 3.0
-            while len(first := self.first_lines(nxt.incarnation)) < self.ranks and time.monotonic() < wait_lines:
-                time.sleep(0.25)
+            t0 = time.monotonic()
+            while len(first := self.first_lines(nxt.incarnation)) < self.ranks and time.monotonic() < t0 + 3.0:
+                time.sleep(POLL_S)
+            size.spent("lines", t0)
             restored = {x.get("restored_step") for x in first.values()}
-            base = max((s for s in restored if isinstance(s, int)), default=base)
-            run.overrun_s = max(0, base - at_fault) * max(self.size.result.step_s or 0.0, self.args.step_delay)
+            nxt_base = max((s for s in restored if isinstance(s, int)), default=base)
+            pace = max(size.result.step_s or 0.0, args.step_delay)
+            extra = extra_steps(nxt_base, base, every, self.window if k == 0 else 0)
+            run.extra_s = extra * pace
+            made = self.lines.last_step.get(inc)
+            run.overrun_s = None if made is None else max(0, made - at_fault) * pace
             self.log(f"launch {k + 1} stepping (restored {sorted(s for s in restored if s is not None)}; "
-                     f"{max(0, base - at_fault)} steps after the fault)")
+                     f"fault at step {at_fault}, the old ranks made {'?' if made is None else max(0, made - at_fault)} "
+                     f"after it; {extra} steps beyond the plan's least, {self.slack[fault]} kept in hand)")
+            base = nxt_base
         self.log("waiting for the run to finish")
-        finished = self.wait(lambda: self.job_finished(), args.timeout)
+        t0 = time.monotonic()
+        finished = self.wait(lambda: self.journal().state.outcome is not None and self.job_finished(), args.timeout)
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
+        size.spent("finish", t0)
         for k, run in enumerate(self.runs):
             self.phases(run, k)
         self.check(finished)
-        self.size.result.runs.extend(self.runs)
+        size.result.runs.extend(self.runs)
 
     def supervisor_log(self) -> str:
         try:
@@ -935,7 +1069,7 @@ class Job:
                             f"{sorted(s for s in restored if s is not None)}")
         last = st.launches[-1]
         beats = self.beats(last.incarnation)
-        done = [b for b in beats if b.phase == "done" and b.exit_code == 0 and b.step == self.size.max_steps]
+        done = [b for b in beats if b.phase == "done" and b.exit_code == 0 and b.step == self.max_steps]
         state = self.job_state()
         # in-allocation the batch script ends the job; in allocation mode the supervisor releases it
         want = "COMPLETED" if self.path == "inalloc" else "CANCELLED"
@@ -945,7 +1079,7 @@ class Job:
               and len(st.launches) == len(self.args.faults) + 1)
         r.checks.append(f"{'PASS' if ok else 'FAIL'} {self.path}: the run finished after {len(st.launches) - 1} "
                         f"relaunches: journal {st.outcome or '-'}, {len(done)}/{self.ranks} ranks done at step "
-                        f"{self.size.max_steps}, job {state}{rc}")
+                        f"{self.max_steps}, job {state}{rc}")
 
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -1068,7 +1202,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         m = r.memory
         if not m:
             continue
-        print(f"{r.nodes:>5} nodes: up {fmt(r.up_s, 's', 0)}; size done in {fmt(r.elapsed_s, 's', 0)}; ranks step in "
+        print(f"{r.nodes:>5} nodes: up {fmt(r.up_s, 's', 0)}; size done in {wall_line(r)}; ranks step in "
               f"{fmt(r.step_s)}; slurmd {m.get('slurmd_mib', 0):.1f} MiB "
               f"(idle {m.get('slurmd_idle_cpu_ms_per_s', 0):.1f} ms CPU/s each), slurmctld "
               f"{m.get('slurmctld_mib', 0):.1f} MiB, slurmstepd {m.get('slurmstepd_mib', 0):.1f} MiB "
@@ -1221,6 +1355,11 @@ def print_settings() -> None:
               "supervisor's, here every slurmstepd's session weighs as much as slurmctld's (512 of them starved it), "
               "in the group all ranks weigh a quarter of one (their interpreter starts before they join; slurmd, "
               "slurmstepd, srun and the supervisor keep their weight)")
+    if NODE_GROUP is not None:
+        print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "
+              "daemons weigh one session together, as on a cluster where they run on the nodes' cores, not "
+              "slurmctld's (each slurmstepd's own session starved slurmctld while a 512-node step was torn down); "
+              "the in-allocation supervisor leaves it once found (`--node-weight session`: as before)")
     print(f"  light rank: {RANK_KIND}; sleeps between steps (--step-delay) and beats (1 s), one heartbeat file "
           "per node (a node-local folder, one rank copies it twice per interval), no collectives; warm standbys "
           "off; one srun per allocation")
@@ -1296,8 +1435,10 @@ def load_results(path: Path) -> list[Result]:
                    memory=dict(size.get("memory") or {}), up_s=size.get("up_s"), load=size.get("load") or 0.0,
                    scan=tuple(size["scan"]) if size.get("scan") else None, fs_ops=dict(size.get("fs_ops") or {}),
                    bare_cmds=dict(size.get("bare_cmds") or {}), join_floor=size.get("join_floor"),
+                   wall=dict(size.get("wall") or {}),
                    cpu_share=dict(size.get("cpu_share") or {}))
         r.checks.append(f"(from {path}: {doc.get('source', '?')}, measured {doc.get('measured', '?')})")
+        r.included = True
         out.append(r)
     return out
 
@@ -1311,6 +1452,7 @@ def write_json(results: list[Result], path: Path, args: argparse.Namespace) -> N
                       "cpu_per_poll_s": r.cpu_per_poll, "elapsed_s": r.elapsed_s, "checks": r.checks,
                       "memory": r.memory, "up_s": r.up_s, "scan": r.scan, "load": r.load, "fs_ops": r.fs_ops,
                       "bare_cmds": r.bare_cmds, "join_floor": r.join_floor, "cpu_share": r.cpu_share,
+                      "wall": r.wall,
                       "runs": [dataclasses.asdict(x) for x in r.runs]} for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -1399,19 +1541,28 @@ def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
 OVERRUN_MARGIN = 1.5
 
 
-def overrun_at(nodes: int, measured: list[Result]) -> dict[str, float]:
-    """Per fault, the seconds the ranks stepped on after it at the largest size measured so far,
-    scaled linearly to ``nodes`` (confirmation and the kill grew about so on this machine), with half
-    as much again in hand (OVERRUN_MARGIN): a fault that finds too few steps left is not measured."""
-    prev = next((r for r in sorted(measured, key=lambda r: r.nodes, reverse=True)
-                 if any(x.overrun_s is not None for x in r.runs)), None)
-    if prev is None:
-        return {}
+def extra_at(nodes: int, measured: list[Result], own: list[Run] | None = None) -> tuple[dict[str, float], dict[str, str]]:
+    """Per fault, the seconds of steps to keep in hand beyond its checkpoint (``Run.extra_s``), with
+    half as much again (OVERRUN_MARGIN): this size's own figure where a job of this size measured the
+    fault (``own``), else the largest smaller size's, scaled linearly to ``nodes`` (the confirmation,
+    the kill and the bench's reaction grew about so on this machine). A fault that finds too few
+    steps left is not measured. Also says, per fault, where its figure came from."""
     out: dict[str, float] = {}
-    for x in prev.runs:
-        if x.overrun_s is not None:
-            out[x.fault] = max(out.get(x.fault, 0.0), OVERRUN_MARGIN * x.overrun_s * max(1.0, nodes / prev.nodes))
-    return out
+    source: dict[str, str] = {}
+    for x in own or []:
+        if x.extra_s is not None and x.extra_s * OVERRUN_MARGIN >= out.get(x.fault, 0.0):
+            out[x.fault] = OVERRUN_MARGIN * x.extra_s
+            source[x.fault] = f"{x.extra_s:.1f} s measured at this size ({x.path})"
+    prev = next((r for r in sorted(measured, key=lambda r: r.nodes, reverse=True)
+                 if r.nodes < nodes and any(x.extra_s is not None for x in r.runs)), None)
+    for x in prev.runs if prev is not None else []:
+        if x.extra_s is None or x.fault in source and "this size" in source[x.fault]:
+            continue
+        scaled = OVERRUN_MARGIN * x.extra_s * max(1.0, nodes / prev.nodes)
+        if scaled >= out.get(x.fault, 0.0):
+            out[x.fault] = scaled
+            source[x.fault] = f"{x.extra_s:.1f} s at {prev.nodes} nodes ({x.path}), scaled"
+    return out, source
 
 
 SATURATED = 3.0
@@ -1429,6 +1580,28 @@ def saturated(nodes: int, measured: list[Result], paced_s: float, spares: int) -
             f"{os.cpu_count()} cores), and {TASKS_PER_NODE * (nodes - spares)} would need more CPU still")
 
 
+KILL_GRACE_S = 60.0
+"""What the supervisor waits at most for a killed step's srun when two launches do not fit in memory."""
+
+
+def two_launches_fit(nodes: int, measured: list[Result], reserve_mib: float) -> str:
+    """Empty when the old launch's slurmstepd and ranks and the next one's fit in MemAvailable at once
+    (the supervisor starts the next launch beside the SIGKILLed tasks: at 512 nodes with the Python
+    rank both sets ran the host out of memory, 14:26); else why not. The cluster is up: its slurmd
+    are in MemAvailable already."""
+    got = [r.memory for r in measured if r.memory.get("rank_mib")]
+    if not got:
+        return ""
+    m = got[-1]
+    ranks = TASKS_PER_NODE * (nodes - SPARES)
+    need = 2 * (nodes * m["slurmstepd_mib"] + ranks * m["rank_mib"])
+    have = mem_available_mib() - reserve_mib
+    if need <= have:
+        return ""
+    return (f"two launches need about {need / 1024:.1f} GiB (2 x ({nodes} slurmstepd x {m['slurmstepd_mib']:.1f} + "
+            f"{ranks} ranks x {m['rank_mib']:.1f} MiB)), {have / 1024:.1f} GiB available after the reserve")
+
+
 def fits(nodes: int, measured: list[Result], reserve_mib: float, spares: int) -> str:
     """Empty when the size fits in MemAvailable by the per-process figures measured so far."""
     got = [r.memory for r in measured if r.memory.get("rank_mib")]
@@ -1443,6 +1616,30 @@ def fits(nodes: int, measured: list[Result], reserve_mib: float, spares: int) ->
                 f"{m['slurmstepd_mib']:.1f} MiB, {ranks} ranks x {m['rank_mib']:.1f} MiB), {have / 1024:.1f} GiB "
                 f"available after a {reserve_mib / 1024:.0f} GiB reserve")
     return ""
+
+
+def whole_run(seconds: float, results: list[Result], runs_per_size: int = len(FAULTS) * len(PATHS)) -> str:
+    """The run's wall time against issue 19's bar (BAR_S with every one of BAR_SIZES in it): PASS
+    only when this run measured every size of the bar with ``runs_per_size`` recoveries each; over
+    the bar is a MISS whatever ran; under it with a size missing is not shown."""
+    missing = [n for n in BAR_SIZES if not any(
+        r.nodes == n and not r.na and len(r.runs) >= runs_per_size and not any(x.na for x in r.runs) for r in results)]
+    head = f"the whole run: {seconds:.0f} s ({seconds / 60:.1f} min) against the bar of {BAR_S / 60:.0f} min"
+    gaps = f"not measured whole here: {', '.join(map(str, missing))} nodes" if missing else ""
+    if seconds > BAR_S:
+        return f"{head}: MISS (x{seconds / BAR_S:.2f}{'; ' + gaps if gaps else ''})"
+    if missing:
+        return f"{head}: not shown ({gaps})"
+    return f"{head}: PASS"
+
+
+def wall_line(r: Result) -> str:
+    """Where a size's wall time went (``WALL``), its parts and what no part names."""
+    told = sum(r.wall.values())
+    parts = [f"{k} {r.wall[k]:.0f}" for k in WALL if r.wall.get(k, 0.0) >= 0.5]
+    if r.elapsed_s is not None and r.elapsed_s - told >= 0.5:
+        parts.append(f"other {r.elapsed_s - told:.0f}")
+    return f"{fmt(r.elapsed_s, 's', 0)}: " + ", ".join(parts)
 
 
 def _stop(signum: int, _frame: object) -> None:
@@ -1494,6 +1691,10 @@ def main() -> int:
     p.add_argument("--rank", choices=("c", "python"), default="c",
                    help="c: bench/light_rank.c, compiled with cc into build/light-rank (no compiler: the Python "
                         "rank, said in the output); python: bench/light_rank.py, its reference (python -S)")
+    p.add_argument("--node-weight", choices=("one", "session"), default="one",
+                   help="one: every slurmd and the slurmstepd it forks join one cgroup weighing one session "
+                        "(NODE_GROUP; a cluster runs them on their nodes' cores); session: each slurmstepd "
+                        "weighs as its own session, as much as slurmctld's")
     p.add_argument("--heartbeat-node-dir", default="",
                    help="OMNI_HEARTBEAT_NODE_DIR for the ranks: a node-local folder (default: none set, the ranks' "
                         "default /dev/shm, one heartbeat file per node) or 'off' (one per rank; "
@@ -1525,6 +1726,9 @@ def main() -> int:
     print(f"light rank: {RANK_KIND}", flush=True)
     if args.rank_weight == "low":
         RANK_GROUP = RankGroup(f"omni-scale-ranks-{os.getpid()}")
+    global NODE_GROUP
+    if args.node_weight == "one":
+        NODE_GROUP = RankGroup(f"omni-scale-nodes-{os.getpid()}", shares=NODE_SHARES)
     spares = SPARES
     results: list[Result] = load_results(Path(args.include)) if args.include else []
     started = time.monotonic()
@@ -1533,6 +1737,7 @@ def main() -> int:
             if args.stop_at and time.time() >= args.stop_at:
                 results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na="not started: --stop-at"))
                 continue
+            t0 = time.monotonic()
             scan = scan_cost(TASKS_PER_NODE * (n - spares), root)
             floor = join_floor(TASKS_PER_NODE * (n - spares))
             why = fits(n, results, args.reserve_gib * 1024, spares) or (
@@ -1542,12 +1747,10 @@ def main() -> int:
                 print(f"[n={n}] n/a: {why}", flush=True)
                 continue
             paces = [r.step_s for r in results if r.step_s]
-            size = Size(args, n, root, pace_s=max(paces, default=0.0), overrun=overrun_at(n, results))
-            size.log(f"{size.max_steps} steps (ranks of the sizes before stepped in {fmt(max(paces, default=None))}; "
-                     f"kept in hand per fault: {', '.join(f'{f} {k}' for f, k in size.slack.items())})")
+            size = Size(args, n, root, pace_s=max(paces, default=0.0), measured=results)
+            size.spent("floors", t0)
             size.result.scan = scan
             size.result.join_floor = floor
-            t0 = time.monotonic()
             try:
                 results.append(size.run())
             except Exception as e:  # noqa: BLE001 (one size's failure is its n/a, not the end of the table)
@@ -1558,23 +1761,26 @@ def main() -> int:
                 results.append(size.result)
                 raise
             finally:
+                t1 = time.monotonic()
                 if not (args.keep_cluster and n == sizes[-1]):
                     size.cluster.down()
                     left = kill_leftover_steps(OWN_JOBS, Path(args.state_dir), Path(args.work))
                     if left:
                         size.log(f"killed {len(left)} slurmstepd and light ranks of this run's jobs left after the "
                                  "cluster went down")
+                size.spent("down", t1)
                 size.result.elapsed_s = time.monotonic() - t0
                 loads = [x.load for x in size.result.runs if x.load]
                 size.result.load = max(loads, default=0.0)
     finally:
-        if RANK_GROUP is not None:
-            RANK_GROUP.remove()
+        for group in (RANK_GROUP, NODE_GROUP):
+            if group is not None:
+                group.remove()
         report(results, args)
         out = Path(args.json) if args.json else root / "results.json"
         write_json(results, out, args)
-        print(f"\nall sizes in {time.monotonic() - started:.0f} s (1-minute load now {os.getloadavg()[0]:.1f}); "
-              f"figures in {out}")
+        print(f"\n{whole_run(time.monotonic() - started, [r for r in results if not r.included])} "
+              f"(1-minute load now {os.getloadavg()[0]:.1f}); figures in {out}")
     return 0 if all(not r.na and all(c.startswith("PASS") for c in r.checks) and not any(x.na for x in r.runs)
                     for r in results) else 1
 

@@ -12,16 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from bench.metrics_tail import MetricsTail
 from bench.scale_bench import (
     FAULTS,
     Result,
     Run,
+    extra_at,
+    extra_steps,
     kill_leftover_steps,
     load_results,
     log_slope,
-    overrun_at,
     run_value,
     step_plan,
+    whole_run,
     write_json,
 )
 
@@ -38,16 +41,76 @@ def test_steps_are_planned_at_the_pace_the_smaller_sizes_measured() -> None:
     assert step_plan(_args(), 2.5) == (2 + (3 + 3) * 4, {"node": 3, "crash": 3, "hang": 3})
 
 
-def test_a_fault_keeps_in_hand_the_steps_ranks_made_after_it_at_the_size_before_scaled() -> None:
-    # at 64 nodes the ranks stepped 2 s on after the node loss, 0.5 s after the crash, none after the hang
-    smaller = Result(nodes=64, ranks=252, runs=[Run("alloc", "node", overrun_s=2.0), Run("inalloc", "node", overrun_s=1.0),
-                                               Run("alloc", "crash", overrun_s=0.5), Run("alloc", "hang", overrun_s=0.0)])
-    overrun = overrun_at(512, [smaller])
-    assert overrun == {"node": 24.0, "crash": 6.0, "hang": 0.0}   # the larger path's, x 512/64, x 1.5
-    total, slack = step_plan(_args(), 0.5, overrun)
-    assert slack == {"node": 52, "crash": 16, "hang": 4}          # (2 s + the overrun) / 0.5 s
+def test_a_fault_keeps_in_hand_the_extra_steps_it_took_at_the_size_before_scaled() -> None:
+    # at 64 nodes the node loss took 2 s of steps beyond its checkpoint, the crash 0.5 s, the hang none
+    smaller = Result(nodes=64, ranks=252, runs=[Run("alloc", "node", extra_s=2.0), Run("inalloc", "node", extra_s=1.0),
+                                               Run("alloc", "crash", extra_s=0.5), Run("alloc", "hang", extra_s=0.0)])
+    extra, source = extra_at(512, [smaller])
+    assert extra == {"node": 24.0, "crash": 6.0, "hang": 0.0}   # the larger path's, x 512/64, x 1.5
+    assert source["node"] == "2.0 s at 64 nodes (alloc), scaled"
+    total, slack = step_plan(_args(), 0.5, extra)
+    assert slack == {"node": 52, "crash": 16, "hang": 4}          # (2 s + the extra) / 0.5 s
     assert total == 10 + (3 + 52) + (3 + 16) + (3 + 4) + (3 + 4)
-    assert overrun_at(512, []) == {}
+    assert extra_at(512, []) == ({}, {})
+
+
+def test_a_sizes_own_figure_plans_its_next_job_unscaled() -> None:
+    """512 nodes (14:05): the plan took 256's "0 steps after the fault" while 512's node loss took
+    about 9; the second job of a size plans from the first job's own figure."""
+    smaller = Result(nodes=256, ranks=1020, runs=[Run("alloc", "node", extra_s=0.0), Run("alloc", "hang", extra_s=1.0)])
+    own = [Run("inalloc", "node", extra_s=6.0), Run("inalloc", "crash", na="timeout")]
+    extra, source = extra_at(512, [smaller], own)
+    assert extra == {"node": 9.0, "hang": 3.0}   # this size's own x 1.5; the hang from 256 x 2 x 1.5
+    assert source["node"] == "6.0 s measured at this size (inalloc)"
+    # a larger size's figures never plan a smaller one
+    assert extra_at(64, [smaller]) == ({}, {})
+
+
+def test_the_extra_steps_of_a_fault() -> None:
+    # checkpoint 3 after base 12 waited for; the next launch restored 24: 9 steps beyond the least
+    assert extra_steps(24, 12, 3) == 9
+    # launch 0: its steady-state window's 10 steps come first
+    assert extra_steps(15, 0, 3, 10) == 2
+    assert extra_steps(12, 12, 3) == 0
+
+
+def test_the_whole_run_against_the_15_minute_bar() -> None:
+    def size(n: int, na: str = "") -> Result:
+        return Result(nodes=n, ranks=4 * (n - 1), runs=[Run(p, f, na=na) for p in ("inalloc", "alloc") for f in FAULTS])
+
+    every = [size(8), size(64), size(256), size(512)]
+    assert whole_run(601.0, every).endswith(": PASS")
+    assert whole_run(1200.0, every) == ("the whole run: 1200 s (20.0 min) against the bar of 15 min: MISS (x1.33)")
+    # never PASS for what was not measured: 512's hang not injected
+    part = [size(8), size(64), size(256), Result(nodes=512, ranks=2044, runs=[
+        *(Run(p, f) for p in ("inalloc", "alloc") for f in ("node", "crash")), Run("inalloc", "hang", na="x")])]
+    assert whole_run(601.0, part).endswith("not shown (not measured whole here: 512 nodes)")
+    assert "MISS (x1.11; not measured whole here: 256, 512 nodes)" in whole_run(1000.0, every[:2])
+
+
+def test_the_metrics_tail_reads_each_line_once_and_keeps_each_ranks_first(tmp_path: Path) -> None:
+    def line(rank: int, inc: int, step: int, t: float, **kw: object) -> str:
+        return json.dumps({"time": t, "rank": rank, "incarnation": inc, "step": step, **kw}) + "\n"
+
+    node = tmp_path / "node-node1.jsonl"
+    own = tmp_path / "metrics-main-1.jsonl"
+    node.write_text(line(0, 1, 13, 10.0, restored_step=12) + line(1, 1, 13, 10.1, restored_step=12))
+    tail = MetricsTail(tmp_path)
+    first = tail.first_lines(1)
+    assert sorted(first) == [0, 1] and first[0]["restored_step"] == 12
+    # a torn tail is left until its line is whole; the rank's own file repeats a line: counted once
+    with node.open("a") as f:
+        f.write(line(0, 1, 14, 10.5) + '{"time": 11.0, "ra')
+    own.write_text(line(1, 1, 13, 10.1, restored_step=12) + line(1, 1, 15, 11.2))
+    tail.update()
+    assert tail.last_step[1] == 15 and tail.torn == 0 and tail.first[1][1]["restored_step"] == 12
+    with node.open("a") as f:
+        f.write('nk": 0}\n' + line(2, 2, 16, 12.0))
+    assert sorted(tail.first_lines(2)) == [2] and tail.torn == 1
+    # a replaced file is read from its start
+    own.unlink()
+    own.write_text(line(3, 2, 17, 13.0))
+    assert sorted(tail.first_lines(2)) == [2, 3]
 
 
 def test_slopes_and_the_phase_sums() -> None:
@@ -141,3 +204,17 @@ def test_a_leftover_step_is_ours_only_by_a_socket_bound_under_this_clusters_stat
         a.close()
         b.close()
         shutil.rmtree(tmp_path)
+
+
+def test_the_next_launch_waits_for_the_old_ranks_only_when_two_launches_do_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """512 nodes with the Python rank (14:26): the new ranks started beside 2,044 SIGKILLed ones and the
+    host ran out of memory; the bench then asks the supervisor to wait for the killed step's srun."""
+    import bench.scale_bench as sb
+
+    measured = [Result(nodes=256, ranks=1020, memory={"rank_mib": 5.5, "slurmstepd_mib": 1.0, "slurmd_mib": 2.0})]
+    monkeypatch.setattr(sb, "mem_available_mib", lambda: 20 * 1024.0)
+    why = sb.two_launches_fit(512, measured, 2 * 1024)
+    assert why.startswith("two launches need about 23.0 GiB (2 x (512 slurmstepd x 1.0 + 2044 ranks x 5.5 MiB))")
+    assert sb.two_launches_fit(512, [Result(nodes=256, ranks=1020, memory={"rank_mib": 0.3, "slurmstepd_mib": 1.0})],
+                               2 * 1024) == ""
+    assert sb.two_launches_fit(512, [], 2 * 1024) == ""   # nothing measured yet: nothing to say
