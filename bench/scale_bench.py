@@ -1552,14 +1552,19 @@ def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
 
 
 OVERRUN_MARGIN = 1.5
+MAX_SCALE = 4.0
+"""A smaller size's extra steps are scaled by the ratio of node counts, at most this much: 8 -> 64 nodes
+scaled 1-1.5 s of the bench's reaction to 12-18 s, and the 64-node job then ran 80 steps (40 s) past its
+last recovery (16:36); 256 -> 512 is x2."""
 
 
 def extra_at(nodes: int, measured: list[Result], own: list[Run] | None = None) -> tuple[dict[str, float], dict[str, str]]:
     """Per fault, the seconds of steps to keep in hand beyond its checkpoint (``Run.extra_s``), with
     half as much again (OVERRUN_MARGIN): this size's own figure where a job of this size measured the
     fault (``own``), else the largest smaller size's, scaled linearly to ``nodes`` (the confirmation,
-    the kill and the bench's reaction grew about so on this machine). A fault that finds too few
-    steps left is not measured. Also says, per fault, where its figure came from."""
+    the kill and the bench's reaction grew about so on this machine), at most MAX_SCALE times. A
+    fault that finds too few steps left is not measured; each step planned beyond what the faults
+    take is run after the last recovery. Also says, per fault, where its figure came from."""
     out: dict[str, float] = {}
     source: dict[str, str] = {}
     for x in own or []:
@@ -1571,7 +1576,7 @@ def extra_at(nodes: int, measured: list[Result], own: list[Run] | None = None) -
     for x in prev.runs if prev is not None else []:
         if x.extra_s is None or x.fault in source and "this size" in source[x.fault]:
             continue
-        scaled = OVERRUN_MARGIN * x.extra_s * max(1.0, nodes / prev.nodes)
+        scaled = OVERRUN_MARGIN * x.extra_s * min(MAX_SCALE, max(1.0, nodes / prev.nodes))
         if scaled >= out.get(x.fault, 0.0):
             out[x.fault] = scaled
             source[x.fault] = f"{x.extra_s:.1f} s at {prev.nodes} nodes ({x.path}), scaled"

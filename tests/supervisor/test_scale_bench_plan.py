@@ -45,12 +45,14 @@ def test_a_fault_keeps_in_hand_the_extra_steps_it_took_at_the_size_before_scaled
     # at 64 nodes the node loss took 2 s of steps beyond its checkpoint, the crash 0.5 s, the hang none
     smaller = Result(nodes=64, ranks=252, runs=[Run("alloc", "node", extra_s=2.0), Run("inalloc", "node", extra_s=1.0),
                                                Run("alloc", "crash", extra_s=0.5), Run("alloc", "hang", extra_s=0.0)])
-    extra, source = extra_at(512, [smaller])
-    assert extra == {"node": 24.0, "crash": 6.0, "hang": 0.0}   # the larger path's, x 512/64, x 1.5
+    extra, source = extra_at(256, [smaller])
+    assert extra == {"node": 12.0, "crash": 3.0, "hang": 0.0}   # the larger path's, x 256/64, x 1.5
     assert source["node"] == "2.0 s at 64 nodes (alloc), scaled"
     total, slack = step_plan(_args(), 0.5, extra)
-    assert slack == {"node": 52, "crash": 16, "hang": 4}          # (2 s + the extra) / 0.5 s
-    assert total == 10 + (3 + 52) + (3 + 16) + (3 + 4) + (3 + 4)
+    assert slack == {"node": 28, "crash": 10, "hang": 4}          # (2 s + the extra) / 0.5 s
+    assert total == 10 + (3 + 28) + (3 + 10) + (3 + 4) + (3 + 4)
+    # at most x MAX_SCALE: 64 -> 512 nodes as 64 -> 256 (8 -> 64 nodes scaled noise into 40 s of idle steps)
+    assert extra_at(512, [smaller])[0] == extra
     assert extra_at(512, []) == ({}, {})
 
 
