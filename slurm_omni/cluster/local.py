@@ -33,6 +33,7 @@ from slurm_omni.cluster.chroot import (
 from slurm_omni.cluster.spec import (
     ClusterPaths,
     ClusterSpec,
+    munged_threads,
     render_cgroup_conf,
     render_gres_conf,
     render_plugstack_conf,
@@ -165,7 +166,7 @@ class LocalCluster:
             Daemon("munged", (_sbin("munged"), "--foreground", "--force", f"--socket={p.munge_socket}",
                               f"--key-file={p.munge_key}", f"--pid-file={p.munge_dir / 'munged.pid'}",
                               f"--log-file={p.munge_dir / 'munged.log'}",
-                              f"--seed-file={p.munge_dir / 'munged.seed'}"),
+                              f"--seed-file={p.munge_dir / 'munged.seed'}", *munged_threads(self.spec)),
                    p.munge_dir / "omni.pid", p.munge_dir / "munged.out", root),
             Daemon("slurmctld", (_sbin("slurmctld"), "-D", "-f", conf),
                    p.ctld_dir / "omni.pid", p.ctld_dir / "slurmctld.out", root),

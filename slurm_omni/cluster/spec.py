@@ -233,6 +233,19 @@ def large_cluster_lines(spec: ClusterSpec) -> list[str]:
             for key, value, _ in LARGE_SETTINGS]
 
 
+MUNGED_THREADS = 16
+"""munged's threads for a cluster of more than :data:`LARGE` nodes (its default is 2). One munged serves
+every emulated node (a cluster has one per node), and its listen backlog is 256 (compiled in): at 256
+nodes a relaunch's slurmstepd, all asking at once, overflowed it ("Munge encode failed: ... Resource
+temporarily unavailable", "If munged is up, restart with --num-threads=10"), tasks were never
+started and the launch failed (scale bench, 17:33)."""
+
+
+def munged_threads(spec: ClusterSpec) -> list[str]:
+    """munged's ``--num-threads`` for a large cluster (:data:`MUNGED_THREADS`), else nothing."""
+    return [] if spec.nodes <= LARGE and not spec.scale_lane else [f"--num-threads={MUNGED_THREADS}"]
+
+
 def render_cgroup_conf() -> str:
     # slurmd 26.05 refuses to start without a cgroup filesystem ("No filesystem mounted on
     # /sys/fs/cgroup") unless told there is none; the plugins chosen above need no cgroups.

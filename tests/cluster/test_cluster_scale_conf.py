@@ -69,3 +69,16 @@ def test_down_finds_strays_of_its_own_state_dir_only() -> None:
     assert _under("/var/cache/roots/view/w/.omni/cluster/etc/slurm.conf", roots)
     assert not _under("/w/.omni/cluster-scale/nodes/node1/spool/x", roots)
     assert not _under("/var/cache/roots/view/w/.omni/cluster-scale/x", roots)
+
+
+def test_munged_serves_a_large_cluster_with_more_threads() -> None:
+    """One munged serves every emulated node: a 256-node relaunch overflowed its 2 threads (17:33)."""
+    from slurm_omni.cluster.local import LocalCluster
+    from slurm_omni.cluster.spec import munged_threads
+
+    assert munged_threads(ClusterSpec(nodes=8, hostname="h")) == []
+    assert munged_threads(ClusterSpec(nodes=8, hostname="h", scale_lane=True)) == ["--num-threads=16"]
+    assert munged_threads(ClusterSpec(nodes=256, nodes_per_switch=16, hostname="h")) == ["--num-threads=16"]
+    big = LocalCluster(Path("/nonexistent-state"), ClusterSpec(nodes=256, nodes_per_switch=16, hostname="h"))
+    munged = next(d for d in big.daemons() if d.name == "munged")
+    assert "--num-threads=16" in munged.argv
