@@ -135,8 +135,11 @@ IDLE_S = 1.0
 POLL_S = 0.25
 """The bench's own polls (beats, journal, lines): each second of reaction is steps the ranks make
 before a fault, which the plan must keep in hand."""
-JOB_POLL_S = 5.0
-"""Slurm is asked for the job's state at most this often while the bench waits on the files."""
+JOB_POLL_S = 30.0
+"""Slurm is asked for the job's state at most this often while the bench waits on the files (at once
+when the journal has an outcome): at 512 nodes and load 1,000-2,000 one ``scontrol show job`` can
+take the poller's whole 20 s, and the 17:37 run's bench waited 41 s for a checkpoint its ranks had
+long passed (the 512 in-allocation hang was not injected: the ranks had finished)."""
 _CMD_LINE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) slurm_omni\.slurm\.runner DEBUG "
                        r"(?P<kind>ran|started) \((?P<argv>[^)]*)\)(?: -> -?\d+ in (?P<took>[\d.]+)s)?")
 """The runner's debug lines: ``ran (argv) -> rc in Xs`` and ``started (argv)``."""
@@ -752,7 +755,7 @@ class Job:
             if cond():
                 return True
             took = time.monotonic() - t0
-            if t0 - self.last_asked >= JOB_POLL_S:
+            if t0 - self.last_asked >= JOB_POLL_S or self.journal().state.outcome is not None:
                 self.last_asked = t0
                 if self.job_finished():
                     return bool(cond())
