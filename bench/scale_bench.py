@@ -598,8 +598,6 @@ class Job:
         self.kill_grace = 0.0
         """``omni supervise --kill-grace`` (``plan``): 0 unless two launches' ranks would not fit in memory."""
         self.lines = MetricsTail(self.work / "metrics")
-        self.last_asked = 0.0
-        """When ``wait`` last asked Slurm for the job's state (monotonic)."""
 
     def plan(self) -> None:
         """The job's steps at the pace and extra steps measured: this size's own where a job of it ran
@@ -747,16 +745,18 @@ class Job:
     def wait(self, cond: Any, timeout: float) -> bool:
         """Until ``cond()`` (True), the job ends or ``timeout`` (False). ``cond`` is asked every
         POLL_S, or twice its own time when it takes longer (a read of 2,044 ranks' beats at load
-        1,000+: the bench takes at most a third of a core); Slurm is asked for the job's state every
-        JOB_POLL_S only (at 512 nodes one ``scontrol show job`` answered in seconds)."""
+        1,000+: the bench takes at most a third of a core); Slurm is asked for the job's state once
+        the wait has lasted JOB_POLL_S, then every JOB_POLL_S, or at once when the journal has an
+        outcome."""
         deadline = time.monotonic() + timeout
+        asked = time.monotonic()   # a wait shorter than JOB_POLL_S never blocks on slurmctld
         while time.monotonic() < deadline:
             t0 = time.monotonic()
             if cond():
                 return True
             took = time.monotonic() - t0
-            if t0 - self.last_asked >= JOB_POLL_S or self.journal().state.outcome is not None:
-                self.last_asked = t0
+            if t0 - asked >= JOB_POLL_S or self.journal().state.outcome is not None:
+                asked = t0
                 if self.job_finished():
                     return bool(cond())
             if self.args.stop_at and time.time() >= self.args.stop_at:
