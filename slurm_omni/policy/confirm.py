@@ -138,6 +138,11 @@ class NodeObservation:
     source: str = "slurm"
     """"slurm": the node's state as Slurm shows it (strigger, a poll); "srun": the step's srun
     reported the node failed (its state is then DOWN by Slurm's word, read second hand)."""
+    asked_at: float | None = None
+    """When the read that answered was asked (the state is at least that recent; None: ``time``). A
+    usable state ends only the node's signals seen before it was asked: a read asked before srun's
+    report and answered after it says nothing of the node since (512 emulated nodes: the full poll's
+    read is in flight for seconds, issue 19)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,10 +302,16 @@ class Confirmer:
         elif obs.node in self._node_offsets:
             kind = NODE_STATE_KIND.get(obs.state)
             if kind is None:
-                if obs.state.usable:   # the node is back: its node-state signals end
-                    for key in [k for k in self._level1 if k[1] == obs.node and k[0] != "task_exit"]:
+                if obs.state.usable:   # the node is back: its node-state signals seen before the read end
+                    asked = obs.time if obs.asked_at is None else obs.asked_at
+                    for key in [k for k, s in self._level1.items()
+                                if k[1] == obs.node and k[0] != "task_exit" and s.time <= asked]:
                         del self._level1[key]
-                    self._hard.pop(obs.node, None)
+                    hard = {src: s for src, s in self._hard.get(obs.node, {}).items() if s.time > asked}
+                    if hard:
+                        self._hard[obs.node] = hard
+                    else:
+                        self._hard.pop(obs.node, None)
                 return
             signal = Level1Signal(kind, obs.node, obs.time, None, obs.reason, source=obs.source)
             self._add_level1(signal)

@@ -106,14 +106,15 @@ class LaunchObserver:
         first = min(ahead, key=lambda hb: hb.time)
         return first.time, first.step
 
-    def nodes(self, nodes: Sequence[Node], now: float) -> None:
-        """The nodes' states as Slurm shows them (those of this launch count); once the rule has
-        latched a decision only the failed nodes are kept (nothing changes its verdict)."""
+    def nodes(self, nodes: Sequence[Node], now: float, *, asked_at: float | None = None) -> None:
+        """The nodes' states as Slurm shows them (those of this launch count), answered at ``now`` to
+        a read asked at ``asked_at``; once the rule has latched a decision only the failed nodes are
+        kept (nothing changes its verdict)."""
         feed = self.confirmer.latched is None
         for n in nodes:
             if n.name not in self._nodes:
                 continue
             if feed:
-                self.confirmer.observe(NodeObservation(now, n.name, n.state, n.reason))
+                self.confirmer.observe(NodeObservation(now, n.name, n.state, n.reason, asked_at=asked_at))
             if n.state.failed:
                 self.lost.add(n.name)

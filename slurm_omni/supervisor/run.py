@@ -620,7 +620,7 @@ class Supervisor:
                 if not answer.full:
                     log.debug("supervisor: Slurm's state of %s answered %.3f s after it was asked",
                               compress([n.name for n in answer.nodes]), answer.answered_at - answer.asked_at)
-                observer.nodes(answer.nodes, answer.answered_at)
+                observer.nodes(answer.nodes, answer.answered_at, asked_at=answer.asked_at)
             if heard and self.state.phase is not Phase.CONFIRMING:
                 # what srun or Slurm just said goes to the rule before the heartbeat poll: on a machine
                 # at load 450+ a poll of 2,048 ranks' beats takes seconds of wall time (512 nodes: the

@@ -506,6 +506,27 @@ def test_corroboration_off_or_the_node_back_waits_for_the_other_rules() -> None:
     assert c.evaluate(10.4).verdict is Verdict.SUSPECT
 
 
+def test_a_read_asked_before_sruns_report_does_not_end_it() -> None:
+    """Issue 19 at 512 nodes: the full poll's read, in flight for seconds, answered after srun's report
+    with the node still allocated; it was asked before the failure and says nothing of the node since."""
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(NodeObservation(10.3, "t1", NodeState.ALLOCATED, asked_at=9.0))   # stale: srun's report stays
+    assert c.evaluate(10.35).verdict is Verdict.SUSPECT
+    c.observe(NodeObservation(10.4, "t1", NodeState.DOWN, asked_at=10.15))
+    d = c.evaluate(10.45)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down"
+    assert sorted(x.source for x in d.signals) == ["slurm", "srun"]
+    # a read asked after the report that shows the node usable still ends it (one source, no rule weakened)
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(NodeObservation(10.3, "t1", NodeState.ALLOCATED, asked_at=10.2))
+    c.observe(NodeObservation(10.5, "t1", NodeState.DOWN, asked_at=10.4))
+    assert c.evaluate(10.6).verdict is Verdict.SUSPECT
+
+
 def test_srun_node_failure_and_the_nodes_ranks_silent_confirm_while_the_others_step() -> None:
     """Issue 19 at 512 nodes: slurmctld answered 12.8 s late and the rest of the job kept stepping;
     srun's report and the ranks of that node gone silent are two sources."""
