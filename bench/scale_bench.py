@@ -146,6 +146,9 @@ _CMD_LINE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) sl
 _ANSWERED = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \S+ DEBUG supervisor: Slurm's state "
                        r"of (?P<nodes>\S+) answered (?P<took>[\d.]+) s after it was asked")
 """The supervisor's read of the nodes srun reported failed: when it was answered and how long it took."""
+_LATE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \S+ DEBUG supervisor: launch \d+: "
+                   r"(?P<what>(?:srun's report|Slurm's answer) taken|the heartbeat poll took) (?P<took>[\d.]+) s")
+"""The supervisor's loop late (``supervisor/run.py`` LATE_S): what it took late, or a slow heartbeat poll."""
 _DECIDING = re.compile(r"supervisor: launch (\d+): deciding \(process CPU ([\d.]+) s\)")
 _JOURNALED = re.compile(r"supervisor: launch (\d+) journaled \(process CPU ([\d.]+) s\)")
 """The supervisor's debug lines around decide: its process's CPU when it confirmed launch N, and
@@ -1047,6 +1050,13 @@ class Job:
                     run.confirmed_by.append(f"Slurm's state of {m['nodes']} answered {float(m['took']):.2f} s "
                                             "after it was asked")
                     break
+            late: dict[str, list[float]] = {}
+            for m in _LATE.finditer(self.supervisor_log()):   # the loop late between the fault and the confirmation
+                at = time.mktime(time.strptime(m["at"], "%Y-%m-%d %H:%M:%S")) + int(m["ms"]) / 1000
+                if run.fault_at <= at <= (conf.confirmed_at or at) + 0.05:
+                    late.setdefault(m["what"], []).append(float(m["took"]))
+            run.confirmed_by.extend(f"the supervisor's loop: {what} {max(v):.2f} s (the longest of {len(v)})"
+                                    for what, v in late.items())
         first = self.first_lines(l1.incarnation)
         started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
         ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]

@@ -185,15 +185,16 @@ def parse_srun_line(line: str, at: float) -> SrunEvent | None:
     return None
 
 
-def _follow(path: str, start: int, events: queue.SimpleQueue[SrunEvent], stop: threading.Event) -> None:
-    """Read the step's log from ``start`` as it grows and parse each complete line."""
+def _follow(path: str, start: int, log: StepLog) -> None:
+    """Read the step's log from ``start`` as it grows and parse each complete line; each event is
+    queued, then handed to ``log.on_event`` when one is set (in this thread, as srun says it)."""
     with open(path, "rb") as f:
         f.seek(start)
         pending = b""
         while True:
             chunk = f.read(65536)
             if not chunk:
-                if stop.is_set():
+                if log.stop.is_set():
                     return
                 time.sleep(0.02)
                 continue
@@ -202,7 +203,10 @@ def _follow(path: str, start: int, events: queue.SimpleQueue[SrunEvent], stop: t
             for raw in lines:
                 event = parse_srun_line(raw.decode(errors="replace"), time.time())
                 if event is not None:
-                    events.put(event)
+                    log.events.put(event)
+                    hook = log.on_event
+                    if hook is not None:
+                        hook(event)
 
 
 @dataclass(kw_only=True)
@@ -213,12 +217,14 @@ class StepLog:
 
     events: queue.SimpleQueue[SrunEvent]
     stop: threading.Event
+    on_event: Callable[[SrunEvent], None] | None = None
+    """Called in the follower's thread with each event once queued (the supervisor asks Slurm for a
+    node srun reported failed at once, and wakes its loop, instead of waiting for its next turn)."""
 
     @classmethod
     def follow(cls, path: str, start: int = 0) -> StepLog:
         log = cls(events=queue.SimpleQueue(), stop=threading.Event())
-        threading.Thread(target=_follow, args=(path, start, log.events, log.stop), name="omni-step-log",
-                         daemon=True).start()
+        threading.Thread(target=_follow, args=(path, start, log), name="omni-step-log", daemon=True).start()
         return log
 
     def drain(self) -> list[SrunEvent]:

@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -120,6 +121,7 @@ from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.salloc import pool_salloc_argv, request_allocation, successor_salloc_argv, switch_wait
 from slurm_omni.slurm.steps import (
+    SrunEvent,
     StepComponent,
     StepLog,
     StepProcess,
@@ -163,6 +165,8 @@ log = logging.getLogger(__name__)
 CRASH_ENV = "OMNI_SUPERVISOR_CRASH_AT"
 """Drills only: the supervisor SIGKILLs itself at this point (``relaunch:after_intent``,
 ``relaunch:after_start``), once per journal (a marker file beside it says it happened)."""
+LATE_S = 0.5
+"""The loop's lateness worth a debug line (a heartbeat poll this long, a report taken this late)."""
 SLOW_SLURM_S = 60.0
 """The second, longer wait for slurmctld's answer before a relaunch (``_job_state_and_nodes``)."""
 KNOWN_FRESH_S = 30.0
@@ -576,22 +580,44 @@ class Supervisor:
         # holds up neither srun's other reports nor the heartbeats, and the rule confirms on whichever
         # second signal comes first. Beside the loop a late answer holds nothing up: each read waits
         # SLOW_SLURM_S (512 nodes at load 450+: the named node's read did not finish within 10 s)
+        wake = threading.Event()
         reads = NodeReads(lambda names: self.slurm.node_info(names, timeout_s=SLOW_SLURM_S)[0], self.clock,
-                          job_state=lambda: self.slurm.job_state(timeout_s=SLOW_SLURM_S))
+                          job_state=lambda: self.slurm.job_state(timeout_s=SLOW_SLURM_S), on_answer=wake.set)
         self._known = KnownStates()
+        launch_nodes = frozenset(cur.layout.nodes)
+        asked: set[str] = set()
+
+        def on_event(event: SrunEvent) -> None:
+            # in the step log's thread, as srun says it: a node srun reported failed is read from Slurm
+            # now, not when the loop next drains the log (512 nodes at load 500: the loop came seconds
+            # late, issue 19); the loop wakes for the report either way
+            if event.kind == "node_failure" and event.node in launch_nodes and event.node not in asked \
+                    and self.state.phase is not Phase.CONFIRMING:
+                asked.add(event.node)
+                reads.ask([event.node], full=False)
+            wake.set()
+
+        logs = [lg for lg in (self._step_log, *(x.log for x in self._extra)) if lg is not None]
+        for lg in logs:
+            lg.on_event = on_event
         try:
-            return self._watch_loop(cur, adopted, reads)
+            return self._watch_loop(cur, adopted, reads, wake, asked)
         finally:
+            for lg in logs:
+                lg.on_event = None
             reads.close()
 
-    def _watch_loop(self, cur: Launch, adopted: StepProcess | None, reads: NodeReads) -> int | None:
+    def _watch_loop(self, cur: Launch, adopted: StepProcess | None, reads: NodeReads, wake: threading.Event,
+                    asked: set[str]) -> int | None:
         observer = self._observer or self._observe(cur)
         confirmer = observer.confirmer
         next_hb = next_nodes = 0.0
         # nodes srun just reported failed: their Slurm state is read at once, theirs alone (one record
-        # from slurmctld whatever the job's size, issue 19); the full poll keeps its pace
+        # from slurmctld whatever the job's size, issue 19); the full poll keeps its pace. The step
+        # log's own thread asks first (``on_event``); these are the reports it did not ask for
         named: set[str] = set()
         while True:
+            wake.clear()
             now = self.clock()
             rc = self._poll(adopted)
             if rc is not False:
@@ -602,20 +628,24 @@ class Supervisor:
             heard = False
             for event in self._step_log.drain() if self._step_log is not None else ():
                 heard = True
+                self._late(cur, "srun's report", event.time, time.time())
                 observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
                 if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
                     named.add(event.node)   # Slurm's node state now: with srun's report, two signals confirm
             for x in self._extra:
                 for event in x.log.drain() if x.log is not None else ():
                     heard = True
+                    self._late(cur, "srun's report", event.time, time.time())
                     observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
                     if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
                         named.add(event.node)
+            named -= asked
             if named and self.state.phase is not Phase.CONFIRMING:
                 reads.ask(sorted(named & set(cur.layout.nodes)), full=False)
                 named.clear()
             for answer in reads.answers():
                 heard = True
+                self._late(cur, "Slurm's answer", answer.answered_at, self.clock())
                 self._known.take(answer)
                 if not answer.full:
                     log.debug("supervisor: Slurm's state of %s answered %.3f s after it was asked",
@@ -639,10 +669,14 @@ class Supervisor:
             polled = False
             accepted = False
             if now >= next_hb:
+                cpu0 = time.thread_time()
                 self._heartbeats(cur, observer)
                 # from the poll's end: a poll slower than the pace (a starved host) leaves the loop
                 # time for srun's reports between two polls instead of running them back to back
-                now = self.clock()
+                took, now = self.clock() - now, self.clock()
+                if took >= LATE_S:
+                    log.debug("supervisor: launch %d: the heartbeat poll took %.2f s (%.3f s of CPU)", cur.number,
+                              took, time.thread_time() - cpu0)
                 next_hb = now + self.opts.heartbeat_poll_s
             if now >= next_nodes:
                 next_nodes = now + self.opts.node_poll_s
@@ -661,7 +695,16 @@ class Supervisor:
                                request_accepted=accepted, check_time_limit=polled), cur=cur)
             if self.state.phase is Phase.CONFIRMING:
                 continue   # straight to the grace check: with no grace, relaunch on this tick
-            time.sleep(self.opts.tick_s)
+            wake.wait(self.opts.tick_s)   # srun's report or Slurm's answer ends the wait
+
+    @staticmethod
+    def _late(cur: Launch, what: str, came_at: float, now: float) -> None:
+        """A debug line when the loop takes what came (srun's report, Slurm's answer) ``LATE_S`` or more
+        after it came (``now``, in the clock ``came_at`` is in): the loop's own lateness, which the bench
+        reads beside the confirmation."""
+        late = now - came_at
+        if late >= LATE_S:
+            log.debug("supervisor: launch %d: %s taken %.2f s after it came", cur.number, what, late)
 
     def _poll(self, adopted: StepProcess | None) -> int | None | bool:
         """False while running; the exit code, or None for an adopted step that is gone. A launch

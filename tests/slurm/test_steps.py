@@ -4,6 +4,7 @@ supervisor adopts (our own uid's: the journaled one, or one whose step Slurm lis
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from slurm_omni.cli.submit import parse_sbatch_id
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.steps import (
     TASK_SHIM,
+    SrunEvent,
     StepComponent,
+    StepLog,
     StepProcess,
     find_step_process,
     foreign_step_processes,
@@ -65,6 +68,31 @@ def test_srun_stderr_of_a_node_failure() -> None:
                                                        ("terminating", "")]
     assert events[1].task == 1 and events[1].detail == "Killed"
     assert events[2].step_id == "3.0+1"
+
+
+def test_the_step_log_hands_each_event_to_its_hook_in_its_own_thread(tmp_path: Path) -> None:
+    """The supervisor asks Slurm for a node srun reported failed from the follower's thread, the moment
+    srun says it (issue 19: at 512 nodes its loop drained the report seconds late); the event is queued
+    too, for the loop."""
+    path = tmp_path / "srun.log"
+    path.write_text("srun: earlier line\n")
+    log = StepLog.follow(str(path), start=path.stat().st_size)
+    got: list[tuple[SrunEvent, str]] = []
+    seen = threading.Event()
+
+    def hook(event: SrunEvent) -> None:
+        got.append((event, threading.current_thread().name))
+        seen.set()
+
+    log.on_event = hook
+    try:
+        with path.open("a") as f:
+            f.write("[rank 0] step 3\nsrun: error: Node failure on node7\n")
+        assert seen.wait(10)
+        assert [(e.kind, e.node, name) for e, name in got] == [("node_failure", "node7", "omni-step-log")]
+        assert [(e.kind, e.node) for e in log.drain()] == [("node_failure", "node7")]
+    finally:
+        log.close()
 
 
 @pytest.mark.parametrize(("line", "kind", "detail"), [
