@@ -119,7 +119,7 @@ def is_light_rank(argv: list[str]) -> bool:
     """A light rank's process, of either kind (a run before this one may have left the other)."""
     return argv[1:] == ["-S", str(LIGHT_RANK)] or argv == [str(C_RANK)]
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
-SPLIT = ("decide_cmds", "decide_cpu", "to_srun", "srun_to_task", "task_spread")
+SPLIT = ("decide_cmds", "decide_cpu", "to_srun", "srun_to_task", "task_spread", "rdv_join", "rdv_answer")
 """decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
 work); decide_cpu: the supervisor's own CPU seconds in decide (its debug log: the process's CPU when
 it confirmed and when it journaled the next launch), which the machine's load does not stretch;
@@ -1076,6 +1076,10 @@ class Job:
             run.total = sum(run.phases.values())
         if l1.started_at is not None:
             self.split(run, conf.confirmed_at if conf else None, float(l1.started_at), started)
+        store = first.get(0, {}).get("groups_ready_at")   # rank 0 is ready once every rank joined its store
+        if store and len(started) == self.ranks and len(ready) == self.ranks:
+            run.split["rdv_join"] = float(store) - max(started)
+            run.split["rdv_answer"] = max(ready) - float(store)
         cpu = self.decide_cpu(k)
         if cpu is not None:
             run.split["decide_cpu"] = cpu
@@ -1184,7 +1188,8 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
                   f" {fmt(run.cpu_recovery):>8} {fmt(run.ctld_cpu):>7} {run.load:>6.1f}")
     print("\ndecide and launch split (seconds): decide_cmds, the blocking Slurm commands inside decide (the "
           "rest is the supervisor's own work); launch = to_srun (journaled -> srun started) + srun_to_task "
-          "(-> the first task running) + task_spread (-> the last); the commands decide ran or started")
+          "(-> the first task running) + task_spread (-> the last); rendezvous = rdv_join (-> rank 0's store "
+          "had every rank's join) + rdv_answer (-> the last rank read its answer); the commands decide ran or started")
     print(f"{'nodes':>5} {'path':>7} {'fault':>5} " + " ".join(f"{p:>12}" for p in SPLIT) + "  commands in decide")
     for r in results:
         for run in r.runs if not r.na else []:
@@ -1366,6 +1371,11 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
                    f"{fmt(fb)} (slope {fmt(log_slope((a.nodes, fa), (b.nodes, fb)), '', 2)}), the rendezvous over "
                    f"its floor x{fmt(ra / fa if ra and fa else None, '', 1)} -> x{fmt(rb / fb if rb and fb else None, '', 1)}"
                    f" (slope {fmt(own, '', 2)})")
+            for part, what in (("rdv_join", "every join at rank 0's store"), ("rdv_answer", "the answer read by every rank")):
+                va = median([v for x in a.runs if not x.na and (v := x.split.get(part)) is not None])
+                vb = median([v for x in b.runs if not x.na and (v := x.split.get(part)) is not None])
+                why += (f"; {what} {fmt(va)} -> {fmt(vb)} (slope "
+                        f"{fmt(median(phase_slopes(a, b, args, part)), '', 2)})")
         verdict = "LIMIT" if own is not None and own <= 0.5 else "MISS"
         print(f"  {p:<11} {verdict} slope {got:+.2f}: {why or 'no floor measured for it'}")
 
