@@ -452,6 +452,14 @@ class RankGroup:
 
 RANK_GROUP: RankGroup | None = None
 NODE_GROUP: RankGroup | None = None
+CONTROL_GROUP: RankGroup | None = None
+CONTROL_SHARES = 2048
+"""The control plane (slurmctld, and the supervisor with its sruns and reads of Slurm, both paths)
+weighs two sessions: on a cluster it runs on hosts of its own (issue 19: "a control plane outside the
+allocation"), never on the nodes' cores; here the nodes' daemons (NODE_GROUP, one session) tearing
+down a 512-node step and the ranks (RANK_GROUP) left the supervisor's loop seconds late (17:44, load
+497: srun's report of the lost node at +0.14 s, the loss confirmed at +10.9 s) and slurmctld slow to
+answer. Two sessions' weight leaves them 2/3 of the machine while they have work, what they use."""
 NODE_SHARES = 1024
 """The emulated nodes' daemons: every slurmd joins it after the cluster is up, and the slurmstepd it
 forks (with their tasks until the ranks join RANK_GROUP) follow, weighing one session together. On a
@@ -561,6 +569,8 @@ class Size:
             joined = sum(NODE_GROUP.join(pid) for pid in slurmds)
             if joined < len(slurmds):
                 self.log(f"{len(slurmds) - joined} of {len(slurmds)} slurmd did not join {NODE_GROUP.path}")
+        if CONTROL_GROUP is not None and ctld and not CONTROL_GROUP.join(ctld):
+            self.log(f"slurmctld (pid {ctld}) did not join {CONTROL_GROUP.path}")
         self.spent("idle", started)
 
     def run(self) -> Result:
@@ -914,7 +924,11 @@ class Job:
             raise TimeoutError(f"launch 0 made no step within {args.timeout:.0f}s (job {self.job_state()}; "
                                f"{self.work}/logs)")
         sup = self.supervisor_pid()
-        if sup is not None and self.path == "inalloc" and NODE_GROUP is not None:
+        if sup is not None and CONTROL_GROUP is not None:
+            # the control plane's own weight (CONTROL_GROUP): in-allocation out of the nodes' group too
+            moved = sum(CONTROL_GROUP.join(pid) for pid in (sup, *descendants(sup)))
+            self.log(f"the supervisor (pid {sup}) and {moved - 1} process(es) below it joined the control plane's cgroup")
+        elif sup is not None and self.path == "inalloc" and NODE_GROUP is not None:
             # on a cluster the batch host's cores are its own: out of the nodes' group (NODE_GROUP)
             left = sum(NODE_GROUP.join(pid, leave=True) for pid in (sup, *descendants(sup)))
             self.log(f"the supervisor (pid {sup}) and {left - 1} process(es) below it left the nodes' cgroup")
@@ -1391,6 +1405,12 @@ def print_settings() -> None:
               "supervisor's, here every slurmstepd's session weighs as much as slurmctld's (512 of them starved it), "
               "in the group all ranks weigh a quarter of one (their interpreter starts before they join; slurmd, "
               "slurmstepd, srun and the supervisor keep their weight)")
+    if CONTROL_GROUP is not None:
+        print(f"  slurmctld and the supervisor in the cgroup {CONTROL_GROUP.path or '-'} ({CONTROL_GROUP.how}): on a "
+              "cluster the control plane runs on hosts of its own, not on the nodes' cores; here the nodes' daemons "
+              "tearing down a 512-node step left the supervisor's loop seconds late (17:44: a node loss confirmed "
+              "10.9 s after the fault, srun had reported it at +0.14 s); two sessions' weight, used only while they "
+              "have work (`--control-weight session`: each its own session's, as before)")
     if NODE_GROUP is not None:
         print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "
               "daemons weigh one session together, as on a cluster where they run on the nodes' cores, not "
@@ -1736,6 +1756,10 @@ def main() -> int:
                    help="one: every slurmd and the slurmstepd it forks join one cgroup weighing one session "
                         "(NODE_GROUP; a cluster runs them on their nodes' cores); session: each slurmstepd "
                         "weighs as its own session, as much as slurmctld's")
+    p.add_argument("--control-weight", choices=("own", "session"), default="own",
+                   help="own: slurmctld and the supervisor (its sruns and reads of Slurm) join one cgroup weighing "
+                        "two sessions (CONTROL_GROUP; a cluster runs its control plane on hosts of its own); "
+                        "session: each keeps its session's weight")
     p.add_argument("--heartbeat-node-dir", default="",
                    help="OMNI_HEARTBEAT_NODE_DIR for the ranks: a node-local folder (default: none set, the ranks' "
                         "default /dev/shm, one heartbeat file per node) or 'off' (one per rank; "
@@ -1767,9 +1791,11 @@ def main() -> int:
     print(f"light rank: {RANK_KIND}", flush=True)
     if args.rank_weight == "low":
         RANK_GROUP = RankGroup(f"omni-scale-ranks-{os.getpid()}")
-    global NODE_GROUP
+    global NODE_GROUP, CONTROL_GROUP
     if args.node_weight == "one":
         NODE_GROUP = RankGroup(f"omni-scale-nodes-{os.getpid()}", shares=NODE_SHARES)
+    if args.control_weight == "own":
+        CONTROL_GROUP = RankGroup(f"omni-scale-control-{os.getpid()}", shares=CONTROL_SHARES)
     spares = SPARES
     results: list[Result] = load_results(Path(args.include)) if args.include else []
     started = time.monotonic()
@@ -1814,7 +1840,7 @@ def main() -> int:
                 loads = [x.load for x in size.result.runs if x.load]
                 size.result.load = max(loads, default=0.0)
     finally:
-        for group in (RANK_GROUP, NODE_GROUP):
+        for group in (RANK_GROUP, NODE_GROUP, CONTROL_GROUP):
             if group is not None:
                 group.remove()
         report(results, args)
