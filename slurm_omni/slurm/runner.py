@@ -179,7 +179,9 @@ class CommandRunner:
         except subprocess.TimeoutExpired as e:
             raise SlurmUnreachable(f"{argv[0]}: couldn't finish within {timeout_s:.0f}s") from e
         duration = time.monotonic() - start
-        log.debug("ran %s -> %d in %.3fs (rate limit %.3fs)", argv, proc.returncode, duration, waited)
+        # the thread names a read beside the supervisor's loop (supervisor/node_reads.py), not a wait of it
+        log.debug("ran %s -> %d in %.3fs (rate limit %.3fs) in thread %s", argv, proc.returncode, duration, waited,
+                  threading.current_thread().name)
         return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, duration)
 
 
