@@ -75,15 +75,13 @@ class NodeReads:
     """Reads of node states in daemon threads (a supervisor that exits does not wait for a slurmctld
     that does not answer). ``read`` runs the command (``AllocationView.node_info``'s nodes); ``clock``
     dates the answers in the supervisor's clock; ``job_state`` (``AllocationView.job_state``), when
-    given, is read with every full read, before the nodes; ``on_answer``, when given, is called in the
-    read's thread once its answer is queued (the supervisor's loop wakes for it)."""
+    given, is read with every full read, before the nodes."""
 
     def __init__(self, read: Callable[[Sequence[str]], Sequence[Node]], clock: Callable[[], float], *,
-                 job_state: Callable[[], str] | None = None, on_answer: Callable[[], None] | None = None) -> None:
+                 job_state: Callable[[], str] | None = None) -> None:
         self._read = read
         self._clock = clock
         self._job_state = job_state
-        self._on_answer = on_answer
         self._answers: queue.SimpleQueue[NodeAnswer] = queue.SimpleQueue()
         self._full_in_flight = False
         self._lock = threading.Lock()
@@ -118,8 +116,6 @@ class NodeReads:
                     self._full_in_flight = False
         if nodes is not None and not self.closed:
             self._answers.put(NodeAnswer(nodes, asked_at, self._clock(), full, state))
-            if self._on_answer is not None:
-                self._on_answer()
 
     def answers(self) -> list[NodeAnswer]:
         """The answers that came since the last call, in the order they came."""

@@ -92,16 +92,3 @@ def test_a_read_that_fails_answers_nothing_and_frees_the_poll_and_close_drops_la
     ctld2.release(["n2"])
     threading.Event().wait(0.1)
     assert reads.answers() == [] and not reads.ask(["n2"], full=False)
-
-
-def test_each_answer_wakes_the_caller() -> None:
-    """``on_answer`` is called once an answer is queued (the supervisor's loop waits on it instead of
-    sleeping its tick)."""
-    ctld, clock = _Slurmctld(), _Clock()
-    woke = threading.Event()
-    reads = NodeReads(ctld.read, clock, on_answer=woke.set)
-    assert reads.ask(["n3"], full=False)
-    assert not woke.wait(0.05)   # not answered yet
-    ctld.release(["n3"])
-    assert woke.wait(10)
-    assert [a.nodes[0].state for a in reads.answers()] == [NodeState.DOWN]
