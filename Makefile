@@ -16,4 +16,7 @@ lint:
 	@# the scale lane's C rank, with the flags bench/light_build.py compiles it with (no compiler: skipped)
 	@if command -v $${CC:-cc} >/dev/null; then $${CC:-cc} -fsyntax-only -O2 -std=gnu11 -Wall -Wextra -Werror \
 		-Wformat=2 -Wshadow -D_FORTIFY_SOURCE=2 bench/light_rank.c bench/light_relay.c bench/light_io.c; else echo "lint: no C compiler, the C light rank not checked"; fi
+	@# the memory tier's C restore loop, with slurm_omni/checkpoint/held_native.py's flags
+	@if command -v $${CC:-cc} >/dev/null; then $${CC:-cc} -fsyntax-only -O3 -std=gnu11 -Wall -Wextra -Werror \
+		-Wformat=2 -Wshadow -D_FORTIFY_SOURCE=2 slurm_omni/checkpoint/csrc/held_read.c; else echo "lint: no C compiler, the C restore loop not checked"; fi
 	.venv/bin/mypy

@@ -63,4 +63,6 @@ fi
 if [ -f spank/Makefile ]; then
   make -s -C spank
 fi
+# The memory tier's C restore loop (build/held-read/); without it restores from memory use the Python loop.
+"$VENV/bin/python" -m slurm_omni.checkpoint.held_native || true
 echo "setup: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

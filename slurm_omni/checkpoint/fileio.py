@@ -30,7 +30,7 @@ import xxhash
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
-from slurm_omni.checkpoint.held import HeldCopy, read_checked
+from slurm_omni.checkpoint.held import HeldCopy, read_hashed
 
 log = logging.getLogger(__name__)
 
@@ -323,9 +323,9 @@ class ShardFiles:
         if not run:
             return True
         shard = run[0].piece.shard
-        sums = [xxhash.xxh3_64() for _ in run]
         if shard in self.held:
-            return self._read_held(shard, run, sums, stop) and self._check(run, sums)
+            return self._read_held(shard, run, stop)
+        sums = [xxhash.xxh3_64() for _ in run]
         if shard in self.sources:
             return self._read_memory(shard, run, sums, stop) and self._check(run, sums)
         at, end = run[0].piece.offset, run[-1].piece.offset + run[-1].piece.nbytes
@@ -411,27 +411,28 @@ class ShardFiles:
             self.read_bytes["memory"] = self.read_bytes.get("memory", 0) + end - run[0].piece.offset
         return True
 
-    def _read_held(self, shard: str, run: list[Job], sums: list[xxhash.xxh3_64], stop: Callable[[], bool]) -> bool:
+    def _read_held(self, shard: str, run: list[Job], stop: Callable[[], bool]) -> bool:
         """A shard in the node keeper's memory: each piece with ``process_vm_readv`` straight into its
-        memory, a step at a time, each step checksummed right after it lands (``held.read_checked``; no
-        GIL held while the kernel copies or xxh3 hashes a step: the I/O threads work at once). A keeper
-        gone (ESRCH), access refused (EPERM) or a range it no longer maps is a bad copy:
-        ``CheckpointCorrupt``, the restore reads the files."""
+        memory, a step at a time, each step checksummed right after it lands, then the piece's whole
+        xxh3 checked (``held.read_hashed``: one call of the C loop a piece, no GIL held while it copies
+        and hashes, so the I/O threads work at once). A keeper gone (ESRCH), access refused (EPERM) or
+        a range it no longer maps is a bad copy: ``CheckpointCorrupt``, the restore reads the files."""
         copy = self.held[shard]
         total = 0
-        for job, digest in zip(run, sums, strict=True):
+        for job in run:
             if stop():
                 return False
             off, n = job.piece.offset, job.piece.nbytes
-            if n == 0:
-                continue
             try:
                 if off + n > copy.size:
                     raise OSError(errno.EFAULT, f"{off}+{n} is outside the copy's {copy.size} bytes")
-                read_checked(copy.pid, copy.addr + off, job.buf, digest.update)
+                digest = read_hashed(copy.pid, copy.addr + off, job.buf)
             except OSError as e:
                 raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: {shard}.h5's copy in the "
                                         f"keeper's memory: {e.strerror or e}, inside {job.where}") from e
+            if digest != job.piece.xxh3:
+                raise CheckpointCorrupt(f"checkpoint: step-{self.manifest.step}: checksum mismatch in {job.where} "
+                                        f"({shard}.h5)")
             total += n
         with self._lock:
             self.read_bytes["memory"] = self.read_bytes.get("memory", 0) + total

@@ -24,7 +24,7 @@ import pytest
 
 from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
 from slurm_omni.checkpoint import format as fmt
-from slurm_omni.checkpoint import held, peer
+from slurm_omni.checkpoint import held, held_native, peer
 from slurm_omni.checkpoint.fence import raise_fence
 from slurm_omni.checkpoint.memtier import MemoryTier, free_job, job_dir
 from slurm_omni.formats import RecordRejected, decode
@@ -52,6 +52,22 @@ def keeper(tmp_path: Path, job: str) -> Iterator[peer.Keeper]:
     wait_for(held.socket_path(job_dir(SHM, job), NODE))
     yield k
     k.stop()
+
+
+@pytest.fixture(params=["c", "python"])
+def loop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The restore's copy-and-hash loop from the keeper's memory: the C one (``held_native``; built
+    here where set-up did not) or the Python one, its fallback."""
+    lib = None
+    if request.param == "c":
+        try:
+            held_native.build()
+        except held_native.BuildError as e:
+            pytest.skip(str(e))
+        lib, why = held_native.load()
+        assert lib is not None, why
+    monkeypatch.setattr(held, "_NATIVE", [lib])
+    return str(request.param)
 
 
 def wait_for(path: Path) -> None:
@@ -106,7 +122,7 @@ def test_a_keeper_process_holds_the_copies_and_a_restart_reads_them_bitwise(tmp_
 
 
 def test_a_corrupted_copy_in_the_keeper_falls_back_to_the_file_system_with_one_line(
-        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture, loop: str) -> None:
     with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
         eng.save(100, shard_state(100), sync=True)
     (name,) = held_names(job)
@@ -124,9 +140,10 @@ def test_a_corrupted_copy_in_the_keeper_falls_back_to_the_file_system_with_one_l
 
 def test_a_keeper_gone_since_the_copies_were_found_is_a_bad_copy_not_a_failure(
         tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, loop: str) -> None:
     """The keeper ended (its node's standby stopped, or it was killed) between the restore's ``where``
-    and its reads: ESRCH is a bad copy, one line, the same step from the files; no failed restore."""
+    and its reads: ESRCH is a bad copy, one line, the same step from the files; no failed restore
+    (with either loop)."""
     with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
         eng.save(100, shard_state(100), sync=True)
     real = MemoryTier.sources
@@ -365,6 +382,58 @@ def test_a_checked_read_hands_each_step_to_the_checksum_as_it_lands() -> None:
     with pytest.raises(OSError) as e:
         held.read_checked(2**22 + 7, at, memoryview(dst), update)   # no such pid
     assert e.value.errno == errno.ESRCH
+
+
+def test_both_loops_land_the_same_bytes_with_the_same_xxh3(loop: str) -> None:
+    """``read_hashed`` (the C loop, or the Python one where it is not built): the bytes land where asked
+    and the digest is python xxhash's of them, a short last step and a range under one step included;
+    a process that is gone is an OSError (ESRCH) naming the keeper's pid; a range it does not map, EFAULT."""
+    import xxhash
+
+    src = bytearray(os.urandom(3 * 65536 + 4097))
+    at = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    for lo, hi, step in ((0, len(src), 65536), (100, len(src), 4096), (7, 300, held.READ_STEP), (5, 5, 4096)):
+        dst = bytearray(hi - lo)
+        got = held.read_hashed(os.getpid(), at + lo, memoryview(dst), step=step)
+        assert dst == src[lo:hi]
+        assert got == xxhash.xxh3_64(bytes(src[lo:hi])).hexdigest(), (loop, lo, hi, step)
+    dst = bytearray(4096)
+    with pytest.raises(OSError) as e:
+        held.read_hashed(2**22 + 7, at, memoryview(dst))   # no such pid
+    assert e.value.errno == errno.ESRCH and str(2**22 + 7) in str(e.value)
+    with pytest.raises(OSError) as e:
+        held.read_hashed(os.getpid(), 8, memoryview(dst))   # nothing mapped there
+    assert e.value.errno == errno.EFAULT
+
+
+def test_without_the_c_loop_a_restore_reads_with_the_python_loop_and_says_so_in_one_line(
+        tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(held_native, "BUILD_DIR", tmp_path / "not-built")
+    monkeypatch.setattr(held, "_NATIVE", [])
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    for _ in range(2):
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+            assert r.step == 100 and r.source == "memory"
+            assert_same(r.optimizer("text_decoder"), optimizer_state(100))
+    (line,) = warnings(caplog)
+    assert "not built" in line and "setup.sh" in line and "Python loop" in line, line
+
+
+def test_the_c_loop_builds_warning_free_and_only_its_own_sources_load(tmp_path: Path) -> None:
+    """Compiled with -Wall -Wextra -Werror (a warning fails the build); the name carries the sources'
+    hash, so a library built from other sources is not loaded."""
+    try:
+        built = held_native.build(tmp_path)
+    except held_native.BuildError as e:
+        pytest.skip(str(e))
+    lib, why = held_native.load(tmp_path)
+    assert lib is not None and why == "" and built == held_native.library_path(tmp_path)
+    assert "the C loop" in held_native.describe(lib)
+    built.rename(tmp_path / "libomni_held_read.0000000000000000.so")
+    lib, why = held_native.load(tmp_path)
+    assert lib is None and "not built" in why
 
 
 def test_a_held_buffer_is_on_huge_pages_where_the_kernel_allows_it() -> None:

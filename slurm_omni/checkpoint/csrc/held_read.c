@@ -1,0 +1,125 @@
+/* The memory tier's restore loop (held.py, read_hashed): one piece of a shard copy from the node
+ * keeper's memory into the tensor's memory with process_vm_readv, a step at a time, each step hashed
+ * into the piece's XXH3-64 right after it lands, while the core's cache still holds it.
+ *
+ * Why C: the Python loop hands the GIL over twice a step (after the copy, after the hash); with the
+ * I/O threads of a restore that is thousands of hand-overs a GiB, and the whole loop here runs in
+ * one ctypes call, which releases the GIL for all of it.
+ *
+ * xxhash.h is xxHash 0.8.1's single header (BSD 2-Clause, its licence at its top), vendored as Debian
+ * 12's libxxhash-dev ships it: the same XXH3-64 as the python xxhash package, with no -dev package
+ * needed where the product is built. */
+#define _GNU_SOURCE
+#define XXH_INLINE_ALL
+#if defined(__x86_64__) && defined(__GNUC__)
+/* xxhash.h's own way for a dispatcher (xxh_x86dispatch.c's): its AVX2 and AVX-512 kernels compiled
+ * for their targets beside the SSE2 default, the one the CPU runs chosen once (as the python xxhash
+ * package does: the SSE2 kernel alone costs 15-30 % more CPU a byte here). */
+#define XXH_X86DISPATCH
+#define XXH_DISPATCH_AVX2 1
+#define XXH_DISPATCH_AVX512 1
+#define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
+#define XXH_TARGET_AVX512 __attribute__((__target__("avx512f")))
+#include <immintrin.h>
+#endif
+#include "xxhash.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define OMNI_EXPORT __attribute__((visibility("default")))
+
+typedef XXH_errorcode (*update_fn)(XXH3_state_t *, const void *, size_t);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+XXH_TARGET_AVX2 static XXH_errorcode update_avx2(XXH3_state_t *state, const void *in, size_t len)
+{
+	return XXH3_update(state, (const xxh_u8 *)in, len, XXH3_accumulate_512_avx2, XXH3_scrambleAcc_avx2);
+}
+
+XXH_TARGET_AVX512 static XXH_errorcode update_avx512(XXH3_state_t *state, const void *in, size_t len)
+{
+	return XXH3_update(state, (const xxh_u8 *)in, len, XXH3_accumulate_512_avx512,
+			   XXH3_scrambleAcc_avx512);
+}
+
+static update_fn pick_update(void)
+{
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f"))
+		return update_avx512;
+	if (__builtin_cpu_supports("avx2"))
+		return update_avx2;
+	return XXH3_64bits_update;
+}
+#else
+static update_fn pick_update(void)
+{
+	return XXH3_64bits_update;
+}
+#endif
+
+static update_fn update;
+
+__attribute__((constructor)) static void choose(void)
+{
+	update = pick_update();
+}
+
+/* The kernel the CPU runs (for the bench's line): 2 AVX-512, 1 AVX2, 0 the default. */
+OMNI_EXPORT int omni_held_read_kernel(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	return update == update_avx512 ? 2 : update == update_avx2 ? 1 : 0;
+#else
+	return 0;
+#endif
+}
+
+/* The ABI the Python side checks before it calls anything else. */
+OMNI_EXPORT int omni_held_read_abi(void)
+{
+	return 1;
+}
+
+/* n bytes at `remote` in process `pid` to `local`, in steps of `step` bytes, each hashed as it lands.
+ * Returns 0 with the XXH3-64 of the n bytes in *digest, else an errno (ESRCH: the keeper is gone;
+ * EPERM: no ptrace access; EFAULT: a range it no longer maps) with the bytes read before in *done. */
+OMNI_EXPORT int omni_read_hashed(int pid, uint64_t remote, void *local, size_t n, size_t step,
+				 uint64_t *digest, size_t *done)
+{
+	XXH3_state_t state;
+	char *out = local;
+	size_t at = 0;
+
+	*done = 0;
+	if (step == 0 || XXH3_64bits_reset(&state) == XXH_ERROR)
+		return EINVAL;
+	while (at < n) {
+		size_t len = n - at < step ? n - at : step;
+		size_t got = 0;
+
+		while (got < len) {	/* a short read: the rest of the step again */
+			struct iovec mine = { .iov_base = out + at + got, .iov_len = len - got };
+			struct iovec theirs = { .iov_base = (void *)(uintptr_t)(remote + at + got),
+						.iov_len = len - got };
+			ssize_t r = process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) {
+				*done = at + got;
+				return r < 0 ? errno : EFAULT;
+			}
+			got += (size_t)r;
+		}
+		if (update(&state, out + at, len) == XXH_ERROR)
+			return EINVAL;
+		at += len;
+	}
+	*digest = XXH3_64bits_digest(&state);
+	*done = n;
+	return 0;
+}

@@ -1,0 +1,114 @@
+"""The C loop of a restore from the keeper's memory (``csrc/held_read.c``): built at set-up, loaded with
+ctypes, the Python loop (``held.read_checked``) where it is not built.
+
+``scripts/setup.sh`` runs ``python -m slurm_omni.checkpoint.held_native``, which compiles it into the
+checkout's git-ignored ``build/held-read/``, under a name that carries a hash of its sources and flags:
+a library built from other sources is never loaded (the sources changed since: build it again).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = (CSRC / "held_read.c", CSRC / "xxhash.h")
+BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "held-read"
+"""Git-ignored (``build/``), beside the SPANK plugin's and the light rank's builds."""
+CFLAGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wformat=2", "-Wshadow",
+          "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIC", "-shared", "-fvisibility=hidden",
+          "-Wl,-z,relro,-z,now")
+"""As spank/Makefile's, plus a shared library's; only ``omni_*`` is exported."""
+ABI = 1
+KERNELS = ("SSE2", "AVX2", "AVX-512")
+"""xxh3's kernel the library chose for this CPU, by ``omni_held_read_kernel()``."""
+
+
+class BuildError(Exception):
+    """No compiler, or the source did not compile: the message is one line."""
+
+
+def library_path(dest: Path | None = None) -> Path:
+    """Where the library built from today's sources and flags is (or would be)."""
+    dest = BUILD_DIR if dest is None else dest
+    h = hashlib.sha256(" ".join(CFLAGS).encode())
+    for src in SOURCES:
+        h.update(src.read_bytes())
+    return dest / f"libomni_held_read.{h.hexdigest()[:16]}.so"
+
+
+def build(dest: Path | None = None) -> Path:
+    """The library compiled into ``dest`` (nothing to do when it is there already); replaced by a
+    rename, never rewritten while a process may have it loaded."""
+    dest = BUILD_DIR if dest is None else dest
+    out = library_path(dest)
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise BuildError(f"couldn't compile {SOURCES[0].name}: no C compiler (cc, gcc or $CC) on PATH")
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = dest / f".{out.name}.{os.getpid()}.tmp"
+    try:
+        proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCES[0])], capture_output=True, text=True,
+                              timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"couldn't compile {SOURCES[0].name} with {cc}: {e}") from e
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
+        raise BuildError(f"couldn't compile {SOURCES[0].name} with {cc} (exit {proc.returncode}): {first}")
+    os.replace(tmp, out)
+    for old in dest.glob("libomni_held_read.*.so"):   # built from earlier sources: never loaded again
+        if old != out:
+            old.unlink(missing_ok=True)
+    return out
+
+
+def load(dest: Path | None = None) -> tuple[ctypes.CDLL | None, str]:
+    """The built library, its functions typed, and ""; else None and why (one line)."""
+    dest = BUILD_DIR if dest is None else dest
+    try:
+        path = library_path(dest)
+    except OSError as e:
+        return None, f"couldn't read its sources: {e}"
+    if not path.exists():
+        return None, f"not built ({path.name} is not in {dest}; scripts/setup.sh builds it)"
+    try:
+        lib = ctypes.CDLL(str(path))   # a CDLL call releases the GIL for its whole length
+        if lib.omni_held_read_abi() != ABI:
+            return None, f"{path} is not ABI {ABI}"
+        fn = lib.omni_read_hashed
+        lib.omni_held_read_kernel.restype = ctypes.c_int
+    except (OSError, AttributeError) as e:
+        return None, f"couldn't load {path}: {e}"
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t)]
+    return lib, ""
+
+
+def describe(lib: ctypes.CDLL | None) -> str:
+    """Which loop a restore from the keeper's memory runs (for the bench's lines)."""
+    if lib is None:
+        return "the Python loop (held.read_checked)"
+    return f"the C loop (csrc/held_read.c, xxh3 {KERNELS[lib.omni_held_read_kernel()]})"
+
+
+def main() -> int:
+    try:
+        print(f"checkpoint: built {build()}")
+    except BuildError as e:
+        print(f"checkpoint: the memory tier's C restore loop: {e} (restores from memory use the Python loop)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
