@@ -505,9 +505,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     def checked_shm_read() -> float:
         """The least work that gets the same bytes out of the same copies *and* checks them: the raw
-        read's spans, each read in the restore's steps (``held.read_checked``: ``process_vm_readv`` of
-        ``held.READ_STEP``, or ``preadv`` from the tmpfs files) with each step's xxh3 taken right after it
-        lands; no manifest, no tensors, no scheduling. What the restore must at least cost."""
+        read's spans, each read in the restore's steps with the restore's loop (``held.read_hashed``:
+        ``process_vm_readv`` of ``held.READ_STEP`` and each step's xxh3 right after it lands, in C where
+        it is built; or ``preadv`` from the tmpfs files); no manifest, no tensors, no scheduling. What
+        the restore must at least cost."""
         import xxhash
 
         spans: list[tuple[Path | held.HeldCopy, int, int, int]] = []
@@ -522,7 +523,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for f, off, n, dst in mine:
                 view = read_view[dst:dst + n]
                 if isinstance(f, held.HeldCopy):
-                    held.read_checked(f.pid, f.addr + off, view, digest.update)
+                    held.read_hashed(f.pid, f.addr + off, view)
                     continue
                 fd = os.open(f, os.O_RDONLY)
                 try:
@@ -681,6 +682,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         print(f"\nper-step snapshot (blocking) {med['save_blocking_s']:.4f} s, with the memory tier "
               f"{med['save_blocking_memtier_s']:.4f} s (the copy into /dev/shm is the persist thread's: "
               f"{med['persist_memtier_s']:.3f} s against {med['persist_s']:.3f})")
+    if "keeper" in mem_kind:
+        mem_kind += f" with {held.loop_name()}"
     print(f"memory restores read from {', '.join(sorted(mem_sources))}: the copies in {mem_kind}; the tier's "
           f"folder on {args.memory_dir} ({tmpfs_options(args.memory_dir)})")
     print(f"\nrestore bytes by path: {', '.join(f'{k} {v / 2**30:.2f} GiB' for k, v in read_paths.items())}; "
