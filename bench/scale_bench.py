@@ -92,7 +92,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.cpu_share import Sampler, share_line
+from bench.cpu_share import Sampler, others_line, share_line
 from bench.heartbeat_bench import Inotify
 from bench.light_build import BUILD_DIR, rank_argv
 from bench.light_rank import BLOCK_SIGNAL
@@ -854,7 +854,8 @@ class Job:
         b1, took = cpu_s(sup), time.monotonic() - t0
         seconds, cpu, procs, busy = self.size.sampler.window(time.time() - took, time.time())
         if seconds:
-            r.cpu_share[self.path] = {"seconds": seconds, "cpu": cpu, "procs": procs, "machine": busy}
+            r.cpu_share[self.path] = {"seconds": seconds, "cpu": cpu, "procs": procs, "machine": busy,
+                                      "others": self.size.sampler.others_window(time.time() - took, time.time())}
         if watch is not None:
             watch.drain()
             watch.close()
@@ -1100,7 +1101,8 @@ class Job:
         if stepped and len(stepped) == self.ranks:
             seconds, used, procs, busy = self.size.sampler.window(run.fault_at, max(stepped))
             if seconds:
-                run.cpu_share = {"seconds": seconds, "cpu": used, "procs": procs, "machine": busy}
+                run.cpu_share = {"seconds": seconds, "cpu": used, "procs": procs, "machine": busy,
+                                 "others": self.size.sampler.others_window(run.fault_at, max(stepped))}
 
     def check(self, finished: bool) -> None:
         r, st = self.size.result, self.journal().state
@@ -1224,15 +1226,20 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             print(f"{r.nodes:>5} nodes, {r.ranks:>5} ranks: " + ", ".join(
                 f"{path} {1000 * v:.1f} ms" for path, v in r.cpu_per_poll.items()))
     print("\nwhere the machine's CPU went, per process class (bench/cpu_share.py, /proc sampled every 1-2 s): "
-          "in steady state, then each recovery fault -> first step; share of the CPU used, seconds, per process")
+          "in steady state, then each recovery fault -> first step; share of the CPU used, seconds, per process; "
+          "under each, what the other class holds by name (kernel threads by kind, init with the orphans it reaped)")
     for r in results:
         for path, w in r.cpu_share.items():
             print(f"{r.nodes:>5} {path:>7} steady: " + share_line(w["seconds"], w["cpu"], w["procs"], w.get("machine", 0.0)))
+            if w.get("others"):
+                print(f"{'':>14} other: " + others_line(w["others"]))
         for run in r.runs if not r.na else []:
             if run.cpu_share:
                 w = run.cpu_share
                 print(f"{r.nodes:>5} {run.path:>7} {run.fault:>6}: "
                       + share_line(w["seconds"], w["cpu"], w["procs"], w.get("machine", 0.0)))
+                if w.get("others"):
+                    print(f"{'':>14} other: " + others_line(w["others"]))
     print("\nfile-system operations per second in steady state (inotify over the same window; metadata: create, "
           "rename, unlink; data: writes), per active node; the checkpoint folder's own files (each rank's "
           "checkpoint markers, one durable create and rename per rank every --ckpt-every steps, not watched)")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.cpu_share import CLASSES, Sampler, share_line
+from bench.cpu_share import CLASSES, Sampler, other_name, others_line, share_line
 
 SPIN = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\n"
 
@@ -53,3 +53,23 @@ def test_a_c_rank_counts_as_a_rank(tmp_path: Path) -> None:
     sampler.sample()
     proc.wait()
     assert 0.5 <= sampler.totals["rank"] <= 0.8, sampler.totals
+
+
+def test_the_other_class_is_listed_by_name(tmp_path: Path) -> None:
+    """What "other" holds is named: a process of no class by its command name, a kernel thread by its
+    kind, init as init."""
+    assert other_name(1, "process_api", 0) == "init"
+    assert other_name(28011, "kworker/1:1H-kb", 2) == "kernel kworker"
+    assert other_name(5000, "python3", 4000) == "python3"
+    sampler = Sampler(light_rank=str(tmp_path / "light_rank"), bench_pid=-1, interval_s=0.2)
+    sampler.sample()
+    proc = subprocess.Popen([sys.executable, "-S", "-c", SPIN.format(s=0.5)])   # neither rank nor bench
+    time.sleep(0.2)
+    sampler.sample()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    sampler.sample()
+    proc.wait()
+    comm = Path(sys.executable).name[:15]
+    others = sampler.others_window(0, time.time() + 1)
+    assert others.get(comm, 0.0) >= 0.4, others
+    assert comm in others_line(others)
