@@ -209,7 +209,11 @@ LARGE_SETTINGS: tuple[tuple[str, str, str], ...] = (
                                       "500+: slurmd drained 432 nodes 'Kill task failed' in the last 512 run")),
     ("ProctrackType", "proctrack/pgid", ("a step's tasks by their process group (killpg): proctrack/linuxproc "
                                          "reads every /proc/PID/stat of the host for each signal and each wait, "
-                                         "512 slurmstepd x 3,000 processes")),
+                                         "512 slurmstepd x 3,000 processes; pgid still reads them all once per "
+                                         "SIGKILL and step end (16 nodes' step of 64 tasks: 0.52 CPU s, 1.13 with "
+                                         "3,000 idle processes on the host); proctrack/cgroup's freezer took "
+                                         "0.45 / 0.70 s but left a killed step's slurmstepd stuck in 2 of 13 "
+                                         "64-node runs (22:45-23:09), so it is not used")),
     ("SchedulerParameters", "bf_interval=30,bf_resolution=60", ("backfill walks every node: every 30 s, not "
                                                                 "every second (the lane's jobs start at submission "
                                                                 "by the main scheduler; no heterogeneous jobs)")),
