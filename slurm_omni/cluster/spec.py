@@ -212,8 +212,8 @@ LARGE_SETTINGS: tuple[tuple[str, str, str], ...] = (
                                          "512 slurmstepd x 3,000 processes; pgid still reads them all once per "
                                          "SIGKILL and step end (16 nodes' step of 64 tasks: 0.52 CPU s, 1.13 with "
                                          "3,000 idle processes on the host); proctrack/cgroup's freezer took "
-                                         "0.45 / 0.70 s but left a killed step's slurmstepd stuck in 2 of 13 "
-                                         "64-node runs (22:45-23:09), so it is not used")),
+                                         "0.45 / 0.70 s but left a killed step's slurmstepd stuck in 2 of 20 "
+                                         "64-node runs (22:45-23:27; the cause not found), so it is not used")),
     ("SchedulerParameters", "bf_interval=30,bf_resolution=60", ("backfill walks every node: every 30 s, not "
                                                                 "every second (the lane's jobs start at submission "
                                                                 "by the main scheduler; no heterogeneous jobs)")),
