@@ -1803,6 +1803,8 @@ def main() -> int:
             hh, mm = (int(x) for x in args.stop_at.split(":"))
             now = time.gmtime()
             args.stop_at = calendar.timegm((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, 0))
+            if args.stop_at < time.time() - 12 * 3600:   # a window past midnight (23:55 -> 00:20): tomorrow's
+                args.stop_at += 24 * 3600
         except ValueError:
             p.error(f"--stop-at {args.stop_at!r}: expected HH:MM (UTC)")
     root = Path(args.work).resolve() / time.strftime("%Y%m%d-%H%M%S")
