@@ -46,6 +46,7 @@
 
 #define BLOCK_SIGNAL SIGURG
 #define MAX_ERROR_CHARS 400
+#define BACKOFF_CAP_S 0.5   /* a refused rank's longest pause (the rendezvous below) */
 
 /* -- the rank ----------------------------------------------------------------------------------- */
 static struct {
@@ -523,6 +524,7 @@ __attribute__((noreturn)) static void connection_error(const char *fmt, ...)
 static long long join_store(const long long *mine, int n, double timeout_s)
 {
     double deadline = mono_s() + timeout_s, pause = 0.05;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)(now_s() * 1e6);
     struct buf hello = {0};
     buf_fmt(&hello, "%lld ", R.rank);
     for (int i = 0; i < n; i++)
@@ -590,10 +592,43 @@ static long long join_store(const long long *mine, int n, double timeout_s)
             connection_error("couldn't reach the store at %s:%lld: %s", R.master, R.port, oserr);
         beat(0, 0);
         /* backing off: 2,000 ranks retrying every 0.1 s while rank 0 starts were the machine's whole
-         * load at 512 nodes; with jitter, so that they do not come back together */
-        sleep_s(pause * (0.5 + (double)(getpid() % 97) / 97));
-        pause = pause * 2 < 0.5 ? pause * 2 : 0.5;
+         * load at 512 nodes; the jitter drawn anew each time (one fixed per process kept a rank's
+         * tries in the same phase as its neighbours'), so that they do not come back together */
+        sleep_s(pause * (0.5 + (double)rand_r(&seed) / RAND_MAX));
+        pause = pause * 2 < BACKOFF_CAP_S ? pause * 2 : BACKOFF_CAP_S;
     }
+}
+
+/* Rank 0's store: open (listening) before rank 0 reads its markers, so that a rank that starts
+ * meanwhile is queued by the kernel, not refused into a back-off. */
+static struct {
+    int fd;
+    double listening_at;
+} store = {-1, 0};
+
+static void open_store(void)
+{
+    /* a descriptor per peer until the answer: 2,047 at 512 nodes, over a soft limit of 1,024 */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < (rlim_t)R.world + 64) {
+        nofile.rlim_cur = nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max > (rlim_t)R.world + 64
+                              ? (rlim_t)R.world + 64 : nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+    int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
+    struct sockaddr_in sa;
+    if (server < 0 || setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+        connection_error("couldn't open the store: %s", strerror(errno));
+    if (master_addr(&sa, 1) < 0)
+        connection_error("couldn't resolve %s: %s", R.master, oserr);
+    if (bind(server, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(server, R.world < 4096 ? (int)R.world : 4096) < 0) {
+        snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
+        char msg[1300];
+        snprintf(msg, sizeof msg, "OSError: %s", oserr);
+        fail(EXIT_FAILED, msg);
+    }
+    store.fd = server;
+    store.listening_at = now_s();
 }
 
 struct peer {
@@ -601,6 +636,34 @@ struct peer {
     struct buf data;
 };
 
+/* A peer's "<rank> <step>,<step>|-" line taken into held; 0 when it is not one. */
+static int take_join(const char *text, size_t len, long long **held, int *nheld, char *seen, long long *joined)
+{
+    char *end;
+    long long rank = strtoll(text, &end, 10);
+    if (end == text || *end != ' ' || rank < 0 || rank >= R.world)
+        return 0;
+    free(held[rank]);
+    int m = 0;
+    held[rank] = malloc(sizeof **held * (len / 2 + 1));
+    for (char *t = end + 1; *t && *t != '\n';) {
+        char *after;
+        long long step = strtoll(t, &after, 10);
+        if (after != t)
+            held[rank][m++] = step;
+        t = *after == ',' ? after + 1 : after == t ? t + 1 : after;
+    }
+    nheld[rank] = m;
+    if (!seen[rank]) {
+        seen[rank] = 1;
+        (*joined)++;
+    }
+    return 1;
+}
+
+/* Every rank's join, then one answer to each. A join is read as its connection is accepted (a peer
+ * sends it as soon as it is connected) and only the peers whose line is not complete yet are
+ * polled: a wake-up costs what is ready, not every rank that joined before it. */
 static long long serve_store(const long long *mine, int n, double timeout_s)
 {
     long long world = R.world;
@@ -612,31 +675,13 @@ static long long serve_store(const long long *mine, int n, double timeout_s)
     nheld[0] = n;
     seen[0] = 1;
     long long joined = 1;
-    /* a descriptor per peer until the answer: 2,047 at 512 nodes, over a soft limit of 1,024 */
-    struct rlimit nofile;
-    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < (rlim_t)world + 64) {
-        nofile.rlim_cur = nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max > (rlim_t)world + 64
-                              ? (rlim_t)world + 64 : nofile.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &nofile);
-    }
-    int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
-    struct sockaddr_in sa;
-    if (server < 0 || setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
-        connection_error("couldn't open the store: %s", strerror(errno));
-    if (master_addr(&sa, 1) < 0)
-        connection_error("couldn't resolve %s: %s", R.master, oserr);
-    if (bind(server, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(server, world < 4096 ? (int)world : 4096) < 0) {
-        snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
-        char msg[1300];
-        snprintf(msg, sizeof msg, "OSError: %s", oserr);
-        fail(EXIT_FAILED, msg);
-    }
-    size_t cap = 64, count = 1;
+    size_t cap = 64, count = 1;   /* pfd[0]: the store; pfd[1..count): the peers still sending */
     struct pollfd *pfd = calloc(cap, sizeof *pfd);
     struct peer *peers = calloc(cap, sizeof *peers);
-    pfd[0] = (struct pollfd){.fd = server, .events = POLLIN};
+    pfd[0] = (struct pollfd){.fd = store.fd, .events = POLLIN};
     size_t ndone = 0, done_cap = 64;   /* a rank that retried after a reset answers twice */
     int *done = calloc(done_cap, sizeof *done);
+    long long wakes = 0;
     double deadline = mono_s() + timeout_s;
     while (joined < world) {
         if (mono_s() > deadline)
@@ -645,69 +690,53 @@ static long long serve_store(const long long *mine, int n, double timeout_s)
         int ready = poll(pfd, count, (int)((R.interval < 0.5 ? R.interval : 0.5) * 1000));
         if (ready <= 0)
             continue;
-        size_t seen_now = count;
-        for (size_t i = 0; i < seen_now; i++) {
-            if (pfd[i].fd < 0 || !pfd[i].revents)
-                continue;
-            if (i == 0) {
-                for (;;) {   /* every connection waiting, not one per wake-up */
-                    int c = accept4(server, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                    if (c < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED))
-                        break;
-                    if (c < 0)   /* out of descriptors: said, not a busy loop till the deadline */
-                        connection_error("couldn't accept a peer (%lld of %lld joined): %s", joined, world,
-                                         strerror(errno));
-                    if (count == cap) {
-                        cap *= 2;
-                        pfd = realloc(pfd, cap * sizeof *pfd);
-                        peers = realloc(peers, cap * sizeof *peers);
-                    }
-                    pfd[count] = (struct pollfd){.fd = c, .events = POLLIN};
-                    peers[count] = (struct peer){.fd = c};
-                    count++;
+        wakes++;
+        size_t first_new = count;
+        if (pfd[0].revents) {
+            for (;;) {   /* every connection waiting, not one per wake-up */
+                int c = accept4(store.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (c < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED))
+                    break;
+                if (c < 0)   /* out of descriptors: said, not a busy loop till the deadline */
+                    connection_error("couldn't accept a peer (%lld of %lld joined): %s", joined, world,
+                                     strerror(errno));
+                if (count == cap) {
+                    cap *= 2;
+                    pfd = realloc(pfd, cap * sizeof *pfd);
+                    peers = realloc(peers, cap * sizeof *peers);
                 }
-                continue;
+                pfd[count] = (struct pollfd){.fd = c, .events = POLLIN, .revents = POLLIN};
+                peers[count] = (struct peer){.fd = c};
+                count++;
             }
+        }
+        for (size_t i = count; i-- > 1;) {   /* backwards: a finished peer's slot takes the last one */
+            if (!pfd[i].revents && i < first_new)
+                continue;
             struct peer *p = &peers[i];
             char chunk[4096];
             ssize_t k = recv(p->fd, chunk, sizeof chunk, 0);
-            if (k < 0 && (errno == EAGAIN || errno == EINTR))
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
                 continue;
             if (k > 0)
                 buf_add(&p->data, chunk, (size_t)k);
             if (k > 0 && p->data.p[p->data.len - 1] != '\n')
                 continue;
-            pfd[i].fd = -1;
-            /* "<rank> <step>,<step>|-\n" */
-            char *text = p->data.p ? p->data.p : "", *end;
-            long long rank = strtoll(text, &end, 10);
-            if (end == text || *end != ' ' || rank < 0 || rank >= world) {
+            char *text = p->data.p ? p->data.p : "";
+            if (!take_join(text, p->data.len, held, nheld, seen, &joined)) {
                 close(p->fd);
-                free(p->data.p);
                 connection_error("a peer sent %.60s (expected '<rank> <steps>')", text);
             }
-            free(held[rank]);
-            int m = 0;
-            held[rank] = malloc(sizeof **held * (p->data.len / 2 + 1));
-            for (char *t = end + 1; *t && *t != '\n';) {
-                char *after;
-                long long step = strtoll(t, &after, 10);
-                if (after != t)
-                    held[rank][m++] = step;
-                t = *after == ',' ? after + 1 : after == t ? t + 1 : after;
-            }
-            nheld[rank] = m;
-            if (!seen[rank]) {
-                seen[rank] = 1;
-                joined++;
-            }
             free(p->data.p);
-            p->data = (struct buf){0};
             if (ndone == done_cap)
                 done = realloc(done, (done_cap *= 2) * sizeof *done);
             done[ndone++] = p->fd;
+            count--;
+            pfd[i] = pfd[count];
+            peers[i] = peers[count];
         }
     }
+    double joined_at = now_s();
     long long agreed = -1;
     int any = 0;
     for (long long r = 0; r < world; r++)
@@ -737,9 +766,17 @@ static long long serve_store(const long long *mine, int n, double timeout_s)
         close(done[i]);
     }
     for (size_t i = 1; i < count; i++)
-        if (pfd[i].fd >= 0)
-            close(pfd[i].fd);
-    close(server);
+        close(pfd[i].fd);
+    close(store.fd);
+    store.fd = -1;
+    /* what the scale bench splits the rendezvous with (bench/scale_bench.py, STORE_LINE) */
+    struct buf said = {0};
+    buf_str(&said, "light rank 0: store listening at ");
+    put_float(&said, store.listening_at, 0);
+    buf_str(&said, ", every join at ");
+    put_float(&said, joined_at, 0);
+    buf_fmt(&said, " (%lld ranks, %lld wake-ups)\n", world, wakes);
+    write_all(2, said.p, said.len);
     for (long long r = 0; r < world; r++)
         free(held[r]);
     free(held);
@@ -749,6 +786,7 @@ static long long serve_store(const long long *mine, int n, double timeout_s)
     free(pfd);
     free(peers);
     free(answer.p);
+    free(said.p);
     return agreed;
 }
 
@@ -837,6 +875,8 @@ static int run(void)
         buf_fmt(&msg, "light rank: couldn't place rank: %s", problems.p + 2);
         fail(EXIT_BAD_INPUT, msg.p);
     }
+    if (R.rank == 0 && R.world > 1)
+        open_store();
     long long *held;
     int nheld = markers(&held);
     double timeout_s;

@@ -28,11 +28,13 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
 - the restore's agreement: every rank sends the steps it holds to rank 0's store at
   MASTER_ADDR:MASTER_PORT (the rendezvous) and all resume from the newest step every rank holds,
   as ``Run.restore`` does with its all-reduce; ranks that hold markers but none in common exit 78
-  (a checkpoint that does not fit the job). One connection and one answer per rank; rank 0 takes
-  every connection waiting at each wake-up, and a rank refused (rank 0 not listening yet) backs off
-  from 0.05 to 0.5 s with jitter instead of retrying every 0.1 s (2,000 ranks at 10 tries a second
-  were the machine's load while a 512-node launch started). The answer carries rank 0's clock,
-  the life's start;
+  (a checkpoint that does not fit the job). One connection and one answer per rank; rank 0's store
+  listens before rank 0 reads its markers, takes every connection waiting at each wake-up, reads a
+  join as it accepts it and polls only the peers still sending; a rank refused (rank 0 not listening
+  yet) backs off from 0.05 to 0.5 s, its jitter drawn each time, instead of retrying every 0.1 s
+  (2,000 ranks at 10 tries a second were the machine's load while a 512-node launch started). The
+  answer carries rank 0's clock, the life's start; rank 0 says on stderr when its store listened and
+  had every join (``light rank 0: store listening at T, every join at T (N ranks, W wake-ups)``);
 - steps in step: step k of a life is due at the start rank 0 sent + k x OMNI_STEP_DELAY_S, so a
   rank the machine left behind steps at once until it is due again, as a collective keeps real
   ranks together (before, unsynchronised ranks drifted apart by 16 steps at 512 nodes, and the
@@ -75,6 +77,9 @@ EXIT_DONE, EXIT_FAILED, EXIT_CHECKPOINTED, EXIT_BAD_INPUT = 0, 1, 75, 78
 BLOCK_SIGNAL = _signal.SIGURG
 """The scale bench's hang: this rank's collective never returns from now on (see the module's text)."""
 MAX_ERROR_CHARS = 400
+BACKOFF_CAP_S = 0.5
+"""A rank refused by the store (rank 0 not listening yet) waits at most this long (x1.5, jitter)
+before it tries again."""
 
 
 class BadInput(Exception):
@@ -139,6 +144,9 @@ class Rank:
         start_at + k x step_delay, so a rank that fell behind catches up instead of drifting."""
         self.direct_at = 0.0
         """When this rank last wrote its own file while the node's copy may not have that beat."""
+        self.store: _socket.socket | None = None
+        """Rank 0's store, listening from before its markers are read (the rendezvous)."""
+        self.store_at = 0.0
 
     def check(self) -> None:
         """What the layout checks: the same numbers a real rank would refuse."""
@@ -245,7 +253,7 @@ class Rank:
         if self.world == 1:
             return max(mine, default=0)
         if self.rank == 0:
-            return self._serve(mine, timeout_s)
+            return self._serve(self._listen() if self.store is None else self.store, mine, timeout_s)
         deadline = time.monotonic() + timeout_s
         pause = 0.05
         while True:
@@ -275,41 +283,57 @@ class Rank:
                     raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: {e}") from e
                 self.beat()
                 # backing off: 2,000 ranks retrying every 0.1 s while rank 0 starts are the machine's
-                # whole load at 512 nodes; with jitter, so that they do not come back together
-                time.sleep(pause * (0.5 + (os.getpid() % 97) / 97))
-                pause = min(2 * pause, 0.5)
+                # whole load at 512 nodes; the jitter drawn anew each time, so that they do not come
+                # back together
+                time.sleep(pause * (0.5 + int.from_bytes(os.urandom(2), "little") / 65535))
+                pause = min(2 * pause, BACKOFF_CAP_S)
             finally:
                 s.close()
 
-    def _serve(self, mine: list[int], timeout_s: float) -> int:
+    def _listen(self) -> _socket.socket:
+        """Rank 0's store, listening before rank 0 reads its markers: a rank that starts meanwhile is
+        queued by the kernel, not refused into a back-off."""
         server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
         server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
         server.bind(("" if self.master[0] not in ("127.0.0.1", "localhost") else self.master[0], self.master[1]))
         server.listen(min(self.world, 4096))
         server.setblocking(False)
+        self.store_at = time.time()
+        return server
+
+    def _serve(self, server: _socket.socket, mine: list[int], timeout_s: float) -> int:
+        """Every rank's join, then one answer to each. A join is read as its connection is accepted
+        (a peer sends it as soon as it is connected) and only the peers whose line is not complete
+        yet are polled."""
         poller = select.poll()
         poller.register(server.fileno(), select.POLLIN)
         steps: dict[int, set[int]] = {0: set(mine)}
         peers: dict[int, tuple[_socket.socket, bytes]] = {}
         done: list[_socket.socket] = []
+        wakes = 0
         deadline = time.monotonic() + timeout_s
         try:
             while len(steps) < self.world:
                 if time.monotonic() > deadline:
                     raise ConnectionError(f"{len(steps)} of {self.world} ranks joined within {timeout_s:.0f}s")
                 self.beat()
-                for fd, _ in poller.poll(min(self.interval, 0.5) * 1000):
-                    if fd == server.fileno():
-                        while True:   # every connection waiting, not one per wake-up
-                            try:
-                                cfd, _addr = server._accept()
-                            except BlockingIOError:
-                                break
-                            conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, cfd)
-                            conn.setblocking(False)
-                            peers[cfd] = (conn, b"")
-                            poller.register(cfd, select.POLLIN)
-                        continue
+                ready = [fd for fd, _ in poller.poll(min(self.interval, 0.5) * 1000)]
+                if not ready:
+                    continue
+                wakes += 1
+                if server.fileno() in ready:
+                    ready.remove(server.fileno())
+                    while True:   # every connection waiting, not one per wake-up
+                        try:
+                            cfd, _addr = server._accept()
+                        except BlockingIOError:
+                            break
+                        conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, cfd)
+                        conn.setblocking(False)
+                        peers[cfd] = (conn, b"")
+                        poller.register(cfd, select.POLLIN)
+                        ready.append(cfd)
+                for fd in ready:
                     conn, data = peers[fd]
                     try:
                         chunk = conn.recv(4096)
@@ -323,6 +347,7 @@ class Rank:
                         rank, held = data.split()
                         steps[int(rank)] = {int(x) for x in held.split(b",") if x != b"-"}
                         done.append(conn)
+            joined_at = time.time()
             common = set.intersection(*steps.values())
             agreed = max(common) if common else -1 if any(steps.values()) else 0
             # the life's start: every rank steps on this clock (a collective keeps real ranks in step)
@@ -334,6 +359,9 @@ class Rank:
                     conn.sendall(answer)
                 except OSError:   # that rank is gone: the step ends without this one's help
                     pass
+            # what the scale bench splits the rendezvous with (bench/scale_bench.py, STORE_LINE)
+            print(f"light rank 0: store listening at {self.store_at!r}, every join at {joined_at!r} "
+                  f"({self.world} ranks, {wakes} wake-ups)", file=sys.stderr, flush=True)
             return agreed
         finally:
             for conn in [*done, *(c for c, _ in peers.values())]:
@@ -345,6 +373,8 @@ class Rank:
         os.makedirs(self.hb_dir, mode=0o700, exist_ok=True)
         self.beat(force=True)
         self.check()
+        if self.rank == 0 and self.world > 1:
+            self.store = self._listen()
         held = self.markers()
         agreed = self.agree(held, _float(self.env, "OMNI_COLLECTIVE_TIMEOUT", 300.0))
         groups_ready_at = time.time()

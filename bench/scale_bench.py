@@ -105,6 +105,7 @@ from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.steps import step_name
 from slurm_omni.supervisor.journal import SupervisorJournal, journal_path
 from slurm_omni.supervisor.run import SupervisorOptions
 
@@ -119,12 +120,15 @@ def is_light_rank(argv: list[str]) -> bool:
     """A light rank's process, of either kind (a run before this one may have left the other)."""
     return argv[1:] == ["-S", str(LIGHT_RANK)] or argv == [str(C_RANK)]
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
-SPLIT = ("decide_cmds", "decide_cpu", "to_srun", "srun_to_task", "task_spread", "rdv_join", "rdv_answer")
+SPLIT = ("decide_cmds", "decide_cpu", "to_srun", "srun_to_task", "task_spread", "rdv_listen", "rdv_join", "rdv_answer")
 """decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
 work); decide_cpu: the supervisor's own CPU seconds in decide (its debug log: the process's CPU when
 it confirmed and when it journaled the next launch), which the machine's load does not stretch;
 to_srun: the next launch journaled -> its srun started; srun_to_task: -> the first task running;
-task_spread: the first task -> the last (launch = to_srun + srun_to_task + task_spread)."""
+task_spread: the first task -> the last (launch = to_srun + srun_to_task + task_spread); rdv_join: the
+last task running -> rank 0's store had every join and answered, of which rdv_listen is the part before
+rank 0's store listened (its line in the step's output, ``STORE_LINE``; 0 when it listened before the
+last task ran); rdv_answer: -> the last rank read its answer."""
 TASKS_PER_NODE = 4
 _POLL = next(f.default for f in dataclasses.fields(SupervisorOptions) if f.name == "heartbeat_poll_s")
 HEARTBEAT_POLL_S = _POLL if isinstance(_POLL, float) else 0.5
@@ -143,6 +147,10 @@ long passed (the 512 in-allocation hang was not injected: the ranks had finished
 _CMD_LINE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) slurm_omni\.slurm\.runner DEBUG "
                        r"(?P<kind>ran|started) \((?P<argv>[^)]*)\)(?: -> -?\d+ in (?P<took>[\d.]+)s)?")
 """The runner's debug lines: ``ran (argv) -> rc in Xs`` and ``started (argv)``."""
+STORE_LINE = re.compile(r"light rank 0: store listening at (?P<listening>[0-9.e+-]+), every join at "
+                        r"(?P<joined>[0-9.e+-]+) \((?P<ranks>\d+) ranks, (?P<wakes>\d+) wake-ups\)$", re.MULTILINE)
+"""Rank 0's line in the step's output (bench/light_rank.py, light_rank.c): when its store listened and
+when it had every rank's join (Unix time)."""
 _ANSWERED = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \S+ DEBUG supervisor: Slurm's state "
                        r"of (?P<nodes>\S+) answered (?P<took>[\d.]+) s after it was asked")
 """The supervisor's read of the nodes srun reported failed: when it was answered and how long it took."""
@@ -1027,6 +1035,16 @@ class Job:
         except OSError:
             return ""
 
+    def store_line(self, launch: int) -> tuple[float, float] | None:
+        """When launch ``launch``'s rank 0 had its store listening and every join (``STORE_LINE``, in
+        the step's output under OMNI_LOG_DIR), None when it did not say."""
+        try:
+            text = (self.work / "logs" / f"{step_name(self.job_id, launch)}.log").read_text(errors="replace")
+        except OSError:
+            return None
+        m = STORE_LINE.search(text)
+        return (float(m["listening"]), float(m["joined"])) if m else None
+
     def decide_cpu(self, k: int) -> float | None:
         """The supervisor's own CPU seconds from confirming launch ``k`` to journaling launch k + 1."""
         text = self.supervisor_log()
@@ -1108,6 +1126,9 @@ class Job:
         if store and len(started) == self.ranks and len(ready) == self.ranks:
             run.split["rdv_join"] = float(store) - max(started)
             run.split["rdv_answer"] = max(ready) - float(store)
+            said = self.store_line(l1.number)
+            if said is not None:
+                run.split["rdv_listen"] = max(0.0, said[0] - max(started))
         cpu = self.decide_cpu(k)
         if cpu is not None:
             run.split["decide_cpu"] = cpu
@@ -1218,7 +1239,8 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     print("\ndecide and launch split (seconds): decide_cmds, the blocking Slurm commands inside decide (the "
           "rest is the supervisor's own work); launch = to_srun (journaled -> srun started) + srun_to_task "
           "(-> the first task running) + task_spread (-> the last); rendezvous = rdv_join (-> rank 0's store "
-          "had every rank's join) + rdv_answer (-> the last rank read its answer); the commands decide ran or started")
+          "had every rank's join; rdv_listen: the part of it before rank 0's store listened) + rdv_answer (-> the "
+          "last rank read its answer); the commands decide ran or started")
     print(f"{'nodes':>5} {'path':>7} {'fault':>5} " + " ".join(f"{p:>12}" for p in SPLIT) + "  commands in decide")
     for r in results:
         for run in r.runs if not r.na else []:
@@ -1405,7 +1427,8 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
                    f"{fmt(fb)} (slope {fmt(log_slope((a.nodes, fa), (b.nodes, fb)), '', 2)}), the rendezvous over "
                    f"its floor x{fmt(ra / fa if ra and fa else None, '', 1)} -> x{fmt(rb / fb if rb and fb else None, '', 1)}"
                    f" (slope {fmt(own, '', 2)})")
-            for part, what in (("rdv_join", "every join at rank 0's store"), ("rdv_answer", "the answer read by every rank")):
+            for part, what in (("rdv_listen", "rank 0's store listening"), ("rdv_join", "every join at rank 0's store"),
+                               ("rdv_answer", "the answer read by every rank")):
                 va = median([v for x in a.runs if not x.na and (v := x.split.get(part)) is not None])
                 vb = median([v for x in b.runs if not x.na and (v := x.split.get(part)) is not None])
                 why += (f"; {what} {fmt(va)} -> {fmt(vb)} (slope "
