@@ -38,6 +38,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,6 +48,7 @@
 #define BLOCK_SIGNAL SIGURG
 #define MAX_ERROR_CHARS 400
 #define BACKOFF_CAP_S 0.5   /* a refused rank's longest pause (the rendezvous below) */
+#define PROBE_CAP_S 0.125   /* ... when it tries for its whole node */
 
 /* -- the rank ----------------------------------------------------------------------------------- */
 static struct {
@@ -521,16 +523,54 @@ __attribute__((noreturn)) static void connection_error(const char *fmt, ...)
     fail(EXIT_FAILED, msg);
 }
 
+/* The node's probe (with the node folder): one rank of the node at a time tries rank 0's store
+ * while it is not listening, the others wait on that rank's lock and each tries once it got through:
+ * a node's refused tries cost what one rank's did, so its pause can be a quarter as long. */
+static void on_alarm(int sig) { (void)sig; }
+
+static int probe_open(char *name, size_t size)
+{
+    if (!R.relay)
+        return -1;
+    snprintf(name, size, "rendezvous-%lld.lock", R.incarnation);
+    return openat(R.relay->fd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+}
+
+/* The node's probe lock, waited for at most about `seconds` (then 0: beat and wait again). */
+static int probe_take(int fd, double seconds)
+{
+    struct sigaction sa = {.sa_handler = on_alarm};   /* no SA_RESTART: the alarm ends flock's wait */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    struct timeval every = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    struct itimerval t = {every, every}, off = {{0, 0}, {0, 0}};   /* again and again: one before flock is no loss */
+    setitimer(ITIMER_REAL, &t, NULL);
+    int rc = flock(fd, LOCK_EX);
+    setitimer(ITIMER_REAL, &off, NULL);
+    return rc == 0;
+}
+
 static long long join_store(const long long *mine, int n, double timeout_s)
 {
     double deadline = mono_s() + timeout_s, pause = 0.05;
     unsigned seed = (unsigned)getpid() ^ (unsigned)(now_s() * 1e6);
+    char probe_name[64];
+    int probe = probe_open(probe_name, sizeof probe_name), holding = 0;
     struct buf hello = {0};
     buf_fmt(&hello, "%lld ", R.rank);
     for (int i = 0; i < n; i++)
         buf_fmt(&hello, i ? ",%lld" : "%lld", mine[i]);
     buf_str(&hello, n ? "\n" : "-\n");
     for (;;) {
+        if (probe >= 0 && !holding) {
+            if (!probe_take(probe, R.interval / 2)) {   /* another rank of the node tries: wait on */
+                if (mono_s() > deadline)
+                    connection_error("couldn't reach the store at %s:%lld: timed out", R.master, R.port);
+                beat(0, 0);
+                continue;
+            }
+            holding = 1;
+        }
         int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa;
         char data[256];
@@ -548,6 +588,11 @@ static long long join_store(const long long *mine, int n, double timeout_s)
             else
                 snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
             goto again;
+        }
+        if (probe >= 0) {   /* through: the node's next rank tries now (the last one leaves no file) */
+            unlinkat(R.relay->fd, probe_name, 0);
+            close(probe);
+            probe = -1;
         }
         if (send(s, hello.p, hello.len, MSG_NOSIGNAL) != (ssize_t)hello.len) {
             snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
@@ -595,7 +640,8 @@ static long long join_store(const long long *mine, int n, double timeout_s)
          * load at 512 nodes; the jitter drawn anew each time (one fixed per process kept a rank's
          * tries in the same phase as its neighbours'), so that they do not come back together */
         sleep_s(pause * (0.5 + (double)rand_r(&seed) / RAND_MAX));
-        pause = pause * 2 < BACKOFF_CAP_S ? pause * 2 : BACKOFF_CAP_S;
+        double cap = probe >= 0 ? PROBE_CAP_S : BACKOFF_CAP_S;
+        pause = pause * 2 < cap ? pause * 2 : cap;
     }
 }
 

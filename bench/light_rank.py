@@ -32,7 +32,11 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   listens before rank 0 reads its markers, takes every connection waiting at each wake-up, reads a
   join as it accepts it and polls only the peers still sending; a rank refused (rank 0 not listening
   yet) backs off from 0.05 to 0.5 s, its jitter drawn each time, instead of retrying every 0.1 s
-  (2,000 ranks at 10 tries a second were the machine's load while a 512-node launch started). The
+  (2,000 ranks at 10 tries a second were the machine's load while a 512-node launch started); with
+  the node folder one rank of the node tries at a time, backing off to 0.125 s, and the node's other
+  ranks wait on its lock (``<node folder>/rendezvous-<incarnation>.lock``) and try once it got
+  through, so a node's tries cost what one rank's did and the last rank refused is at most
+  0.19 s late instead of 0.75 s. The
   answer carries rank 0's clock, the life's start; rank 0 says on stderr when its store listened and
   had every join (``light rank 0: store listening at T, every join at T (N ranks, W wake-ups)``);
 - steps in step: step k of a life is due at the start rank 0 sent + k x OMNI_STEP_DELAY_S, so a
@@ -79,7 +83,10 @@ BLOCK_SIGNAL = _signal.SIGURG
 MAX_ERROR_CHARS = 400
 BACKOFF_CAP_S = 0.5
 """A rank refused by the store (rank 0 not listening yet) waits at most this long (x1.5, jitter)
-before it tries again."""
+before it tries again..."""
+PROBE_CAP_S = 0.125
+"""...and at most this long when it tries for its whole node (the node's probe: its other ranks wait
+on its lock), so that a node's tries cost what one rank's did at BACKOFF_CAP_S."""
 
 
 class BadInput(Exception):
@@ -256,11 +263,28 @@ class Rank:
             return self._serve(self._listen() if self.store is None else self.store, mine, timeout_s)
         deadline = time.monotonic() + timeout_s
         pause = 0.05
+        probe, probe_name, holding = -1, "", False
+        if self.relay is not None:
+            try:
+                probe, probe_name = self.relay.probe_open(self.incarnation)
+            except OSError:   # no probe lock: this rank tries alone
+                probe = -1
         while True:
+            if probe >= 0 and not holding:
+                if not self.relay.probe_take(probe):  # type: ignore[union-attr]  # another rank of the node tries
+                    if time.monotonic() > deadline:
+                        raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: timed out")
+                    self.beat()
+                    time.sleep(0.02)
+                    continue
+                holding = True
             s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
             try:
                 s.settimeout(5)
                 s.connect(self.master)
+                if probe >= 0:
+                    self.relay.probe_done(probe, probe_name)  # type: ignore[union-attr]
+                    probe = -1
                 s.sendall(f"{self.rank} {','.join(map(str, mine)) or '-'}\n".encode())
                 s.settimeout(self.interval)
                 data = b""
@@ -286,7 +310,7 @@ class Rank:
                 # whole load at 512 nodes; the jitter drawn anew each time, so that they do not come
                 # back together
                 time.sleep(pause * (0.5 + int.from_bytes(os.urandom(2), "little") / 65535))
-                pause = min(2 * pause, BACKOFF_CAP_S)
+                pause = min(2 * pause, PROBE_CAP_S if probe >= 0 else BACKOFF_CAP_S)
             finally:
                 s.close()
 

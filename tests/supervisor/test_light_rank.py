@@ -129,24 +129,28 @@ def test_light_ranks_run_resume_from_the_step_all_hold_and_finish(tmp_path: Path
 
 def test_ranks_that_start_before_rank_0_join_and_rank_0_says_when_its_store_listened(
         tmp_path: Path, rank: list[str]) -> None:
-    """Ranks refused while rank 0 is not up back off and join once it listens; rank 0's one line
-    (what the scale bench splits the rendezvous with) says when its store listened and had every join."""
+    """Ranks refused while rank 0 is not up join once it listens, three of them on one node (one
+    tries for the node, the others wait on its lock, which the last one through removes); rank 0's
+    one line (what the scale bench splits the rendezvous with) says when its store listened and had
+    every join."""
     from bench.scale_bench import STORE_LINE
 
     port, _ = pick(range(41000, 41100))
     env = {"OMNI_MAX_STEPS": "3", "OMNI_INCARNATION": "0"}
-    peers = [subprocess.Popen(rank, env=_env(tmp_path, r, 4, port, **env), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT) for r in range(1, 4)]
+    peers = [subprocess.Popen(rank, env=_env(tmp_path, r, 5, port, **env, **({"SLURMD_NODENAME": "node2"} if r < 4 else {})),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(1, 5)]
     time.sleep(0.3)   # the peers start first and are refused
     before = time.time()
-    zero = subprocess.Popen(rank, env=_env(tmp_path, 0, 4, port, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert _codes([zero, *peers]) == [EXIT_DONE] * 4
+    zero = subprocess.Popen(rank, env=_env(tmp_path, 0, 5, port, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert _codes([zero, *peers]) == [EXIT_DONE] * 5
     said = zero.stdout.read().decode() if zero.stdout else ""
     m = STORE_LINE.search(said)
     assert m is not None, said
-    assert before < float(m["listening"]) <= float(m["joined"]) and int(m["ranks"]) == 4 and int(m["wakes"]) >= 1
+    assert before < float(m["listening"]) <= float(m["joined"]) and int(m["ranks"]) == 5 and int(m["wakes"]) >= 1
     first = _first_lines(tmp_path, 0)
+    assert sorted(first) == [0, 1, 2, 3, 4]
     assert float(m["joined"]) <= float(first[0]["groups_ready_at"])   # rank 0 answered after the last join
+    assert not list((tmp_path / "shm").iterdir())   # no probe lock left, the node folders removed
 
 
 def test_a_stop_signal_saves_and_exits_75(tmp_path: Path, rank: list[str]) -> None:
