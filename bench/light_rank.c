@@ -555,14 +555,16 @@ static long long join_store(const long long *mine, int n, double timeout_s)
     double deadline = mono_s() + timeout_s, pause = 0.05;
     unsigned seed = (unsigned)getpid() ^ (unsigned)(now_s() * 1e6);
     char probe_name[64];
-    int probe = probe_open(probe_name, sizeof probe_name), holding = 0;
+    int probe = probe_open(probe_name, sizeof probe_name), holding = 0, tries = 0;
     struct buf hello = {0};
     buf_fmt(&hello, "%lld ", R.rank);
     for (int i = 0; i < n; i++)
         buf_fmt(&hello, i ? ",%lld" : "%lld", mine[i]);
     buf_str(&hello, n ? "\n" : "-\n");
     for (;;) {
-        if (probe >= 0 && !holding) {
+        /* the first try alone: a rank that starts once the store listens does not queue behind a
+         * prober asleep in its back-off */
+        if (probe >= 0 && !holding && tries++ > 0) {
             if (!probe_take(probe, R.interval / 2)) {   /* another rank of the node tries: wait on */
                 if (mono_s() > deadline)
                     connection_error("couldn't reach the store at %s:%lld: timed out", R.master, R.port);
@@ -652,29 +654,55 @@ static struct {
     double listening_at;
 } store = {-1, 0};
 
-static void open_store(void)
+/* A socket listening on MASTER_PORT, or -1 with oserr and *stage set (0: the socket, 1: the address,
+ * 2: bind or listen). */
+static int store_listen(int *stage)
 {
-    /* a descriptor per peer until the answer: 2,047 at 512 nodes, over a soft limit of 1,024 */
-    struct rlimit nofile;
-    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < (rlim_t)R.world + 64) {
-        nofile.rlim_cur = nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max > (rlim_t)R.world + 64
-                              ? (rlim_t)R.world + 64 : nofile.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &nofile);
-    }
     int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
     struct sockaddr_in sa;
-    if (server < 0 || setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
-        connection_error("couldn't open the store: %s", strerror(errno));
+    *stage = 0;
+    if (server < 0 || setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0) {
+        snprintf(oserr, sizeof oserr, "%s", strerror(errno));
+        goto fail;
+    }
+    *stage = 1;
     if (master_addr(&sa, 1) < 0)
-        connection_error("couldn't resolve %s: %s", R.master, oserr);
+        goto fail;
+    *stage = 2;
     if (bind(server, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(server, R.world < 4096 ? (int)R.world : 4096) < 0) {
         snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
-        char msg[1300];
-        snprintf(msg, sizeof msg, "OSError: %s", oserr);
-        fail(EXIT_FAILED, msg);
+        goto fail;
     }
-    store.fd = server;
     store.listening_at = now_s();
+    return server;
+fail:
+    if (server >= 0)
+        close(server);
+    return -1;
+}
+
+/* The store as soon as the rank knows it is rank 0 (main, before it joins its cgroup: the join
+ * waits on the kernel for milliseconds, longer while the launch forks); when it cannot, run() opens
+ * it again and says why. */
+static void open_store_early(void)
+{
+    int stage;
+    if (R.rank == 0 && R.world > 1 && R.master[0] && R.port > 0 && R.port <= 65535)
+        store.fd = store_listen(&stage);
+}
+
+static void open_store(void)
+{
+    int stage;
+    if (store.fd >= 0 || (store.fd = store_listen(&stage)) >= 0)
+        return;
+    if (stage == 0)
+        connection_error("couldn't open the store: %s", oserr);
+    if (stage == 1)
+        connection_error("couldn't resolve %s: %s", R.master, oserr);
+    char msg[1300];
+    snprintf(msg, sizeof msg, "OSError: %s", oserr);
+    fail(EXIT_FAILED, msg);
 }
 
 struct peer {
@@ -713,6 +741,13 @@ static int take_join(const char *text, size_t len, long long **held, int *nheld,
 static long long serve_store(const long long *mine, int n, double timeout_s)
 {
     long long world = R.world;
+    /* a descriptor per peer until the answer: 2,047 at 512 nodes, over a soft limit of 1,024 */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < (rlim_t)world + 64) {
+        nofile.rlim_cur = nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max > (rlim_t)world + 64
+                              ? (rlim_t)world + 64 : nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     long long **held = calloc((size_t)world, sizeof *held);
     int *nheld = calloc((size_t)world, sizeof *nheld);
     char *seen = calloc((size_t)world, 1);
@@ -1002,8 +1037,11 @@ int main(void)
 {
     R.started_at = now_s();
     signal(SIGPIPE, SIG_IGN);   /* as Python: a write to a closed socket is an error, not a death */
+    int good = setup();
+    if (good)
+        open_store_early();
     join_cgroup();
-    if (!setup()) {
+    if (!good) {
         fprintf(stderr, "%s\n", bad_env);
         return EXIT_BAD_INPUT;
     }

@@ -29,7 +29,8 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   MASTER_ADDR:MASTER_PORT (the rendezvous) and all resume from the newest step every rank holds,
   as ``Run.restore`` does with its all-reduce; ranks that hold markers but none in common exit 78
   (a checkpoint that does not fit the job). One connection and one answer per rank; rank 0's store
-  listens before rank 0 reads its markers, takes every connection waiting at each wake-up, reads a
+  listens from rank 0's start (before its cgroup join; else before it reads its markers), takes
+  every connection waiting at each wake-up, reads a
   join as it accepts it and polls only the peers still sending; a rank refused (rank 0 not listening
   yet) backs off from 0.05 to 0.5 s, its jitter drawn each time, instead of retrying every 0.1 s
   (2,000 ranks at 10 tries a second were the machine's load while a 512-node launch started); with
@@ -263,14 +264,17 @@ class Rank:
             return self._serve(self._listen() if self.store is None else self.store, mine, timeout_s)
         deadline = time.monotonic() + timeout_s
         pause = 0.05
-        probe, probe_name, holding = -1, "", False
+        probe, probe_name, holding, tries = -1, "", False, 0
         if self.relay is not None:
             try:
                 probe, probe_name = self.relay.probe_open(self.incarnation)
             except OSError:   # no probe lock: this rank tries alone
                 probe = -1
         while True:
-            if probe >= 0 and not holding:
+            # the first try alone: a rank that starts once the store listens does not queue behind a
+            # prober asleep in its back-off
+            tries += 1
+            if probe >= 0 and not holding and tries > 1:
                 if not self.relay.probe_take(probe):  # type: ignore[union-attr]  # another rank of the node tries
                     if time.monotonic() > deadline:
                         raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: timed out")
@@ -315,12 +319,16 @@ class Rank:
                 s.close()
 
     def _listen(self) -> _socket.socket:
-        """Rank 0's store, listening before rank 0 reads its markers: a rank that starts meanwhile is
-        queued by the kernel, not refused into a back-off."""
+        """Rank 0's store, listening from its start (main), else before rank 0 reads its markers: a
+        rank that starts meanwhile is queued by the kernel, not refused into a back-off."""
         server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-        server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-        server.bind(("" if self.master[0] not in ("127.0.0.1", "localhost") else self.master[0], self.master[1]))
-        server.listen(min(self.world, 4096))
+        try:
+            server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            server.bind(("" if self.master[0] not in ("127.0.0.1", "localhost") else self.master[0], self.master[1]))
+            server.listen(min(self.world, 4096))
+        except OSError:
+            server.close()
+            raise
         server.setblocking(False)
         self.store_at = time.time()
         return server
@@ -397,7 +405,7 @@ class Rank:
         os.makedirs(self.hb_dir, mode=0o700, exist_ok=True)
         self.beat(force=True)
         self.check()
-        if self.rank == 0 and self.world > 1:
+        if self.rank == 0 and self.world > 1 and self.store is None:
             self.store = self._listen()
         held = self.markers()
         agreed = self.agree(held, _float(self.env, "OMNI_COLLECTIVE_TIMEOUT", 300.0))
@@ -550,12 +558,20 @@ def join_cgroup(env: dict[str, str]) -> None:
 
 def main() -> int:
     env = dict(os.environ)
-    join_cgroup(env)
     try:
         rank = Rank(env)
     except BadInput as e:
+        join_cgroup(env)
         print(e, file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    # rank 0's store before the cgroup join (the join waits on the kernel for milliseconds, longer
+    # while the launch forks); when it cannot listen, run() tries again and says why
+    if rank.rank == 0 and rank.world > 1 and rank.master[0] and 0 < rank.master[1] < 65536:
+        try:
+            rank.store = rank._listen()
+        except OSError:
+            rank.store = None
+    join_cgroup(env)
     for sig in (_signal.SIGUSR1, _signal.SIGTERM):
         _signal.signal(sig, rank.on_signal)
     _signal.signal(BLOCK_SIGNAL, rank.on_block)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -151,6 +152,18 @@ def test_ranks_that_start_before_rank_0_join_and_rank_0_says_when_its_store_list
     assert sorted(first) == [0, 1, 2, 3, 4]
     assert float(m["joined"]) <= float(first[0]["groups_ready_at"])   # rank 0 answered after the last join
     assert not list((tmp_path / "shm").iterdir())   # no probe lock left, the node folders removed
+
+
+def test_rank_0_on_a_taken_port_exits_1_and_its_last_beat_says_why(tmp_path: Path, rank: list[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        env = _env(tmp_path, 0, 2, taken.getsockname()[1], OMNI_MAX_STEPS="3")
+        proc = subprocess.run(rank, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1, proc.stderr
+    beat = _beat(tmp_path, 0)
+    assert beat is not None and beat.phase == "failed" and beat.exit_code == 1
+    assert "OSError" in beat.error and "Errno 98" in beat.error, beat.error
 
 
 def test_a_stop_signal_saves_and_exits_75(tmp_path: Path, rank: list[str]) -> None:
