@@ -681,14 +681,18 @@ fail:
     return -1;
 }
 
-/* The store as soon as the rank knows it is rank 0 (main, before it joins its cgroup: the join
- * waits on the kernel for milliseconds, longer while the launch forks); when it cannot, run() opens
- * it again and says why. */
+/* The store as soon as the process runs, before its cgroup join and setup (the join waits on the
+ * kernel for milliseconds, longer while the launch forks), when the environment says rank 0 of
+ * several; when it cannot, run() opens it again and says why. */
 static void open_store_early(void)
 {
+    long long procid;
     int stage;
-    if (R.rank == 0 && R.world > 1 && R.master[0] && R.port > 0 && R.port <= 65535)
+    if (env_int("SLURM_PROCID", 0, &procid) && env_int("RANK", procid, &R.rank) && env_int("WORLD_SIZE", 1, &R.world) &&
+        env_int("MASTER_PORT", 0, &R.port) && R.rank == 0 && R.world > 1 && R.port > 0 && R.port <= 65535 &&
+        (R.master = env_or("MASTER_ADDR", ""))[0])
         store.fd = store_listen(&stage);
+    bad_env[0] = 0;   /* setup() reads the environment again and says what is wrong */
 }
 
 static void open_store(void)
@@ -1037,11 +1041,9 @@ int main(void)
 {
     R.started_at = now_s();
     signal(SIGPIPE, SIG_IGN);   /* as Python: a write to a closed socket is an error, not a death */
-    int good = setup();
-    if (good)
-        open_store_early();
+    open_store_early();
     join_cgroup();
-    if (!good) {
+    if (!setup()) {
         fprintf(stderr, "%s\n", bad_env);
         return EXIT_BAD_INPUT;
     }

@@ -29,7 +29,7 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   MASTER_ADDR:MASTER_PORT (the rendezvous) and all resume from the newest step every rank holds,
   as ``Run.restore`` does with its all-reduce; ranks that hold markers but none in common exit 78
   (a checkpoint that does not fit the job). One connection and one answer per rank; rank 0's store
-  listens from rank 0's start (before its cgroup join; else before it reads its markers), takes
+  listens from rank 0's start (before its cgroup join and set-up; else before it reads its markers), takes
   every connection waiting at each wake-up, reads a
   join as it accepts it and polls only the peers still sending; a rank refused (rank 0 not listening
   yet) backs off from 0.05 to 0.5 s, its jitter drawn each time, instead of retrying every 0.1 s
@@ -319,17 +319,9 @@ class Rank:
                 s.close()
 
     def _listen(self) -> _socket.socket:
-        """Rank 0's store, listening from its start (main), else before rank 0 reads its markers: a
-        rank that starts meanwhile is queued by the kernel, not refused into a back-off."""
-        server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-        try:
-            server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-            server.bind(("" if self.master[0] not in ("127.0.0.1", "localhost") else self.master[0], self.master[1]))
-            server.listen(min(self.world, 4096))
-        except OSError:
-            server.close()
-            raise
-        server.setblocking(False)
+        """Rank 0's store, listening from its start (``listen_early``), else before rank 0 reads its
+        markers: a rank that starts meanwhile is queued by the kernel, not refused into a back-off."""
+        server = listen(*self.master, self.world)
         self.store_at = time.time()
         return server
 
@@ -470,6 +462,20 @@ class Rank:
         self.blocked = True
 
 
+def listen(addr: str, port: int, world: int) -> _socket.socket:
+    """A non-blocking socket listening on the rendezvous port (all addresses but for the loopback)."""
+    server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        server.bind(("" if addr not in ("127.0.0.1", "localhost") else addr, port))
+        server.listen(min(world, 4096))
+    except OSError:
+        server.close()
+        raise
+    server.setblocking(False)
+    return server
+
+
 def node_dir_setting(env: dict[str, str]) -> str:
     """``formats.heartbeat.node_dir_setting`` without the package: the node-local folder, empty for
     a file per rank."""
@@ -556,22 +562,35 @@ def join_cgroup(env: dict[str, str]) -> None:
             print(f"light rank: couldn't join the cgroup {folder}: {e}", file=sys.stderr, flush=True)
 
 
+def listen_early(env: dict[str, str]) -> tuple[_socket.socket, float] | None:
+    """Rank 0's store as soon as the process runs, before its cgroup join and its set-up (the join
+    waits on the kernel for milliseconds, longer while the launch forks), with when it listened; None
+    when the environment does not say rank 0 of several, or it cannot listen (``Rank.run`` then opens
+    it again and says why)."""
+    try:
+        rank, world = _int(env, "RANK", _int(env, "SLURM_PROCID", 0)), _int(env, "WORLD_SIZE", 1)
+        addr, port = env.get("MASTER_ADDR", ""), _int(env, "MASTER_PORT", 0)
+    except BadInput:   # Rank() says what is wrong
+        return None
+    if rank != 0 or world < 2 or not addr or not 0 < port < 65536:
+        return None
+    try:
+        return listen(addr, port, world), time.time()
+    except OSError:
+        return None
+
+
 def main() -> int:
     env = dict(os.environ)
+    early = listen_early(env)
+    join_cgroup(env)
     try:
         rank = Rank(env)
     except BadInput as e:
-        join_cgroup(env)
         print(e, file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    # rank 0's store before the cgroup join (the join waits on the kernel for milliseconds, longer
-    # while the launch forks); when it cannot listen, run() tries again and says why
-    if rank.rank == 0 and rank.world > 1 and rank.master[0] and 0 < rank.master[1] < 65536:
-        try:
-            rank.store = rank._listen()
-        except OSError:
-            rank.store = None
-    join_cgroup(env)
+    if early is not None:
+        rank.store, rank.store_at = early
     for sig in (_signal.SIGUSR1, _signal.SIGTERM):
         _signal.signal(sig, rank.on_signal)
     _signal.signal(BLOCK_SIGNAL, rank.on_block)
