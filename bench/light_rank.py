@@ -180,7 +180,12 @@ class Rank:
         now = time.time()
         if not force and now < self.next_beat:
             if self.relay is not None:
-                self.relay.lead(now)   # the leader publishes twice per interval
+                try:
+                    self.relay.lead(now)   # the leader publishes twice per interval
+                except OSError as e:   # the folder removed under it: its beats go to its own file
+                    if not self.node_failed:
+                        print(f"light rank: couldn't lead the node's folder: {e}", file=sys.stderr, flush=True)
+                    self.node_failed = True
             return
         self.next_beat = now + self.interval
         self.state["beats"] = int(self.state["beats"]) + 1   # type: ignore[call-overload]
