@@ -528,21 +528,21 @@ __attribute__((noreturn)) static void connection_error(const char *fmt, ...)
     fail(EXIT_FAILED, msg);
 }
 
-/* The node's probe (with the node folder): one rank of the node at a time tries rank 0's store
- * while it is not listening, the others wait on that rank's lock and each tries once it got through:
- * a node's refused tries cost what one rank's did, so its pause can be a quarter as long. */
+/* The node's probe (with the node folder): while rank 0's store is not listening, one rank of the
+ * node at a time tries it (the holder of the node's lock, backing off to PROBE_CAP_S), the others
+ * wait for that rank to get through and then try all at once: a node's refused tries cost what one
+ * rank's did, so its pause can be a quarter as long. */
 static void on_alarm(int sig) { (void)sig; }
 
 static int probe_open(char *name, size_t size)
 {
-    if (!R.relay)
-        return -1;
     snprintf(name, size, "rendezvous-%lld.lock", R.incarnation);
     return openat(R.relay->fd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 }
 
-/* The node's probe lock, waited for at most about `seconds` (then 0: beat and wait again). */
-static int probe_take(int fd, double seconds)
+/* Waits for the node's prober at most about `seconds`: 1 when the lock is free (it got through, or
+ * is gone), 0 when it still tries (beat and wait again). Shared: every rank waiting goes at once. */
+static int probe_wait(int fd, double seconds)
 {
     struct sigaction sa = {.sa_handler = on_alarm};   /* no SA_RESTART: the alarm ends flock's wait */
     sigemptyset(&sa.sa_mask);
@@ -550,8 +550,10 @@ static int probe_take(int fd, double seconds)
     struct timeval every = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
     struct itimerval t = {every, every}, off = {{0, 0}, {0, 0}};   /* again and again: one before flock is no loss */
     setitimer(ITIMER_REAL, &t, NULL);
-    int rc = flock(fd, LOCK_EX);
+    int rc = flock(fd, LOCK_SH);
     setitimer(ITIMER_REAL, &off, NULL);
+    if (rc == 0)
+        flock(fd, LOCK_UN);
     return rc == 0;
 }
 
@@ -560,23 +562,28 @@ static long long join_store(const long long *mine, int n, double timeout_s)
     double deadline = mono_s() + timeout_s, pause = 0.05;
     unsigned seed = (unsigned)getpid() ^ (unsigned)(now_s() * 1e6);
     char probe_name[64];
-    int probe = probe_open(probe_name, sizeof probe_name), holding = 0, tries = 0;
+    int probe = -1, probed = 0, holding = 0, tries = 0;
     struct buf hello = {0};
     buf_fmt(&hello, "%lld ", R.rank);
     for (int i = 0; i < n; i++)
         buf_fmt(&hello, i ? ",%lld" : "%lld", mine[i]);
     buf_str(&hello, n ? "\n" : "-\n");
     for (;;) {
-        /* the first try alone: a rank that starts once the store listens does not queue behind a
-         * prober asleep in its back-off */
-        if (probe >= 0 && !holding && tries++ > 0) {
-            if (!probe_take(probe, R.interval / 2)) {   /* another rank of the node tries: wait on */
+        /* the first try alone (a rank that starts once the store listens touches no lock); refused,
+         * the node's probe */
+        if (tries++ > 0 && R.relay && !probed) {
+            probed = 1;
+            probe = probe_open(probe_name, sizeof probe_name);
+        }
+        if (probe >= 0 && !holding) {
+            if (flock(probe, LOCK_EX | LOCK_NB) == 0) {
+                holding = 1;   /* this rank tries for the node */
+            } else if (!probe_wait(probe, R.interval / 2)) {   /* another one tries: wait for it */
                 if (mono_s() > deadline)
                     connection_error("couldn't reach the store at %s:%lld: timed out", R.master, R.port);
                 beat(0, 0);
                 continue;
             }
-            holding = 1;
         }
         int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa;
@@ -596,10 +603,12 @@ static long long join_store(const long long *mine, int n, double timeout_s)
                 snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
             goto again;
         }
-        if (probe >= 0) {   /* through: the node's next rank tries now (the last one leaves no file) */
-            unlinkat(R.relay->fd, probe_name, 0);
+        if (probe >= 0) {   /* through: the ranks waiting go now; the prober leaves no file */
+            if (holding)
+                unlinkat(R.relay->fd, probe_name, 0);
             close(probe);
             probe = -1;
+            holding = 0;
         }
         if (send(s, hello.p, hello.len, MSG_NOSIGNAL) != (ssize_t)hello.len) {
             snprintf(oserr, sizeof oserr, "[Errno %d] %s", errno, strerror(errno));
@@ -643,6 +652,8 @@ static long long join_store(const long long *mine, int n, double timeout_s)
         if (mono_s() > deadline)
             connection_error("couldn't reach the store at %s:%lld: %s", R.master, R.port, oserr);
         beat(0, 0);
+        if (tries == 1 && R.relay)   /* refused alone: to the node's probe at once */
+            continue;
         /* backing off: 2,000 ranks retrying every 0.1 s while rank 0 starts were the machine's whole
          * load at 512 nodes; the jitter drawn anew each time (one fixed per process kept a rank's
          * tries in the same phase as its neighbours'), so that they do not come back together */

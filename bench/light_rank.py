@@ -269,31 +269,32 @@ class Rank:
             return self._serve(self._listen() if self.store is None else self.store, mine, timeout_s)
         deadline = time.monotonic() + timeout_s
         pause = 0.05
-        probe, probe_name, holding, tries = -1, "", False, 0
-        if self.relay is not None:
-            try:
-                probe, probe_name = self.relay.probe_open(self.incarnation)
-            except OSError:   # no probe lock: this rank tries alone
-                probe = -1
+        probe, probe_name, probed, holding, tries = -1, "", False, False, 0
         while True:
-            # the first try alone: a rank that starts once the store listens does not queue behind a
-            # prober asleep in its back-off
+            # the first try alone (a rank that starts once the store listens touches no lock); refused,
+            # the node's probe (light_relay.Relay.probe_open)
             tries += 1
-            if probe >= 0 and not holding and tries > 1:
-                if not self.relay.probe_take(probe):  # type: ignore[union-attr]  # another rank of the node tries
-                    if time.monotonic() > deadline:
+            if tries > 1 and self.relay is not None and not probed:
+                probed = True
+                try:
+                    probe, probe_name = self.relay.probe_open(self.incarnation)
+                except OSError:   # no probe lock: this rank tries alone
+                    probe = -1
+            if probe >= 0 and not holding:
+                holding = self.relay.probe_take(probe)  # type: ignore[union-attr]
+                if not holding and not self.relay.probe_free(probe):  # type: ignore[union-attr]
+                    if time.monotonic() > deadline:   # another rank of the node tries: wait for it
                         raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: timed out")
                     self.beat()
                     time.sleep(0.02)
                     continue
-                holding = True
             s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
             try:
                 s.settimeout(5)
                 s.connect(self.master)
                 if probe >= 0:
-                    self.relay.probe_done(probe, probe_name)  # type: ignore[union-attr]
-                    probe = -1
+                    self.relay.probe_done(probe, probe_name, holding=holding)  # type: ignore[union-attr]
+                    probe, holding = -1, False
                 s.sendall(f"{self.rank} {','.join(map(str, mine)) or '-'}\n".encode())
                 s.settimeout(self.interval)
                 data = b""
@@ -315,6 +316,8 @@ class Rank:
                 if time.monotonic() > deadline:
                     raise ConnectionError(f"couldn't reach the store at {self.master[0]}:{self.master[1]}: {e}") from e
                 self.beat()
+                if tries == 1 and self.relay is not None:   # refused alone: to the node's probe at once
+                    continue
                 # backing off: 2,000 ranks retrying every 0.1 s while rank 0 starts are the machine's
                 # whole load at 512 nodes; the jitter drawn anew each time, so that they do not come
                 # back together

@@ -78,25 +78,37 @@ class Relay:
 
     # -- the node's probe of rank 0's store (the rendezvous, light_rank.Rank.agree) -----------------
     def probe_open(self, incarnation: int) -> tuple[int, str]:
-        """The node's probe lock of this life: one rank of the node at a time tries rank 0's store while
-        it is not listening, the others wait on the lock and each tries once that rank got through."""
+        """The node's probe lock of this life: while rank 0's store is not listening, one rank of the
+        node at a time tries it (the lock's holder), the others wait for it to get through and then
+        try all at once."""
         name = f"rendezvous-{incarnation}.lock"
         return os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd), name
 
     def probe_take(self, fd: int) -> bool:
-        """The lock if free now (the C rank waits in flock; this reference asks again every 20 ms)."""
+        """This rank tries for the node when the lock is free."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
         return True
 
-    def probe_done(self, fd: int, name: str) -> None:
-        """Through: the node's next rank tries now; the last one leaves no file."""
+    def probe_free(self, fd: int) -> bool:
+        """The node's prober got through or is gone (the C rank waits in flock; this reference asks
+        every 20 ms)."""
         try:
-            os.unlink(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+
+    def probe_done(self, fd: int, name: str, *, holding: bool) -> None:
+        """Through: the ranks waiting go now; the prober leaves no file."""
+        if holding:
+            try:
+                os.unlink(name, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
         os.close(fd)
 
     def lead(self, now: float) -> None:
