@@ -34,10 +34,10 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   join as it accepts it and polls only the peers still sending; a rank refused (rank 0 not listening
   yet) backs off from 0.05 to 0.5 s, its jitter drawn each time, instead of retrying every 0.1 s
   (2,000 ranks at 10 tries a second were the machine's load while a 512-node launch started); with
-  the node folder one rank of the node tries at a time, backing off to 0.125 s, and the node's other
-  ranks wait on its lock (``<node folder>/rendezvous-<incarnation>.lock``) and try once it got
-  through, so a node's tries cost what one rank's did and the last rank refused is at most
-  0.19 s late instead of 0.75 s. The
+  the node folder, once refused, one rank of the node tries at a time (the holder of
+  ``<node folder>/rendezvous-<incarnation>.lock``), backing off to 0.125 s, and the node's other
+  refused ranks wait for it to get through and then try at once, so a node's tries cost what one
+  rank's did and the last rank refused is at most 0.19 s late instead of 0.75 s. The
   answer carries rank 0's clock, the life's start; rank 0 says on stderr when its store listened and
   had every join (``light rank 0: store listening at T, every join at T (N ranks, W wake-ups)``);
 - steps in step: step k of a life is due at the start rank 0 sent + k x OMNI_STEP_DELAY_S, so a
