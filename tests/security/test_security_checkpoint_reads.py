@@ -34,14 +34,30 @@ def _complete(root: Path, step: int, **changes: object) -> Path:
     return path
 
 
+DEEP = b"[" * 500 + b"]" * 500
+
+
+def _units(skeleton: bytes = b"{}", dataset: bytes = b'"/m/model/w"', split_dim: bytes = b"null") -> bytes:
+    """A ``units`` table of one tensor, a part of it given as raw JSON."""
+    piece = (b'{"shard": "rank-00000", "dataset": ' + dataset + b', "offset": 0, "nbytes": 4, "xxh3_64": "0", '
+             b'"shape": [1], "index": 0}')
+    tensor = b'{"dtype": "float32", "shape": [1], "split_dim": ' + split_dim + b', "pieces": [' + piece + b"]}"
+    return (b'{"m/model": {"module": "m", "part": "model", "stage": "s", "skeleton": ' + skeleton
+            + b', "tensors": {"w": ' + tensor + b"}}}")
+
+
 @pytest.mark.parametrize("shape", [
     {"load_order": b"[" * 200_000 + b"]" * 200_000},        # past the JSON decoder's recursion
-    {"load_order": b"[" * 500 + b"]" * 500},                # decodes, but deeper than any manifest
+    {"load_order": DEEP},                                   # decodes, but deeper than any manifest
+    {"units": _units(skeleton=DEEP)},                       # the depth check walks the skeletons
+    {"units": _units(dataset=DEEP)},                        # a tensor table's fields are typed instead
+    {"units": _units(split_dim=DEEP)},
     {"created": b"1" + b"0" * 400},                         # an int no float holds
     {"created": b"1e400"},                                  # infinity
     {"created": 1e300},                                     # no clock prints it
     {"created": -1.0},
-], ids=["nested-200000", "nested-500", "created-10^400", "created-inf", "created-1e300", "created-negative"])
+], ids=["nested-200000", "nested-500", "skeleton-nested-500", "dataset-nested-500", "split-dim-nested-500",
+        "created-10^400", "created-inf", "created-1e300", "created-negative"])
 def test_a_hostile_manifest_falls_back_to_the_previous_complete_checkpoint(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, shape: dict[str, object]) -> None:
     _complete(tmp_path, 10)
