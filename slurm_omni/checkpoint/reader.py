@@ -30,7 +30,7 @@ from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.dtypes import from_name
 from slurm_omni.checkpoint.format import CheckpointCorrupt
 from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
-from slurm_omni.checkpoint.tree import flatten, unflatten
+from slurm_omni.checkpoint.tree import tensors_of, unflatten
 from slurm_omni.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -190,8 +190,7 @@ class Restore:
     # -- loading -------------------------------------------------------------------------------------
 
     def _schedule(self, unit: fmt.Unit, targets: Mapping[str, Any], device: torch.device) -> None:
-        _, leaves = flatten(targets, where=unit.name)
-        target_of = {leaf.path: leaf.tensor for leaf in leaves}
+        target_of = tensors_of(targets, where=unit.name)
         jobs: list[tuple[str, fmt.TensorEntry, list[fmt.Piece]]] = []
         for path, entry in unit.tensors.items():
             jobs.append((path, entry, self._pieces_for(entry)))

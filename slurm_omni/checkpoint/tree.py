@@ -87,6 +87,37 @@ def _flatten(obj: Any, path: tuple[str, ...], leaves: list[Leaf], where: str) ->
                           f"is neither a tensor nor plain data (convert it to a tensor, number or str)")
 
 
+def tensors_of(obj: Any, *, where: str) -> dict[str, torch.Tensor]:
+    """``flatten(obj)``'s tensors by path, without the skeleton and its leaves: what a restore needs of
+    its targets (a model's and an optimizer's state dicts), at a fraction of the cost (no type ladder
+    for every int of an optimizer's ``param_groups``). Anything but dicts of str or int keys, lists,
+    tuples, tensors and plain values is left to ``flatten``."""
+    found: dict[str, torch.Tensor] = {}
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        node, prefix = stack.pop()
+        if type(node) is dict:
+            items: Iterator[tuple[Any, Any]] = iter(node.items())
+        elif type(node) is list or type(node) is tuple:
+            items = enumerate(node)
+        else:
+            return {leaf.path: leaf.tensor for leaf in flatten(obj, where=where)[1]}
+        for k, v in items:
+            if type(k) is not str and type(k) is not int:
+                return {leaf.path: leaf.tensor for leaf in flatten(obj, where=where)[1]}
+            path = f"{prefix}{escape(k) if type(k) is str else k}"
+            if isinstance(v, torch.Tensor):
+                found[path] = v
+            elif type(v) is dict or type(v) is list or type(v) is tuple:
+                stack.append((v, path + "/"))
+            elif not (v is None or type(v) in _PLAIN):
+                return {leaf.path: leaf.tensor for leaf in flatten(obj, where=where)[1]}
+    return found
+
+
+_PLAIN = frozenset({bool, int, float, str})
+
+
 def _flatten_mapping(obj: Mapping[Any, Any], path: tuple[str, ...], leaves: list[Leaf], where: str) -> Any:
     items = []
     for k, v in obj.items():

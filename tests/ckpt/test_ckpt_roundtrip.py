@@ -13,7 +13,8 @@ import torch
 
 from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
 from slurm_omni.checkpoint import ShardState, capture_rng_state, restore_rng_state
-from slurm_omni.checkpoint.tree import escape, flatten, unflatten
+from slurm_omni.checkpoint.tree import DpSplit, escape, flatten, tensors_of, unflatten
+from slurm_omni.errors import CheckpointError
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8, torch.bool, torch.complex64]
@@ -117,6 +118,32 @@ def test_escaped_keys_never_collide(key: str) -> None:
     by_path = {leaf.path: leaf.tensor for leaf in leaves}
     assert_same(unflatten(skeleton, by_path.__getitem__), tree)
     assert "/" not in escape(key)
+
+
+@pytest.mark.parametrize("tree", [
+    {"a/b": torch.ones(1), "%": torch.zeros(1), "": torch.ones(2), ".": torch.ones(3), 3: [torch.ones(2), (1, "x", None)]},
+    {"state": {0: {"exp_avg": torch.ones(2), "step": torch.tensor(1.0)}, 1: {"exp_avg": torch.zeros(2)}},
+     "param_groups": [{"lr": 1e-3, "params": [0, 1], "betas": (0.9, 0.99), "foreach": None}]},
+    {"w": torch.nn.Parameter(torch.ones(2)), "shape": torch.Size([2, 3]), "split": DpSplit(torch.ones(4), 0)},
+    {"np": np.arange(3), "scalar": np.float32(2.0), "nested": {"deeper": {"t": torch.ones(1)}}},
+], ids=["escaped-keys", "optimizer", "parameter-size-dpsplit", "numpy"])
+def test_a_restores_targets_are_flattens_tensors(tree: dict[object, object]) -> None:
+    """``tensors_of`` (the restore's walk of its targets) finds the tensors ``flatten`` does, by the same
+    paths, the same objects (numpy arrays as flatten's own views)."""
+    _, leaves = flatten(tree, where="m")
+    found = tensors_of(tree, where="m")
+    assert sorted(found) == sorted(leaf.path for leaf in leaves)
+    for leaf in leaves:
+        assert found[leaf.path].data_ptr() == leaf.tensor.data_ptr()
+
+
+@pytest.mark.parametrize("tree", [{True: torch.ones(1)}, {1.5: torch.ones(1)}, {"a": object()}])
+def test_a_restores_targets_that_flatten_refuses_are_refused_alike(tree: dict[object, object]) -> None:
+    with pytest.raises(CheckpointError) as flat:
+        flatten(tree, where="m")
+    with pytest.raises(CheckpointError) as walked:
+        tensors_of(tree, where="m")
+    assert str(walked.value) == str(flat.value)
 
 
 def test_h5ls_lists_the_modules_and_h5dump_prints_bfloat16_values(tmp_path: Path) -> None:
