@@ -37,6 +37,7 @@ import stat
 import struct
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,49 @@ def read_hashed(pid: int, remote: int, view: memoryview, step: int = READ_STEP) 
     if code:
         raise OSError(code, f"process_vm_readv from the keeper (pid {pid}): {os.strerror(code)}")
     return f"{out[0].value:016x}"
+
+
+class BatchPiece(ctypes.Structure):
+    """One piece of a restore's plan, as ``csrc/held_read.c``'s ``struct omni_piece``: ``len`` bytes at
+    ``remote`` in keeper ``pid`` to ``local`` here, whose XXH3-64 must be ``want``."""
+
+    _fields_ = [("remote", ctypes.c_uint64), ("local", ctypes.c_uint64), ("len", ctypes.c_uint64),
+                ("want", ctypes.c_uint64), ("pid", ctypes.c_int64)]
+
+
+MISMATCH = -1
+"""``read_batch``'s status of a piece whose XXH3-64 is not the one given."""
+NOT_READ = -2
+"""``read_batch``'s status of a piece not read: another piece failed first."""
+
+
+def batch_loop() -> bool:
+    """Can ``read_batch`` run here (the C loop is built)?"""
+    return _native() is not None
+
+
+def read_batch(pieces: list[tuple[int, int, int, int, int]], *, threads: int, helpers: Executor | None,
+               step: int = READ_STEP) -> list[int]:
+    """Every piece (remote, local, length, want, pid: see ``BatchPiece``) read and checked by ``threads``
+    threads at once, this one and ``threads - 1`` of ``helpers``, all in the C loop with the GIL
+    released: each claims the next piece until none is left, so a thread a busy core slows leaves the
+    rest to the others. Per piece: 0 (read, its XXH3-64 is ``want``), ``MISMATCH``, ``NOT_READ`` (a
+    failure stopped the reads) or the read's errno. Needs the C loop (``batch_loop()``)."""
+    lib = _native()
+    if lib is None:
+        raise OSError(errno.ENOSYS, "the C restore loop is not built")
+    n = len(pieces)
+    plan = (BatchPiece * n)(*[BatchPiece(*p) for p in pieces])
+    status = (ctypes.c_int32 * n)(*([NOT_READ] * n))
+    claimed, stop = ctypes.c_size_t(0), ctypes.c_int(0)
+    args = (plan, n, step, ctypes.byref(claimed), status, ctypes.byref(stop))
+    others = [helpers.submit(lib.omni_read_batch, *args) for _ in range(threads - 1)] if helpers else []
+    try:
+        lib.omni_read_batch(*args)
+    finally:
+        for f in others:
+            f.result()   # the plan and status stay alive until every thread is out of the loop
+    return list(status)
 
 
 _NATIVE: list[Any] = []

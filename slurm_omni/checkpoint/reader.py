@@ -25,7 +25,7 @@ from typing import Any, Self
 
 import torch
 
-from slurm_omni.checkpoint import fileio, rng
+from slurm_omni.checkpoint import fileio, held, rng
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.dtypes import from_name
 from slurm_omni.checkpoint.format import CheckpointCorrupt
@@ -93,9 +93,10 @@ class Restore:
         self.started = time.monotonic()
         self.loaded_s: dict[str, float] = {}
         self._streamed: dict[str, list[_Streamed]] = {shard: [] for shard in self._files.streams}
-        for u in units:
-            targets = into.get(u.name, into.get(u.module) if u.part == MODEL else None)
-            self._schedule(u, targets or {}, device)
+        if not self._load_held(units, into, device):
+            for u in units:
+                targets = into.get(u.name, into.get(u.module) if u.part == MODEL else None)
+                self._schedule(u, targets or {}, device)
         self._stream_threads = [threading.Thread(target=self._read_stream, args=(shard, items, device), daemon=True,
                                                  name=f"omni-ckpt-peer-{shard}")
                                 for shard, items in self._streamed.items()]
@@ -261,6 +262,89 @@ class Restore:
         if batch:
             self._pool.submit(read_batch, batch)
 
+    def _load_held(self, units: list[fmt.Unit], into: Mapping[str, Mapping[str, Any]], device: torch.device) -> bool:
+        """Every unit at once, when each of its bytes is in the node keeper's memory and goes to host
+        memory, and the C loop is built: one plan of every piece (the keeper's address, the tensor's
+        own memory, the manifest's xxh3), read and checked by the I/O threads in one call of the C loop
+        each (``held.read_batch``), then each unit handed on. No task per batch, no GIL taken between
+        two pieces. False (nothing done) where that does not hold: ``_schedule`` reads them then."""
+        if device.type != "cpu" or not self._files.held or self._files.sources or self._files.streams \
+                or not held.batch_loop():
+            return False
+        held_copies = self._files.held
+        plan: list[tuple[int, int, int, int, int]] = []
+        where: list[tuple[fmt.Unit, str, fmt.Piece]] = []
+        finishing: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry]],
+                              dict[str, dict[int, torch.Tensor]]]] = []
+        pid = next(iter(held_copies.values())).pid
+        for unit in units:
+            targets = into.get(unit.name, into.get(unit.module) if unit.part == MODEL else None) or {}
+            target_of: Mapping[str, torch.Tensor] = tensors_of(targets, where=unit.name)
+            if any(t.device.type != "cpu" for t in target_of.values()):
+                return False
+            entries = list(unit.tensors.items())
+            loaded: dict[str, dict[int, torch.Tensor]] = {}
+            for path, entry in entries:
+                pieces = self._pieces_for(entry)
+                dtype = from_name(entry.dtype)
+                target = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
+                mine = loaded[path] = {}
+                for piece in pieces:
+                    copy = held_copies.get(piece.shard)
+                    if copy is None and piece.nbytes:
+                        return False
+                    if target is not None and target.dtype == dtype and tuple(target.shape) == piece.shape \
+                            and target.is_contiguous():
+                        out = target
+                    else:
+                        out = torch.empty(piece.shape, dtype=dtype)
+                    if out.numel() * out.element_size() != piece.nbytes:
+                        self._fail(CheckpointCorrupt(
+                            f"checkpoint: step-{self.step}: {unit.name}/{path}: {piece.nbytes} bytes recorded "
+                            f"for shape {list(piece.shape)} {entry.dtype}"))
+                        return True
+                    mine[piece.index] = out
+                    if copy is not None and piece.offset + piece.nbytes > copy.size:
+                        self._fail(CheckpointCorrupt(
+                            f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's memory: "
+                            f"{piece.offset}+{piece.nbytes} is outside the copy's {copy.size} bytes, inside "
+                            f"{unit.name}/{path}"))
+                        return True
+                    want = _want(piece.xxh3)
+                    if want is None:
+                        self._fail(CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in "
+                                                     f"{unit.name}/{path} ({piece.shard}.h5)"))
+                        return True
+                    plan.append((copy.addr + piece.offset if copy is not None else 0,
+                                 out.data_ptr() if piece.nbytes else 0, piece.nbytes, want,
+                                 copy.pid if copy is not None else pid))
+                    where.append((unit, path, piece))
+            finishing.append((unit, target_of, entries, loaded))
+        status = held.read_batch(plan, threads=self._threads, helpers=self._pool)
+        for code, (unit, path, piece), (_, _, _, _, keeper) in zip(status, where, plan, strict=True):
+            if code == held.NOT_READ or code == 0:
+                continue
+            if code == held.MISMATCH:
+                error = CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {unit.name}/{path} "
+                                          f"({piece.shard}.h5)")
+            else:
+                error = CheckpointCorrupt(f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's "
+                                          f"memory: process_vm_readv from the keeper (pid {keeper}): "
+                                          f"{os.strerror(code)}, inside {unit.name}/{path}")
+            self._fail(error)
+            return True
+        self._files.read_bytes["memory"] = self._files.read_bytes.get("memory", 0) + sum(p[2] for p in plan)
+        try:
+            for unit, target_of, entries, loaded in finishing:
+                tensors = {path: self._assemble(unit, path, entry, loaded[path], target_of.get(path), device)
+                           for path, entry in entries}
+                self._values[unit.name] = unflatten(unit.skeleton, tensors.__getitem__)
+                self.loaded_s[unit.name] = time.monotonic() - self.started
+                self._ready[unit.name].set()
+        except CheckpointError as e:
+            self._fail(e)
+        return True
+
     def _read_stream(self, shard: str, items: list[_Streamed], device: torch.device) -> None:
         """Every piece this rank needs of a streamed shard, in file order, as its bytes arrive."""
         try:
@@ -411,6 +495,17 @@ class _Streamed:
     piece: fmt.Piece
     target: torch.Tensor | None
     done: Callable[[str, fmt.Piece, torch.Tensor], None]
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _want(xxh3: str) -> int | None:
+    """The manifest's hex XXH3-64 as the C loop compares it; None where it is none (16 lowercase hex
+    digits, as ``hexdigest()`` writes it): no read can match it, as no read matches it as a string."""
+    if len(xxh3) != 16 or not _HEX.issuperset(xxh3):
+        return None
+    return int(xxh3, 16)
 
 
 def _piece_rows(entry: fmt.TensorEntry) -> list[tuple[fmt.Piece, int]]:

@@ -81,7 +81,7 @@ OMNI_EXPORT int omni_held_read_kernel(void)
 /* The ABI the Python side checks before it calls anything else. */
 OMNI_EXPORT int omni_held_read_abi(void)
 {
-	return 1;
+	return 2;
 }
 
 /* n bytes at `remote` in process `pid` to `local`, in steps of `step` bytes, each hashed as it lands.
@@ -122,4 +122,42 @@ OMNI_EXPORT int omni_read_hashed(int pid, uint64_t remote, void *local, size_t n
 	*digest = XXH3_64bits_digest(&state);
 	*done = n;
 	return 0;
+}
+
+/* One piece of a restore's plan (held.py's BatchPiece mirrors it). */
+struct omni_piece {
+	uint64_t remote;	/* its first byte in the keeper's copy */
+	uint64_t local;		/* where it goes here: the tensor's own memory */
+	uint64_t len;
+	uint64_t want;		/* the manifest's XXH3-64 of it */
+	int64_t pid;		/* the keeper holding the copy */
+};
+
+/* Every piece of a plan, read and checked by the threads that call this together: each claims the
+ * next piece from the shared *next until none is left, so a thread a busy core slows leaves the rest
+ * to the others (no share fixed ahead). status[i]: 0 read and its XXH3-64 is the manifest's; -1 it is
+ * not; else the errno of the read. Any failure sets *stop: the copy is bad, the restore reads the files
+ * instead, so the other threads claim nothing more. Returns how many pieces this call read. */
+OMNI_EXPORT size_t omni_read_batch(const struct omni_piece *pieces, size_t count, size_t step, size_t *next,
+				   int32_t *status, int *stop)
+{
+	size_t mine = 0;
+
+	for (;;) {
+		size_t i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+		uint64_t digest = 0;
+		size_t done = 0;
+		int code;
+
+		if (i >= count || __atomic_load_n(stop, __ATOMIC_RELAXED))
+			return mine;
+		code = omni_read_hashed((int)pieces[i].pid, pieces[i].remote, (void *)(uintptr_t)pieces[i].local,
+					pieces[i].len, step, &digest, &done);
+		if (code == 0 && digest != pieces[i].want)
+			code = -1;
+		__atomic_store_n(&status[i], code, __ATOMIC_RELEASE);
+		if (code != 0)
+			__atomic_store_n(stop, 1, __ATOMIC_RELAXED);
+		mine++;
+	}
 }
