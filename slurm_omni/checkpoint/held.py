@@ -40,7 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from slurm_omni.checkpoint.format import safe_name
 from slurm_omni.formats import RecordRejected, decode, encode
@@ -196,33 +196,88 @@ NOT_READ = -2
 """``read_batch``'s status of a piece not read: another piece failed first."""
 
 
+class PlanState(ctypes.Structure):
+    """What the threads reading one plan share, as ``csrc/held_read.c``'s ``struct omni_plan``."""
+
+    _fields_ = [("ready", ctypes.c_uint32), ("stop", ctypes.c_int32), ("next", ctypes.c_uint64)]
+
+
 def batch_loop() -> bool:
-    """Can ``read_batch`` run here (the C loop is built)?"""
+    """Can ``Plan`` (and ``read_batch``) run here (the C loop is built)?"""
     return _native() is not None
+
+
+class Plan:
+    """A restore's pieces from the keeper's memory, read and checked by ``threads`` threads at once
+    while the restoring thread still adds them: ``threads - 1`` of ``helpers`` start at once and wait
+    (in C, on a futex, with the GIL released) for each piece they claim to be published; ``run`` adds
+    the restoring thread and returns each piece's status. The copying starts with the first unit
+    planned, and no thread takes the GIL between two pieces. Needs the C loop (``batch_loop()``).
+
+    Per piece: 0 (read, its XXH3-64 is ``want``), ``MISMATCH``, ``NOT_READ`` (a failure stopped the
+    reads) or the read's errno. Used as a context manager: leaving it early (an error while planning)
+    stops the helpers before the pieces' memory can go."""
+
+    def __init__(self, capacity: int, *, threads: int, helpers: Executor | None, step: int = READ_STEP) -> None:
+        lib = _native()
+        if lib is None:
+            raise OSError(errno.ENOSYS, "the C restore loop is not built")
+        self._lib = lib
+        self.capacity = capacity
+        self.count = 0
+        self._pieces = (BatchPiece * max(1, capacity))()
+        self._status = (ctypes.c_int32 * max(1, capacity))(*([NOT_READ] * max(1, capacity)))
+        self._state = PlanState()
+        self._args = (self._pieces, ctypes.byref(self._state), step, self._status)
+        self._helpers = [helpers.submit(lib.omni_read_plan, *self._args) for _ in range(threads - 1)] \
+            if helpers is not None else []
+        self._ended = False
+
+    def add(self, remote: int, local: int, length: int, want: int, pid: int) -> None:
+        """The next piece (see ``BatchPiece``); read once published."""
+        if self.count >= self.capacity:
+            raise IndexError(f"a plan of {self.capacity} pieces is full")
+        piece = self._pieces[self.count]
+        piece.remote, piece.local, piece.len, piece.want, piece.pid = remote, local, length, want, pid
+        self.count += 1
+
+    def publish(self) -> None:
+        """Let the helpers read the pieces added so far."""
+        self._lib.omni_plan_publish(ctypes.byref(self._state), self.count, 0, 0)
+
+    def run(self) -> list[int]:
+        """No more pieces: read what is left on this thread too, wait for the helpers; each piece's status."""
+        self._lib.omni_plan_publish(ctypes.byref(self._state), self.count, 1, 0)
+        try:
+            self._lib.omni_read_plan(*self._args)
+        finally:
+            self._end(stop=False)
+        return list(self._status[:self.count])
+
+    def _end(self, *, stop: bool) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if stop:
+            self._lib.omni_plan_publish(ctypes.byref(self._state), self.count, 1, 1)
+        for f in self._helpers:
+            f.result()   # the pieces and their memory stay alive until every thread is out of the loop
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end(stop=True)
 
 
 def read_batch(pieces: list[tuple[int, int, int, int, int]], *, threads: int, helpers: Executor | None,
                step: int = READ_STEP) -> list[int]:
     """Every piece (remote, local, length, want, pid: see ``BatchPiece``) read and checked by ``threads``
-    threads at once, this one and ``threads - 1`` of ``helpers``, all in the C loop with the GIL
-    released: each claims the next piece until none is left, so a thread a busy core slows leaves the
-    rest to the others. Per piece: 0 (read, its XXH3-64 is ``want``), ``MISMATCH``, ``NOT_READ`` (a
-    failure stopped the reads) or the read's errno. Needs the C loop (``batch_loop()``)."""
-    lib = _native()
-    if lib is None:
-        raise OSError(errno.ENOSYS, "the C restore loop is not built")
-    n = len(pieces)
-    plan = (BatchPiece * n)(*[BatchPiece(*p) for p in pieces])
-    status = (ctypes.c_int32 * n)(*([NOT_READ] * n))
-    claimed, stop = ctypes.c_size_t(0), ctypes.c_int(0)
-    args = (plan, n, step, ctypes.byref(claimed), status, ctypes.byref(stop))
-    others = [helpers.submit(lib.omni_read_batch, *args) for _ in range(threads - 1)] if helpers else []
-    try:
-        lib.omni_read_batch(*args)
-    finally:
-        for f in others:
-            f.result()   # the plan and status stay alive until every thread is out of the loop
-    return list(status)
+    threads at once, all planned before (``Plan`` for the statuses)."""
+    with Plan(len(pieces), threads=threads, helpers=helpers, step=step) as plan:
+        for piece in pieces:
+            plan.add(*piece)
+        return plan.run()
 
 
 _NATIVE: list[Any] = []

@@ -24,7 +24,7 @@ CFLAGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wformat=2", "-Ws
           "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIC", "-shared", "-fvisibility=hidden",
           "-Wl,-z,relro,-z,now")
 """As spank/Makefile's, plus a shared library's; only ``omni_*`` is exported."""
-ABI = 2
+ABI = 3
 KERNELS = ("SSE2", "AVX2", "AVX-512")
 """xxh3's kernel the library chose for this CPU, by ``omni_held_read_kernel()``."""
 
@@ -91,12 +91,13 @@ def load(dest: Path | None = None) -> tuple[ctypes.CDLL | None, str]:
     fn.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
                    ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t)]
     try:
-        batch = lib.omni_read_batch
+        read_plan, publish = lib.omni_read_plan, lib.omni_plan_publish
     except AttributeError as e:
         return None, f"couldn't load {path}: {e}"
-    batch.restype = ctypes.c_size_t
-    batch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
-                      ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    read_plan.restype = ctypes.c_size_t
+    read_plan.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    publish.restype = None
+    publish.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_int]
     return lib, ""
 
 

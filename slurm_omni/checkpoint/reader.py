@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 _MEMORY_BATCH = 32 << 20
 """Bytes per task of an I/O thread at most when they are in memory already (a few ms of copying)."""
+_PUBLISH_EVERY = 32
+"""Pieces planned between two hand-overs to the threads reading a plan from the keeper's memory (and
+at each unit's end): the first read starts after a few tensors, each hand-over is one futex wake."""
 
 
 def memory_threads(threads: int) -> int:
@@ -265,63 +268,65 @@ class Restore:
     def _load_held(self, units: list[fmt.Unit], into: Mapping[str, Mapping[str, Any]], device: torch.device) -> bool:
         """Every unit at once, when each of its bytes is in the node keeper's memory and goes to host
         memory, and the C loop is built: one plan of every piece (the keeper's address, the tensor's
-        own memory, the manifest's xxh3), read and checked by the I/O threads in one call of the C loop
-        each (``held.read_batch``), then each unit handed on. No task per batch, no GIL taken between
-        two pieces. False (nothing done) where that does not hold: ``_schedule`` reads them then."""
+        own memory, the manifest's xxh3) that the I/O threads read and check in the C loop while this
+        thread still plans (``held.Plan``: they start with the first pieces published and take no GIL
+        between two pieces), then each unit handed on. False (nothing done) where that does not hold:
+        ``_schedule`` reads them then."""
         if device.type != "cpu" or not self._files.held or self._files.sources or self._files.streams \
                 or not held.batch_loop():
             return False
-        held_copies = self._files.held
-        plan: list[tuple[int, int, int, int, int]] = []
-        where: list[tuple[fmt.Unit, str, fmt.Piece]] = []
-        finishing: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry]],
-                              dict[str, dict[int, torch.Tensor]]]] = []
-        pid = next(iter(held_copies.values())).pid
+        copies = self._files.held
+        todo: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry, list[fmt.Piece]]]]] = []
+        capacity = 0
         for unit in units:
             targets = into.get(unit.name, into.get(unit.module) if unit.part == MODEL else None) or {}
             target_of: Mapping[str, torch.Tensor] = tensors_of(targets, where=unit.name)
             if any(t.device.type != "cpu" for t in target_of.values()):
                 return False
-            entries = list(unit.tensors.items())
-            loaded: dict[str, dict[int, torch.Tensor]] = {}
-            for path, entry in entries:
-                pieces = self._pieces_for(entry)
-                dtype = from_name(entry.dtype)
-                target = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
-                mine = loaded[path] = {}
-                for piece in pieces:
-                    copy = held_copies.get(piece.shard)
-                    if copy is None and piece.nbytes:
-                        return False
-                    if target is not None and target.dtype == dtype and tuple(target.shape) == piece.shape \
-                            and target.is_contiguous():
-                        out = target
-                    else:
-                        out = torch.empty(piece.shape, dtype=dtype)
-                    if out.numel() * out.element_size() != piece.nbytes:
-                        self._fail(CheckpointCorrupt(
-                            f"checkpoint: step-{self.step}: {unit.name}/{path}: {piece.nbytes} bytes recorded "
-                            f"for shape {list(piece.shape)} {entry.dtype}"))
-                        return True
-                    mine[piece.index] = out
-                    if copy is not None and piece.offset + piece.nbytes > copy.size:
-                        self._fail(CheckpointCorrupt(
-                            f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's memory: "
-                            f"{piece.offset}+{piece.nbytes} is outside the copy's {copy.size} bytes, inside "
-                            f"{unit.name}/{path}"))
-                        return True
-                    want = _want(piece.xxh3)
-                    if want is None:
-                        self._fail(CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in "
-                                                     f"{unit.name}/{path} ({piece.shard}.h5)"))
-                        return True
-                    plan.append((copy.addr + piece.offset if copy is not None else 0,
-                                 out.data_ptr() if piece.nbytes else 0, piece.nbytes, want,
-                                 copy.pid if copy is not None else pid))
-                    where.append((unit, path, piece))
-            finishing.append((unit, target_of, entries, loaded))
-        status = held.read_batch(plan, threads=self._threads, helpers=self._pool)
-        for code, (unit, path, piece), (_, _, _, _, keeper) in zip(status, where, plan, strict=True):
+            entries = [(path, entry, self._pieces_for(entry)) for path, entry in unit.tensors.items()]
+            for _, _, pieces in entries:
+                if any(p.nbytes and p.shard not in copies for p in pieces):
+                    return False
+                capacity += len(pieces)
+            todo.append((unit, target_of, entries))
+        pid = next(iter(copies.values())).pid   # (a piece of no bytes reads nothing)
+        where: list[tuple[fmt.Unit, str, fmt.Piece, int]] = []
+        finishing: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry]],
+                              dict[str, dict[int, torch.Tensor]]]] = []
+        with held.Plan(capacity, threads=self._threads, helpers=self._pool) as plan:
+            for unit, target_of, entries in todo:
+                loaded: dict[str, dict[int, torch.Tensor]] = {}
+                for path, entry, pieces in entries:
+                    dtype = from_name(entry.dtype)
+                    target = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
+                    mine = loaded[path] = {}
+                    for piece in pieces:
+                        if target is not None and target.dtype == dtype and tuple(target.shape) == piece.shape \
+                                and target.is_contiguous():
+                            out = target
+                        else:
+                            out = torch.empty(piece.shape, dtype=dtype)
+                        mine[piece.index] = out
+                        copy = copies.get(piece.shard)
+                        error = self._unreadable(unit, path, entry, piece, out, copy)
+                        if error is not None:
+                            self._fail(error)
+                            return True
+                        want = _want(piece.xxh3)
+                        if want is None:
+                            self._fail(CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in "
+                                                         f"{unit.name}/{path} ({piece.shard}.h5)"))
+                            return True
+                        keeper = copy.pid if copy is not None else pid
+                        plan.add(copy.addr + piece.offset if copy is not None else 0,
+                                 out.data_ptr() if piece.nbytes else 0, piece.nbytes, want, keeper)
+                        where.append((unit, path, piece, keeper))
+                        if plan.count % _PUBLISH_EVERY == 0:
+                            plan.publish()
+                plan.publish()
+                finishing.append((unit, target_of, [(path, entry) for path, entry, _ in entries], loaded))
+            status = plan.run()
+        for code, (unit, path, piece, keeper) in zip(status, where, strict=True):
             if code == held.NOT_READ or code == 0:
                 continue
             if code == held.MISMATCH:
@@ -333,17 +338,30 @@ class Restore:
                                           f"{os.strerror(code)}, inside {unit.name}/{path}")
             self._fail(error)
             return True
-        self._files.read_bytes["memory"] = self._files.read_bytes.get("memory", 0) + sum(p[2] for p in plan)
+        self._files.read_bytes["memory"] = self._files.read_bytes.get("memory", 0) + sum(p.nbytes for _, _, p, _ in where)
         try:
-            for unit, target_of, entries, loaded in finishing:
+            for unit, target_of, pairs, loaded in finishing:
                 tensors = {path: self._assemble(unit, path, entry, loaded[path], target_of.get(path), device)
-                           for path, entry in entries}
+                           for path, entry in pairs}
                 self._values[unit.name] = unflatten(unit.skeleton, tensors.__getitem__)
                 self.loaded_s[unit.name] = time.monotonic() - self.started
                 self._ready[unit.name].set()
         except CheckpointError as e:
             self._fail(e)
         return True
+
+    def _unreadable(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, piece: fmt.Piece, out: torch.Tensor,
+                    copy: held.HeldCopy | None) -> CheckpointCorrupt | None:
+        """Why ``piece`` cannot be read into ``out`` from ``copy`` (a size the manifest contradicts, a
+        range outside the copy), or None."""
+        if out.numel() * out.element_size() != piece.nbytes:
+            return CheckpointCorrupt(f"checkpoint: step-{self.step}: {unit.name}/{path}: {piece.nbytes} bytes "
+                                     f"recorded for shape {list(piece.shape)} {entry.dtype}")
+        if copy is not None and piece.offset + piece.nbytes > copy.size:
+            return CheckpointCorrupt(f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's memory: "
+                                     f"{piece.offset}+{piece.nbytes} is outside the copy's {copy.size} bytes, "
+                                     f"inside {unit.name}/{path}")
+        return None
 
     def _read_stream(self, shard: str, items: list[_Streamed], device: torch.device) -> None:
         """Every piece this rank needs of a streamed shard, in file order, as its bytes arrive."""

@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -453,19 +452,64 @@ def test_a_batch_reads_every_piece_and_stops_at_the_first_bad_one(tmp_path: Path
         held._NATIVE[:] = old
 
 
+def test_a_plans_helpers_read_what_is_published_while_it_is_still_planned(tmp_path: Path) -> None:
+    """``Plan``: the helpers wait in C for pieces and read each one once published, before ``run``;
+    a plan left early (an error while planning) stops them: nothing hangs, nothing more is read."""
+    import concurrent.futures
+
+    import xxhash
+
+    try:
+        held_native.build(tmp_path)
+    except held_native.BuildError as e:
+        pytest.skip(str(e))
+    lib, why = held_native.load(tmp_path)
+    assert lib is not None, why
+    old = list(held._NATIVE)
+    held._NATIVE[:] = [lib]
+    src = bytearray(os.urandom(4 * 65536))
+    at = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    want = [int(xxhash.xxh3_64(bytes(src[k * 65536:(k + 1) * 65536])).hexdigest(), 16) for k in range(4)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            dst = [bytearray(65536) for _ in range(4)]
+            with held.Plan(4, threads=3, helpers=pool, step=4096) as plan:
+                for k in range(2):
+                    plan.add(at + k * 65536, ctypes.addressof(ctypes.c_char.from_buffer(dst[k])), 65536, want[k],
+                             os.getpid())
+                plan.publish()
+                deadline = time.monotonic() + 30
+                while dst[1] != src[65536:2 * 65536] and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert dst[0] == src[:65536] and dst[1] == src[65536:2 * 65536]   # read before run()
+                for k in range(2, 4):
+                    plan.add(at + k * 65536, ctypes.addressof(ctypes.c_char.from_buffer(dst[k])), 65536, want[k],
+                             os.getpid())
+                assert plan.run() == [0] * 4
+            assert b"".join(dst) == src
+            dst = [bytearray(65536) for _ in range(2)]
+            started = time.monotonic()
+            with pytest.raises(RuntimeError), held.Plan(4, threads=3, helpers=pool) as plan:
+                plan.add(at, ctypes.addressof(ctypes.c_char.from_buffer(dst[0])), 65536, want[0], os.getpid())
+                raise RuntimeError("planning failed")
+            assert time.monotonic() - started < 10 and dst[0] == bytes(65536)   # never published: not read
+    finally:
+        held._NATIVE[:] = old
+
+
 def test_a_restore_from_the_keeper_loads_in_place_into_the_models_tensors(
         tmp_path: Path, job: str, keeper: peer.Keeper, loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``into``: each tensor's bytes go straight into the model's own tensor, with the C loop in one
     batch for the whole restore, or piece by piece with the Python loop; a model whose tensor has
     another shape is the same clear error as from the file system, nothing marked."""
     batches: list[int] = []
-    real = held.read_batch
+    real = held.Plan.run
 
-    def counted(pieces: list[tuple[int, int, int, int, int]], **kwargs: Any) -> list[int]:
-        batches.append(len(pieces))
-        return real(pieces, **kwargs)
+    def counted(plan: held.Plan) -> list[int]:
+        batches.append(plan.count)
+        return real(plan)
 
-    monkeypatch.setattr(held, "read_batch", counted)
+    monkeypatch.setattr(held.Plan, "run", counted)
     with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
         eng.save(100, shard_state(100), sync=True)
     targets = {m: {k: torch.zeros_like(t) for k, t in sd.items()} for m, sd in modules(100).items()}

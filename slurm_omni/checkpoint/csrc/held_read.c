@@ -25,9 +25,13 @@
 #include "xxhash.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #define OMNI_EXPORT __attribute__((visibility("default")))
 
@@ -81,7 +85,7 @@ OMNI_EXPORT int omni_held_read_kernel(void)
 /* The ABI the Python side checks before it calls anything else. */
 OMNI_EXPORT int omni_held_read_abi(void)
 {
-	return 2;
+	return 3;
 }
 
 /* n bytes at `remote` in process `pid` to `local`, in steps of `step` bytes, each hashed as it lands.
@@ -133,31 +137,62 @@ struct omni_piece {
 	int64_t pid;		/* the keeper holding the copy */
 };
 
-/* Every piece of a plan, read and checked by the threads that call this together: each claims the
- * next piece from the shared *next until none is left, so a thread a busy core slows leaves the rest
- * to the others (no share fixed ahead). status[i]: 0 read and its XXH3-64 is the manifest's; -1 it is
- * not; else the errno of the read. Any failure sets *stop: the copy is bad, the restore reads the files
- * instead, so the other threads claim nothing more. Returns how many pieces this call read. */
-OMNI_EXPORT size_t omni_read_batch(const struct omni_piece *pieces, size_t count, size_t step, size_t *next,
-				   int32_t *status, int *stop)
+/* What the threads reading one plan share (held.py's PlanState mirrors it). */
+struct omni_plan {
+	uint32_t ready;		/* pieces planned so far (a futex word); PLAN_FINAL once no more come */
+	int32_t stop;		/* a piece failed: claim nothing more */
+	uint64_t next;		/* the next piece to claim */
+};
+
+#define PLAN_FINAL 0x80000000u
+
+/* The pieces of a plan, read and checked by the threads that call this together, while the planner
+ * (the restoring thread, in Python) still adds pieces: a thread waits on the futex for the piece it
+ * claimed to be planned, so the copying starts with the first unit planned and no thread needs the
+ * GIL between two pieces. Each thread claims the next piece until none is left, so a thread a busy
+ * core slows leaves the rest to the others (no share fixed ahead). status[i]: 0 read and its XXH3-64 is
+ * the manifest's; -1 it is not; else the errno of the read. Any failure sets plan->stop: the copy is
+ * bad, the restore reads the files instead, so the other threads claim nothing more. Returns how many
+ * pieces this call read. */
+OMNI_EXPORT size_t omni_read_plan(const struct omni_piece *pieces, struct omni_plan *plan, size_t step,
+				  int32_t *status)
 {
 	size_t mine = 0;
 
 	for (;;) {
-		size_t i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+		size_t i = __atomic_fetch_add(&plan->next, 1, __ATOMIC_RELAXED);
 		uint64_t digest = 0;
 		size_t done = 0;
 		int code;
 
-		if (i >= count || __atomic_load_n(stop, __ATOMIC_RELAXED))
+		for (;;) {
+			uint32_t ready = __atomic_load_n(&plan->ready, __ATOMIC_ACQUIRE);
+
+			if (i < (ready & ~PLAN_FINAL))
+				break;
+			if (ready & PLAN_FINAL)
+				return mine;
+			syscall(SYS_futex, &plan->ready, FUTEX_WAIT_PRIVATE, ready, NULL, NULL, 0);
+		}
+		if (__atomic_load_n(&plan->stop, __ATOMIC_RELAXED))
 			return mine;
 		code = omni_read_hashed((int)pieces[i].pid, pieces[i].remote, (void *)(uintptr_t)pieces[i].local,
 					pieces[i].len, step, &digest, &done);
 		if (code == 0 && digest != pieces[i].want)
 			code = -1;
-		__atomic_store_n(&status[i], code, __ATOMIC_RELEASE);
+		status[i] = code;
 		if (code != 0)
-			__atomic_store_n(stop, 1, __ATOMIC_RELAXED);
+			__atomic_store_n(&plan->stop, 1, __ATOMIC_RELAXED);
 		mine++;
 	}
+}
+
+/* The first `ready` pieces are planned (their fields written before this call); `final`: no more
+ * come (nor do any, with `stop`: the planner gave up). Wakes the threads waiting for them. */
+OMNI_EXPORT void omni_plan_publish(struct omni_plan *plan, uint32_t ready, int final, int stop)
+{
+	if (stop)
+		__atomic_store_n(&plan->stop, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&plan->ready, ready | (final ? PLAN_FINAL : 0), __ATOMIC_RELEASE);
+	syscall(SYS_futex, &plan->ready, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
