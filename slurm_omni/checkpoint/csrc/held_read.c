@@ -1,10 +1,12 @@
-/* The memory tier's restore loop (held.py, read_hashed): one piece of a shard copy from the node
- * keeper's memory into the tensor's memory with process_vm_readv, a step at a time, each step hashed
- * into the piece's XXH3-64 right after it lands, while the core's cache still holds it.
+/* The memory tier's restore loop (held.py: Plan, read_hashed): a restore's pieces of shard copies from
+ * the node keeper's memory into the tensors' own memory with process_vm_readv, a step at a time, each
+ * step hashed into the piece's XXH3-64 right after it lands, while the core's cache still holds it,
+ * and the digest compared with the manifest's here.
  *
  * Why C: the Python loop hands the GIL over twice a step (after the copy, after the hash); with the
- * I/O threads of a restore that is thousands of hand-overs a GiB, and the whole loop here runs in
- * one ctypes call, which releases the GIL for all of it.
+ * I/O threads of a restore that is thousands of hand-overs a GiB. Here each I/O thread runs the whole
+ * restore's plan in one ctypes call, which releases the GIL for all of it, claiming piece after piece
+ * and waiting on a futex for pieces the restoring thread has not planned yet.
  *
  * xxhash.h is xxHash 0.8.1's single header (BSD 2-Clause, its licence at its top), vendored as Debian
  * 12's libxxhash-dev ships it: the same XXH3-64 as the python xxhash package, with no -dev package
