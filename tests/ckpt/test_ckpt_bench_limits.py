@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ckpt_bench import memory_limit
+from bench.ckpt_bench import CHECKED_HOW, memory_limit
 
 KEEPER = "the keeper's memory (process_vm_readv)"
 WALL = "memory restore / warm memcpy"
@@ -39,3 +39,9 @@ def test_without_the_reads_measured_nothing_is_claimed() -> None:
 def test_tmpfs_copies_name_their_pages() -> None:
     line = memory_limit({"memcpy_s": 0.1, "raw_shm_read_s": 0.2}, WALL, 0.9, "tmpfs rw", "tmpfs files (preadv)")
     assert "4 KiB pages" in line and "huge=within_size" in line and line.endswith("sets the limit here)")
+
+
+def test_the_checked_read_says_it_ran_the_restores_own_loop() -> None:
+    line = memory_limit({"memcpy_s": 0.1, "raw_shm_read_s": 0.095, "checked_shm_read_s": 0.105}, WALL, 0.9,
+                        "tmpfs rw", KEEPER, checked_how=CHECKED_HOW[True])
+    assert "the restore's C loop over its pieces into one buffer" in line and line.endswith("own cost misses it)")
