@@ -341,13 +341,15 @@ class CheckpointEngine:
 
     def restore(self, *, step: int | None = None, max_step: int | None = None, critical: Iterable[str] | None = None,
                 modules: Iterable[str] | None = None, into: Mapping[str, Mapping[str, Any]] | None = None,
-                device: torch.device | str = "cpu", apply_rng: bool = True) -> Restore | None:
+                device: torch.device | str = "cpu", apply_rng: bool = True,
+                memo: fmt.ManifestMemo | None = None) -> Restore | None:
         """Load the newest complete checkpoint that verifies (see ``restore.open_restore``).
 
         Returns once the critical modules' weights are in memory (``critical`` or the config's; None
         means all weights). ``into`` maps a module to its ``state_dict()``, and ``"module/optim"`` to its
         optimizer's ``state_dict()``, so tensors load in place (host tensors are read into directly;
-        device tensors through a page-locked staging buffer).
+        device tensors through a page-locked staging buffer). ``memo``: manifests the caller parsed
+        for this restore already (``format.read_manifest``), not parsed again.
         """
         self._check_open()
         # The fence before the read: a late commit of an older incarnation must not be what we restore.
@@ -359,7 +361,7 @@ class CheckpointEngine:
                                critical=critical if critical is not None else self.config.critical,
                                modules=modules, into=into, device=device,
                                threads=self.config.restore_threads, direct_io=self.config.direct_io,
-                               apply_rng=apply_rng, memory=self.memory, peers=self.peers)
+                               apply_rng=apply_rng, memory=self.memory, peers=self.peers, memo=memo)
         if session is not None:
             self._last_step = session.step
         return session

@@ -40,7 +40,8 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
                  critical: Iterable[str] | None = None, modules: Iterable[str] | None = None,
                  into: Mapping[str, Mapping[str, Any]] | None = None, device: torch.device | str = "cpu",
                  threads: int = 4, direct_io: bool = True, apply_rng: bool = True,
-                 memory: MemoryTier | None = None, peers: Replicas | None = None) -> Restore | None:
+                 memory: MemoryTier | None = None, peers: Replicas | None = None,
+                 memo: fmt.ManifestMemo | None = None) -> Restore | None:
     """Load the newest complete checkpoint that verifies; None when there is none at all.
 
     A truncated file or a checksum mismatch in the manifest or a critical unit marks that checkpoint
@@ -61,6 +62,8 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     this rank needs and no memory it reaches holds (or holds a bad copy of, or streams badly) is passed
     over, not marked: the previous step is tried, and the agreement (``agree.py``) takes every rank to
     the newest step each of them can restore from some valid source.
+
+    ``memo``: manifests this restore parsed already (``fmt.read_manifest``).
     """
     candidates = fmt.complete(root)
     if max_step is not None:   # the ranks agreed on no newer step (checkpoint/agree.py)
@@ -79,7 +82,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
         sources: dict[str, Source] = {}
         fetched: frozenset[str] = frozenset()
         try:
-            manifest = fmt.read_manifest(entry.path)
+            manifest = fmt.read_manifest(entry.path, memo=memo)
             units, wanted = _select(manifest, layout, critical, modules)
             sources, fetched = _memory_sources(memory, manifest, units, peers)
             lacking = _memory_only_lacking(manifest, units, sources)

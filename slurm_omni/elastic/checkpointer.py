@@ -300,8 +300,9 @@ class Checkpointer:
         (``checkpoint/agree.py``). A checkpoint of another script (other module names, another
         ``script``) or a ``load_state_dict`` that refuses its state raises :class:`CheckpointMismatch`."""
         t0 = time.monotonic()
-        self._check_compatible()
-        resume = restore_agreed(lambda bound: self._restore(bound, t0), reduce_min or (lambda step: step),
+        memo: fmt.ManifestMemo = {}   # the newest manifest is read three times: parsed once
+        self._check_compatible(memo)
+        resume = restore_agreed(lambda bound: self._restore(bound, t0, memo), reduce_min or (lambda step: step),
                                 rank=self.layout.rank)
         if resume is not None:
             self.last_step = self.last_persisted_step = resume.step
@@ -310,9 +311,9 @@ class Checkpointer:
                      resume.previous_data_parallel_size, resume.load_s)
         return resume
 
-    def _restore(self, bound: int | None, t0: float) -> Loaded[Resume] | None:
+    def _restore(self, bound: int | None, t0: float, memo: fmt.ManifestMemo) -> Loaded[Resume] | None:
         try:
-            session = self.engine.restore(max_step=bound)
+            session = self.engine.restore(max_step=bound, memo=memo)
         except CheckpointMismatch:
             raise
         except CheckpointError as e:
@@ -381,13 +382,13 @@ class Checkpointer:
             raise self._mismatch(f"{name}.load_state_dict refused step-{step}: {type(e).__name__}: {first}",
                                  step) from e
 
-    def _check_compatible(self) -> None:
+    def _check_compatible(self, memo: fmt.ManifestMemo | None = None) -> None:
         """Refuse, before reading any tensor, the newest checkpoint when another script wrote it."""
-        entry = fmt.find_latest_complete(self.engine.config.root)
+        entry = fmt.find_latest_complete(self.engine.config.root, memo=memo)
         if entry is None:
             return
         try:
-            manifest = fmt.read_manifest(entry.path)
+            manifest = fmt.read_manifest(entry.path, memo=memo)
         except CheckpointError:
             return   # the engine's restore marks it corrupt and falls back
         stage = self.layout.stage_name

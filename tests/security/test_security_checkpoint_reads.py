@@ -96,3 +96,19 @@ def test_a_fifo_in_a_checkpoint_folder_does_not_hang_ckpt_ls(tmp_path: Path, fif
     assert status in ("incomplete", "corrupt") and "not a regular file" in note, rows
     latest = fmt.find_latest_complete(tmp_path)
     assert latest is not None and latest.step == 10
+
+
+def test_a_memo_never_stands_for_other_bytes(tmp_path: Path) -> None:
+    """``read_manifest``'s memo is keyed by the manifest's checked xxh3: a manifest replaced under the
+    same folder (other bytes, a marker that matches them) is parsed again, never taken from the memo."""
+    path = _complete(tmp_path, 10, writer_version="first")
+    memo: fmt.ManifestMemo = {}
+    first = fmt.read_manifest(path, memo=memo)
+    assert fmt.read_manifest(path, memo=memo) is first
+    raw = (path / fmt.MANIFEST).read_bytes().replace(b'"first"', b'"second"')
+    (path / fmt.MANIFEST).write_bytes(raw)
+    with pytest.raises(fmt.CheckpointCorrupt):   # the marker no longer matches: no memo hides it
+        fmt.read_manifest(path, memo=memo)
+    fmt.write_marker(path, 10, raw)
+    again = fmt.read_manifest(path, memo=memo)
+    assert again is not first and again.writer_version == "second"
