@@ -293,39 +293,16 @@ class Restore:
         where: list[tuple[fmt.Unit, str, fmt.Piece, int]] = []
         finishing: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry]],
                               dict[str, dict[int, torch.Tensor]]]] = []
-        with held.Plan(capacity, threads=self._threads, helpers=self._pool) as plan:
-            for unit, target_of, entries in todo:
-                loaded: dict[str, dict[int, torch.Tensor]] = {}
-                for path, entry, pieces in entries:
-                    dtype = from_name(entry.dtype)
-                    target = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
-                    mine = loaded[path] = {}
-                    for piece in pieces:
-                        if target is not None and target.dtype == dtype and tuple(target.shape) == piece.shape \
-                                and target.is_contiguous():
-                            out = target
-                        else:
-                            out = torch.empty(piece.shape, dtype=dtype)
-                        mine[piece.index] = out
-                        copy = copies.get(piece.shard)
-                        error = self._unreadable(unit, path, entry, piece, out, copy)
-                        if error is not None:
-                            self._fail(error)
-                            return True
-                        want = _want(piece.xxh3)
-                        if want is None:
-                            self._fail(CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in "
-                                                         f"{unit.name}/{path} ({piece.shard}.h5)"))
-                            return True
-                        keeper = copy.pid if copy is not None else pid
-                        plan.add(copy.addr + piece.offset if copy is not None else 0,
-                                 out.data_ptr() if piece.nbytes else 0, piece.nbytes, want, keeper)
-                        where.append((unit, path, piece, keeper))
-                        if plan.count % _PUBLISH_EVERY == 0:
-                            plan.publish()
-                plan.publish()
-                finishing.append((unit, target_of, [(path, entry) for path, entry, _ in entries], loaded))
-            status = plan.run()
+        try:
+            status = self._plan_and_read(todo, capacity, where, finishing, pid)
+        except CheckpointError as e:
+            self._fail(e)
+            return True
+        except Exception as e:  # noqa: BLE001 - as a worker's error in _schedule: it must reach the waiter
+            self._fail(CheckpointError(f"checkpoint: couldn't load step-{self.step} from the keeper's memory: {e!r}"))
+            return True
+        if status is None:
+            return True
         for code, (unit, path, piece, keeper) in zip(status, where, strict=True):
             if code == held.NOT_READ or code == 0:
                 continue
@@ -350,10 +327,48 @@ class Restore:
             self._fail(e)
         return True
 
+    def _plan_and_read(self, todo: list[tuple[fmt.Unit, Mapping[str, torch.Tensor],
+                                              list[tuple[str, fmt.TensorEntry, list[fmt.Piece]]]]],
+                       capacity: int, where: list[tuple[fmt.Unit, str, fmt.Piece, int]],
+                       finishing: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry]],
+                                             dict[str, dict[int, torch.Tensor]]]],
+                       pid: int) -> list[int] | None:
+        """``_load_held``'s plan, read while it is built; each piece's status, or None when a piece was
+        found unreadable while planning (the session has its error then)."""
+        copies = self._files.held
+        with held.Plan(capacity, threads=self._threads, helpers=self._pool) as plan:
+            for unit, target_of, entries in todo:
+                loaded: dict[str, dict[int, torch.Tensor]] = {}
+                for path, entry, pieces in entries:
+                    dtype = from_name(entry.dtype)
+                    target = target_of.get(path) if entry.split_dim is None or len(entry.pieces) == 1 else None
+                    mine = loaded[path] = {}
+                    for piece in pieces:
+                        if target is not None and target.dtype == dtype and tuple(target.shape) == piece.shape \
+                                and target.is_contiguous():
+                            out = target
+                        else:
+                            out = torch.empty(piece.shape, dtype=dtype)
+                        mine[piece.index] = out
+                        copy = copies.get(piece.shard)
+                        error = self._unreadable(unit, path, entry, piece, out, copy)
+                        if error is not None:
+                            self._fail(error)
+                            return None
+                        keeper = copy.pid if copy is not None else pid
+                        plan.add(copy.addr + piece.offset if copy is not None else 0,
+                                 out.data_ptr() if piece.nbytes else 0, piece.nbytes, _want(piece.xxh3), keeper)
+                        where.append((unit, path, piece, keeper))
+                        if plan.count % _PUBLISH_EVERY == 0:
+                            plan.publish()
+                plan.publish()
+                finishing.append((unit, target_of, [(path, entry) for path, entry, _ in entries], loaded))
+            return plan.run()
+
     def _unreadable(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, piece: fmt.Piece, out: torch.Tensor,
                     copy: held.HeldCopy | None) -> CheckpointCorrupt | None:
         """Why ``piece`` cannot be read into ``out`` from ``copy`` (a size the manifest contradicts, a
-        range outside the copy), or None."""
+        range outside the copy, a checksum that is no XXH3-64), or None."""
         if out.numel() * out.element_size() != piece.nbytes:
             return CheckpointCorrupt(f"checkpoint: step-{self.step}: {unit.name}/{path}: {piece.nbytes} bytes "
                                      f"recorded for shape {list(piece.shape)} {entry.dtype}")
@@ -361,6 +376,9 @@ class Restore:
             return CheckpointCorrupt(f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's memory: "
                                      f"{piece.offset}+{piece.nbytes} is outside the copy's {copy.size} bytes, "
                                      f"inside {unit.name}/{path}")
+        if _want(piece.xxh3) < 0:   # no read matches it, as no read matches it as a string
+            return CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {unit.name}/{path} "
+                                     f"({piece.shard}.h5)")
         return None
 
     def _read_stream(self, shard: str, items: list[_Streamed], device: torch.device) -> None:
@@ -518,11 +536,11 @@ class _Streamed:
 _HEX = frozenset("0123456789abcdef")
 
 
-def _want(xxh3: str) -> int | None:
-    """The manifest's hex XXH3-64 as the C loop compares it; None where it is none (16 lowercase hex
-    digits, as ``hexdigest()`` writes it): no read can match it, as no read matches it as a string."""
+def _want(xxh3: str) -> int:
+    """The manifest's hex XXH3-64 as the C loop compares it; -1 where it is none (16 lowercase hex
+    digits, as ``hexdigest()`` writes it: ``_unreadable`` refuses it before it is planned)."""
     if len(xxh3) != 16 or not _HEX.issuperset(xxh3):
-        return None
+        return -1
     return int(xxh3, 16)
 
 

@@ -534,6 +534,32 @@ def test_a_restore_from_the_keeper_loads_in_place_into_the_models_tensors(
     assert [e.step for e in fmt.complete(tmp_path)] == [100]
 
 
+def test_an_error_while_the_plan_is_built_reaches_the_restore_and_stops_its_readers(
+        tmp_path: Path, job: str, keeper: peer.Keeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor the restore cannot make (a dtype this torch lacks) while the helpers already read the
+    first pieces: the restore raises that one line, no reader is left waiting on the plan."""
+    from slurm_omni.checkpoint import reader
+
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    real = reader.from_name
+
+    def no_float64(name: str) -> torch.dtype:
+        if name == "float64":
+            raise CheckpointError("checkpoint: unknown tensor dtype 'float64' (written by a newer torch?)")
+        return real(name)
+
+    monkeypatch.setattr(reader, "from_name", no_float64)
+    before = restore_threads_alive()
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, \
+            pytest.raises(CheckpointError, match="unknown tensor dtype 'float64'"):
+        eng.restore()
+    deadline = time.monotonic() + 30
+    while restore_threads_alive() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert restore_threads_alive() == before
+
+
 @pytest.mark.parametrize("new_dp", [1, 3])
 def test_a_restore_from_the_keeper_recuts_split_tensors_for_another_data_parallel_size(
         tmp_path: Path, job: str, keeper: peer.Keeper, new_dp: int) -> None:
