@@ -95,6 +95,11 @@ Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, 
         With 1 MiB steps (a core's L2), I/O threads = CPUs and tasks of <= 32 MiB (16:31-16:37, three
         runs, load 3-147): 0.72, 0.59, 0.64 wall, 0.77, 0.78, 0.66 CPU: MISS; the restore 0.79-0.90 x
         the checked read's wall time (0.71 idle before), the checked read 0.71-0.85 x the memcpy's.
+        One plan of every piece read by the C loop on each I/O thread while it is planned (held.Plan;
+        the checked read now that loop over the same pieces into one buffer), 2026-12-03 04:35-04:45,
+        three runs, load 1-96: 0.74, 0.68, 0.77 wall, 0.79, 0.69, 0.82 CPU: MISS; the checked read
+        0.93, 0.91, 0.88 wall, 0.92, 0.88, 0.93 CPU; the restore 0.75-0.89 x it (the code before,
+        beside them at load 45-126: 0.57 wall, 0.62 CPU, restore / its checked read 0.81).
 
 Peer tier (issue 22; 2026-12-02): the restore receives the keeper's stream straight into the tensors,
 checking each 512 KiB step as it lands (one pass). ``--only peer --gib 0.5 --repeat 7`` at load 6-7:
