@@ -55,6 +55,8 @@ static struct {
     long long rank, world, dp, stage, dp_rank, incarnation, max_steps, every, port;
     double interval, step_delay, started_at, next_beat, start_at, direct_at;
     const char *master, *node;
+    const char *finish_file;   /* OMNI_LIGHT_FINISH_FILE: the scale bench's finish time (light_rank.py's text) */
+    int finish_read;   /* the finish time was read: max_steps is the last step */
     const char *job;   /* the job's id; job_id: its first 63 characters, as the beat carries it */
     char *job_id, *stage_name, *ckpt_dir, *hb_dir, *metrics_dir, *mine, *hb_path, *metrics_path;
     struct relay *relay;
@@ -240,6 +242,7 @@ static int setup(void)
     if (!env_int("MASTER_PORT", 0, &R.port))
         return 0;
     R.node = env_get("SLURMD_NODENAME") ? env_get("SLURMD_NODENAME") : "";
+    R.finish_file = env_or("OMNI_LIGHT_FINISH_FILE", "");
     struct buf b = {0};
     buf_fmt(&b, "light/rank-%lld", R.rank);
     R.mine = join(R.ckpt_dir, b.p);
@@ -946,6 +949,50 @@ static void pace(double seconds)   /* sleeping till the next step, beating meanw
     }
 }
 
+/* The last step from the finish time, once the file is there (light_rank.py's text): the first step
+ * of this life due at or after it, or step when that one is past. */
+static void read_finish(long long step, long long agreed, double start_at)
+{
+    int fd = open(R.finish_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return;
+        os_fail(R.finish_file);
+        crash_os();
+    }
+    char data[65];
+    ssize_t n = read(fd, data, 64);
+    close(fd);
+    if (n < 0) {
+        os_fail(R.finish_file);
+        crash_os();
+    }
+    data[n] = 0;
+    const char *text;
+    size_t len;
+    strip(data, &text, &len);
+    char *t = strndup(text, len), *end = NULL;
+    double at = len ? strtod(t, &end) : 0.0;
+    if (!len || *end || !isfinite(at)) {
+        struct buf msg = {0};
+        char *h = head(t, 40);
+        buf_fmt(&msg, "light rank: couldn't read a finish time in %s: ", R.finish_file);
+        put_repr(&msg, h);
+        buf_str(&msg, len && !*end ? " is not a finite number (seconds since the epoch)"
+                                   : " is not a number (seconds since the epoch)");
+        fail(EXIT_BAD_INPUT, msg.p);
+    }
+    free(t);
+    double x = (at - start_at) / R.step_delay;   /* ceil(x), without libm; a step count fits in 1e15 */
+    x = x > 1e15 ? 1e15 : x < -1e15 ? -1e15 : x;
+    long long due = (long long)x;
+    due += (double)due < x;
+    due += agreed;
+    long long last = due > step ? due : step;
+    R.max_steps = last < R.max_steps ? last : R.max_steps;
+    R.finish_read = 1;
+}
+
 static int run(void)
 {
     if (makedirs(R.hb_dir, 0700) < 0)
@@ -963,6 +1010,11 @@ static int run(void)
         buf_fmt(&problems, "; OMNI_MAX_STEPS=%lld, OMNI_LIGHT_CKPT_EVERY=%lld, OMNI_HEARTBEAT_INTERVAL=", R.max_steps, R.every);
         put_float(&problems, R.interval, 0);
         buf_str(&problems, " (all must be > 0)");
+    }
+    if (R.finish_file[0] && !(R.step_delay > 0)) {
+        buf_str(&problems, "; OMNI_LIGHT_FINISH_FILE with OMNI_STEP_DELAY_S=");
+        put_float(&problems, R.step_delay, 0);
+        buf_str(&problems, " (a finish time needs a pace > 0: it names the step due at it)");
     }
     if (!one_of(R.per_node, PER_NODE_ANY)) {
         char *h = head(R.per_node, 40);
@@ -1005,6 +1057,8 @@ static int run(void)
     beat(1, 0);
     struct first first = {1, R.started_at, groups_ready_at, now_s(), agreed};
     double started = now_s(), start_at = R.start_at ? R.start_at : started;
+    if (R.finish_file[0])
+        read_finish(step, agreed, start_at);
     while (step < R.max_steps) {
         if (blocked) {   /* in a collective that never returns: beat, never step, until told to stop */
             while (!stop_signal) {
@@ -1025,6 +1079,8 @@ static int run(void)
         beat(0, 0);
         log_metrics(step, took, &first);
         first.set = 0;
+        if (R.finish_file[0] && !R.finish_read)
+            read_finish(step, agreed, start_at);
         if (stop_signal) {
             save(step);
             return finish(EXIT_CHECKPOINTED, "stopping", NULL);

@@ -49,6 +49,17 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   on an environment no restart can fix (with the heartbeat's ``error``), 1 when the rendezvous
   fails.
 
+The run's end, as the scale bench sets it (``OMNI_LIGHT_FINISH_FILE``, a bench control like the
+hang's signal, not the runtime's contract): the ranks run with a budget of steps they never reach,
+and once the bench has made its last fault's checks it writes a wall-clock time T into that file.
+After each step (and once after the restore) a rank tries to read it; from T it takes its last step:
+the first step of its life due at or after T, ``agreed + ceil((T - start) / OMNI_STEP_DELAY_S)``,
+which every rank of the life computes alike (the same agreed step, rank 0's start, T, the pace), so
+all finish at one step, save it and exit 0. A rank reads the file after every step, and no rank is
+ahead of the life's clock, so with T at least a step after the file appeared none has passed that
+step yet; one that has (a clock moved, a life started after T) ends at its own step, and the bench's
+check that every rank finished at one step says so.
+
 A hang, as the scale bench injects it (``BLOCK_SIGNAL``): a real rank's peers block in a collective
 that the hung rank never joins, their heartbeat threads still beating. Light ranks have no
 collectives, so the bench SIGSTOPs the hung rank and sends SIGURG to every other rank of the step:
@@ -118,6 +129,9 @@ class Rank:
         self.step_delay = _float(env, "OMNI_STEP_DELAY_S", 0.1)
         self.max_steps = _int(env, "OMNI_MAX_STEPS", 100)
         self.every = _int(env, "OMNI_LIGHT_CKPT_EVERY", 5)
+        self.finish_file = env.get("OMNI_LIGHT_FINISH_FILE", "")
+        self.finish_read = False
+        """The finish time was read (the module's text): the last step is set."""
         self.master = (env.get("MASTER_ADDR", ""), _int(env, "MASTER_PORT", 0))
         self.node = env.get("SLURMD_NODENAME", "")
         self.mine = os.path.join(self.ckpt_dir, "light", f"rank-{self.rank}")
@@ -168,6 +182,9 @@ class Rank:
         if self.max_steps < 1 or self.every < 1 or self.interval <= 0:
             problems.append(f"OMNI_MAX_STEPS={self.max_steps}, OMNI_LIGHT_CKPT_EVERY={self.every}, "
                             f"OMNI_HEARTBEAT_INTERVAL={self.interval} (all must be > 0)")
+        if self.finish_file and not self.step_delay > 0:
+            problems.append(f"OMNI_LIGHT_FINISH_FILE with OMNI_STEP_DELAY_S={self.step_delay} (a finish time "
+                            "needs a pace > 0: it names the step due at it)")
         if self.per_node not in ("", "1", "on", "true", "yes", "0", "off", "false", "no"):
             problems.append(f"OMNI_METRICS_PER_NODE={self.per_node[:40]!r} (allowed: 1, on, true, yes or unset: "
                             "per node; 0, off, false, no: each rank's own file)")
@@ -258,6 +275,30 @@ class Rank:
                       _dumps({"rank": self.rank, "step": step, "incarnation": self.incarnation, "time": time.time()}),
                       durable=True)
         self.beat(force=True, phase="training", last_checkpoint_step=step)
+
+    def read_finish(self, step: int, agreed: int, start_at: float) -> None:
+        """The last step from the finish time, once the file is there (the module's text): the first
+        step of this life due at or after it, or ``step`` when that one is past."""
+        try:
+            fd = os.open(self.finish_file, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            data = os.read(fd, 64)
+        finally:
+            os.close(fd)
+        text = data.decode(errors="replace").strip()
+        try:
+            at = float(text)
+        except ValueError:
+            raise BadInput(f"light rank: couldn't read a finish time in {self.finish_file}: {text[:40]!r} is not a "
+                           "number (seconds since the epoch)") from None
+        if not -1e308 * 10 < at < 1e308 * 10:
+            raise BadInput(f"light rank: couldn't read a finish time in {self.finish_file}: {text[:40]!r} is not a "
+                           "finite number (seconds since the epoch)")
+        due = agreed + int(-((start_at - at) / self.step_delay // 1))   # ceil without importing math
+        self.max_steps = min(self.max_steps, max(due, step))
+        self.finish_read = True
 
     # -- the rendezvous: the newest step every rank holds ------------------------------------------
     def agree(self, mine: list[int], timeout_s: float) -> int:
@@ -420,6 +461,8 @@ class Rank:
                  "restored_step": agreed}
         started = time.time()
         start_at = self.start_at or started
+        if self.finish_file:
+            self.read_finish(step, agreed, start_at)
         while step < self.max_steps:
             if self.blocked:
                 return self._blocked(step)
@@ -430,6 +473,8 @@ class Rank:
             self.beat(step=step, step_time_s=took)
             self.log_metrics(step, took, **first)
             first = {}
+            if self.finish_file and not self.finish_read:
+                self.read_finish(step, agreed, start_at)
             if self.stop_signal:
                 self.save(step)
                 return self.finish(EXIT_CHECKPOINTED, "stopping")

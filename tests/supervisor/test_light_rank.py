@@ -360,3 +360,51 @@ def test_a_rank_joins_the_cgroup_it_is_given_or_says_why_and_runs_on(tmp_path: P
     out = procs[0].stdout.read().decode()
     lines = [line for line in out.splitlines() if "cgroup" in line]
     assert len(lines) == 1 and lines[0].startswith(f"light rank: couldn't join the cgroup {missing}: "), out
+
+
+def test_the_ranks_finish_together_at_the_first_step_due_at_the_finish_time(tmp_path: Path, rank: list[str]) -> None:
+    """OMNI_LIGHT_FINISH_FILE (the scale bench's end of a run): ranks with a budget they never reach
+    read a wall-clock time from the file after each step and all end at the first step of their life
+    due at or after it, with a marker of it; a life that starts after that time ends at its restore."""
+    finish = tmp_path / "finish"
+    extra = {"OMNI_MAX_STEPS": "100000", "OMNI_STEP_DELAY_S": "0.05", "OMNI_LIGHT_FINISH_FILE": str(finish)}
+    procs = _start(tmp_path, 3, rank, OMNI_INCARNATION="0", **extra)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and ((b := _beat(tmp_path, 2)) is None or b.step < 3):
+        time.sleep(0.05)
+    at = time.time() + 0.3
+    (tmp_path / "finish.tmp").write_text(f"{at!r}\n")
+    (tmp_path / "finish.tmp").rename(finish)
+    assert _codes(procs) == [EXIT_DONE] * 3
+    beats = read_heartbeats(tmp_path / "hb")
+    assert len({(b.phase, b.exit_code, b.step, b.last_checkpoint_step) for b in beats}) == 1
+    last = beats[0].step
+    assert beats[0].phase == "done" and beats[0].last_checkpoint_step == last and 3 < last < 100
+    for r in range(3):
+        assert (tmp_path / "ckpt" / "light" / f"rank-{r}" / f"step-{last}.json").exists()
+    # the last step is the first one due at or after the finish time: made at it or later, the one
+    # before it not
+    times: dict[int, dict[int, float]] = {}
+    for lines in read_folder(tmp_path / "metrics").values():
+        for where, text in lines:
+            rec = parse_line(text, where)
+            times.setdefault(rec.rank, {})[rec.step] = rec.time
+    assert sorted(times) == [0, 1, 2]
+    for steps in times.values():
+        assert max(steps) == last and steps[last] >= at
+    # the next life restores that step; the finish time is past: it ends there, no step made
+    assert _codes(_start(tmp_path, 3, rank, OMNI_INCARNATION="1", **extra)) == [EXIT_DONE] * 3
+    assert {(b.incarnation, b.phase, b.step) for b in read_heartbeats(tmp_path / "hb")} == {(1, "done", last)}
+
+
+@pytest.mark.parametrize(("text", "env"), [("soon", {}), ("1e999", {}), ("12.5", {"OMNI_STEP_DELAY_S": "0"})])
+def test_a_finish_time_that_cannot_work_exits_78_with_one_line(tmp_path: Path, rank: list[str], text: str,
+                                                               env: dict[str, str]) -> None:
+    (tmp_path / "finish").write_text(text)
+    extra = {"OMNI_MAX_STEPS": "100000", "OMNI_LIGHT_FINISH_FILE": str(tmp_path / "finish"), **env}
+    proc = subprocess.run(rank, env=_env(tmp_path, 0, 1, 1, **extra), capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("light rank: couldn't"), proc.stderr
+    assert ("OMNI_STEP_DELAY_S=0" if env else f"couldn't read a finish time in {tmp_path / 'finish'}: ") in proc.stderr
