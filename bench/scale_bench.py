@@ -22,13 +22,16 @@ running has checkpointed past the step it restored:
   hang   a rank SIGSTOPped, and its peers told (light_rank.BLOCK_SIGNAL) that the collective it
          never joins does not return: they beat and stop stepping, as real ranks do.
 
-The ranks step in step on rank 0's clock (as a collective keeps real ranks), so a size's faults fit
-its steps: each job's steps are planned from the step time and, per fault, the steps that fault took
-beyond the checkpoint it waits for (the bench's reaction, then the ranks stepping on until their
-step is killed: a node loss at 512 nodes leaves them stepping for its whole confirmation), as this
-size's first job measured them, else the size before's scaled to this one. The supervisors run with a 10 s hang window and a hang
-factor of 10 (``--confirmation-window``, ``--hang-factor``; the site's defaults are 30 and 30): a hang
-confirms in about 10 s instead of 30, a policy constant, not a cost of scale.
+The ranks step in step on rank 0's clock (as a collective keeps real ranks) with a budget of steps
+they never reach (the job's time limit at the pace), so no fault depends on how far the ranks of a
+killed step ran on (at 512 nodes a node loss leaves them stepping for its whole confirmation): each
+fault waits for the launch running to checkpoint past the step it restored, and once the last
+fault's recovery has stepped the bench ends the run itself: it writes a finish time, and every light
+rank ends at the first step of its life due at or after it (bench/scale_end.py,
+``OMNI_LIGHT_FINISH_FILE``). A relaunch the supervisor makes on its own (a hang confirmed where none
+was injected) is followed, and named by a check. The supervisors run with a 10 s hang window and a
+hang factor of 10 (``--confirmation-window``, ``--hang-factor``; the site's defaults are 30 and 30): a
+hang confirms in about 10 s instead of 30, a policy constant, not a cost of scale.
 
 and times each recovery from the product's own timestamps:
 
@@ -55,9 +58,10 @@ does (named with its figures), else MISS.
 with the control plane's CPU: the supervisor's (utime + stime from /proc) per heartbeat poll (every
 0.5 s) in steady state, and per recovery (fault -> first step) the supervisor's with its sruns,
 scancels and squeues, and slurmctld's. At the end of each job it checks, from the files, that every
-rank of every relaunch restored the same step and that the run finished (journal ``done``, every
-rank's last beat ``done`` at max steps, the job COMPLETED, or in allocation mode CANCELLED by its
-supervisor, which exits 0). The end prints the table, the log-log slope of each phase between 64
+rank of every relaunch restored the same step, that every relaunch followed a fault the bench
+injected, and that the run finished (journal ``done``, every rank's last beat ``done`` at one step,
+saved, below the budget, the job COMPLETED, or in allocation mode CANCELLED by its supervisor, which
+exits 0). The end prints the table, the log-log slope of each phase between 64
 nodes (else the smallest) and the largest size measured, the machine's own limit when the ranks'
 step time shows it, and writes the figures as JSON (``--json``; ``python -m bench.goodput
 --scale-json`` fits them). A size that cannot run here (too little memory, a timeout, a machine
@@ -97,11 +101,21 @@ from bench.heartbeat_bench import Inotify
 from bench.light_build import BUILD_DIR, rank_argv
 from bench.light_rank import BLOCK_SIGNAL
 from bench.metrics_tail import MetricsTail
+from bench.scale_end import (
+    JOB_TIME_S,
+    beats_said,
+    finish_check,
+    finish_time,
+    step_budget,
+    unplanned,
+    wait_ended,
+)
 from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
 from slurm_omni.errors import SlurmError
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord
+from slurm_omni.fsio import write_atomic
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.hostlist import compress
 from slurm_omni.slurm.runner import CommandRunner
@@ -137,13 +151,15 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 IDLE_S = 1.0
 """Seconds slurmd's idle CPU is measured over after the cluster is up (0.0 ms/s at every size)."""
 POLL_S = 0.25
-"""The bench's own polls (beats, journal, lines): each second of reaction is steps the ranks make
-before a fault, which the plan must keep in hand."""
+"""The bench's own polls (beats, journal, lines)."""
 JOB_POLL_S = 30.0
 """Slurm is asked for the job's state at most this often while the bench waits on the files (at once
 when the journal has an outcome): at 512 nodes and load 1,000-2,000 one ``scontrol show job`` can
 take the poller's whole 20 s, and the 17:37 run's bench waited 41 s for a checkpoint its ranks had
 long passed (the 512 in-allocation hang was not injected: the ranks had finished)."""
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE",
+         "BOOT_FAIL")
+"""Slurm's states of a job that is over."""
 _CMD_LINE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) slurm_omni\.slurm\.runner DEBUG "
                        r"(?P<kind>ran|started) \((?P<argv>[^)]*)\)(?: -> -?\d+ in (?P<took>[\d.]+)s)?")
 """The runner's debug lines: ``ran (argv) -> rc in Xs`` and ``started (argv)``."""
@@ -167,9 +183,9 @@ WALL = ("floors", "up", "idle", "start", "steady", "to_fault", "recovery", "line
 """Where a size's wall time goes: floors (the heartbeat scan and the rendezvous floor, measured
 before the cluster), up (the cluster), idle (slurmd's idle CPU, waiting for every node idle between
 jobs), start (submission to launch 0's first step), steady (the steady-state window), to_fault (the
-ranks checkpointing before each fault: the plan's least), recovery (fault to the next launch's
+ranks checkpointing past their restored step before each fault), recovery (fault to the next launch's
 first step, as the journal records it), lines (the new launch's first metrics lines reaching the
-folder), finish (the last launch's steps to the job's end), down (the cluster down, leftovers killed)."""
+folder), finish (the finish time written -> the job's end), down (the cluster down, leftovers killed)."""
 BAR_S = 15 * 60.0
 BAR_SIZES = (8, 64, 256, 512)
 """Issue 19: ``python bench/scale_bench.py`` finishes in under 15 minutes with these sizes in it."""
@@ -177,39 +193,6 @@ BAR_SIZES = (8, 64, 256, 512)
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
-SLACK_S = 2.0
-"""Seconds of steps kept in hand per fault beyond what the same fault took measured (``Run.extra_s``);
-the whole of it when none was measured yet (the ranks step in step, so no spread among them)."""
-
-
-def window_steps(args: argparse.Namespace, pace_s: float) -> int:
-    """Steps of launch 0 the steady-state window takes (``--cpu-window``) before the first fault."""
-    return math.ceil(args.cpu_window / pace_s)
-
-
-def step_plan(args: argparse.Namespace, pace_s: float, extra: dict[str, float] | None = None
-              ) -> tuple[int, dict[str, int]]:
-    """(max steps, slack steps per fault) for ranks stepping every ``pace_s`` (in step with rank 0's
-    clock: bench/light_rank.py): the steady-state window's steps, then per fault a checkpoint and
-    its slack, and a checkpoint and the smallest slack for the last life. A fault's slack is the
-    seconds of steps that fault took beyond its checkpoint where it was measured (``extra``: the
-    bench's reaction to the checkpoint, then the ranks stepping on until their step is killed; a node
-    loss at 512 nodes leaves the others stepping for the whole confirmation, a hang stops them at
-    once), plus SLACK_S."""
-    least = max(3, math.ceil(SLACK_S / pace_s))
-    slack = {f: max(least, math.ceil((SLACK_S + (extra or {}).get(f, 0.0)) / pace_s)) for f in args.faults}
-    return (window_steps(args, pace_s) + sum(args.ckpt_every + k for k in slack.values())
-            + args.ckpt_every + least), slack
-
-
-def extra_steps(restored: int, base: int, every: int, window: int = 0) -> int:
-    """Steps a fault took beyond what the plan gives it at the least: the next launch restored
-    ``restored``; the fault waited for every rank to checkpoint ``base + every`` (launch 0: after its
-    ``window`` steps of steady state too). What is beyond is the bench's reaction (reading the beats,
-    the injection) and the ranks stepping on until their step is killed: the plan keeps it in hand."""
-    return max(0, restored - base - every - window)
-
-
 SPARES = 1
 """Spare nodes per job: the node loss takes it; a crashed or hung rank's node is alive and kept."""
 PATHS = ("inalloc", "alloc")
@@ -237,13 +220,11 @@ class Run:
     """decide and launch split (``SPLIT``): from the supervisor's debug log and the ranks' first lines."""
     step_at_fault: int | None = None
     """The most advanced rank's step when the fault was injected."""
+    launch: int | None = None
+    """The launch the fault hit (the journal's number); the next one is its recovery."""
     overrun_s: float | None = None
     """Seconds of steps the ranks made after the fault (their highest step in the old launch's lines;
     they step on until their step is killed)."""
-    extra_s: float | None = None
-    """Seconds of steps the fault took beyond its checkpoint (``extra_steps``: the bench's reaction
-    and the overrun): the next job's plan keeps as much in hand (this size's own, else the size
-    before's, scaled)."""
     decide_cmds: list[str] = field(default_factory=list)
     """The Slurm commands the supervisor ran or started between the confirmation and the next launch's
     record, each ``name seconds`` (a started one ``name +``): none may be per node."""
@@ -372,39 +353,56 @@ def kill_slurmds(cluster: LocalCluster) -> None:
                 pass
 
 
-def kill_leftover_steps(jobs: set[str], state_dir: Path, work: Path) -> list[int]:
-    """SIGKILL the slurmstepd of ``jobs`` (ours) still running after the cluster went down, and their
-    light ranks: a step killed late outlived the 11:00 512-node run's cluster and spoke to the next
-    cluster's node of the same name and port ("Orphan StepId=4101.0 reported on node node335"); that
-    run's relaunch then dropped node335 too. A slurmstepd's SIGKILL leaves its tasks running (each is
-    a process group of its own, reparented to init), so the ranks of those jobs go by their
-    environment (SLURM_JOB_ID). A job id alone names no cluster (every embedded cluster on the host
-    counts its own), so a slurmstepd is ours only when it holds a socket bound under this cluster's
-    ``state_dir`` (its spool), and a rank only when its environment points into this run's ``work``."""
+def leftover(argv: list[str], environ: list[bytes], jobs: set[str], root: bytes, holds_ours: Any) -> bool:
+    """A process this run left: a slurmstepd of ``jobs`` that holds a socket under this cluster's state
+    folder (``holds_ours()``: job ids name no cluster), or any process whose environment points an
+    OMNI_ variable into this run's own folder ``root`` (bytes, ending in /): the light ranks, the
+    supervisors of both paths and what they started (srun, the stage wrapper, squeue, scancel), which
+    a slurmstepd's SIGKILL or the bench's own interruption leaves reparented to init."""
+    if argv and argv[0].startswith("slurmstepd: ["):
+        return argv[0][len("slurmstepd: ["):].split(".")[0] in jobs and holds_ours()
+    return any(e.startswith(b"OMNI_") and root in e for e in environ)
+
+
+def kill_leftovers(jobs: set[str], state_dir: Path, root: Path) -> list[int]:
+    """SIGKILL what this run left running after a size's cluster went down (``leftover``), never
+    this process or its parents: a step killed late outlived the 11:00 512-node run's cluster and
+    spoke to the next cluster's node of the same name and port ("Orphan StepId=4101.0 reported on node
+    node335"); that run's relaunch then dropped node335 too. A slurmstepd's SIGKILL leaves its tasks
+    running (each a process group of its own, reparented to init), and an interrupted bench left the
+    in-allocation supervisor with its srun and squeue: those go by their environment."""
     try:
         ours_sockets = socket_inodes_under(Path("/proc/net/unix").read_text(), state_dir.resolve())
     except OSError:
         ours_sockets = set()
-    work_prefix = (str(work.resolve()).rstrip("/") + "/").encode()
+    prefix = (str(root.resolve()).rstrip("/") + "/").encode()
+    spared = {os.getpid(), *ancestors()}
     killed = []
     for pid in pids():
-        argv = cmdline(pid)
-        ours = (bool(argv) and argv[0].startswith("slurmstepd: [")
-                and argv[0][len("slurmstepd: ["):].split(".")[0] in jobs and holds_socket(pid, ours_sockets))
-        if not ours and is_light_rank(argv):
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            ours = (any(e.startswith(b"SLURM_JOB_ID=") and e[13:].decode(errors="replace") in jobs for e in env)
-                    and any(e.startswith(b"OMNI_") and work_prefix in e for e in env))
-        if ours:
+        if pid in spared:
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:   # gone, or not ours to read
+            env = []
+        if leftover(cmdline(pid), env, jobs, prefix, lambda pid=pid: holds_socket(pid, ours_sockets)):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             except OSError:
                 pass
     return killed
+
+
+def ancestors() -> list[int]:
+    out, pid = [], os.getppid()
+    while pid > 1:
+        out.append(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
 
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
@@ -535,14 +533,10 @@ def descendants(root: int) -> list[int]:
 class Size:
     """One cluster size: the cluster up once, then one job per path, each running every fault in turn."""
 
-    def __init__(self, args: argparse.Namespace, nodes: int, root: Path, pace_s: float = 0.0,
-                 measured: list[Result] | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, nodes: int, root: Path, measured: list[Result] | None = None) -> None:
         self.args = args
-        self.pace_s = pace_s
-        """The smaller sizes' measured step time: each job's steps are planned at it (or at this size's
-        own, once a job of it measured one)."""
         self.measured = measured or []
-        """The sizes measured before: a job plans from their faults' extra steps when this size has none."""
+        """The sizes measured before: their memory per process says whether two launches fit at once."""
         self.nodes = nodes
         self.root = root
         self.spec = ClusterSpec(nodes=nodes, nodes_per_switch=4 if nodes <= 8 else 16, cpus_per_node=TASKS_PER_NODE,
@@ -627,39 +621,36 @@ class Job:
         self.down: list[str] = []
         self.ranks = size.result.ranks
         self.runs: list[Run] = []
-        self.max_steps, self.slack, self.window = 0, {}, 0
-        """The job's steps (``plan``), the steps kept in hand per fault, launch 0's steady-state steps."""
+        self.budget = self.args.max_steps or step_budget(self.args.step_delay)
+        """The ranks' OMNI_MAX_STEPS: more than the job's time limit holds; the finish time ends the run."""
+        self.finish_file = self.work / "finish"
+        """OMNI_LIGHT_FINISH_FILE: the bench writes the finish time here after the last fault's recovery."""
+        self.ended = ""
+        """Why the wait for the run's end gave up (``wait_ended``), empty when the run ended."""
         self.kill_grace = 0.0
         """``omni supervise --kill-grace`` (``plan``): 0 unless two launches' ranks would not fit in memory."""
         self.lines = MetricsTail(self.work / "metrics")
 
     def plan(self) -> None:
-        """The job's steps at the pace and extra steps measured: this size's own where a job of it ran
-        (its step time, each fault's extra steps), else the sizes before (``extra_at``)."""
+        """Whether the next launch waits for the killed step's ranks (two launches' ranks do not fit
+        in memory at once), and the budget said."""
         r = self.size.result
-        pace = max(self.size.pace_s, r.step_s or 0.0, self.args.step_delay)
-        extra, source = extra_at(self.nodes, self.size.measured, r.runs)
-        planned, self.slack = step_plan(self.args, pace, extra)
-        self.max_steps = self.args.max_steps or planned
-        self.window = window_steps(self.args, pace)
         why = two_launches_fit(self.nodes, [*self.size.measured, r], self.args.reserve_gib * 1024)
         self.kill_grace = KILL_GRACE_S if why else 0.0
         if why:
             self.log(f"{why}: the supervisor waits up to {KILL_GRACE_S:g} s for the killed step's srun "
                      "(every old rank gone) before the next launch (--kill-grace)")
-        self.log(f"{self.max_steps} steps{' (--max-steps)' if self.args.max_steps else ''}: paced {pace:.2f} s, "
-                 f"kept in hand per fault: " + ", ".join(
-                     f"{f} {k} ({source.get(f, 'nothing measured: ' + format(SLACK_S, 'g') + ' s')})"
-                     for f, k in self.slack.items()))
+        self.log(f"step budget {self.budget}{' (--max-steps)' if self.args.max_steps else ''}; the bench ends the "
+                 f"run after the last fault (a finish time in {self.finish_file})")
 
     def log(self, msg: str) -> None:
         self.size.log(f"{self.path}: {msg}")
 
     def fail(self, why: str) -> None:
         self.log(f"n/a: {why}")
-        for k, run in enumerate(self.runs):   # the faults recovered before this one keep their figures
+        for run in self.runs:   # the faults recovered before this one keep their figures
             try:
-                self.phases(run, k)
+                self.phases(run)
             except (IndexError, OSError, ValueError):
                 pass
         for fault in self.args.faults:
@@ -673,7 +664,8 @@ class Job:
         return {k: str(v) for k, v in {
             "OMNI_CKPT_DIR": w / "ckpt", "OMNI_HEARTBEAT_DIR": w / "hb", "OMNI_METRICS_DIR": w / "metrics",
             "OMNI_LOG_DIR": w / "logs", "OMNI_DP_SIZE": self.ranks, "OMNI_STAGES": "main",
-            "OMNI_MAX_STEPS": self.max_steps, "OMNI_STEP_DELAY_S": self.args.step_delay,
+            "OMNI_MAX_STEPS": self.budget, "OMNI_LIGHT_FINISH_FILE": self.finish_file,
+            "OMNI_STEP_DELAY_S": self.args.step_delay,
             "OMNI_HEARTBEAT_INTERVAL": 1, "OMNI_JOB_NAME": f"scale-{self.nodes}-{self.path}", "OMNI_STANDBY": 0,
             "OMNI_LIGHT_CKPT_EVERY": self.args.ckpt_every, "OMNI_COLLECTIVE_TIMEOUT": self.args.timeout,
             "PYTHONPATH": REPO,
@@ -744,7 +736,7 @@ class Job:
             script.write_text(
                 "#!/bin/bash\n"
                 f"#SBATCH --job-name={name}\n#SBATCH --nodes={self.nodes}\n"
-                f"#SBATCH --ntasks-per-node={TASKS_PER_NODE}\n#SBATCH --no-kill\n#SBATCH --time=01:00:00\n"
+                f"#SBATCH --ntasks-per-node={TASKS_PER_NODE}\n#SBATCH --no-kill\n#SBATCH --time={JOB_TIME_S // 60}\n"
                 f"#SBATCH --output={w / 'batch.out'}\n#SBATCH --chdir={REPO}\n"
                 f"{exports}\nexec {shlex.join(self.supervise_argv())}\n")
             proc = self.size.runner.run(["sbatch", "--parsable", str(script)])
@@ -752,7 +744,7 @@ class Job:
             OWN_JOBS.add(self.job_id)
         else:
             proc = self.size.runner.run(["salloc", "--no-shell", "--no-kill", f"--nodes={self.nodes}",
-                                         f"--ntasks-per-node={TASKS_PER_NODE}", "--time=01:00:00",
+                                         f"--ntasks-per-node={TASKS_PER_NODE}", f"--time={JOB_TIME_S // 60}",
                                          f"--job-name={name}"], timeout_s=max(120.0, self.args.timeout),
                                         retry_unreachable=False)
             words = (proc.stderr + proc.stdout).split()
@@ -776,28 +768,29 @@ class Job:
     def launches(self) -> list[Any]:
         return list(self.journal().state.launches)
 
-    def wait(self, cond: Any, timeout: float) -> bool:
-        """Until ``cond()`` (True), the job ends or ``timeout`` (False). ``cond`` is asked every
-        POLL_S, or twice its own time when it takes longer (a read of 2,044 ranks' beats at load
-        1,000+: the bench takes at most a third of a core); Slurm is asked for the job's state once
+    def wait(self, cond: Any, timeout: float) -> str:
+        """Until ``cond()`` (empty), the job ends or ``timeout`` (what ended it: ``wait_ended``).
+        ``cond`` is asked every POLL_S, or twice its own time when it takes longer (a read of 2,044
+        ranks' beats at load 1,000+: the bench takes at most a third of a core); Slurm is asked for the job's state once
         the wait has lasted JOB_POLL_S, then every JOB_POLL_S, or at once when the journal has an
         outcome."""
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         asked = time.monotonic()   # a wait shorter than JOB_POLL_S never blocks on slurmctld
         while time.monotonic() < deadline:
             t0 = time.monotonic()
             if cond():
-                return True
+                return ""
             took = time.monotonic() - t0
             if t0 - asked >= JOB_POLL_S or self.journal().state.outcome is not None:
                 asked = t0
-                if self.job_finished():
-                    return bool(cond())
+                if (state := self.job_state()) in ENDED:
+                    return "" if cond() else wait_ended(state, time.monotonic() - started, timeout)
             if self.args.stop_at and time.time() >= self.args.stop_at:
                 raise TimeoutError(f"--stop-at {time.strftime('%H:%M:%S', time.gmtime(self.args.stop_at))} UTC "
                                    "reached: the cluster goes down now")
             time.sleep(max(POLL_S, 2 * took))
-        return False
+        return wait_ended("", time.monotonic() - started, timeout)
 
     def job_state(self) -> str:
         try:
@@ -810,7 +803,7 @@ class Job:
         return "?"
 
     def job_finished(self) -> bool:
-        return self.job_state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+        return self.job_state() in ENDED
 
     def beats(self, incarnation: int) -> list[Any]:
         return [b for b in read_heartbeats(self.work / "hb") if b.incarnation == incarnation]
@@ -937,14 +930,13 @@ class Job:
         return f"rank {target.rank} (pid {target.pid} on {target.node}) SIGSTOPped, {len(beats) - 1} peers blocked"
 
     def run(self) -> None:
-        args, every, size = self.args, self.args.ckpt_every, self.size
+        args, size = self.args, self.size
         self.submit()
         t0 = time.monotonic()
-        ok = self.wait(lambda: (la := self.launches()) and la[0].first_step_at, args.timeout)
+        why = self.wait(lambda: (la := self.launches()) and la[0].first_step_at, args.timeout)
         size.spent("start", t0)
-        if not ok:
-            raise TimeoutError(f"launch 0 made no step within {args.timeout:.0f}s (job {self.job_state()}; "
-                               f"{self.work}/logs)")
+        if why:
+            raise TimeoutError(f"launch 0 made no step: {why} ({self.work}/logs)")
         sup = self.supervisor_pid()
         if sup is not None and CONTROL_GROUP is not None:
             # the control plane's own weight (CONTROL_GROUP): in-allocation out of the nodes' group too
@@ -962,72 +954,99 @@ class Job:
         if times:
             size.result.step_s = max(size.result.step_s or 0.0, times[len(times) // 2])
         size.spent("steady", t0)
-        base = 0
-        for k, fault in enumerate(args.faults):
-            la = self.launches()[k]
-            inc = la.incarnation
-            t0 = time.monotonic()
-            ok = self.wait(lambda inc=inc, base=base: len(b := self.beats(inc)) == self.ranks and
-                           min(x.last_checkpoint_step or 0 for x in b) >= base + every, args.timeout)
-            size.spent("to_fault", t0)
-            if not ok:
-                raise TimeoutError(f"launch {k}: the ranks did not all checkpoint step {base + every} "
-                                   f"within {args.timeout:.0f}s")
-            at_fault = max(x.step for x in self.beats(inc))
-            if at_fault >= self.max_steps - self.slack[fault]:
-                raise TimeoutError(f"launch {k} got too close to max steps before the {fault} fault: step {at_fault} "
-                                   f"of {self.max_steps}, {self.slack[fault]} kept for it (raise --max-steps)")
-            run = Run(self.path, fault, load=os.getloadavg()[0], step_at_fault=at_fault)
-            ctld = size.cluster.running().get("slurmctld")
-            cpu0 = process_tree_cpu(sup) if sup else None
-            ctld0 = cpu_s(ctld) if ctld else None
-            run.fault_at = time.time()
-            t0 = time.monotonic()
-            what = self.inject(fault, inc, la.layout)
-            self.log(f"launch {k}: {fault}: {what} (load {run.load:.1f})")
-            ok = self.wait(lambda k=k: len(la := self.launches()) > k + 1 and la[k + 1].first_step_at, args.timeout)
-            size.spent("recovery", t0)
-            cpu1 = process_tree_cpu(sup) if sup else None
-            ctld1 = cpu_s(ctld) if ctld else None
-            if cpu0 is not None and cpu1 is not None:
-                run.cpu_recovery = cpu1 - cpu0
-            if ctld0 is not None and ctld1 is not None:
-                run.ctld_cpu = ctld1 - ctld0
-            if not ok:
-                st = self.journal().state
-                raise TimeoutError(f"{fault}: no first step of launch {k + 1} within {args.timeout:.0f}s "
-                                   f"(launches {len(st.launches)}, outcome {st.outcome or '-'}, job {self.job_state()})")
-            self.runs.append(run)
-            nxt = self.launches()[k + 1]
-            # the ranks' lines reach the metrics folder with their node's next copy (once per 1 s interval)
-            t0 = time.monotonic()
-            while len(first := self.first_lines(nxt.incarnation)) < self.ranks and time.monotonic() < t0 + 3.0:
-                time.sleep(POLL_S)
-            size.spent("lines", t0)
-            restored = {x.get("restored_step") for x in first.values()}
-            nxt_base = max((s for s in restored if isinstance(s, int)), default=base)
-            pace = max(size.result.step_s or 0.0, args.step_delay)
-            extra = extra_steps(nxt_base, base, every, self.window if k == 0 else 0)
-            run.extra_s = extra * pace
-            made = self.lines.last_step.get(inc)
-            run.overrun_s = None if made is None else max(0, made - at_fault) * pace
-            self.log(f"launch {k + 1} stepping (restored {sorted(s for s in restored if s is not None)}; "
-                     f"fault at step {at_fault}, the old ranks made {'?' if made is None else max(0, made - at_fault)} "
-                     f"after it; {extra} steps beyond the plan's least, {self.slack[fault]} kept in hand)")
-            base = nxt_base
-        self.log("waiting for the run to finish")
+        for fault in args.faults:
+            self.fault(fault, sup)
+        self.finish()
+        for run in self.runs:
+            self.phases(run)
+        self.check()
+        size.result.runs.extend(self.runs)
+
+    def restored(self, incarnation: int) -> int | None:
+        """The step the ranks of ``incarnation`` restored (their first metrics lines; launch 0: 0),
+        None before any line of it arrived."""
+        if incarnation == 0:
+            return 0
+        steps = [s for x in self.first_lines(incarnation).values() if isinstance(s := x.get("restored_step"), int)]
+        return max(steps, default=None)
+
+    def checkpointed(self) -> bool:
+        """Every rank of the newest launch checkpointed past the step it restored (a launch the
+        supervisor made on its own is followed, not waited out)."""
+        la = self.launches()[-1]
+        base = self.restored(la.incarnation) if la.first_step_at else None
+        if base is None:
+            return False
+        beats = self.beats(la.incarnation)
+        return len(beats) == self.ranks and min(b.last_checkpoint_step or 0 for b in beats) > base
+
+    def fault(self, fault: str, sup: int | None) -> None:
+        """One fault into the launch running once it checkpointed past its restore, then its recovery
+        up to the next launch's first step."""
+        args, size = self.args, self.size
         t0 = time.monotonic()
-        finished = self.wait(lambda: self.journal().state.outcome is not None and self.job_finished(), args.timeout)
+        why = self.wait(self.checkpointed, args.timeout)
+        size.spent("to_fault", t0)
+        la = self.launches()[-1]
+        k, inc = la.number, la.incarnation
+        if why:
+            raise TimeoutError(f"launch {k}: the ranks did not all checkpoint past their restored step "
+                               f"{self.restored(inc)}: {why}; "
+                               f"{beats_said(self.beats(inc), self.ranks, k, self.budget)}")
+        for j in unplanned(k + 1, [r.launch for r in self.runs if r.launch is not None]):
+            self.log(f"launch {j} followed no fault of the bench: launch {j - 1} confirmed "
+                     f"{self.launches()[j - 1].confirmed.cause if self.launches()[j - 1].confirmed else '?'}")
+        at_fault = max(x.step for x in self.beats(inc))
+        run = Run(self.path, fault, load=os.getloadavg()[0], step_at_fault=at_fault, launch=k)
+        ctld = size.cluster.running().get("slurmctld")
+        cpu0 = process_tree_cpu(sup) if sup else None
+        ctld0 = cpu_s(ctld) if ctld else None
+        run.fault_at = time.time()
+        t0 = time.monotonic()
+        what = self.inject(fault, inc, la.layout)
+        self.log(f"launch {k}: {fault}: {what} (load {run.load:.1f})")
+        why = self.wait(lambda: (la := self.launches())[-1].number > k and la[-1].first_step_at, args.timeout)
+        size.spent("recovery", t0)
+        cpu1 = process_tree_cpu(sup) if sup else None
+        ctld1 = cpu_s(ctld) if ctld else None
+        if cpu0 is not None and cpu1 is not None:
+            run.cpu_recovery = cpu1 - cpu0
+        if ctld0 is not None and ctld1 is not None:
+            run.ctld_cpu = ctld1 - ctld0
+        if why:
+            st = self.journal().state
+            raise TimeoutError(f"{fault}: no launch after launch {k} made a step: {why} (launches "
+                               f"{len(st.launches)}, outcome {st.outcome or '-'})")
+        self.runs.append(run)
+        nxt = self.launches()[k + 1]
+        # the ranks' lines reach the metrics folder with their node's next copy (once per 1 s interval)
+        t0 = time.monotonic()
+        while len(first := self.first_lines(nxt.incarnation)) < self.ranks and time.monotonic() < t0 + 3.0:
+            time.sleep(POLL_S)
+        size.spent("lines", t0)
+        restored = sorted({s for x in first.values() if isinstance(s := x.get("restored_step"), int)})
+        pace = max(size.result.step_s or 0.0, args.step_delay)
+        made = self.lines.last_step.get(inc)
+        run.overrun_s = None if made is None else max(0, made - at_fault) * pace
+        self.log(f"launch {nxt.number} stepping (restored {restored}; fault at step {at_fault}, the old ranks "
+                 f"made {'?' if made is None else max(0, made - at_fault)} after it)")
+
+    def finish(self) -> None:
+        """The run's end, set by the bench: a finish time every light rank turns into one last step,
+        then the job's end."""
+        t0 = time.monotonic()
+        at = finish_time(time.time(), self.args.step_delay)
+        write_atomic(self.finish_file, f"{at!r}\n", durable=False)
+        self.log(f"finishing: every rank ends at the first step due at or after "
+                 f"{time.strftime('%H:%M:%S', time.gmtime(at))}.{int(at % 1 * 100):02d} UTC")
+        self.ended = self.wait(lambda: self.journal().state.outcome is not None and self.job_finished(),
+                               self.args.timeout)
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
-        size.spent("finish", t0)
-        for k, run in enumerate(self.runs):
-            self.phases(run, k)
-        self.check(finished)
-        size.result.runs.extend(self.runs)
+        self.size.spent("finish", t0)
 
     def supervisor_log(self) -> str:
         try:
@@ -1082,8 +1101,9 @@ class Job:
             run.split["srun_to_task"] = min(tasks) - sruns[0]
             run.split["task_spread"] = max(tasks) - min(tasks)
 
-    def phases(self, run: Run, k: int) -> None:
+    def phases(self, run: Run) -> None:
         la = self.launches()
+        k = run.launch if run.launch is not None else 0
         l0, l1 = la[k], la[k + 1]
         conf = l0.confirmed
         run.cause = conf.cause if conf else ""
@@ -1138,7 +1158,7 @@ class Job:
                 run.cpu_share = {"seconds": seconds, "cpu": used, "procs": procs, "machine": busy,
                                  "others": self.size.sampler.others_window(run.fault_at, max(stepped))}
 
-    def check(self, finished: bool) -> None:
+    def check(self) -> None:
         r, st = self.size.result, self.journal().state
         for la in st.launches[1:]:
             first = self.first_lines(la.incarnation)
@@ -1147,27 +1167,37 @@ class Job:
             r.checks.append(f"{'PASS' if ok else 'FAIL'} {self.path}: every rank of launch {la.number} restored the "
                             f"same step: {len(first)}/{self.ranks} ranks, restored steps "
                             f"{sorted(s for s in restored if s is not None)}")
+        extra = unplanned(len(st.launches), [x.launch for x in self.runs if x.launch is not None])
+        causes = [f"launch {j} after launch {j - 1} confirmed "
+                  f"{(c.cause if (c := st.launches[j - 1].confirmed) else '?')!r} with no fault injected" for j in extra]
+        r.checks.append(f"{'FAIL' if extra else 'PASS'} {self.path}: every relaunch followed a fault the bench "
+                        f"injected: {len(st.launches) - 1 - len(extra)} of {len(st.launches) - 1}"
+                        + (f" ({'; '.join(causes)})" if causes else ""))
         last = st.launches[-1]
-        beats = self.beats(last.incarnation)
-        done = [b for b in beats if b.phase == "done" and b.exit_code == 0 and b.step == self.max_steps]
+        done_ok, done = finish_check(self.beats(last.incarnation), self.ranks, self.budget)
         state = self.job_state()
         # in-allocation the batch script ends the job; in allocation mode the supervisor releases it
         want = "COMPLETED" if self.path == "inalloc" else "CANCELLED"
         rc = "" if self.proc is None else f", supervisor exit {self.proc.poll()}"
-        ok = (finished and st.outcome == "done" and len(done) == self.ranks and state == want
-              and (self.proc is None or self.proc.poll() == 0)
-              and len(st.launches) == len(self.args.faults) + 1)
+        ok = (not self.ended and st.outcome == "done" and done_ok and state == want
+              and (self.proc is None or self.proc.poll() == 0))
         r.checks.append(f"{'PASS' if ok else 'FAIL'} {self.path}: the run finished after {len(st.launches) - 1} "
-                        f"relaunches: journal {st.outcome or '-'}, {len(done)}/{self.ranks} ranks done at step "
-                        f"{self.max_steps}, job {state}{rc}")
+                        f"relaunches at the bench's finish time: journal {st.outcome or '-'}, {done}, job {state}{rc}"
+                        + (f" ({self.ended})" if self.ended else ""))
 
     def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            try:   # its srun and squeue, in the session it leads (start_new_session)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
         if self.job_id and not self.job_finished():
             self.size.runner.run(["scancel", self.job_id], check=False)
         for node in self.down:
@@ -1523,6 +1553,10 @@ def machine_limit(a: Result, b: Result, args: argparse.Namespace) -> str:
             "launch and rendezvous grow with the ranks here whatever the control plane does")
 
 
+RUN_FIELDS = {f.name for f in dataclasses.fields(Run)}
+"""What a run's record holds now: an earlier run's results.json may hold keys since dropped (extra_s)."""
+
+
 def load_results(path: Path) -> list[Result]:
     """The sizes of an earlier run's results.json (``--include``), its source in every size's checks."""
     doc = json.loads(path.read_text())
@@ -1530,7 +1564,8 @@ def load_results(path: Path) -> list[Result]:
     for size in doc["sizes"]:
         r = Result(nodes=size["nodes"], ranks=size["ranks"], na=size["na"], step_s=size.get("step_s"),
                    cpu_per_poll=dict(size.get("cpu_per_poll_s") or {}), elapsed_s=size.get("elapsed_s"),
-                   runs=[Run(**x) for x in size["runs"]], checks=list(size.get("checks") or []),
+                   runs=[Run(**{k: v for k, v in x.items() if k in RUN_FIELDS}) for x in size["runs"]],
+                   checks=list(size.get("checks") or []),
                    memory=dict(size.get("memory") or {}), up_s=size.get("up_s"), load=size.get("load") or 0.0,
                    scan=tuple(size["scan"]) if size.get("scan") else None, fs_ops=dict(size.get("fs_ops") or {}),
                    bare_cmds=dict(size.get("bare_cmds") or {}), join_floor=size.get("join_floor"),
@@ -1637,38 +1672,6 @@ def scan_cost(ranks: int, work: Path) -> tuple[float, float]:
     return sorted(c for c, _ in runs)[2], sorted(w for _, w in runs)[2]
 
 
-OVERRUN_MARGIN = 1.5
-MAX_SCALE = 4.0
-"""A smaller size's extra steps are scaled by the ratio of node counts, at most this much: 8 -> 64 nodes
-scaled 1-1.5 s of the bench's reaction to 12-18 s, and the 64-node job then ran 80 steps (40 s) past its
-last recovery (16:36); 256 -> 512 is x2."""
-
-
-def extra_at(nodes: int, measured: list[Result], own: list[Run] | None = None) -> tuple[dict[str, float], dict[str, str]]:
-    """Per fault, the seconds of steps to keep in hand beyond its checkpoint (``Run.extra_s``), with
-    half as much again (OVERRUN_MARGIN): this size's own figure where a job of this size measured the
-    fault (``own``), else the largest smaller size's, scaled linearly to ``nodes`` (the confirmation,
-    the kill and the bench's reaction grew about so on this machine), at most MAX_SCALE times. A
-    fault that finds too few steps left is not measured; each step planned beyond what the faults
-    take is run after the last recovery. Also says, per fault, where its figure came from."""
-    out: dict[str, float] = {}
-    source: dict[str, str] = {}
-    for x in own or []:
-        if x.extra_s is not None and x.extra_s * OVERRUN_MARGIN >= out.get(x.fault, 0.0):
-            out[x.fault] = OVERRUN_MARGIN * x.extra_s
-            source[x.fault] = f"{x.extra_s:.1f} s measured at this size ({x.path})"
-    prev = next((r for r in sorted(measured, key=lambda r: r.nodes, reverse=True)
-                 if r.nodes < nodes and any(x.extra_s is not None for x in r.runs)), None)
-    for x in prev.runs if prev is not None else []:
-        if x.extra_s is None or x.fault in source and "this size" in source[x.fault]:
-            continue
-        scaled = OVERRUN_MARGIN * x.extra_s * min(MAX_SCALE, max(1.0, nodes / prev.nodes))
-        if scaled >= out.get(x.fault, 0.0):
-            out[x.fault] = scaled
-            source[x.fault] = f"{x.extra_s:.1f} s at {prev.nodes} nodes ({x.path}), scaled"
-    return out, source
-
-
 SATURATED = 3.0
 """The ranks step this many times slower than paced: the machine's cores are the limit."""
 
@@ -1755,6 +1758,7 @@ def main() -> int:
     # finally (the jobs cancelled, nodes resumed, the cluster down, the table printed)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, _stop)   # the terminal gone: the same way down
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="8,64,256,512", help="Node counts, comma-separated.")
     p.add_argument("--state-dir", default=str(REPO / ".omni" / "cluster-scale"))
@@ -1773,10 +1777,10 @@ def main() -> int:
                    "and print what was measured (a window the machine is lent in).")
     p.add_argument("--include", default="", help="A results.json of an earlier run: its sizes join the table and "
                    "the slopes (marked with that run's source), for sizes measured apart.")
-    p.add_argument("--max-steps", type=int, default=0, help="Steps of the run; 0: what the steady-state window "
-                   "and the faults need at the pace the sizes before stepped (the window's steps, then per fault "
-                   "ckpt-every + 2 s of steps + 1.5 x the seconds the ranks stepped on after that fault at the size "
-                   "before, scaled; ckpt-every + 2 s for the last life).")
+    p.add_argument("--max-steps", type=int, default=0, help="The ranks' step budget (OMNI_MAX_STEPS); 0: more "
+                   f"than the jobs' time limit ({JOB_TIME_S // 60} min) holds at --step-delay. The bench ends each run "
+                   "itself after its last fault (a finish time the light ranks read); a budget that runs out first "
+                   "says 'steps exhausted' in the checks.")
     p.add_argument("--step-delay", type=float, default=0.5, help="Seconds per light step.")
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--cpu-window", type=float, default=5.0, help="Seconds of steady state the CPU per poll is "
@@ -1817,10 +1821,9 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if any(n < SPARES + 2 for n in sizes):
         p.error(f"--sizes: every size needs at least {SPARES + 2} nodes")
-    needed, _ = step_plan(args, args.step_delay)   # the least: no fault's overrun measured yet
-    if args.max_steps and args.max_steps < needed:
-        p.error(f"--max-steps {args.max_steps}: the steady-state window and {len(args.faults)} faults, each after a "
-                f"checkpoint of its launch, need at least {needed} steps at --ckpt-every {args.ckpt_every}")
+    if args.max_steps < 0 or not args.step_delay > 0:
+        p.error(f"--max-steps {args.max_steps}, --step-delay {args.step_delay:g}: a budget >= 0 (0: the jobs' time "
+                "limit at the pace) and a pace > 0 (the finish time names the step due at it)")
     if args.stop_at:
         try:
             hh, mm = (int(x) for x in args.stop_at.split(":"))
@@ -1858,8 +1861,7 @@ def main() -> int:
                 results.append(Result(nodes=n, ranks=TASKS_PER_NODE * (n - spares), na=why, scan=scan, join_floor=floor))
                 print(f"[n={n}] n/a: {why}", flush=True)
                 continue
-            paces = [r.step_s for r in results if r.step_s]
-            size = Size(args, n, root, pace_s=max(paces, default=0.0), measured=results)
+            size = Size(args, n, root, measured=results)
             size.spent("floors", t0)
             size.result.scan = scan
             size.result.join_floor = floor
@@ -1877,10 +1879,10 @@ def main() -> int:
                 if not (args.keep_cluster and n == sizes[-1]):
                     kill_slurmds(size.cluster)
                     size.cluster.down()
-                    left = kill_leftover_steps(OWN_JOBS, Path(args.state_dir), Path(args.work))
+                    left = kill_leftovers(OWN_JOBS, Path(args.state_dir), root)
                     if left:
-                        size.log(f"killed {len(left)} slurmstepd and light ranks of this run's jobs left after the "
-                                 "cluster went down")
+                        size.log(f"killed {len(left)} processes of this run's jobs left after the cluster went down "
+                                 "(slurmstepd, light ranks, a supervisor and what it started)")
                 size.spent("down", t1)
                 size.result.elapsed_s = time.monotonic() - t0
                 loads = [x.load for x in size.result.runs if x.load]

@@ -1,5 +1,6 @@
-"""bench/scale_bench.py's pure parts: the run's steps planned from the measured pace, the slopes, and
-an earlier run's figures read back for --include (the bench itself needs a cluster: docs/in-allocation.md)."""
+"""bench/scale_bench.py's pure parts: how a job ends (bench/scale_end.py: the step budget, the finish
+time, what a wait that gave up says, the finish check), the slopes, an earlier run's figures read back
+for --include, and what the run left behind (the bench itself needs a cluster: docs/in-allocation.md)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,24 @@ from bench.scale_bench import (
     FAULTS,
     Result,
     Run,
-    extra_at,
-    extra_steps,
-    kill_leftover_steps,
+    kill_leftovers,
+    leftover,
     load_results,
     log_slope,
     run_value,
-    step_plan,
     whole_run,
     write_json,
 )
+from bench.scale_end import (
+    JOB_TIME_S,
+    beats_said,
+    finish_check,
+    finish_time,
+    step_budget,
+    unplanned,
+    wait_ended,
+)
+from slurm_omni.formats.heartbeat import HeartbeatRecord
 
 
 def _args(**kw: object) -> argparse.Namespace:
@@ -34,46 +43,54 @@ def _args(**kw: object) -> argparse.Namespace:
     return argparse.Namespace(**{**base, **kw})
 
 
-def test_steps_are_planned_at_the_pace_the_smaller_sizes_measured() -> None:
-    # paced 0.5 s: a 10-step window, then per fault (and the last life) a checkpoint and 2 s of steps
-    assert step_plan(_args(), 0.5) == (10 + (3 + 4) * 4, {"node": 4, "crash": 4, "hang": 4})
-    # ranks stepping in 2.5 s: 2 window steps and the slack's floor of 3 steps; far fewer steps to finish
-    assert step_plan(_args(), 2.5) == (2 + (3 + 3) * 4, {"node": 3, "crash": 3, "hang": 3})
+def _hb(rank: int, step: int, phase: str = "training", ckpt: int | None = None, code: int | None = None) -> HeartbeatRecord:
+    return HeartbeatRecord(rank=rank, stage=0, dp_rank=rank, pid=100 + rank, incarnation=1, job_id="7", step=step,
+                           phase=phase, time=1.0, last_checkpoint_step=ckpt, exit_code=code)
 
 
-def test_a_fault_keeps_in_hand_the_extra_steps_it_took_at_the_size_before_scaled() -> None:
-    # at 64 nodes the node loss took 2 s of steps beyond its checkpoint, the crash 0.5 s, the hang none
-    smaller = Result(nodes=64, ranks=252, runs=[Run("alloc", "node", extra_s=2.0), Run("inalloc", "node", extra_s=1.0),
-                                               Run("alloc", "crash", extra_s=0.5), Run("alloc", "hang", extra_s=0.0)])
-    extra, source = extra_at(256, [smaller])
-    assert extra == {"node": 12.0, "crash": 3.0, "hang": 0.0}   # the larger path's, x 256/64, x 1.5
-    assert source["node"] == "2.0 s at 64 nodes (alloc), scaled"
-    total, slack = step_plan(_args(), 0.5, extra)
-    assert slack == {"node": 28, "crash": 10, "hang": 4}          # (2 s + the extra) / 0.5 s
-    assert total == 10 + (3 + 28) + (3 + 10) + (3 + 4) + (3 + 4)
-    # at most x MAX_SCALE: 64 -> 512 nodes as 64 -> 256 (8 -> 64 nodes scaled noise into 40 s of idle steps)
-    assert extra_at(512, [smaller])[0] == extra
-    assert extra_at(512, []) == ({}, {})
+def test_the_budget_outlasts_the_jobs_time_limit_and_the_finish_time_is_steps_ahead() -> None:
+    # paced 0.5 s: the 1 h limit holds 7,200 steps; the ranks never step faster, so never reach it
+    assert step_budget(0.5) == 7201 and step_budget(0.5) * 0.5 > JOB_TIME_S
+    with pytest.raises(ValueError, match="pace 0"):
+        step_budget(0.0)
+    # at least 2 s and 3 paced steps after its write: a rank reads it after every step, one is enough
+    assert finish_time(100.0, 0.5) == 102.0 and finish_time(100.0, 1.0) == 103.0
 
 
-def test_a_sizes_own_figure_plans_its_next_job_unscaled() -> None:
-    """512 nodes (14:05): the plan took 256's "0 steps after the fault" while 512's node loss took
-    about 9; the second job of a size plans from the first job's own figure."""
-    smaller = Result(nodes=256, ranks=1020, runs=[Run("alloc", "node", extra_s=0.0), Run("alloc", "hang", extra_s=1.0)])
-    own = [Run("inalloc", "node", extra_s=6.0), Run("inalloc", "crash", na="timeout")]
-    extra, source = extra_at(512, [smaller], own)
-    assert extra == {"node": 9.0, "hang": 3.0}   # this size's own x 1.5; the hang from 256 x 2 x 1.5
-    assert source["node"] == "6.0 s measured at this size (inalloc)"
-    # a larger size's figures never plan a smaller one
-    assert extra_at(64, [smaller]) == ({}, {})
+def test_a_wait_that_gave_up_says_what_ended_it_and_what_the_ranks_said() -> None:
+    """23:55, 512 nodes: "did not all checkpoint step 15 within 600s" when the job had ended after
+    60 s; now the job's end, the wait's own timeout, and the ranks' steps, apart."""
+    assert wait_ended("COMPLETED", 60.4, 600) == "the job ended (COMPLETED) after 60 s of the wait's 600 s"
+    assert wait_ended("", 600.2, 600) == "timed out after 600 s"
+    beats = [_hb(0, 40, ckpt=39), _hb(1, 41, ckpt=12)]
+    assert beats_said(beats, 4, 1, 7201) == "2/4 ranks beat in launch 1: steps 40-41, the least checkpoint step 12"
+    done = [_hb(0, 56, "done", 56, 0), _hb(1, 56, "done", 56, 0)]
+    said = ("2/2 ranks beat in launch 2: steps 56-56, the least checkpoint step 56, phases done; steps exhausted: "
+            "ranks ended at their budget of 56")
+    assert beats_said(done, 2, 2, 56) == said
+    assert beats_said([], 2, 0, 56) == "no rank beat in launch 0"
 
 
-def test_the_extra_steps_of_a_fault() -> None:
-    # checkpoint 3 after base 12 waited for; the next launch restored 24: 9 steps beyond the least
-    assert extra_steps(24, 12, 3) == 9
-    # launch 0: its steady-state window's 10 steps come first
-    assert extra_steps(15, 0, 3, 10) == 2
-    assert extra_steps(12, 12, 3) == 0
+def test_the_run_finished_only_with_every_rank_done_at_one_saved_step_below_the_budget() -> None:
+    done = [_hb(r, 58, "done", 58, 0) for r in range(3)]
+    assert finish_check(done, 3, 7201) == (True, "3/3 ranks done at step 58")
+    # one rank passed the finish time's step before it read it: not one step
+    apart = [*done[:2], _hb(2, 59, "done", 59, 0)]
+    assert finish_check(apart, 3, 7201) == (False, "3/3 ranks done at steps 58-59 (2 different)")
+    # the budget ended the run, not the bench
+    assert finish_check(done, 3, 58) == (False, "3/3 ranks done at step 58 (steps exhausted: the budget is 58)")
+    assert finish_check([*done[:2], _hb(2, 58, "failed", 57, 1)], 3, 7201) == (False, "2/3 ranks done at step 58")
+    unsaved = finish_check([_hb(0, 58, "done", 57, 0)], 1, 7201)
+    assert unsaved == (False, "1/1 ranks done at step 58 (not every one saved its last step)")
+    assert finish_check([], 3, 7201) == (False, "0/3 ranks done")
+
+
+def test_a_relaunch_the_bench_did_not_cause_is_named() -> None:
+    """23:55, 512 nodes in-allocation: launch 1 confirmed a hang nobody injected (level 2 alone for
+    12.8 s at load 1,000) and launch 2 followed; the bench waited on launch 1's beats till the end."""
+    assert unplanned(4, [0, 1, 2]) == []
+    assert unplanned(4, [0, 2]) == [2]
+    assert unplanned(1, []) == []
 
 
 def test_the_whole_run_against_the_15_minute_bar() -> None:
@@ -167,7 +184,7 @@ def test_the_slurmstepd_of_the_runs_own_jobs_left_after_the_cluster_went_down_ar
     other_job = stepd("987655", state / "nodes" / "node1" / "spool")
     other_cluster = stepd("987654", other_state / "nodes" / "node1" / "spool")
     try:
-        assert kill_leftover_steps({"987654", "12"}, state, tmp_path / "work") == [ours.pid]
+        assert kill_leftovers({"987654", "12"}, state, tmp_path / "work") == [ours.pid]
         assert ours.wait(timeout=10) == -9
         assert other_job.poll() is None and other_cluster.poll() is None
     finally:
@@ -220,3 +237,36 @@ def test_the_next_launch_waits_for_the_old_ranks_only_when_two_launches_do_not_f
     assert sb.two_launches_fit(512, [Result(nodes=256, ranks=1020, memory={"rank_mib": 0.3, "slurmstepd_mib": 1.0})],
                                2 * 1024) == ""
     assert sb.two_launches_fit(512, [], 2 * 1024) == ""   # nothing measured yet: nothing to say
+
+
+def test_what_the_run_left_goes_by_its_environment_and_nothing_else_does(tmp_path: Path) -> None:
+    """An interrupted bench left the in-allocation supervisor and its srun and squeue running (each
+    reparented to init once its slurmstepd went): a process whose OMNI_ variables point into this
+    run's folder is the run's; one of another run's folder, or a slurmstepd of another cluster, not."""
+    root = b"/dev/shm/scale/20261203-0503/"
+    never = lambda: pytest.fail("a process that is no slurmstepd needs no socket")
+    env = [b"PATH=/usr/bin", b"OMNI_CKPT_DIR=/dev/shm/scale/20261203-0503/n512-inalloc/ckpt"]
+    assert leftover(["python", "-m", "slurm_omni.cli.main", "supervise"], env, {"14007"}, root, never)
+    assert leftover(["srun", "--overlap"], env, set(), root, never)
+    other = [b"OMNI_CKPT_DIR=/dev/shm/scale/20261203-0400/n8-inalloc/ckpt", b"SLURM_JOB_ID=14007"]
+    assert not leftover(["squeue"], other, {"14007"}, root, never)
+    assert not leftover(["bash"], [b"HOME=/dev/shm/scale/20261203-0503/"], {"14007"}, root, never)
+    assert leftover(["slurmstepd: [14007.batch]"], [], {"14007"}, root, lambda: True)
+    assert not leftover(["slurmstepd: [14007.0]"], [], {"14007"}, root, lambda: False)
+    assert not leftover(["slurmstepd: [14008.0]"], [], {"14007"}, root, lambda: True)
+    # a real one: killed; the same program pointing elsewhere, and this process, spared
+    run_root = tmp_path / "20261203-0503"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ours = subprocess.Popen(sleeper, env={**os.environ, "OMNI_CKPT_DIR": str(run_root / "n8-alloc" / "ckpt")})
+    theirs = subprocess.Popen(sleeper, env={**os.environ, "OMNI_CKPT_DIR": str(tmp_path / "other" / "ckpt")})
+    try:
+        for _ in range(200):   # until each has exec'd with its environment
+            if all(b"OMNI_CKPT_DIR" in Path(f"/proc/{p.pid}/environ").read_bytes() for p in (ours, theirs)):
+                break
+            subprocess.run(["sleep", "0.02"], check=True)
+        assert kill_leftovers(set(), tmp_path / "cluster", run_root) == [ours.pid]
+        assert ours.wait(timeout=10) == -9 and theirs.poll() is None
+    finally:
+        for p in (ours, theirs):
+            p.kill()
+            p.wait()
