@@ -364,20 +364,21 @@ def leftover(argv: list[str], environ: list[bytes], jobs: set[str], root: bytes,
     return any(e.startswith(b"OMNI_") and root in e for e in environ)
 
 
-def kill_leftovers(jobs: set[str], state_dir: Path, root: Path) -> list[int]:
+def kill_leftovers(jobs: set[str], state_dir: Path, root: Path) -> dict[int, str]:
     """SIGKILL what this run left running after a size's cluster went down (``leftover``), never
     this process or its parents: a step killed late outlived the 11:00 512-node run's cluster and
     spoke to the next cluster's node of the same name and port ("Orphan StepId=4101.0 reported on node
     node335"); that run's relaunch then dropped node335 too. A slurmstepd's SIGKILL leaves its tasks
     running (each a process group of its own, reparented to init), and an interrupted bench left the
-    in-allocation supervisor with its srun and squeue: those go by their environment."""
+    in-allocation supervisor with its srun and squeue: those go by their environment. Returns what
+    it killed: pid -> the program's name."""
     try:
         ours_sockets = socket_inodes_under(Path("/proc/net/unix").read_text(), state_dir.resolve())
     except OSError:
         ours_sockets = set()
     prefix = (str(root.resolve()).rstrip("/") + "/").encode()
     spared = {os.getpid(), *ancestors()}
-    killed = []
+    killed: dict[int, str] = {}
     for pid in pids():
         if pid in spared:
             continue
@@ -385,12 +386,15 @@ def kill_leftovers(jobs: set[str], state_dir: Path, root: Path) -> list[int]:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:   # gone, or not ours to read
             env = []
-        if leftover(cmdline(pid), env, jobs, prefix, lambda pid=pid: holds_socket(pid, ours_sockets)):
+        argv = cmdline(pid)
+        if leftover(argv, env, jobs, prefix, lambda pid=pid: holds_socket(pid, ours_sockets)):
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
             except OSError:
-                pass
+                continue
+            name = argv[0].split(":")[0] if argv else "?"
+            killed[pid] = ("supervisor" if "supervise" in argv else "light rank" if is_light_rank(argv)
+                           else Path(name).name)
     return killed
 
 
@@ -1881,8 +1885,9 @@ def main() -> int:
                     size.cluster.down()
                     left = kill_leftovers(OWN_JOBS, Path(args.state_dir), root)
                     if left:
-                        size.log(f"killed {len(left)} processes of this run's jobs left after the cluster went down "
-                                 "(slurmstepd, light ranks, a supervisor and what it started)")
+                        kinds = sorted({k: sum(v == k for v in left.values()) for k in left.values()}.items())
+                        size.log(f"killed {len(left)} processes of this run left after the cluster went down: "
+                                 + ", ".join(f"{k} {n}" for k, n in kinds))
                 size.spent("down", t1)
                 size.result.elapsed_s = time.monotonic() - t0
                 loads = [x.load for x in size.result.runs if x.load]

@@ -184,7 +184,7 @@ def test_the_slurmstepd_of_the_runs_own_jobs_left_after_the_cluster_went_down_ar
     other_job = stepd("987655", state / "nodes" / "node1" / "spool")
     other_cluster = stepd("987654", other_state / "nodes" / "node1" / "spool")
     try:
-        assert kill_leftovers({"987654", "12"}, state, tmp_path / "work") == [ours.pid]
+        assert list(kill_leftovers({"987654", "12"}, state, tmp_path / "work")) == [ours.pid]
         assert ours.wait(timeout=10) == -9
         assert other_job.poll() is None and other_cluster.poll() is None
     finally:
@@ -264,7 +264,7 @@ def test_what_the_run_left_goes_by_its_environment_and_nothing_else_does(tmp_pat
             if all(b"OMNI_CKPT_DIR" in Path(f"/proc/{p.pid}/environ").read_bytes() for p in (ours, theirs)):
                 break
             subprocess.run(["sleep", "0.02"], check=True)
-        assert kill_leftovers(set(), tmp_path / "cluster", run_root) == [ours.pid]
+        assert kill_leftovers(set(), tmp_path / "cluster", run_root) == {ours.pid: Path(sys.executable).name}
         assert ours.wait(timeout=10) == -9 and theirs.poll() is None
     finally:
         for p in (ours, theirs):
