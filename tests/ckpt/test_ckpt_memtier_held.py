@@ -409,7 +409,22 @@ def test_both_loops_land_the_same_bytes_with_the_same_xxh3(loop: str) -> None:
     assert e.value.errno == errno.EFAULT
 
 
-def test_a_batch_reads_every_piece_and_stops_at_the_first_bad_one(tmp_path: Path) -> None:
+@pytest.fixture
+def c_loop(tmp_path: Path) -> Iterator[None]:
+    """The C loop built into ``tmp_path`` and the one ``held`` uses for the test (skips where it does not build)."""
+    try:
+        held_native.build(tmp_path)
+    except held_native.BuildError as e:
+        pytest.skip(str(e))
+    lib, why = held_native.load(tmp_path)
+    assert lib is not None, why
+    old = list(held._NATIVE)
+    held._NATIVE[:] = [lib]
+    yield
+    held._NATIVE[:] = old
+
+
+def test_a_batch_reads_every_piece_and_stops_at_the_first_bad_one(c_loop: None) -> None:
     """``read_batch`` (the C loop's whole plan): every piece lands where asked and matches its xxh3, on
     one thread or several; a piece whose xxh3 is not the one given is MISMATCH, and on one thread
     nothing after it is read; a keeper gone is its errno (ESRCH) for the piece that found it."""
@@ -417,84 +432,62 @@ def test_a_batch_reads_every_piece_and_stops_at_the_first_bad_one(tmp_path: Path
 
     import xxhash
 
-    try:
-        held_native.build(tmp_path)
-    except held_native.BuildError as e:
-        pytest.skip(str(e))
-    lib, why = held_native.load(tmp_path)
-    assert lib is not None, why
-    old = list(held._NATIVE)
-    held._NATIVE[:] = [lib]
-    try:
-        src = bytearray(os.urandom(1 << 20))
-        at = ctypes.addressof(ctypes.c_char.from_buffer(src))
-        spans = [(0, 0), (0, 5), (5, 70000), (70000, 70001), (70001, 500000), (500000, len(src))]
-        dst = [bytearray(max(1, hi - lo)) for lo, hi in spans]
+    src = bytearray(os.urandom(1 << 20))
+    at = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    spans = [(0, 0), (0, 5), (5, 70000), (70000, 70001), (70001, 500000), (500000, len(src))]
+    dst = [bytearray(max(1, hi - lo)) for lo, hi in spans]
 
-        def plan(wrong: int | None = None, pid: int = os.getpid()) -> list[tuple[int, int, int, int, int]]:
-            return [(at + lo, ctypes.addressof(ctypes.c_char.from_buffer(d)), hi - lo,
-                     int(xxhash.xxh3_64(bytes(src[lo:hi])).hexdigest(), 16) ^ (k == wrong), pid)
-                    for k, ((lo, hi), d) in enumerate(zip(spans, dst, strict=True))]
+    def plan(wrong: int | None = None, pid: int = os.getpid()) -> list[tuple[int, int, int, int, int]]:
+        return [(at + lo, ctypes.addressof(ctypes.c_char.from_buffer(d)), hi - lo,
+                 int(xxhash.xxh3_64(bytes(src[lo:hi])).hexdigest(), 16) ^ (k == wrong), pid)
+                for k, ((lo, hi), d) in enumerate(zip(spans, dst, strict=True))]
 
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            for threads in (1, 3):
-                for d in dst:
-                    d[:] = bytes(len(d))
-                assert held.read_batch(plan(), threads=threads, helpers=pool, step=4096) == [0] * len(spans)
-                assert all(d[:hi - lo] == src[lo:hi] for (lo, hi), d in zip(spans, dst, strict=True))
-            assert held.read_batch(plan(wrong=2), threads=1, helpers=None, step=4096) == \
-                [0, 0, held.MISMATCH] + [held.NOT_READ] * 3
-            status = held.read_batch(plan(wrong=2), threads=3, helpers=pool, step=4096)
-            assert status[2] == held.MISMATCH and set(status[:2] + status[3:]) <= {0, held.NOT_READ}, status
-            gone = held.read_batch(plan(pid=2**22 + 7), threads=1, helpers=None)
-            assert gone[0] == 0 and gone[1] == errno.ESRCH and gone[2:] == [held.NOT_READ] * 4   # (0 bytes: no read)
-    finally:
-        held._NATIVE[:] = old
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for threads in (1, 3):
+            for d in dst:
+                d[:] = bytes(len(d))
+            assert held.read_batch(plan(), threads=threads, helpers=pool, step=4096) == [0] * len(spans)
+            assert all(d[:hi - lo] == src[lo:hi] for (lo, hi), d in zip(spans, dst, strict=True))
+        assert held.read_batch(plan(wrong=2), threads=1, helpers=None, step=4096) == \
+            [0, 0, held.MISMATCH] + [held.NOT_READ] * 3
+        status = held.read_batch(plan(wrong=2), threads=3, helpers=pool, step=4096)
+        assert status[2] == held.MISMATCH and set(status[:2] + status[3:]) <= {0, held.NOT_READ}, status
+        gone = held.read_batch(plan(pid=2**22 + 7), threads=1, helpers=None)
+        assert gone[0] == 0 and gone[1] == errno.ESRCH and gone[2:] == [held.NOT_READ] * 4   # (0 bytes: no read)
 
 
-def test_a_plans_helpers_read_what_is_published_while_it_is_still_planned(tmp_path: Path) -> None:
+def test_a_plans_helpers_read_what_is_published_while_it_is_still_planned(c_loop: None) -> None:
     """``Plan``: the helpers wait in C for pieces and read each one once published, before ``run``;
     a plan left early (an error while planning) stops them: nothing hangs, nothing more is read."""
     import concurrent.futures
 
     import xxhash
 
-    try:
-        held_native.build(tmp_path)
-    except held_native.BuildError as e:
-        pytest.skip(str(e))
-    lib, why = held_native.load(tmp_path)
-    assert lib is not None, why
-    old = list(held._NATIVE)
-    held._NATIVE[:] = [lib]
     src = bytearray(os.urandom(4 * 65536))
     at = ctypes.addressof(ctypes.c_char.from_buffer(src))
     want = [int(xxhash.xxh3_64(bytes(src[k * 65536:(k + 1) * 65536])).hexdigest(), 16) for k in range(4)]
-    try:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            dst = [bytearray(65536) for _ in range(4)]
-            with held.Plan(4, threads=3, helpers=pool, step=4096) as plan:
-                for k in range(2):
-                    plan.add(at + k * 65536, ctypes.addressof(ctypes.c_char.from_buffer(dst[k])), 65536, want[k],
-                             os.getpid())
-                plan.publish()
-                deadline = time.monotonic() + 30
-                while dst[1] != src[65536:2 * 65536] and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert dst[0] == src[:65536] and dst[1] == src[65536:2 * 65536]   # read before run()
-                for k in range(2, 4):
-                    plan.add(at + k * 65536, ctypes.addressof(ctypes.c_char.from_buffer(dst[k])), 65536, want[k],
-                             os.getpid())
-                assert plan.run() == [0] * 4
-            assert b"".join(dst) == src
-            dst = [bytearray(65536) for _ in range(2)]
-            started = time.monotonic()
-            with pytest.raises(RuntimeError), held.Plan(4, threads=3, helpers=pool) as plan:
-                plan.add(at, ctypes.addressof(ctypes.c_char.from_buffer(dst[0])), 65536, want[0], os.getpid())
-                raise RuntimeError("planning failed")
-            assert time.monotonic() - started < 10 and dst[0] == bytes(65536)   # never published: not read
-    finally:
-        held._NATIVE[:] = old
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        dst = [bytearray(65536) for _ in range(4)]
+        with held.Plan(4, threads=3, helpers=pool, step=4096) as plan:
+            for k in range(2):
+                plan.add(at + k * 65536, ctypes.addressof(ctypes.c_char.from_buffer(dst[k])), 65536, want[k],
+                         os.getpid())
+            plan.publish()
+            deadline = time.monotonic() + 30
+            while dst[1] != src[65536:2 * 65536] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert dst[0] == src[:65536] and dst[1] == src[65536:2 * 65536]   # read before run()
+            for k in range(2, 4):
+                plan.add(at + k * 65536, ctypes.addressof(ctypes.c_char.from_buffer(dst[k])), 65536, want[k],
+                         os.getpid())
+            assert plan.run() == [0] * 4
+        assert b"".join(dst) == src
+        dst = [bytearray(65536) for _ in range(2)]
+        started = time.monotonic()
+        with pytest.raises(RuntimeError), held.Plan(4, threads=3, helpers=pool) as plan:
+            plan.add(at, ctypes.addressof(ctypes.c_char.from_buffer(dst[0])), 65536, want[0], os.getpid())
+            raise RuntimeError("planning failed")
+        assert time.monotonic() - started < 10 and dst[0] == bytes(65536)   # never published: not read
 
 
 def test_a_restore_from_the_keeper_loads_in_place_into_the_models_tensors(
