@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from slurm_omni.slurm.hostlist import compress, expand
-from slurm_omni.slurm.parse_text import nodes_from_records, parse_records, parse_topology
+from slurm_omni.slurm.parse_text import (
+    SINFO_ONE_NODE,
+    nodes_from_records,
+    nodes_from_sinfo,
+    parse_records,
+    parse_topology,
+)
 from slurm_omni.slurm.runner import CommandRunner
 from slurm_omni.slurm.types import Node, Topology
 
@@ -55,6 +61,26 @@ class AllocationView:
         addrs = {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records}
         self._addrs.update(addrs)
         return nodes_from_records(records, self.topology()), feats, addrs
+
+    def node_alone(self, name: str, timeout_s: float = 10.0) -> list[Node]:
+        """One node's state, reason, CPUs, gres and partitions, nothing of the others': ``sinfo
+        --nodes=NAME`` of one name asks slurmctld for that node's record alone, so the answer does not
+        grow with the cluster (``scontrol show node NAME`` loads every node's: issue 19). Empty when
+        Slurm does not know it."""
+        text = self.runner.run(["sinfo", "--noheader", "--Node", f"--nodes={name}", f"--Format={SINFO_ONE_NODE}"],
+                               timeout_s=timeout_s).stdout
+        return nodes_from_sinfo(text, self.topology())
+
+    def failed_among(self, names: Sequence[str], timeout_s: float = 10.0) -> list[Node]:
+        """Those of ``names`` that are down, drained or draining, failing or not responding (``sinfo
+        --states``): what a relaunch must leave out, as one short answer (slurmctld sends every node,
+        sinfo prints these; the supervisor parses a few lines, not every node's record)."""
+        if not names:
+            return []
+        text = self.runner.run(["sinfo", "--noheader", "--Node", f"--nodes={compress(names)}",
+                                "--states=down,drain,fail,no_respond", f"--Format={SINFO_ONE_NODE}"],
+                               timeout_s=timeout_s).stdout
+        return nodes_from_sinfo(text, self.topology())
 
     def address(self, name: str) -> str:
         """The node's NodeAddr: from an earlier :meth:`node_info` (addresses do not change while the

@@ -1,4 +1,5 @@
-"""Pure parsers of ``scontrol show`` text (Slurm 22.05 has no ``scontrol --json``)."""
+"""Pure parsers of ``scontrol show`` text (Slurm 22.05 has no ``scontrol --json``), and of the one
+node's ``sinfo`` line that a confirmation reads (:data:`SINFO_ONE_NODE`)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,37 @@ def nodes_from_records(records: list[dict[str, str]], topology: Topology | None 
             switch_path=topology.switch_path(name) if topology else (),
         ))
     return nodes
+
+
+SINFO_ONE_NODE = "NodeList:0|,StateComplete:0|,CPUs:0|,Gres:0|,Partition:0|,Reason:0"
+"""``sinfo --noheader --Node --nodes=NAME --Format=...`` of one node: slurmctld sends that node's record
+alone (``slurm_load_node_single``), where ``scontrol show node NAME`` loads every node of the cluster
+and the partitions to print one (Slurm 22.05: 24 KB for 64 nodes, issue 19). One line per partition
+the node is in; the reason last, since it may hold the separator. Given a suffix, sinfo 22.05 neither
+pads nor cuts a field."""
+
+
+def nodes_from_sinfo(text: str, topology: Topology | None = None) -> list[Node]:
+    """:data:`SINFO_ONE_NODE`'s lines -> nodes, as :func:`nodes_from_records` makes them from
+    ``scontrol show node`` (its lines of one node merged: their partitions)."""
+    by_name: dict[str, list[str]] = {}
+    parts: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|", 5)
+        if len(fields) != 6 or not fields[0] or not fields[1]:
+            raise SlurmError(f"sinfo: couldn't parse a node line: {line[:80]!r} (expected 6 fields separated by |)")
+        by_name.setdefault(fields[0], fields)
+        part = fields[4].rstrip("*")   # the default partition's mark
+        if part and part not in parts.setdefault(fields[0], []):
+            parts[fields[0]].append(part)
+    records = []
+    for name, (_, state, cpus, gres, _, reason) in by_name.items():
+        records.append({"NodeName": name, "State": state.upper(), "CPUTot": cpus if cpus.isdigit() else "0",
+                        "Gres": "" if gres == "(null)" else gres, "Partitions": ",".join(parts.get(name, [])),
+                        "Reason": "" if reason.strip() == "none" else reason.strip()})
+    return nodes_from_records(records, topology)
 
 
 _SALLOC_JOB = re.compile(r"^salloc: (?:Pending|Granted) job allocation (\d+)\s*$", re.MULTILINE)

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -296,6 +297,9 @@ class Supervisor:
         self._ended: _Ended | None = None
         self._known = KnownStates()
         """The job's and nodes' states the current launch's watch read (for the relaunch)."""
+        self._reads: NodeReads | None = None
+        self._report_at: float | None = None
+        """When srun last reported a task's exit (the supervisor's clock), its job read asked then."""
         self._prefetched: tuple[int, tuple[str, list[Node]]] | None = None
         """(launch, its job's and nodes' states) read at the confirmation, before the kill."""
         """What the current launch's end left (for its plan and its hand-over)."""
@@ -579,9 +583,17 @@ class Supervisor:
         # holds up neither srun's other reports nor the heartbeats, and the rule confirms on whichever
         # second signal comes first. Beside the loop a late answer holds nothing up: each read waits
         # SLOW_SLURM_S (512 nodes at load 450+: the named node's read did not finish within 10 s)
+        # A node srun named is read alone (its record, not the cluster's); the step's id is learned
+        # beside the loop, so the kill after a confirmation asks Slurm nothing first (issue 19)
+        known_id = self._observer.step_id if self._observer is not None else ""
+        job, name = self._proc_job, self._step_name(cur)
+        self._report_at = None
         reads = NodeReads(lambda names: self.slurm.node_info(names, timeout_s=SLOW_SLURM_S)[0], self.clock,
-                          job_state=lambda: self.slurm.job_state(timeout_s=SLOW_SLURM_S))
-        self._known = KnownStates()
+                          job_state=lambda: self.slurm.job_state(timeout_s=SLOW_SLURM_S),
+                          read_one=lambda node: self.slurm.node_alone(node, timeout_s=SLOW_SLURM_S),
+                          step_id=None if known_id or job != self._alloc_id
+                          else lambda: job_step_names(self.runner, job).get(name, ""))
+        self._known, self._reads = KnownStates(), reads
         launch_nodes = frozenset(cur.layout.nodes)
         asked: set[str] = set()
 
@@ -596,6 +608,11 @@ class Supervisor:
                     and self.state.phase is not Phase.CONFIRMING:
                 asked.add(event.node)
                 reads.ask([event.node], full=False)
+            elif event.kind == "task_exit" and not asked and self.state.phase is not Phase.CONFIRMING:
+                # the job's and nodes' states for the relaunch, asked after this report
+                # (``_prefetch_states``); not beside a node's loss, whose own read stands
+                self._report_at = self.clock()
+                reads.ask_job((*cur.layout.nodes, *cur.layout.spares), self.slurm.failed_among)
 
         logs = [lg for lg in (self._step_log, *(x.log for x in self._extra)) if lg is not None]
         for lg in logs:
@@ -645,6 +662,7 @@ class Supervisor:
                 heard = True
                 self._late(cur, "Slurm's answer", answer.answered_at, self.clock())
                 self._known.take(answer)
+                observer.step_id = observer.step_id or answer.step_id
                 if not answer.full:
                     log.debug("supervisor: Slurm's state of %s answered %.3f s after it was asked",
                               compress([n.name for n in answer.nodes]), answer.answered_at - answer.asked_at)
@@ -800,27 +818,45 @@ class Supervisor:
         a slurmctld that does not answer leaves it to :meth:`_after`, without holding up the kill.
         The watch's reads of the last :data:`KNOWN_FRESH_S` give the nodes' states when they cover
         every node (the lost node: srun's report or its own read decides); the job's state too when
-        the rule confirmed a node lost, or a hang (its ranks' beats alone), else it is asked (``squeue``
-        of the one job: a step that ends, or a task that exits, because the job was cancelled must not
-        be relaunched on a state read before)."""
+        the rule confirmed a node lost, or a hang (its ranks' beats alone). Else the job's state and
+        which nodes failed are read after the failure's first report (a task that exits because the job
+        was cancelled, or because a peer's node went down before srun says so, must not be relaunched
+        on states read before it; at 8 nodes srun reported the loss 40+ ms after the peer's exit): by
+        the read started at srun's report of a task's exit, waited for if it is still under way, else
+        now; two short answers either way (``squeue`` of the job, ``sinfo`` of the failed nodes)."""
         names = (*cur.layout.nodes, *cur.layout.spares)
         known = self._known.recent(names, self.clock(), KNOWN_FRESH_S)
         latched = (self._observer or self._observe(cur)).confirmer.latched
+        mine = latched is not None and (latched.cause in HARD_KINDS or not latched.signals)
         if known is not None:
             try:
-                mine = latched is not None and (latched.cause in HARD_KINDS or not latched.signals)
-                state = known[0] if mine else self.slurm.job_state()
+                state, failed = (known[0], []) if mine else self._states_since_fault(names)
             except SlurmError as e:
                 log.warning("supervisor: launch %d: couldn't read the job's state before the kill (%s): after it",
                             cur.number, e)
                 return
-            self._prefetched = (cur.number, (state, known[1]))
-            log.debug("supervisor: launch %d: the nodes' states for the relaunch as the watch read them", cur.number)
+            now_failed = {n.name: n for n in failed}
+            self._prefetched = (cur.number, (state, [now_failed.get(n.name, n) for n in known[1]]))
+            log.debug("supervisor: launch %d: the nodes' states for the relaunch as the watch read them%s", cur.number,
+                      "" if mine else f", {len(failed)} failed since the fault")
             return
         try:
             self._prefetched = (cur.number, self.slurm.job_state_and_nodes(names))
         except SlurmError as e:
             log.warning("supervisor: launch %d: couldn't read the states before the kill (%s): after it", cur.number, e)
+
+    def _states_since_fault(self, names: Sequence[str]) -> tuple[str, list[Node]]:
+        """The job's state and which of ``names`` failed, read after the failure's first report: from
+        the read started at srun's last report of a task's exit (under way since before the rule
+        confirmed), else asked now (the first signal was a rank's beat)."""
+        reads, at = self._reads, self._report_at
+        got = reads.job_since(at, timeout_s=10.0) if reads is not None and at is not None else None
+        if got is not None:
+            return got
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            state = pool.submit(self.slurm.job_state)
+            failed = pool.submit(self.slurm.failed_among, names)
+            return state.result(), failed.result()
 
     def _job_state_and_nodes(self, names: Sequence[str]) -> tuple[str, list[Node]]:
         """The job's state and its nodes' for the relaunch; a slurmctld that does not answer within

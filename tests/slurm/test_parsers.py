@@ -9,7 +9,7 @@ import pytest
 from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.gres import parse_gres
 from slurm_omni.slurm.parse_json import parse_sinfo_json, parse_squeue_json
-from slurm_omni.slurm.parse_text import parse_nodes, parse_salloc_job_id, parse_topology
+from slurm_omni.slurm.parse_text import nodes_from_sinfo, parse_nodes, parse_salloc_job_id, parse_topology
 from slurm_omni.slurm.states import job_state, node_state, split_node_state
 from slurm_omni.slurm.types import Gres, JobState, NodeState
 
@@ -120,3 +120,39 @@ def test_bad_json(text: str) -> None:
 ])
 def test_salloc_job_id(text: str, job_id: int | None) -> None:
     assert parse_salloc_job_id(text) == job_id
+
+
+def test_sinfo_one_node_lines_recorded() -> None:
+    """``sinfo --Node --nodes=NAME --Format=SINFO_ONE_NODE`` of three nodes (22.05, recorded): a line per
+    partition, merged; the reason may hold the separator; "none" is no reason."""
+    nodes = {n.name: n for n in nodes_from_sinfo(read("sinfo_one_node.txt"))}
+    assert list(nodes) == ["node60", "node61", "node2"]
+    down, drained, busy = nodes["node60"], nodes["node61"], nodes["node2"]
+    assert (down.state, down.slurm_state, down.reason) == (NodeState.DOWN, "DOWN", "lost | by drill")
+    assert down.partitions == ("debug", "vision", "text") and down.cpus == 4 and down.gres == ()
+    assert (drained.state, drained.flags, drained.reason) == (NodeState.DRAINED, frozenset({"DRAIN"}), "drained by admin")
+    assert (busy.state, busy.reason) == (NodeState.MIXED, "")
+
+
+@pytest.mark.parametrize(("line", "state", "gres"), [
+    ("n1|allocated+drain|8|gpu:h100:4(S:0)|p|why", NodeState.DRAINING, (Gres("gpu", "h100", 4),)),
+    ("n1|down+not_responding|8|(null)|p*|Not responding", NodeState.DOWN, ()),
+    ("n1|idle*|8|(null)|p|none", NodeState.NOT_RESPONDING, ()),
+    ("n1|idle+fail|8|(null)|p|bad gpu", NodeState.FAIL, ()),
+])
+def test_sinfo_one_node_states(line: str, state: NodeState, gres: tuple[Gres, ...]) -> None:
+    (node,) = nodes_from_sinfo(line + "\n")
+    assert (node.name, node.state, node.gres) == ("n1", state, gres)
+
+
+def test_sinfo_one_node_switch_path_and_nothing() -> None:
+    topo = parse_topology(read("topology.txt"))
+    (node,) = nodes_from_sinfo("node6|idle|4|(null)|debug*|none\n", topo)
+    assert node.switch_path == ("root", "leaf2")
+    assert nodes_from_sinfo("") == []   # a node Slurm does not know: sinfo prints nothing
+
+
+@pytest.mark.parametrize("text", ["node1|idle|4\n", "|idle|4|(null)|p|none\n", "node1||4|(null)|p|none\n"])
+def test_sinfo_one_node_bad_line(text: str) -> None:
+    with pytest.raises(SlurmError, match="sinfo: couldn't parse a node line"):
+        nodes_from_sinfo(text)

@@ -92,3 +92,84 @@ def test_a_read_that_fails_answers_nothing_and_frees_the_poll_and_close_drops_la
     ctld2.release(["n2"])
     threading.Event().wait(0.1)
     assert reads.answers() == [] and not reads.ask(["n2"], full=False)
+
+
+def test_named_nodes_are_read_one_by_one_and_the_poll_reads_them_together() -> None:
+    ctld, clock = _Slurmctld(), _Clock()
+    alone: list[str] = []
+
+    def read_one(name: str) -> list[Node]:
+        alone.append(name)
+        return [Node(name, NodeState.DOWN, "DOWN")]
+
+    reads = NodeReads(ctld.read, clock, read_one=read_one)
+    assert reads.ask(["n3", "n5"], full=False)
+    (named,) = _wait(reads, 1)
+    assert alone == ["n3", "n5"] and [n.name for n in named.nodes] == ["n3", "n5"] and not named.full
+    assert ctld.asked == []   # the named read never loaded the launch's nodes
+    ctld.release(["n1", "n3"])
+    assert reads.ask(["n1", "n3"], full=True)
+    (full,) = _wait(reads, 1)
+    assert full.full and ctld.asked == [("n1", "n3")] and alone == ["n3", "n5"]
+    reads.close()
+
+
+def test_the_step_id_is_asked_with_the_full_reads_until_it_is_known() -> None:
+    ctld, clock = _Slurmctld(), _Clock()
+    ctld.release(["n1"])
+    answers = iter(["", "4001.3"])
+    asked: list[int] = []
+
+    def step_id() -> str:
+        asked.append(1)
+        return next(answers)
+
+    reads = NodeReads(ctld.read, clock, step_id=step_id)
+    got = []
+    for _ in range(3):
+        assert reads.ask(["n1"], full=True)
+        got += _wait(reads, 1)
+    assert [a.step_id for a in got] == ["", "4001.3", ""]   # the step not listed yet, then its id, then not asked
+    assert len(asked) == 2
+    assert reads.ask(["n1"], full=False)
+    assert _wait(reads, 1)[0].step_id == ""   # a named read does not ask it
+    reads.close()
+
+
+def test_the_job_read_asked_at_a_report_answers_only_for_reports_before_it() -> None:
+    ctld, clock = _Slurmctld(), _Clock()
+    gate = threading.Event()
+    ctld.release(["n1", "n3"])
+
+    def job_state() -> str:
+        gate.wait(10)
+        return "RUNNING"
+
+    reads = NodeReads(ctld.read, clock, job_state=job_state)
+    assert reads.job_since(99.0, timeout_s=0) is None   # none asked
+    clock.now = 101.0
+    def failed(names: Sequence[str]) -> list[Node]:
+        return [n for n in ctld.read(names) if n.state.failed]
+
+    assert reads.ask_job(["n1", "n3"], failed)
+    assert not reads.ask_job(["n1", "n3"], failed)   # one in flight
+    assert reads.job_since(101.0, timeout_s=0) is None   # not answered yet, not waited for
+    gate.set()
+    got = reads.job_since(100.5, timeout_s=10)   # asked after the report at 100.5
+    assert got is not None and got[0] == "RUNNING"
+    assert [(n.name, n.state) for n in got[1]] == [("n3", NodeState.DOWN)]
+    assert reads.job_since(101.5, timeout_s=10) is None   # a report after it: the caller asks anew
+    assert reads.answers() == []   # not the poll's answer
+    assert NodeReads(ctld.read, clock).ask_job(["n1"], failed) is False   # no job_state to read with
+    reads.close()
+
+
+def test_a_job_read_that_fails_answers_none() -> None:
+    ctld, clock = _Slurmctld(), _Clock()
+    ctld.fail.add(("n1",))
+    ctld.release(["n1"])
+    reads = NodeReads(ctld.read, clock, job_state=lambda: "RUNNING")
+    assert reads.ask_job(["n1"], ctld.read)
+    assert reads.job_since(100.0, timeout_s=10) is None
+    assert reads.ask_job(["n1"], ctld.read)   # done: another may start
+    reads.close()
