@@ -178,7 +178,8 @@ class NodeReads:
 
 
 class _JobRead:
-    """One read of the job's state and its failed nodes, and its answer once it came."""
+    """One read of the job's state and its failed nodes, the two commands side by side, and its
+    answer once both came."""
 
     def __init__(self, asked_at: float) -> None:
         self.asked_at = asked_at
@@ -187,11 +188,23 @@ class _JobRead:
 
     def run(self, job_state: Callable[[], str], read: Callable[[Sequence[str]], Sequence[Node]],
             names: tuple[str, ...]) -> None:
+        failed: list[Node] | None = None
+
+        def read_failed() -> None:
+            nonlocal failed
+            try:
+                failed = list(read(names))
+            except (SlurmError, OSError) as e:
+                log.warning("supervisor: couldn't read which nodes failed: %s", e)
+
+        beside = threading.Thread(target=read_failed, daemon=True, name="omni-job-read")
+        beside.start()
         try:
             state = job_state()
-            if state:
-                self.answer = state, list(read(names))
         except (SlurmError, OSError) as e:
-            log.warning("supervisor: couldn't read the job's and its nodes' states: %s", e)
-        finally:
-            self.done.set()
+            log.warning("supervisor: couldn't read the job's state: %s", e)
+            state = ""
+        beside.join()
+        if state and failed is not None:
+            self.answer = state, failed
+        self.done.set()
