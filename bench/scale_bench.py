@@ -234,6 +234,11 @@ class Run:
     cpu_share: dict[str, Any] = field(default_factory=dict)
     """Fault -> first step: ``seconds``, CPU seconds per process class (``cpu``) and processes per
     class (``procs``), from bench/cpu_share.py's sampler."""
+    fault_cmd_s: float | None = None
+    """The fault's own Slurm command, from ``fault_at`` to its end (a node loss: ``scontrol update
+    state=DOWN``, whose start ``fault_at`` is): slurmctld has the node DOWN somewhere inside it, so
+    no report of the loss can come before its RPC, and at 512 nodes the command's own start (exec, the
+    slurm.conf parse) was part of "srun's report +0.12 s"."""
 
 
 @dataclass
@@ -1008,6 +1013,7 @@ class Job:
         run.fault_at = time.time()
         t0 = time.monotonic()
         what = self.inject(fault, inc, la.layout)
+        run.fault_cmd_s = time.monotonic() - t0 if fault == "node" else None
         self.log(f"launch {k}: {fault}: {what} (load {run.load:.1f})")
         why = self.wait(lambda: (la := self.launches())[-1].number > k and la[-1].first_step_at, args.timeout)
         size.spent("recovery", t0)
@@ -1114,6 +1120,8 @@ class Job:
         if conf is not None:
             run.confirmed_by = [*conf.reasons[:1], *(f"{x.source} {x.kind}{' ' + x.node if x.node else ''} "
                                                     f"+{x.at - run.fault_at:.2f}" for x in conf.signals)]
+            if run.fault_cmd_s is not None:
+                run.confirmed_by.append(f"the fault's own scontrol update ended +{run.fault_cmd_s:.2f}")
             for m in _ANSWERED.finditer(self.supervisor_log()):   # the read srun's report asked for
                 at = time.mktime(time.strptime(m["at"], "%Y-%m-%d %H:%M:%S")) + int(m["ms"]) / 1000
                 if run.fault_at <= at <= (conf.confirmed_at or at) + 1.0:
