@@ -73,11 +73,13 @@ def test_a_node_loss_decides_on_the_watched_states_without_asking_slurm(tmp_path
     assert nxt.removed == (f"node{nodes}",) and nxt.added == (f"node{nodes + 1}",)
 
 
-def test_a_crash_asks_only_the_jobs_state_and_relaunches_in_place(tmp_path: Path) -> None:
-    """A step that ends with a task's exit may end because the job was cancelled: the job's state is
-    asked (one squeue), the nodes' come from the watch's reads."""
+def test_a_crash_asks_only_the_jobs_state_and_the_failed_nodes_and_relaunches_in_place(tmp_path: Path) -> None:
+    """A step that ends with a task's exit may end because the job was cancelled, or because a peer's
+    node went down before srun says so: the job's state (one squeue) and the failed nodes (one sinfo
+    of the few, side by side) are read after it; the other nodes' states come from the watch's reads."""
     got = one_decide(8, tmp_path, fault="crash")
-    assert got["commands"] == ["squeue --noheader --jobs=4242", "scancel --signal=KILL (started)"]
+    assert sorted(got["commands"][:2]) == ["sinfo --noheader --Node", "squeue --noheader --jobs=4242"]
+    assert got["commands"][2:] == ["scancel --signal=KILL (started)"]
     assert "node8" in got["next"].layout.nodes and got["next"].removed == ()
 
 
