@@ -641,19 +641,51 @@ class KeeperClient:
                         raise KeeperUnreachable(errno.ECONNREFUSED, f"no keeper answers on {self.path}: {e}") from e
         raise KeeperUnreachable(errno.ECONNREFUSED, f"no keeper answers on {self.path}")
 
+    def ask_soon(self, op: str, *, names: list[str] | None = None) -> Callable[[], HoldReply]:
+        """Ask now, on a connection of its own, and return what reads the answer: the keeper answers
+        while this process does other work (a restore parses its manifest meanwhile). Where the
+        question could not be sent or its answer read, the reader asks again as ``ask`` does
+        (``KeeperUnreachable`` when none answers)."""
+        req = HoldRequest(op=op, job=self.job, names=names or [])  # type: ignore[arg-type]
+        sock: socket.socket | None = None
+        try:
+            sock = self._open()
+            _send(sock, req)
+        except (OSError, ConnectionError):
+            if sock is not None:
+                sock.close()
+            sock = None
+
+        def answer() -> HoldReply:
+            if sock is not None:
+                try:
+                    reply = _recv(sock, HoldReply)
+                    if isinstance(reply, HoldReply):
+                        return reply
+                except (OSError, ConnectionError, RecordRejected):
+                    pass
+                finally:
+                    sock.close()
+            return self.ask(op, names=names)
+
+        return answer
+
+    def _open(self) -> socket.socket:
+        st = os.lstat(self.path)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+            raise ConnectionRefusedError(f"{self.path} is not a socket of ours")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(_TIMEOUT_S)
+        try:
+            sock.connect(str(self.path))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
     def _connect(self) -> socket.socket:
         if self._sock is None:
-            st = os.lstat(self.path)
-            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
-                raise ConnectionRefusedError(f"{self.path} is not a socket of ours")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(_TIMEOUT_S)
-            try:
-                sock.connect(str(self.path))
-            except BaseException:
-                sock.close()
-                raise
-            self._sock = sock
+            self._sock = self._open()
         return self._sock
 
     def _close(self) -> None:

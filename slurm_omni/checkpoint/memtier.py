@@ -41,7 +41,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -309,15 +309,39 @@ class MemoryTier:
 
     # -- restoring ------------------------------------------------------------------------------------
 
-    def sources(self, manifest: fmt.Manifest) -> dict[str, Path | HeldCopy]:
+    def where_soon(self) -> Callable[[], list[tuple[HeldCopyRecord, int]]]:
+        """Ask the node's keeper now which copies it holds (all of them: the names need the manifest),
+        and return what reads its answer once (for ``sources``' ``held``); none where no keeper can hold
+        them."""
+        if not self._held:
+            return list
+        answer = self.keeper.ask_soon("where")
+        got: list[list[tuple[HeldCopyRecord, int]]] = []
+
+        def held() -> list[tuple[HeldCopyRecord, int]]:
+            if not got:
+                try:
+                    reply = answer()
+                    got.append([(c, reply.pid) for c in reply.copies] if reply.ok else [])
+                except KeeperUnreachable as e:
+                    log.debug("checkpoint: %s", e)
+                    got.append([])
+            return got[0]
+
+        return held
+
+    def sources(self, manifest: fmt.Manifest, *,
+                held: Callable[[], list[tuple[HeldCopyRecord, int]]] | None = None) -> dict[str, Path | HeldCopy]:
         """The shards of ``manifest`` this node holds a sound-looking copy of: written by the incarnation
         that committed the step, of the recorded size, in the keeper's memory or a 0600 regular tmpfs
-        file of ours. Their bytes are checked by the reader, tensor by tensor."""
+        file of ours. Their bytes are checked by the reader, tensor by tensor. ``held``: the keeper's
+        copies as ``where_soon`` asked for them (else asked now)."""
         found: dict[str, Path | HeldCopy] = {}
         uid = os.geteuid()
         names = {f"step-{manifest.step}.{name}.{fmt.safe_name(manifest.incarnation)}.h5": name
                  for name, shard in manifest.shards.items() if shard.file is not None}
-        for copy, pid in self._where(list(names)):
+        copies = self._where(list(names)) if held is None else [(c, pid) for c, pid in held() if c.name in names]
+        for copy, pid in copies:
             if copy.size == manifest.shards[names[copy.name]].file_bytes:
                 found[names[copy.name]] = HeldCopy(copy.name, pid, copy.addr, copy.size)
             else:

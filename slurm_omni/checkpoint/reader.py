@@ -294,33 +294,39 @@ class Restore:
         finishing: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry]],
                               dict[str, dict[int, torch.Tensor]]]] = []
         try:
-            status = self._plan_and_read(todo, capacity, where, finishing, pid)
+            read = self._plan_and_read(todo, capacity, where, finishing, pid)
         except CheckpointError as e:
             self._fail(e)
             return True
         except Exception as e:  # noqa: BLE001 - as a worker's error in _schedule: it must reach the waiter
             self._fail(CheckpointError(f"checkpoint: couldn't load step-{self.step} from the keeper's memory: {e!r}"))
             return True
-        if status is None:
+        if read is None:
             return True
-        for code, (unit, path, piece, keeper) in zip(status, where, strict=True):
-            if code == held.NOT_READ or code == 0:
-                continue
-            if code == held.MISMATCH:
-                error = CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {unit.name}/{path} "
-                                          f"({piece.shard}.h5)")
-            else:
-                error = CheckpointCorrupt(f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's "
-                                          f"memory: process_vm_readv from the keeper (pid {keeper}): "
-                                          f"{os.strerror(code)}, inside {unit.name}/{path}")
-            self._fail(error)
-            return True
+        status, early = read
+        if any(status):   # (each piece's status is 0 when all were read and matched)
+            for code, (unit, path, piece, keeper) in zip(status, where, strict=True):
+                if code == held.NOT_READ or code == 0:
+                    continue
+                if code == held.MISMATCH:
+                    error = CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {unit.name}/{path} "
+                                              f"({piece.shard}.h5)")
+                else:
+                    error = CheckpointCorrupt(f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's "
+                                              f"memory: process_vm_readv from the keeper (pid {keeper}): "
+                                              f"{os.strerror(code)}, inside {unit.name}/{path}")
+                self._fail(error)
+                return True
         self._files.read_bytes["memory"] = self._files.read_bytes.get("memory", 0) + sum(p.nbytes for _, _, p, _ in where)
         try:
-            for unit, target_of, pairs, loaded in finishing:
-                tensors = {path: self._assemble(unit, path, entry, loaded[path], target_of.get(path), device)
-                           for path, entry in pairs}
-                self._values[unit.name] = unflatten(unit.skeleton, tensors.__getitem__)
+            for (unit, target_of, pairs, loaded), built in zip(finishing, early, strict=True):
+                if built is None:
+                    tensors = {path: self._assemble(unit, path, entry, loaded[path], target_of.get(path), device)
+                               for path, entry in pairs}
+                    value = unflatten(unit.skeleton, tensors.__getitem__)
+                else:
+                    (value,) = built
+                self._values[unit.name] = value
                 self.loaded_s[unit.name] = time.monotonic() - self.started
                 self._ready[unit.name].set()
         except CheckpointError as e:
@@ -332,9 +338,11 @@ class Restore:
                        capacity: int, where: list[tuple[fmt.Unit, str, fmt.Piece, int]],
                        finishing: list[tuple[fmt.Unit, Mapping[str, torch.Tensor], list[tuple[str, fmt.TensorEntry]],
                                              dict[str, dict[int, torch.Tensor]]]],
-                       pid: int) -> list[int] | None:
-        """``_load_held``'s plan, read while it is built; each piece's status, or None when a piece was
-        found unreadable while planning (the session has its error then)."""
+                       pid: int) -> tuple[list[int], list[tuple[Any] | None]] | None:
+        """``_load_held``'s plan, read while it is built: each piece's status, and per unit of
+        ``finishing`` its value built while the other threads still read (``_in_place``), as a 1-tuple,
+        else None; or None when a piece was found unreadable while planning (the session has its error
+        then)."""
         copies = self._files.held
         with held.Plan(capacity, threads=self._threads, helpers=self._pool) as plan:
             for unit, target_of, entries in todo:
@@ -363,7 +371,26 @@ class Restore:
                             plan.publish()
                 plan.publish()
                 finishing.append((unit, target_of, [(path, entry) for path, entry, _ in entries], loaded))
-            return plan.run()
+            # Every piece is published: what the units hand on needs none of their bytes, so it is built
+            # now, while the other threads read, not after the last byte lands.
+            early = [self._in_place(unit, target_of, pairs, loaded) for unit, target_of, pairs, loaded in finishing]
+            return plan.run(), early
+
+    def _in_place(self, unit: fmt.Unit, target_of: Mapping[str, torch.Tensor],
+                  pairs: list[tuple[str, fmt.TensorEntry]], loaded: dict[str, dict[int, torch.Tensor]]) -> tuple[Any] | None:
+        """``unit``'s value (a 1-tuple) when each of its tensors is the very one its piece is read into
+        (``_assemble`` would hand it on as it is: no cut of re-split pieces, no copy into a target of
+        another shape), else None (built from the bytes once they are read)."""
+        tensors: dict[str, torch.Tensor] = {}
+        for path, entry in pairs:
+            if entry.split_dim is not None and self.layout_changed:
+                return None
+            (value,) = loaded[path].values()
+            target = target_of.get(path)
+            if target is not None and target is not value:
+                return None
+            tensors[path] = value
+        return (unflatten(unit.skeleton, tensors.__getitem__),)
 
     def _unreadable(self, unit: fmt.Unit, path: str, entry: fmt.TensorEntry, piece: fmt.Piece, out: torch.Tensor,
                     copy: held.HeldCopy | None) -> CheckpointCorrupt | None:

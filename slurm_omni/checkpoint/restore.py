@@ -12,7 +12,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from slurm_omni.checkpoint.peer import PeerStream, Replicas, close_streams
 from slurm_omni.checkpoint.reader import Restore
 from slurm_omni.checkpoint.snapshot import MODEL, OPTIM, ShardLayout
 from slurm_omni.errors import CheckpointError
+from slurm_omni.formats.memtier_keeper import HeldCopyRecord
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
     skipped = []
     reasons: list[str] = []
     passed: list[str] = []
+    held = memory.where_soon() if memory is not None else None   # answered while the manifest is parsed
     for entry in candidates:
         session = None
         sources: dict[str, Source] = {}
@@ -84,7 +86,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
         try:
             manifest = fmt.read_manifest(entry.path, memo=memo)
             units, wanted = _select(manifest, layout, critical, modules)
-            sources, fetched = _memory_sources(memory, manifest, units, peers)
+            sources, fetched = _memory_sources(memory, manifest, units, peers, held)
             lacking = _memory_only_lacking(manifest, units, sources)
             if lacking:
                 close_streams(sources)
@@ -169,13 +171,16 @@ def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[f
 
 
 def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: list[fmt.Unit],
-                    peers: Replicas | None = None) -> tuple[dict[str, Source], frozenset[str]]:
+                    peers: Replicas | None = None,
+                    held: Callable[[], list[tuple[HeldCopyRecord, int]]] | None = None,
+                    ) -> tuple[dict[str, Source], frozenset[str]]:
     """The shards this rank reads that its node's memory holds a copy of (else a peer's: a stream from
-    its keeper), and which of them come from a peer."""
+    its keeper), and which of them come from a peer. ``held``: the keeper's copies, asked for early
+    (``MemoryTier.where_soon``)."""
     if memory is None:
         return {}, frozenset()
     needed = {p.shard for u in units for e in u.tensors.values() for p in e.pieces}
-    found: dict[str, Source] = {shard: path for shard, path in memory.sources(manifest).items()
+    found: dict[str, Source] = {shard: path for shard, path in memory.sources(manifest, held=held).items()
                                 if shard in needed}
     fetched: dict[str, Source] = {}
     if peers is not None and needed - set(found):

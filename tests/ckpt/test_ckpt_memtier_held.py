@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -150,8 +151,8 @@ def test_a_keeper_gone_since_the_copies_were_found_is_a_bad_copy_not_a_failure(
         eng.save(100, shard_state(100), sync=True)
     real = MemoryTier.sources
 
-    def found_then_gone(self: MemoryTier, manifest: fmt.Manifest) -> dict[str, Path | held.HeldCopy]:
-        found = real(self, manifest)
+    def found_then_gone(self: MemoryTier, manifest: fmt.Manifest, **kw: Any) -> dict[str, Path | held.HeldCopy]:
+        found = real(self, manifest, **kw)
         assert found and all(isinstance(c, held.HeldCopy) for c in found.values())
         return {k: held.HeldCopy(c.name, 2**22 + 7, c.addr, c.size) for k, c in found.items()   # no such pid
                 if isinstance(c, held.HeldCopy)}
@@ -525,6 +526,71 @@ def test_a_restore_from_the_keeper_loads_in_place_into_the_models_tensors(
             pytest.raises(CheckpointError, match="the model"):
         eng.restore(into=wrong)
     assert [e.step for e in fmt.complete(tmp_path)] == [100]
+
+
+def test_a_target_the_pieces_cannot_land_in_gets_its_bytes_once_they_are_read(
+        tmp_path: Path, job: str, keeper: peer.Keeper, c_loop: None) -> None:
+    """A model tensor the C loop cannot write into (not contiguous): its piece lands in a tensor of the
+    restore's and is copied into the model's once read and checked; the units whose tensors are the
+    model's own are built while the pieces are still read."""
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    want = modules(100)
+    targets = {m: {k: torch.zeros_like(t) for k, t in sd.items()} for m, sd in want.items()}
+    name, first = next((m, k) for m, sd in want.items() for k, t in sd.items() if t.dim() == 2)
+    strided = torch.zeros(tuple(reversed(want[name][first].shape))).t()
+    assert not strided.is_contiguous()
+    targets[name][first] = strided
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore(into=targets) as r:
+        assert r.source == "memory"
+        for m, sd in want.items():
+            got = r.module(m)
+            assert_same(got, sd, m)
+            assert all(got[k] is targets[m][k] for k in sd), m
+    assert torch.equal(strided, want[name][first])
+
+
+def test_the_keepers_where_is_asked_before_the_manifest_is_parsed(
+        tmp_path: Path, job: str, keeper: peer.Keeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restore sends its ``where`` first and reads the answer once the manifest is parsed (the
+    keeper answers meanwhile); a question that could not be sent is asked again, as before."""
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    calls: list[str] = []
+    real_manifest, real_open, real_ask = fmt.read_manifest, held.KeeperClient._open, held.KeeperClient.ask
+
+    def read_manifest(*a: Any, **kw: Any) -> fmt.Manifest:
+        calls.append("manifest")
+        return real_manifest(*a, **kw)
+
+    def opened(self: held.KeeperClient) -> Any:
+        calls.append("connect")
+        return real_open(self)
+
+    def asked(self: held.KeeperClient, op: str, **kw: Any) -> Any:
+        calls.append(op)
+        return real_ask(self, op, **kw)
+
+    monkeypatch.setattr(fmt, "read_manifest", read_manifest)
+    monkeypatch.setattr(held.KeeperClient, "_open", opened)
+    monkeypatch.setattr(held.KeeperClient, "ask", asked)
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.source == "memory"
+        assert_same(r.module("projector"), modules(100)["projector"])
+    assert calls[:2] == ["connect", "manifest"] and "where" not in calls, calls
+
+    def refused_once(self: held.KeeperClient) -> Any:
+        calls.append("connect")
+        if calls.count("connect") == 1:
+            raise ConnectionRefusedError("refused once")
+        return real_open(self)
+
+    calls.clear()
+    monkeypatch.setattr(held.KeeperClient, "_open", refused_once)
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+        assert r.source == "memory"
+        assert_same(r.module("projector"), modules(100)["projector"])
+    assert "where" in calls, calls
 
 
 def test_an_error_while_the_plan_is_built_reaches_the_restore_and_stops_its_readers(
