@@ -100,6 +100,10 @@ Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, 
         three runs, load 1-96: 0.74, 0.68, 0.77 wall, 0.79, 0.69, 0.82 CPU: MISS; the checked read
         0.93, 0.91, 0.88 wall, 0.92, 0.88, 0.93 CPU; the restore 0.75-0.89 x it (the code before,
         beside them at load 45-126: 0.57 wall, 0.62 CPU, restore / its checked read 0.81).
+        The keeper's ``where`` asked before the manifest's parse and the units built while the pieces
+        are read, 2026-12-03 07:24, load 3.6-5.4: 0.88 wall (per round 0.81-1.09), 0.88 CPU: MISS; the
+        restore 0.99 x its checked read, which was 0.89 wall, 0.92 CPU (raw 0.96, 0.93): the copy
+        itself is what is left (docs/checkpoint.md).
 
 Peer tier (issue 22; 2026-12-02): the restore receives the keeper's stream straight into the tensors,
 checking each 512 KiB step as it lands (one pass). ``--only peer --gib 0.5 --repeat 7`` at load 6-7:
