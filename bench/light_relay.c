@@ -437,11 +437,48 @@ static void relay_remove_if_last(struct relay *r)   /* the node's last rank leav
     rmdir(r->path);
 }
 
+/* The node's last rank of a life that ends removes the folder (relay_remove_if_last); a rank of the
+ * next life on the same node may have opened it just before (between its relay_open and its first
+ * beat: seconds at load 1,000+, issue 19). A removed folder takes no new file (ENOENT), so open the
+ * folder at its path again and leave the lead of the old one (elastic/heartbeat.py
+ * NodeRelay._reopen_if_removed). 0, or -1 with oserr set. */
+static int relay_reopen_if_removed(struct relay *r)
+{
+    struct stat st;
+    if (fstat(r->fd, &st) < 0)
+        return os_fail(r->path);
+    if (st.st_nlink > 0)
+        return 0;
+    if (r->lock_fd >= 0)
+        close(r->lock_fd);   /* releases the lead of the removed folder */
+    r->lock_fd = -1;
+    r->leader = 0;
+    int fd = -1;
+    if ((mkdir(r->path, 0700) < 0 && errno != EEXIST) ||
+        (fd = open(r->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(fd, &st) < 0) {
+        os_fail(r->path);
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+        close(fd);
+        snprintf(oserr, sizeof oserr, "%s is not ours and 0700 (uid %u, mode %o)", r->path, (unsigned)st.st_uid,
+                 (unsigned)(st.st_mode & 0777));
+        return -1;
+    }
+    close(r->fd);
+    r->fd = fd;
+    return 0;
+}
+
 /* This rank's beat on the node (the last one: removed, the lead handed over); *published: when a
  * leader last published (0: never). */
 int relay_beat(struct relay *r, const char *data, size_t len, double now, int last, double *published)
 {
     *published = 0;
+    if (!last && relay_reopen_if_removed(r) < 0)
+        return -1;
     if (last) {
         if (unlinkat(r->fd, r->name, 0) < 0 && errno != ENOENT)
             return os_fail(r->name);

@@ -51,9 +51,35 @@ class Relay:
             return None
         return cls(fd, path, node, f"rank-{rank}.json", shared, interval)
 
+    def reopen_if_removed(self) -> None:
+        """The node's last rank of a life that ends removes the folder (``remove_if_last``); a rank of
+        the next life on the same node may have opened it just before (between its open and its first
+        beat: seconds at load 1,000+, issue 19). A removed folder takes no new file (ENOENT), so open
+        the folder at its path again and leave the lead of the old one, as
+        ``slurm_omni.elastic.heartbeat.NodeRelay._reopen_if_removed`` does."""
+        if os.fstat(self.fd).st_nlink > 0:
+            return
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)   # releases the lead of the removed folder
+            self.lock_fd = -1
+        self.leader = False
+        try:
+            os.mkdir(self.path, 0o700)
+        except FileExistsError:
+            pass
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            os.close(fd)
+            raise OSError(f"{self.path} is not ours and 0700 (uid {st.st_uid}, mode {st.st_mode & 0o777:o})")
+        os.close(self.fd)
+        self.fd = fd
+
     def beat(self, data: bytes, now: float, *, last: bool = False) -> float:
         """This rank's beat on the node (the last one: removed, the lead handed over); when a leader
         last published (0: never)."""
+        if not last:
+            self.reopen_if_removed()
         if last:
             try:
                 os.unlink(self.name, dir_fd=self.fd)

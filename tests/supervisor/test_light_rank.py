@@ -256,6 +256,58 @@ def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path, rank: list[s
     assert sorted(p.name for p in (tmp_path / "hb").glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
 
 
+def _remove_folder(folder: Path) -> None:
+    """What the node's last rank of the life before does (its remove_if_last): every file, then the
+    folder; a file the running rank writes meanwhile (its next beat's temporary) is taken next turn."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for p in folder.iterdir():
+            p.unlink(missing_ok=True)
+        try:
+            folder.rmdir()
+            return
+        except OSError:
+            continue
+    raise AssertionError(f"couldn't remove {folder}")
+
+
+def test_a_rank_whose_node_folder_the_life_before_removed_opens_it_again(tmp_path: Path, rank: list[str]) -> None:
+    """The race of a relaunch (issue 19, 512 nodes): the node's last rank of the dying launch removes
+    the node folder just after a rank of the next launch on that node opened it. The rank opens the
+    folder at its path again (as the runtime's NodeRelay does), so its beats go on through the node
+    file (one file per node, not per rank) and it runs to its end; before, the C rank exited 1 at its
+    next lead (the launch lost, 05:03 run) and later wrote its own file per beat."""
+    shm = tmp_path / "shm"
+    procs = _start(tmp_path, 1, rank, OMNI_MAX_STEPS="100000", OMNI_STEP_DELAY_S="0.05", OMNI_INCARNATION="1",
+                   SLURMD_NODENAME="nodeA", OMNI_HEARTBEAT_NODE_DIR=str(shm))
+    local = shm / f"omni-beats-{os.geteuid()}-42-nodeA"
+    node_file = tmp_path / "hb" / "node-nodeA.jsonl"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not ((local / "rank-0.json").exists() and node_file.exists()):
+            time.sleep(0.02)
+        assert node_file.exists(), "no node file before the removal"
+        _remove_folder(local)
+        removed_at = time.time()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not ((local / "rank-0.json").exists()
+                                                   and node_file.stat().st_mtime > removed_at + 0.2):
+            time.sleep(0.02)
+        assert (local / "rank-0.json").exists(), "the rank did not open its node folder again"
+        assert local.stat().st_mode & 0o777 == 0o700
+        assert node_file.stat().st_mtime > removed_at + 0.2   # a leader of the new folder publishes
+        assert not (tmp_path / "hb" / "rank-0.json").exists()   # its beats go through the node, not its own file
+        assert procs[0].poll() is None
+        procs[0].send_signal(signal.SIGUSR1)
+        assert _codes(procs) == [EXIT_CHECKPOINTED]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not local.exists()   # its last beat removed the folder it opened again
+
+
 @pytest.mark.parametrize("setting", [None, "off"])
 def test_beats_go_per_node_by_default_and_per_rank_when_off(tmp_path: Path, setting: str | None, rank: list[str]) -> None:
     """Unset, OMNI_HEARTBEAT_NODE_DIR means /dev/shm (the node's ranks publish node-<NODE>.jsonl);
