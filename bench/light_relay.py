@@ -74,6 +74,8 @@ class Relay:
             raise OSError(f"{self.path} is not ours and 0700 (uid {st.st_uid}, mode {st.st_mode & 0o777:o})")
         os.close(self.fd)
         self.fd = fd
+        print(f"light rank: the node folder {self.path} was removed under this rank (the life before's last rank "
+              "left): opened again", file=sys.stderr, flush=True)
 
     def beat(self, data: bytes, now: float, *, last: bool = False) -> float:
         """This rank's beat on the node (the last one: removed, the lead handed over); when a leader

@@ -300,6 +300,8 @@ def test_a_rank_whose_node_folder_the_life_before_removed_opens_it_again(tmp_pat
         assert procs[0].poll() is None
         procs[0].send_signal(signal.SIGUSR1)
         assert _codes(procs) == [EXIT_CHECKPOINTED]
+        said = procs[0].stdout.read().decode() if procs[0].stdout else ""
+        assert said.count("was removed under this rank") == 1, said
     finally:
         for p in procs:
             if p.poll() is None:
