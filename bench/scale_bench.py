@@ -184,8 +184,8 @@ WALL = ("floors", "up", "idle", "start", "steady", "to_fault", "recovery", "line
 before the cluster), up (the cluster), idle (slurmd's idle CPU, waiting for every node idle between
 jobs), start (submission to launch 0's first step), steady (the steady-state window), to_fault (the
 ranks checkpointing past their restored step before each fault), recovery (fault to the next launch's
-first step, as the journal records it), lines (the new launch's first metrics lines reaching the
-folder), finish (the finish time written -> the job's end), down (the cluster down, leftovers killed)."""
+first step, as the journal records it), lines (none since 2026-12-03: the new launch's first
+metrics lines are read in the next fault's wait), finish (the finish time written -> the job's end), down (the cluster down, leftovers killed)."""
 BAR_S = 15 * 60.0
 BAR_SIZES = (8, 64, 256, 512)
 """Issue 19: ``python bench/scale_bench.py`` finishes in under 15 minutes with these sizes in it."""
@@ -639,6 +639,8 @@ class Job:
         self.kill_grace = 0.0
         """``omni supervise --kill-grace`` (``plan``): 0 unless two launches' ranks would not fit in memory."""
         self.lines = MetricsTail(self.work / "metrics")
+        self.stepping: tuple[Run, int] | None = None
+        """The last recovery and its launch's number, until ``said_stepping``."""
 
     def plan(self) -> None:
         """Whether the next launch waits for the killed step's ranks (two launches' ranks do not fit
@@ -996,6 +998,7 @@ class Job:
         t0 = time.monotonic()
         why = self.wait(self.checkpointed, args.timeout)
         size.spent("to_fault", t0)
+        self.said_stepping()
         la = self.launches()[-1]
         k, inc = la.number, la.incarnation
         if why:
@@ -1028,15 +1031,24 @@ class Job:
             raise TimeoutError(f"{fault}: no launch after launch {k} made a step: {why} (launches "
                                f"{len(st.launches)}, outcome {st.outcome or '-'})")
         self.runs.append(run)
-        nxt = self.launches()[k + 1]
-        # the ranks' lines reach the metrics folder with their node's next copy (once per 1 s interval)
-        t0 = time.monotonic()
-        while len(first := self.first_lines(nxt.incarnation)) < self.ranks and time.monotonic() < t0 + 3.0:
-            time.sleep(POLL_S)
-        size.spent("lines", t0)
+        self.stepping = (run, k + 1)
+
+    def said_stepping(self) -> None:
+        """The last recovery's new launch, said once the next fault's wait (its ranks checkpointed
+        past their restore: every first line read) or the finish comes, not in a wait of its own for
+        the first lines (their node's next copy, once per 1 s interval; ~1.6 s a recovery at 512
+        nodes): what the old ranks made after the fault is read then too (they step on until their
+        step is killed)."""
+        if self.stepping is None:
+            return
+        run, number = self.stepping
+        self.stepping = None
+        nxt = self.launches()[number]
+        first = self.first_lines(nxt.incarnation)
         restored = sorted({s for x in first.values() if isinstance(s := x.get("restored_step"), int)})
-        pace = max(size.result.step_s or 0.0, args.step_delay)
-        made = self.lines.last_step.get(inc)
+        pace = max(self.size.result.step_s or 0.0, self.args.step_delay)
+        made = self.lines.last_step.get(self.launches()[number - 1].incarnation)
+        at_fault = run.step_at_fault or 0
         run.overrun_s = None if made is None else max(0, made - at_fault) * pace
         self.log(f"launch {nxt.number} stepping (restored {restored}; fault at step {at_fault}, the old ranks "
                  f"made {'?' if made is None else max(0, made - at_fault)} after it)")
@@ -1051,6 +1063,7 @@ class Job:
                  f"{time.strftime('%H:%M:%S', time.gmtime(at))}.{int(at % 1 * 100):02d} UTC")
         self.ended = self.wait(lambda: self.journal().state.outcome is not None and self.job_finished(),
                                self.args.timeout)
+        self.said_stepping()   # the job over: every line is in, the old ranks long gone
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=60)
