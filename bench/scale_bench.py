@@ -1492,6 +1492,40 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
         print(f"  {p:<11} {verdict} slope {got:+.2f}: {why or 'no floor measured for it'}")
 
 
+PID_MAX = Path("/proc/sys/kernel/pid_max")
+PID_MAX_WANTED = 4194304
+"""The kernel's largest pid space on 64 bits, Debian 12's own default (systemd's 50-pid-max.conf); a
+machine without systemd (this one) keeps the kernel's 32,768."""
+PID_SPACE_NOTE = ""
+"""What ``widen_pid_space`` did, printed among the lane's settings."""
+
+
+def widen_pid_space(sizes: list[int], path: Path = PID_MAX) -> str:
+    """kernel.pid_max raised to PID_MAX_WANTED for a size above 64 nodes (root only); what was done, or
+    why not. proctrack/pgid (LARGE_SETTINGS) signals a killed step's tasks by their process group's id
+    until the group is gone (1, 2, 4 ... s apart); with 32,768 ids the host's ~7,000 processes per
+    512-node launch wrap them within that time, a task of the next launch that leads its node's group
+    can take an old group's id, and the old step's slurmstepd SIGKILLs it. Seen: 07:37 UTC, 512 nodes,
+    allocation path, the node loss's relaunch lost at its start ('node147: task 584: Killed' and 587,
+    its srun's first lines, no fault injected, the old step still being killed; the 05:03 run's launch 1
+    ended the same way), the one sender of SIGKILL to a new task at its start we found. An emulation's
+    cost only: on a cluster each node has its own pid space and a few processes."""
+    if max(sizes, default=0) <= 64:
+        return ""
+    try:
+        now = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError) as e:
+        return f"kernel.pid_max unread ({e}): a relaunch may lose tasks to an old step's proctrack/pgid"
+    if now >= PID_MAX_WANTED:
+        return f"kernel.pid_max={now}"
+    try:
+        path.write_text(f"{PID_MAX_WANTED}\n")
+    except OSError as e:
+        return (f"kernel.pid_max={now}, not raised ({e}): a relaunch may lose tasks to an old step's "
+                f"proctrack/pgid (raise it: sysctl -w kernel.pid_max={PID_MAX_WANTED})")
+    return f"kernel.pid_max {now} -> {PID_MAX_WANTED} (Debian 12's default)"
+
+
 def print_settings() -> None:
     """What keeps each component's cost down in this lane (module doc), printed above the table."""
     print("the lane's settings (slurm.conf at every size, ClusterSpec.scale_lane; slurm_omni/cluster/spec.py):")
@@ -1514,6 +1548,11 @@ def print_settings() -> None:
               "daemons weigh one session together, as on a cluster where they run on the nodes' cores, not "
               "slurmctld's (each slurmstepd's own session starved slurmctld while a 512-node step was torn down); "
               "the in-allocation supervisor leaves it once found (`--node-weight session`: as before)")
+    if PID_SPACE_NOTE:
+        print(f"  {PID_SPACE_NOTE}: proctrack/pgid kills a killed step's process group by its id until it is "
+              "gone; with 32,768 ids a 512-node relaunch reused an old group's id for a new task, which the old "
+              "step's slurmstepd SIGKILLed (07:37: the node loss's relaunch lost at its start); on a cluster each "
+              "node has its own pid space")
     print(f"  light rank: {RANK_KIND}; sleeps between steps (--step-delay) and beats (1 s), one heartbeat file "
           "per node (a node-local folder, one rank copies it twice per interval), no collectives; warm standbys "
           "off; one srun per allocation")
@@ -1859,7 +1898,10 @@ def main() -> int:
         except ValueError:
             p.error(f"--stop-at {args.stop_at!r}: expected HH:MM (UTC)")
     root = Path(args.work).resolve() / time.strftime("%Y%m%d-%H%M%S")
-    global RANK_GROUP, RANK_ARGV, RANK_KIND
+    global RANK_GROUP, RANK_ARGV, RANK_KIND, PID_SPACE_NOTE
+    PID_SPACE_NOTE = widen_pid_space(sizes)
+    if PID_SPACE_NOTE:
+        print(PID_SPACE_NOTE, flush=True)
     RANK_ARGV, RANK_KIND = rank_argv(args.rank, sys.executable)
     print(f"light rank: {RANK_KIND}", flush=True)
     if args.rank_weight == "low":

@@ -270,3 +270,17 @@ def test_what_the_run_left_goes_by_its_environment_and_nothing_else_does(tmp_pat
         for p in (ours, theirs):
             p.kill()
             p.wait()
+
+
+def test_the_pid_space_is_widened_for_a_size_above_64_nodes_only(tmp_path: Path) -> None:
+    """proctrack/pgid and 32,768 pids: a 512-node relaunch's task took an old group's id and the old
+    step's slurmstepd SIGKILLed it (07:37); the bench raises kernel.pid_max for the large sizes."""
+    from bench.scale_bench import PID_MAX_WANTED, widen_pid_space
+
+    pid_max = tmp_path / "pid_max"
+    pid_max.write_text("32768\n")
+    assert widen_pid_space([8, 64], pid_max) == "" and pid_max.read_text() == "32768\n"
+    assert widen_pid_space([8, 512], pid_max) == f"kernel.pid_max 32768 -> {PID_MAX_WANTED} (Debian 12's default)"
+    assert int(pid_max.read_text()) == PID_MAX_WANTED
+    assert widen_pid_space([512], pid_max) == f"kernel.pid_max={PID_MAX_WANTED}"
+    assert "unread" in widen_pid_space([512], tmp_path / "missing")
