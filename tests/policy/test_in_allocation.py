@@ -129,3 +129,19 @@ def test_features_keep_replacements_of_the_same_kind() -> None:
     last = plan_relaunch(stages, plan.layout, confirmed("down", "n002"),
                          nodes=states(n001=NodeState.DOWN, n002=NodeState.DOWN), topology=TOPOLOGY, now=2.0)
     assert isinstance(last, Fallback)
+
+
+@pytest.mark.parametrize("flags", [frozenset(), frozenset({"DRAIN"})])
+def test_marking_the_replaced_nodes_down_keeps_the_index_as_built_with_them_down(flags: frozenset[str]) -> None:
+    """plan_relaunch marks the nodes it replaces down in the index it built instead of building it
+    again (a third of decide's CPU at 512 nodes): the same index either way."""
+    from dataclasses import replace
+
+    from slurm_omni.policy.in_allocation import _index, _marked_down
+    layout = first_layout(STAGES, ("n000", "n001", "n010", "n011", "n012", "n100"),
+                          leaf_of={n.name: n.switch_path[-1] for n in NODES})
+    nodes = states(n100=NodeState.DOWN)
+    nodes["n011"] = replace(nodes["n011"], flags=flags)
+    failed = {"n001", "n011", "n100"}
+    assert _marked_down(_index(layout, nodes, TOPOLOGY, set()), failed) == _index(layout, nodes, TOPOLOGY, failed)
+    assert _marked_down(_index(layout, nodes, TOPOLOGY, set()), set()) == _index(layout, nodes, TOPOLOGY, set())
