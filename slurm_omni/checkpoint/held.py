@@ -641,11 +641,10 @@ class KeeperClient:
                         raise KeeperUnreachable(errno.ECONNREFUSED, f"no keeper answers on {self.path}: {e}") from e
         raise KeeperUnreachable(errno.ECONNREFUSED, f"no keeper answers on {self.path}")
 
-    def ask_soon(self, op: str, *, names: list[str] | None = None) -> Callable[[], HoldReply]:
+    def ask_soon(self, op: str, *, names: list[str] | None = None) -> Callable[[], HoldReply | None]:
         """Ask now, on a connection of its own, and return what reads the answer: the keeper answers
-        while this process does other work (a restore parses its manifest meanwhile). Where the
-        question could not be sent or its answer read, the reader asks again as ``ask`` does
-        (``KeeperUnreachable`` when none answers)."""
+        while this process does other work (a restore parses its manifest meanwhile). The reader gives
+        None where the question could not be sent or its answer read (ask again with ``ask``)."""
         req = HoldRequest(op=op, job=self.job, names=names or [])  # type: ignore[arg-type]
         sock: socket.socket | None = None
         try:
@@ -656,17 +655,16 @@ class KeeperClient:
                 sock.close()
             sock = None
 
-        def answer() -> HoldReply:
-            if sock is not None:
-                try:
-                    reply = _recv(sock, HoldReply)
-                    if isinstance(reply, HoldReply):
-                        return reply
-                except (OSError, ConnectionError, RecordRejected):
-                    pass
-                finally:
-                    sock.close()
-            return self.ask(op, names=names)
+        def answer() -> HoldReply | None:
+            if sock is None:
+                return None
+            try:
+                reply = _recv(sock, HoldReply)
+                return reply if isinstance(reply, HoldReply) else None
+            except (OSError, ConnectionError, RecordRejected):
+                return None
+            finally:
+                sock.close()
 
         return answer
 

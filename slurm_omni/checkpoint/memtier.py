@@ -49,7 +49,7 @@ from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.fence import fenced_by
 from slurm_omni.checkpoint.held import HeldCopy, KeeperClient, KeeperUnreachable
 from slurm_omni.errors import CheckpointError
-from slurm_omni.formats.memtier_keeper import HeldCopyRecord
+from slurm_omni.formats.memtier_keeper import HeldCopyRecord, HoldReply
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 
 log = logging.getLogger(__name__)
@@ -309,29 +309,26 @@ class MemoryTier:
 
     # -- restoring ------------------------------------------------------------------------------------
 
-    def where_soon(self) -> Callable[[], list[tuple[HeldCopyRecord, int]]]:
-        """Ask the node's keeper now which copies it holds (all of them: the names need the manifest),
-        and return what reads its answer once (for ``sources``' ``held``); none where no keeper can hold
-        them."""
-        if not self._held:
-            return list
-        answer = self.keeper.ask_soon("where")
-        got: list[list[tuple[HeldCopyRecord, int]]] = []
+    def where_soon(self) -> Callable[[list[str]], list[tuple[HeldCopyRecord, int]]]:
+        """Ask the node's keeper now which copies it holds (all of them: the names need the manifest)
+        and return what reads its answer (read once), as ``_where`` gives the copies of ``names``;
+        where that answer never came, ``_where`` asks for ``names`` then."""
+        answer = self.keeper.ask_soon("where") if self._held else None
+        got: list[HoldReply | None] = []
 
-        def held() -> list[tuple[HeldCopyRecord, int]]:
-            if not got:
-                try:
-                    reply = answer()
-                    got.append([(c, reply.pid) for c in reply.copies] if reply.ok else [])
-                except KeeperUnreachable as e:
-                    log.debug("checkpoint: %s", e)
-                    got.append([])
-            return got[0]
+        def held(names: list[str]) -> list[tuple[HeldCopyRecord, int]]:
+            if answer is not None and not got:
+                got.append(answer())
+            reply = got[0] if got else None
+            if reply is None or not reply.ok:
+                return self._where(names)
+            wanted = set(names)
+            return [(c, reply.pid) for c in reply.copies if c.name in wanted]
 
         return held
 
     def sources(self, manifest: fmt.Manifest, *,
-                held: Callable[[], list[tuple[HeldCopyRecord, int]]] | None = None) -> dict[str, Path | HeldCopy]:
+                held: Callable[[list[str]], list[tuple[HeldCopyRecord, int]]] | None = None) -> dict[str, Path | HeldCopy]:
         """The shards of ``manifest`` this node holds a sound-looking copy of: written by the incarnation
         that committed the step, of the recorded size, in the keeper's memory or a 0600 regular tmpfs
         file of ours. Their bytes are checked by the reader, tensor by tensor. ``held``: the keeper's
@@ -340,8 +337,7 @@ class MemoryTier:
         uid = os.geteuid()
         names = {f"step-{manifest.step}.{name}.{fmt.safe_name(manifest.incarnation)}.h5": name
                  for name, shard in manifest.shards.items() if shard.file is not None}
-        copies = self._where(list(names)) if held is None else [(c, pid) for c, pid in held() if c.name in names]
-        for copy, pid in copies:
+        for copy, pid in (held or self._where)(list(names)):
             if copy.size == manifest.shards[names[copy.name]].file_bytes:
                 found[names[copy.name]] = HeldCopy(copy.name, pid, copy.addr, copy.size)
             else:

@@ -172,7 +172,7 @@ def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[f
 
 def _memory_sources(memory: MemoryTier | None, manifest: fmt.Manifest, units: list[fmt.Unit],
                     peers: Replicas | None = None,
-                    held: Callable[[], list[tuple[HeldCopyRecord, int]]] | None = None,
+                    held: Callable[[list[str]], list[tuple[HeldCopyRecord, int]]] | None = None,
                     ) -> tuple[dict[str, Source], frozenset[str]]:
     """The shards this rank reads that its node's memory holds a copy of (else a peer's: a stream from
     its keeper), and which of them come from a peer. ``held``: the keeper's copies, asked for early
