@@ -329,8 +329,8 @@ static void beat(int force, int last)
                 fprintf(stderr, "light rank: couldn't beat on the node: %s\n", oserr);
             R.node_failed = 1;
             published = 0;
+            direct = 1;   /* no rank of the node can relay this beat: its own file */
         }
-        direct = direct || now - published > 1.5 * R.interval;
         if (R.direct_at && published > R.direct_at && !last) {
             R.direct_at = 0;
             unlink(R.hb_path);   /* the node's copy carries this beat or a newer one */

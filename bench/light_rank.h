@@ -45,7 +45,8 @@ struct relay {
     char *path, *node, *shared;
     char name[48];
     double interval;
-    int lock_fd, leader;
+    int lock_fd, leader, lock_gen;   /* lock_gen: the generation lock_fd is open on */
+    long takeovers;
     double next_publish, published_at;
     int lines_fd, metrics_fd, out_fd;
     char lines_name[96];

@@ -16,7 +16,8 @@ with the package's own schemas, tests/supervisor/test_light_rank.py):
   the exit code), replaced atomically; under Slurm by default (OMNI_HEARTBEAT_NODE_DIR, a node-local
   folder, /dev/shm when unset; ``off`` or empty: a file per rank) the beat goes to the node and the rank holding the node's lock copies the node's beats into
   ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl`` twice per interval, as ``elastic/heartbeat.py`` does
-  (the rank's own file when no leader published for 1.5 intervals, and for its last beat);
+  (the rank's own file only when the node folder is unusable, and for its last beat; a stopped
+  leader is taken over by one rank of the node, ``light_relay.Relay.lead``);
 - the metrics lines ``<OMNI_METRICS_DIR>/metrics-<stage>-<dp_rank>.jsonl`` (``formats/metrics``; with
   the node folder each line goes there and the leader copies it into ``node-<NODE>.jsonl``, as
   ``elastic/node_metrics.py`` does, but replica 0 of the last stage's, which go straight to its file;
@@ -217,7 +218,7 @@ class Rank:
                     print(f"light rank: couldn't beat on the node: {e}", file=sys.stderr, flush=True)
                 self.node_failed = True
                 published = 0.0
-            direct = direct or now - published > 1.5 * self.interval
+                direct = True   # no rank of the node can relay this beat: its own file
             if self.direct_at and published > self.direct_at and not last:
                 self.direct_at = 0.0
                 try:

@@ -393,22 +393,108 @@ out:
     return rv;
 }
 
-/* As the leader (the holder of the folder's lock), the node's beats twice per interval; -1: the
- * lock could not be opened. */
+/* The node's lead ("leader": generation and pid of its holder); 0 0 when none wrote it. */
+static void read_leader(int dir_fd, long *gen, long *pid)
+{
+    *gen = *pid = 0;
+    int fd = openat(dir_fd, "leader", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    char buf[64];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = 0;
+    long g, p;
+    char extra;
+    if (sscanf(buf, "%ld %ld %c", &g, &p, &extra) == 2 && g >= 0 && p >= 0)
+        *gen = g, *pid = p;
+}
+
+/* pid runs or waits (D state too): not stopped, gone or a zombie. */
+static int running(long pid)
+{
+    if (pid <= 0)
+        return 0;
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *paren = strrchr(buf, ')');
+    if (!paren || !paren[1] || !paren[2])
+        return 0;
+    return !strchr("TtZX", paren[2]);
+}
+
+/* This rank holds generation gen's lock now (the leader): 1; it is held: 0; -1 with oserr set. */
+static int relay_take(struct relay *r, long gen)
+{
+    if (r->lock_fd >= 0 && r->lock_gen != gen) {
+        close(r->lock_fd);
+        r->lock_fd = -1;
+    }
+    if (r->lock_fd < 0) {
+        char name[32];
+        if (gen <= 0)
+            snprintf(name, sizeof name, "lock");
+        else
+            snprintf(name, sizeof name, "lock-%ld", gen);
+        r->lock_fd = openat(r->fd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (r->lock_fd < 0)
+            return os_fail("lock");
+        r->lock_gen = (int)gen;
+    }
+    if (flock(r->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        if (errno == EWOULDBLOCK)
+            return 0;
+        return os_fail("lock");
+    }
+    r->leader = 1;
+    return 1;
+}
+
+/* As the leader (the holder of the folder's lock), the node's beats twice per interval. A rank leads
+ * when the lock is free, or over from a stopped or gone leader ("leader": its generation and pid)
+ * when the node's copy is 1.5 intervals late, with the next generation's lock; a leader that sees a
+ * newer generation steps down (elastic/heartbeat.py NodeRelay.lead). -1: a lock could not be opened. */
 int relay_lead(struct relay *r, double now)
 {
+    long gen, pid;
+    read_leader(r->fd, &gen, &pid);
+    if (r->leader && gen > r->lock_gen) {   /* taken over while this rank was stopped: step down */
+        close(r->lock_fd);
+        r->lock_fd = -1;
+        r->leader = 0;
+    }
     if (!r->leader) {
-        if (r->lock_fd < 0) {
-            r->lock_fd = openat(r->fd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-            if (r->lock_fd < 0)
-                return os_fail("lock");
-        }
-        if (flock(r->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-            if (errno == EWOULDBLOCK)
+        int took = relay_take(r, gen);
+        if (took < 0)
+            return -1;
+        if (!took) {
+            struct stat st;
+            double late = 1e300;
+            if (fstatat(r->fd, "published", &st, AT_SYMLINK_NOFOLLOW) == 0)
+                late = now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9);
+            if (late <= 1.5 * r->interval || running(pid))
                 return 0;
-            return os_fail("lock");
+            if ((took = relay_take(r, gen + 1)) <= 0)
+                return took;
+            r->takeovers++;
+            fprintf(stderr, "light rank: the node's leader (pid %ld) is stopped or gone and its copy %.1f s late: "
+                    "this rank leads\n", pid, late);
         }
-        r->leader = 1;
+        char stamp[64];
+        int len = snprintf(stamp, sizeof stamp, "%d %ld", r->lock_gen, (long)getpid());
+        if (write_atomic(r->fd, "leader", stamp, (size_t)len, 0) < 0)
+            fprintf(stderr, "light rank: couldn't name this rank the node's leader: %s\n", oserr);
+        r->next_publish = 0;
     }
     if (now < r->next_publish)
         return 0;
@@ -430,11 +516,19 @@ static void relay_remove_if_last(struct relay *r)   /* the node's last rank leav
     free_names(names, n);
     if (busy)
         return;
-    const char *left[] = {"published", "lock", "lines-copied"};
+    const char *left[] = {"published", "leader", "lines-copied"};
     for (int i = 0; i < 3; i++)
         if (unlinkat(r->fd, left[i], 0) < 0 && errno != ENOENT)
             return;
-    rmdir(r->path);
+    if ((n = dir_entries(r->fd, &names)) < 0)
+        return;
+    for (int i = 0; i < n; i++)   /* "lock" and the takeovers' "lock-<generation>" */
+        if ((!strcmp(names[i], "lock") || starts(names[i], "lock-")) && unlinkat(r->fd, names[i], 0) < 0
+            && errno != ENOENT)
+            busy = 1;
+    free_names(names, n);
+    if (!busy)
+        rmdir(r->path);
 }
 
 /* The node's last rank of a life that ends removes the folder (relay_remove_if_last); a rank of the

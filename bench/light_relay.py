@@ -20,6 +20,8 @@ class Relay:
     def __init__(self, fd: int, path: str, node: str, name: str, shared: str, interval: float) -> None:
         self.fd, self.path, self.node, self.name, self.shared, self.interval = fd, path, node, name, shared, interval
         self.lock_fd = -1
+        self.lock_gen = 0
+        self.takeovers = 0
         self.leader = False
         self.next_publish = 0.0
         self.published_at = 0.0
@@ -91,6 +93,7 @@ class Relay:
                 self.next_publish = self.lines_due = 0.0   # the last pass copies every line there is
                 self.lead(now)
                 os.close(self.lock_fd)
+                self.lock_fd = -1
                 self.leader = False
             self.remove_if_last()
             return 0.0
@@ -140,15 +143,27 @@ class Relay:
         os.close(fd)
 
     def lead(self, now: float) -> None:
+        """Lead when the lock is free, or over from a stopped or gone leader (``leader``: its generation
+        and pid) when the node's copy is 1.5 intervals late, with the next generation's lock; a leader
+        that sees a newer generation steps down (``slurm_omni.elastic.heartbeat.NodeRelay.lead``)."""
+        gen, pid = _read_leader(self.fd)
+        if self.leader and gen > self.lock_gen:   # taken over while this rank was stopped
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+            self.leader = False
         if not self.leader:
-            if self.lock_fd < 0:
-                self.lock_fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                                       dir_fd=self.fd)
-            try:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return
-            self.leader = True
+            if not self.take(gen):
+                try:
+                    late = now - os.stat("published", dir_fd=self.fd, follow_symlinks=False).st_mtime
+                except FileNotFoundError:
+                    late = float("inf")
+                if late <= 1.5 * self.interval or _running(pid) or not self.take(gen + 1):
+                    return
+                self.takeovers += 1
+                print(f"light rank: the node's leader (pid {pid}) is stopped or gone and its copy {late:.1f} s late: "
+                      "this rank leads", file=sys.stderr, flush=True)
+            _write_atomic("leader", b"%d %d" % (self.lock_gen, os.getpid()), dir_fd=self.fd)
+            self.next_publish = 0.0
         if now < self.next_publish:
             return
         self.next_publish = now + self.interval / 2
@@ -156,6 +171,22 @@ class Relay:
             self.publish(now)
         except OSError as e:
             print(f"light rank: couldn't publish the node's beats: {e}", file=sys.stderr, flush=True)
+
+    def take(self, gen: int) -> bool:
+        """This rank holds generation ``gen``'s lock now (the leader), or it is held."""
+        if self.lock_fd >= 0 and self.lock_gen != gen:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+        if self.lock_fd < 0:
+            self.lock_fd = os.open("lock" if gen <= 0 else f"lock-{gen}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+                                   | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+            self.lock_gen = gen
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        self.leader = True
+        return True
 
     def publish(self, now: float) -> None:
         found = []
@@ -195,7 +226,8 @@ class Relay:
         if any(e.name.startswith(("rank-", "lines-")) and e.name != "lines-copied" for e in os.scandir(self.fd)):
             return
         try:
-            for name in ("published", "lock", "lines-copied"):
+            for name in ["published", "leader", "lines-copied",
+                         *(e.name for e in os.scandir(self.fd) if e.name == "lock" or e.name.startswith("lock-"))]:
                 try:
                     os.unlink(name, dir_fd=self.fd)
                 except FileNotFoundError:
@@ -302,6 +334,33 @@ def _pid_of(name: str) -> int | None:
         return None
     parts = name[6:-6].split("-")
     return int(parts[1]) if len(parts) == 3 and all(p.isdigit() for p in parts) else None
+
+
+def _read_leader(dir_fd: int) -> tuple[int, int]:
+    """The node's lead (``leader``: generation and pid); (0, 0) when none wrote it."""
+    try:
+        fd = os.open("leader", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return 0, 0
+    try:
+        parts = os.read(fd, 64).split()
+    finally:
+        os.close(fd)
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return 0, 0
+    return int(parts[0]), int(parts[1])
+
+
+def _running(pid: int) -> bool:
+    """Runs or waits (D state too): not stopped, gone or a zombie."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"T", b"t", b"Z", b"X", b"")
 
 
 def _alive(pid: int) -> bool:

@@ -29,8 +29,14 @@ folder, ``/dev/shm`` when unset; ``off`` or empty: a file per rank; formats/hear
 next rank takes it over when its holder exits or dies) copies the node's beats of the newest life
 into ``<OMNI_HEARTBEAT_DIR>/node-<NODE>.jsonl`` twice per interval: the shared file system sees one
 write per node, not per rank. A rank writes its own ``rank-<RANK>.json`` as before when the node's
-copy is stale (no leader published for 1.5 intervals: a stopped leader, the first beat of a life)
-and removes it once the node's copy carries a newer beat; its last beat (``stop``) always goes to
+node folder is unusable (its own file written only then: never because the node's copy is late,
+which under load would multiply the shared folder's writes exactly when it is slow, issue 19) and
+removes it once the node's copy carries a newer beat. A leader that stops (SIGSTOP) keeps its
+``flock``: when the node's copy is 1.5 intervals late and the leader named in ``leader``
+(``<generation> <pid>``) is stopped or gone, one rank takes the lead over with the next generation's
+lock (``lock-<g+1>``; the first one is ``lock``), and a leader that sees a newer generation there
+steps down; a leader alive but slow (D state on the shared folder) keeps the lead. The stopped
+rank's own beat stays in the node folder, copied with its old time, so its hang still shows; its last beat (``stop``) always goes to
 its own file as well, so that its exit code does not wait on a leader that is exiting too. The node's
 last rank removes the folder; what killed ranks leave, the SPANK plugin's job epilog removes at the
 job's end, by this name (spank/shm.c).
@@ -195,7 +201,7 @@ class Heartbeat:
                     log.warning("heartbeat: couldn't write on the node (%s); writing %s", e, self.path)
                 self._node_failed = True
                 published = 0.0
-            direct = direct or now - published > 1.5 * self.interval_s
+                direct = True   # no rank of the node can relay this beat: its own file
             if self._direct_at is not None and published > self._direct_at and not last:
                 self._direct_at = None
                 try:
@@ -222,6 +228,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _lock_name(gen: int) -> str:
+    return "lock" if gen <= 0 else f"lock-{gen}"
+
+
+def _read_leader(dir_fd: int) -> tuple[int, int]:
+    """The node's lead (``leader``: generation and pid of its holder); (0, 0) when none wrote it."""
+    try:
+        raw = read_bounded(Path(NodeRelay.LEADER), 64, dir_fd=dir_fd)
+    except (OSError, FileRejected):
+        return 0, 0
+    parts = raw.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return 0, 0
+    return int(parts[0]), int(parts[1])
+
+
+def _running(pid: int) -> bool:
+    """``pid`` is a process that runs (or waits, D state included): not stopped, not gone, not a zombie."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:
+        return False
+    state = stat[stat.rfind(b")") + 2:][:1]
+    return state not in (b"T", b"t", b"Z", b"X", b"")
+
+
 def _safe(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:64]
 
@@ -231,6 +266,7 @@ class NodeRelay:
     and, while it holds the folder's lock, the copy of every beat there into the shared folder."""
 
     LOCK = "lock"
+    LEADER = "leader"
     PUBLISHED = "published"
 
     def __init__(self, node_dir: Path, *, shared_dir: Path, job_id: str, node: str, rank: int,
@@ -248,6 +284,9 @@ class NodeRelay:
         (``elastic/node_metrics.py``; set by ``MetricsLog``)."""
         self._lines_due = 0.0
         self._lock_fd = -1
+        self._lock_gen = 0
+        """The generation of the lock ``_lock_fd`` is open on (held while ``leader``)."""
+        self.takeovers = 0
         self._published_at = 0.0
         self._clear_stale(time.time())
 
@@ -310,20 +349,44 @@ class NodeRelay:
             return 0.0
 
     def lead(self, now: float) -> None:
-        """Take the node's lead when it is free; as the leader, publish the node's beats."""
+        """Take the node's lead when it is free, or over from a stopped or gone leader when the node's
+        copy is late (module doc); as the leader, publish the node's beats."""
+        fd = self.folder.fd
+        gen, pid = _read_leader(fd)
+        if self.leader and gen > self._lock_gen:   # taken over while this rank was stopped: step down
+            self.close()
         if not self.leader:
-            if self._lock_fd < 0:
-                self._lock_fd = os.open(self.LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                                        dir_fd=self.folder.fd)
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return
-            self.leader = True
+            if not self._take(gen):
+                try:
+                    late = now - os.stat(self.PUBLISHED, dir_fd=fd, follow_symlinks=False).st_mtime
+                except FileNotFoundError:
+                    late = math.inf
+                if late <= 1.5 * self.interval_s or _running(pid) or not self._take(gen + 1):
+                    return
+                self.takeovers += 1
+                log.info("heartbeat: node %s's leader (pid %d) is stopped or gone and its copy %.1f s late: "
+                         "this rank leads", self.node, pid, late)
+            write_atomic(Path(self.LEADER), b"%d %d" % (self._lock_gen, os.getpid()), durable=False, dir_fd=fd)
         try:
             self.publish(now)
-        except OSError as e:   # a flaky shared disk: the ranks see a stale copy and write their own
+        except OSError as e:   # a flaky shared disk: the node's copy is late, the manager sees it
             log.warning("heartbeat: couldn't publish the node's beats in %s: %s", self.shared_dir, e)
+
+    def _take(self, gen: int) -> bool:
+        """This rank holds generation ``gen``'s lock now (``leader``), or it is held."""
+        if self._lock_fd >= 0 and self._lock_gen != gen:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        if self._lock_fd < 0:
+            self._lock_fd = os.open(_lock_name(gen), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                    dir_fd=self.folder.fd)
+            self._lock_gen = gen
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        self.leader = True
+        return True
 
     def publish(self, now: float) -> int:
         """Copy the node's beats of the newest life into ``node-<NODE>.jsonl``; the number copied."""
@@ -362,7 +425,9 @@ class NodeRelay:
         if fd < 0 or any(e.name.startswith(RANK_PREFIX) for e in os.scandir(fd)) or not no_lines_left(fd):
             return
         try:
-            for name in (self.PUBLISHED, self.LOCK, COPIED):
+            names = [self.PUBLISHED, self.LEADER, COPIED,
+                     *(e.name for e in os.scandir(fd) if e.name == self.LOCK or e.name.startswith("lock-"))]
+            for name in names:
                 try:
                     os.unlink(name, dir_fd=fd)
                 except FileNotFoundError:

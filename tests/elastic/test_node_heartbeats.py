@@ -1,12 +1,15 @@
 """Heartbeats aggregated per node (OMNI_HEARTBEAT_NODE_DIR, issue 19): the node's ranks write on the
 node, one of them copies their beats into one file on the shared folder, a rank writes its own file
-when no leader publishes, and its last beat always."""
+when the node folder is unusable (a stopped leader is taken over), and its last beat always."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,8 +58,7 @@ def test_one_file_per_node_and_the_lead_moves_on(tmp_path: Path) -> None:
         leader = next(hb for hb in node1 if hb.relay is not None and hb.relay.leader)
         leader.stop("done", exit_code=0)
         assert leader.path.exists()   # its last beat, in its own file
-        # (a loaded machine may delay a copy past 1.5 intervals: the others write their own files
-        # meanwhile, and remove them once the node's copy is newer again)
+        # (a late copy sends no rank to its own file: only the node folder unusable does)
         wait_for("only the leader's own file", lambda: own_files(shared) == [leader.path.name])
         rest = [hb for hb in node1 if hb is not leader]
         wait_for("a new leader", lambda: sum(hb.relay is not None and hb.relay.leader for hb in rest) == 1)
@@ -73,27 +75,74 @@ def test_one_file_per_node_and_the_lead_moves_on(tmp_path: Path) -> None:
     assert list(shm.iterdir()) == []   # each node's last rank removed its node folder
 
 
-def test_a_leader_that_stops_publishing_sends_the_ranks_to_their_own_files(tmp_path: Path) -> None:
+def test_a_live_leader_whose_copy_is_late_keeps_the_lead_and_no_rank_writes_its_own_file(tmp_path: Path) -> None:
     shared, shm = tmp_path / "hb", tmp_path / "shm"
     shm.mkdir()
-    stuck = NodeRelay(shm, shared_dir=shared, job_id="42", node="n1", rank=99, interval_s=INTERVAL)
-    lock = os.open(stuck.LOCK, os.O_RDWR | os.O_CREAT, 0o600, dir_fd=stuck.folder.fd)
-    fcntl.flock(lock, fcntl.LOCK_EX)   # a leader that holds the lock and never publishes (SIGSTOP)
+    slow = NodeRelay(shm, shared_dir=shared, job_id="42", node="n1", rank=99, interval_s=INTERVAL)
+    lock = os.open(slow.LOCK, os.O_RDWR | os.O_CREAT, 0o600, dir_fd=slow.folder.fd)
+    fcntl.flock(lock, fcntl.LOCK_EX)   # a leader alive (this process) stuck in the shared folder's write
+    (slow.folder_path / slow.LEADER).write_bytes(b"0 %d" % os.getpid())
     beats = ranks(shared, "n1", 3, shm)
     try:
         for hb in beats:
             hb.start()
-        wait_for("every rank's own file", lambda: own_files(shared) == ["rank-0.json", "rank-1.json", "rank-2.json"])
-        first = {b.rank: b.beats for b in read_heartbeats(shared)}
-        wait_for("the own files to move on", lambda: all(
-            b.beats > first[b.rank] for b in read_heartbeats(shared)))
-        assert not any(hb.relay is not None and hb.relay.leader for hb in beats)
-        # the stuck leader goes away: one rank leads, the own files go once the node's copy is newer
+        time.sleep(8 * INTERVAL)   # the node's copy is 8 intervals late: no fallback, no takeover
+        assert own_files(shared) == []
+        assert not any(hb.relay is not None and (hb.relay.leader or hb.relay.takeovers) for hb in beats)
+        # the slow leader goes away: one rank leads, the node's copy carries every rank
         os.close(lock)
-        wait_for("the node's copy", lambda: own_files(shared) == [] and len(read_heartbeats(shared)) == 3)
+        wait_for("the node's copy", lambda: len(read_heartbeats(shared)) == 3)
+        assert own_files(shared) == []
     finally:
         for hb in beats:
             hb.stop("stopping")
+
+
+RANK = f"""
+import sys, time
+from pathlib import Path
+from slurm_omni.elastic.heartbeat import Heartbeat
+hb = Heartbeat(Path(sys.argv[1]), rank=int(sys.argv[3]), stage=0, dp_rank=0, incarnation=0, job_id="42",
+               interval_s={INTERVAL!r}, node="n1", node_dir=Path(sys.argv[2]))
+hb.update(step=1, phase="training")
+hb.start()
+time.sleep(600)
+"""
+
+
+def test_a_stopped_leader_is_taken_over_by_one_rank_and_its_hang_still_shows(tmp_path: Path) -> None:
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(shared), str(shm), str(r)]) for r in range(3)]
+    folder = shm / f"omni-beats-{os.geteuid()}-42-n1"
+    try:
+        wait_for("the node's copy of 3 ranks", lambda: len(read_heartbeats(shared)) == 3)
+        gen, pid = map(int, (folder / "leader").read_text().split())
+        leader = next(p for p in procs if p.pid == pid)
+        stopped_rank = procs.index(leader)
+        os.kill(pid, signal.SIGSTOP)
+        before = {b.rank: b.time for b in read_heartbeats(shared)}
+        # one other rank of the node takes the lead over with the next lock; none writes its own file
+        wait_for("a takeover", lambda: (folder / "leader").read_text().split()[0] == str(gen + 1))
+        new_pid = int((folder / "leader").read_text().split()[1])
+        assert new_pid != pid and new_pid in {p.pid for p in procs}
+        wait_for("the live ranks' beats moving on", lambda: all(
+            b.time > before[b.rank] + INTERVAL for b in read_heartbeats(shared) if b.rank != stopped_rank))
+        time.sleep(4 * INTERVAL)
+        seen = {b.rank: b for b in read_heartbeats(shared)}
+        assert seen[stopped_rank].time == before[stopped_rank]   # the stopped rank's hang shows
+        assert all(seen[r].time > before[r] for r in range(3) if r != stopped_rank)
+        assert own_files(shared) == []
+        # resumed, the old leader steps down: the node keeps one leader, the new one
+        os.kill(pid, signal.SIGCONT)
+        wait_for("the resumed rank's beat", lambda: {b.rank: b.time for b in read_heartbeats(shared)}[stopped_rank]
+                 > before[stopped_rank])
+        assert (folder / "leader").read_text().split() == [str(gen + 1), str(new_pid)]
+        assert own_files(shared) == []
+    finally:
+        for p in procs:
+            p.kill()   # a stopped process too
+            p.wait()
 
 
 def test_without_a_node_name_or_node_folder_every_rank_writes_its_own_file(

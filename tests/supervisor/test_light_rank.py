@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -254,6 +255,47 @@ def test_light_ranks_aggregate_their_beats_per_node(tmp_path: Path, rank: list[s
     beats = read_heartbeats(tmp_path / "hb")
     assert {(b.rank, b.phase, b.step, b.exit_code) for b in beats} == {(r, "done", 150, 0) for r in range(4)}
     assert sorted(p.name for p in (tmp_path / "hb").glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
+
+
+def test_a_stopped_leader_is_taken_over_by_one_rank_and_its_hang_still_shows(tmp_path: Path, rank: list[str]) -> None:
+    """A node's leader SIGSTOPped keeps its lock: one other rank of the node takes the lead over (the
+    next generation's lock, named in ``leader``), no rank writes its own file on the shared folder, and
+    the stopped rank's beat, still copied, stops while its peers' go on (issue 19, the 512-node collapse)."""
+    shm = tmp_path / "shm"
+    procs = _start(tmp_path, 3, rank, OMNI_MAX_STEPS="1000000", OMNI_INCARNATION="0", SLURMD_NODENAME="nodeA",
+                   OMNI_HEARTBEAT_NODE_DIR=str(shm), OMNI_HEARTBEAT_INTERVAL="0.1")
+    folder, hb = shm / f"omni-beats-{os.geteuid()}-42-nodeA", tmp_path / "hb"
+
+    def wait(what: str, cond: Callable[[], bool]) -> None:
+        end = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < end, f"timed out waiting for {what}"
+            assert all(p.poll() is None for p in procs), f"a rank ended waiting for {what}"
+            time.sleep(0.02)
+
+    def lead() -> list[str]:
+        try:
+            return (folder / "leader").read_text().split()
+        except FileNotFoundError:
+            return []
+
+    try:
+        wait("the node's copy of 3 ranks", lambda: {b.rank for b in read_heartbeats(hb)} == {0, 1, 2})
+        wait("a leader", lambda: len(lead()) == 2)
+        gen, pid = map(int, lead())
+        stopped = next(r for r, p in enumerate(procs) if p.pid == pid)
+        procs[stopped].send_signal(signal.SIGSTOP)
+        before = {b.rank: b.beats for b in read_heartbeats(hb)}
+        wait("a takeover", lambda: lead()[:1] == [str(gen + 1)])
+        assert int(lead()[1]) in {p.pid for p in procs} - {pid}
+        wait("the live ranks' beats moving on", lambda: all(
+            b.beats >= before[b.rank] + 3 for b in read_heartbeats(hb) if b.rank != stopped))
+        assert {b.rank: b.beats for b in read_heartbeats(hb)}[stopped] == before[stopped]   # its hang shows
+        assert sorted(p.name for p in hb.glob("rank-*.json")) == []   # no rank fell back to its own file
+    finally:
+        for p in procs:
+            p.kill()   # a stopped one too
+            p.wait()
 
 
 def _remove_folder(folder: Path) -> None:
