@@ -590,7 +590,6 @@ class Supervisor:
         self._report_at = None
         reads = NodeReads(lambda names: self.slurm.node_info(names, timeout_s=SLOW_SLURM_S)[0], self.clock,
                           job_state=lambda: self.slurm.job_state(timeout_s=SLOW_SLURM_S),
-                          read_one=lambda node: self.slurm.node_alone(node, timeout_s=SLOW_SLURM_S),
                           step_id=None if known_id or job != self._alloc_id
                           else lambda: job_step_names(self.runner, job).get(name, ""))
         self._known, self._reads = KnownStates(), reads
