@@ -583,8 +583,9 @@ class Supervisor:
         # holds up neither srun's other reports nor the heartbeats, and the rule confirms on whichever
         # second signal comes first. Beside the loop a late answer holds nothing up: each read waits
         # SLOW_SLURM_S (512 nodes at load 450+: the named node's read did not finish within 10 s)
-        # A node srun named is read alone (its record, not the cluster's); the step's id is learned
-        # beside the loop, so the kill after a confirmation asks Slurm nothing first (issue 19)
+        # The step's id is learned beside the loop, so the kill after a confirmation asks Slurm nothing
+        # first (issue 19). A node srun named is read with ``scontrol show node`` (``sinfo`` of it alone,
+        # tried, reached the rule as usable at srun's report: docs/in-allocation.md)
         known_id = self._observer.step_id if self._observer is not None else ""
         job, name = self._proc_job, self._step_name(cur)
         self._report_at = None
