@@ -106,6 +106,8 @@ from bench.scale_end import (
     beats_said,
     finish_check,
     finish_time,
+    launch_ranks,
+    ranks_said,
     step_budget,
     unplanned,
     wait_ended,
@@ -989,7 +991,7 @@ class Job:
         if base is None:
             return False
         beats = self.beats(la.incarnation)
-        return len(beats) == self.ranks and min(b.last_checkpoint_step or 0 for b in beats) > base
+        return len(beats) == self.ranks_of(la) and min(b.last_checkpoint_step or 0 for b in beats) > base
 
     def fault(self, fault: str, sup: int | None) -> None:
         """One fault into the launch running once it checkpointed past its restore, then its recovery
@@ -1004,7 +1006,7 @@ class Job:
         if why:
             raise TimeoutError(f"launch {k}: the ranks did not all checkpoint past their restored step "
                                f"{self.restored(inc)}: {why}; "
-                               f"{beats_said(self.beats(inc), self.ranks, k, self.budget)}")
+                               f"{beats_said(self.beats(inc), self.ranks_of(la), k, self.budget)}")
         for j in unplanned(k + 1, [r.launch for r in self.runs if r.launch is not None]):
             self.log(f"launch {j} followed no fault of the bench: launch {j - 1} confirmed "
                      f"{self.launches()[j - 1].confirmed.cause if self.launches()[j - 1].confirmed else '?'}")
@@ -1050,8 +1052,9 @@ class Job:
         made = self.lines.last_step.get(self.launches()[number - 1].incarnation)
         at_fault = run.step_at_fault or 0
         run.overrun_s = None if made is None else max(0, made - at_fault) * pace
+        shrunk = "" if (n := self.ranks_of(nxt)) == self.ranks else f"; {ranks_said(n, self.ranks)} ranks"
         self.log(f"launch {nxt.number} stepping (restored {restored}; fault at step {at_fault}, the old ranks "
-                 f"made {'?' if made is None else max(0, made - at_fault)} after it)")
+                 f"made {'?' if made is None else max(0, made - at_fault)} after it{shrunk})")
 
     def finish(self) -> None:
         """The run's end, set by the bench: a finish time every light rank turns into one last step,
@@ -1111,7 +1114,13 @@ class Job:
             out.append((at - took, took, name, m["kind"] == "started"))
         return out
 
-    def split(self, run: Run, confirmed_at: float | None, journaled_at: float, tasks: list[float]) -> None:
+    def ranks_of(self, launch: Any) -> int:
+        """The ranks ``launch`` runs, as the supervisor journaled its nodes (fewer than the job's when it
+        shrank the launch)."""
+        return launch_ranks(launch.layout.components, TASKS_PER_NODE)
+
+    def split(self, run: Run, confirmed_at: float | None, journaled_at: float, tasks: list[float],
+              ranks: int) -> None:
         """decide's commands and launch's parts (``SPLIT``)."""
         cmds = self.commands()
         if confirmed_at is not None:
@@ -1119,7 +1128,7 @@ class Job:
             run.decide_cmds = [f"{name} +" if started else f"{name} {took:.2f}" for _, took, name, started in inside]
             run.split["decide_cmds"] = sum(took for _, took, _, started in inside if not started)
         sruns = [at for at, _, name, started in cmds if started and name.startswith("srun") and at >= journaled_at - 0.01]
-        if sruns and len(tasks) == self.ranks:
+        if sruns and len(tasks) == ranks:
             run.split["to_srun"] = sruns[0] - journaled_at
             run.split["srun_to_task"] = min(tasks) - sruns[0]
             run.split["task_spread"] = max(tasks) - min(tasks)
@@ -1149,15 +1158,16 @@ class Job:
             run.confirmed_by.extend(f"the supervisor's loop: {what} {max(v):.2f} s (the longest of {len(v)})"
                                     for what, v in late.items())
         first = self.first_lines(l1.incarnation)
+        ranks = self.ranks_of(l1)
         started = [float(x["task_started_at"]) for x in first.values() if x.get("task_started_at")]
         ready = [float(x["groups_ready_at"]) for x in first.values() if x.get("groups_ready_at")]
         stepped = [float(x["time"]) for x in first.values() if x.get("time")]   # each rank's first step's line
         marks: list[tuple[str, float | None]] = [
             ("detect", conf.detected_at if conf else None), ("confirm", conf.confirmed_at if conf else None),
             ("decide", l1.started_at),
-            ("launch", max(started) if len(started) == self.ranks else None),
-            ("rendezvous", max(ready) if len(ready) == self.ranks else None),
-            ("first_step", max(stepped) if len(stepped) == self.ranks else None)]
+            ("launch", max(started) if len(started) == ranks else None),
+            ("rendezvous", max(ready) if len(ready) == ranks else None),
+            ("first_step", max(stepped) if len(stepped) == ranks else None)]
         prev: float | None = run.fault_at
         for name, at in marks:
             if at is not None and prev is not None:
@@ -1166,9 +1176,9 @@ class Job:
         if run.phases.get("first_step") is not None:
             run.total = sum(run.phases.values())
         if l1.started_at is not None:
-            self.split(run, conf.confirmed_at if conf else None, float(l1.started_at), started)
+            self.split(run, conf.confirmed_at if conf else None, float(l1.started_at), started, ranks)
         store = first.get(0, {}).get("groups_ready_at")   # rank 0 is ready once every rank joined its store
-        if store and len(started) == self.ranks and len(ready) == self.ranks:
+        if store and len(started) == ranks and len(ready) == ranks:
             run.split["rdv_join"] = float(store) - max(started)
             run.split["rdv_answer"] = max(ready) - float(store)
             said = self.store_line(l1.number)
@@ -1177,7 +1187,7 @@ class Job:
         cpu = self.decide_cpu(k)
         if cpu is not None:
             run.split["decide_cpu"] = cpu
-        if stepped and len(stepped) == self.ranks:
+        if stepped and len(stepped) == ranks:
             seconds, used, procs, busy = self.size.sampler.window(run.fault_at, max(stepped))
             if seconds:
                 run.cpu_share = {"seconds": seconds, "cpu": used, "procs": procs, "machine": busy,
@@ -1188,9 +1198,10 @@ class Job:
         for la in st.launches[1:]:
             first = self.first_lines(la.incarnation)
             restored = {x.get("restored_step") for x in first.values()}
-            ok = len(first) == self.ranks and len(restored) == 1 and next(iter(restored)) not in (None, 0)
+            ranks = self.ranks_of(la)
+            ok = len(first) == ranks and len(restored) == 1 and next(iter(restored)) not in (None, 0)
             r.checks.append(f"{'PASS' if ok else 'FAIL'} {self.path}: every rank of launch {la.number} restored the "
-                            f"same step: {len(first)}/{self.ranks} ranks, restored steps "
+                            f"same step: {len(first)}/{ranks_said(ranks, self.ranks)} ranks, restored steps "
                             f"{sorted(s for s in restored if s is not None)}")
         extra = unplanned(len(st.launches), [x.launch for x in self.runs if x.launch is not None])
         causes = [f"launch {j} after launch {j - 1} confirmed "
@@ -1199,7 +1210,7 @@ class Job:
                         f"injected: {len(st.launches) - 1 - len(extra)} of {len(st.launches) - 1}"
                         + (f" ({'; '.join(causes)})" if causes else ""))
         last = st.launches[-1]
-        done_ok, done = finish_check(self.beats(last.incarnation), self.ranks, self.budget)
+        done_ok, done = finish_check(self.beats(last.incarnation), self.ranks_of(last), self.budget)
         state = self.job_state()
         # in-allocation the batch script ends the job; in allocation mode the supervisor releases it
         want = "COMPLETED" if self.path == "inalloc" else "CANCELLED"

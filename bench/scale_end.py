@@ -97,3 +97,18 @@ def unplanned(launches: int, injected: Iterable[int]) -> list[int]:
     follows a fault injected into launch j - 1."""
     caused = {k + 1 for k in injected}
     return [j for j in range(1, launches) if j not in caused]
+
+
+def launch_ranks(components: Sequence[Sequence[str]], tasks_per_node: int) -> int:
+    """How many ranks a launch runs: its nodes as the supervisor journaled them (a relaunch it shrank
+    runs fewer than the job's first launch), ``tasks_per_node`` on each. The bench's waits and checks
+    count a launch's ranks by this, not by the job's size (08:02, 512 nodes: a relaunch shrunk to 1,852
+    ranks was waited for as 2,044 until the wait's 600 s ran out)."""
+    if tasks_per_node < 1:
+        raise ValueError(f"scale bench: couldn't count a launch's ranks: {tasks_per_node} tasks per node (must be >= 1)")
+    return tasks_per_node * sum(len(c) for c in components)
+
+
+def ranks_said(ranks: int, first_ranks: int) -> str:
+    """A launch's rank count as the checks say it: ``N`` or ``N (shrunk from M)``."""
+    return f"{ranks}" if ranks == first_ranks else f"{ranks} (shrunk from {first_ranks})"

@@ -31,6 +31,8 @@ from bench.scale_end import (
     beats_said,
     finish_check,
     finish_time,
+    launch_ranks,
+    ranks_said,
     step_budget,
     unplanned,
     wait_ended,
@@ -284,3 +286,24 @@ def test_the_pid_space_is_widened_for_a_size_above_64_nodes_only(tmp_path: Path)
     assert int(pid_max.read_text()) == PID_MAX_WANTED
     assert widen_pid_space([512], pid_max) == f"kernel.pid_max={PID_MAX_WANTED}"
     assert "unread" in widen_pid_space([512], tmp_path / "missing")
+
+
+def test_a_launch_counts_the_ranks_of_the_nodes_the_supervisor_journaled_for_it() -> None:
+    first = [[f"node{i}" for i in range(1, 512)]]
+    shrunk = [[f"node{i}" for i in range(1, 512) if i % 11]]   # 465 of 511 nodes left
+    assert launch_ranks(first, 4) == 2044
+    assert launch_ranks(shrunk, 4) == 4 * 465
+    assert launch_ranks([["a", "b"], ["c"]], 2) == 6   # every component's nodes
+    assert ranks_said(2044, 2044) == "2044"
+    assert ranks_said(1860, 2044) == "1860 (shrunk from 2044)"
+    with pytest.raises(ValueError, match="0 tasks per node"):
+        launch_ranks(first, 0)
+
+
+def test_a_shrunk_launch_is_checked_against_its_own_ranks_not_the_jobs() -> None:
+    # 1,852 ranks of a launch shrunk from 2,044, every one done at one saved step: finished
+    beats = [_hb(r, 30, "done", ckpt=30, code=0) for r in range(1852)]
+    ranks = launch_ranks([[f"node{i}" for i in range(463)]], 4)
+    assert finish_check(beats, ranks, 7201) == (True, "1852/1852 ranks done at step 30")
+    ok, said = finish_check(beats, 2044, 7201)   # the job's first count would call it unfinished
+    assert not ok and said.startswith("1852/2044")
