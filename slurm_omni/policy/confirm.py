@@ -10,7 +10,9 @@ The rule (evaluated at an injected ``now``; all times in one clock, the manager'
 
 - CONFIRMED when level 1 and level 2 agree: a level-1 signal names a node on which a stale rank
   runs; when a heartbeat does not name its node, a signal of the same het component agrees (a
-  rank whose last heartbeat says phase "failed" counts as a task exit of its component);
+  rank whose last heartbeat says phase "failed" counts as a task exit of its component); a node
+  NOT_RESPONDING does not agree with its ranks still starting (one cause: the launch starving the
+  node's slurmd and the tasks it forked together, ``_one_cause``);
 - CONFIRMED as a hang when level 2 alone has held for ``hang_timeout``, once a rank reported a step
   (before it, a start-up that never reaches one is ``startup_timeout_s``'s, below);
 - CONFIRMED as stuck when the global step has not advanced for ``stuck_timeout`` although
@@ -237,6 +239,19 @@ class _RankState:
     phase: str
 
 
+def _one_cause(signal: Level1Signal, rank: _RankState) -> bool:
+    """Is a stale rank's silence the same cause as ``signal``, not a second source: a node's slurmd
+    not answering (NOT_RESPONDING) while its rank is still starting (its beats in this launch say
+    ``starting``: its task starting, the rendezvous, the restore). The launch's start is what starves
+    both: slurmd forking the step's tasks and the tasks it just forked share the node's cores, and
+    ranks wait on each other by design then (512 emulated nodes on one host, 08:08: 48 nodes
+    NOT_RESPONDING and their starting ranks stale were confirmed a failure 80 s into a relaunch
+    nobody had faulted, which then shrank to 1,852 ranks; issue 19). A node that is gone still
+    confirms: DOWN or FAIL (srun's report and Slurm's state), its tasks' exits, the step's end, or
+    NOT_RESPONDING once its ranks had stepped in this launch."""
+    return signal.kind == "not_responding" and rank.phase == "starting"
+
+
 @dataclass(slots=True)
 class Confirmer:
     """Confirmation for one incarnation of one job. ``layout`` maps het offset -> its nodes."""
@@ -420,7 +435,7 @@ class Confirmer:
                                  f"level 1 and level 2 at once")
         if onset is not None:
             stale = [self._ranks[rank] for rank in stale_since]
-            agreeing = [s for s in level1 if any(self._agree(s, r) for r in stale)]
+            agreeing = [s for s in level1 if any(self._agree(s, r) and not _one_cause(s, r) for r in stale)]
             if agreeing:
                 first = min(agreeing, key=lambda s: s.time)
                 return self._confirm(now, first.kind, agreeing, stale_since, onset,

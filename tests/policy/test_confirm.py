@@ -579,3 +579,52 @@ def test_the_nodes_silence_counts_the_ranks_whose_newest_beat_names_it() -> None
     c.observe(NodeObservation(1.1, "n1", NodeState.DOWN, "", source="srun"))
     d = c.evaluate(3.0)
     assert d.verdict is Verdict.CONFIRMED and d.nodes == ("n1",) and d.ranks == (0,)
+
+
+def _starting_then_t1_starved(c: Confirmer, until: float) -> None:
+    """Every rank beats ``starting`` (step -1: its task started, it waits for the rendezvous); the
+    ranks of node t1 beat until 2 s, then starve."""
+    t = 0.0
+    while t <= until:
+        for rank, node in RANK_NODE.items():
+            if node != "t1" or t < 2.0:
+                c.observe(Heartbeat(t, rank, -1, node, RANK_OFFSET[rank], "starting"))
+        t += 0.5
+
+
+def test_a_node_not_responding_while_its_ranks_start_is_one_cause_not_two() -> None:
+    """Recorded from the 512-node lane (08:08, issue 19): a relaunch's tasks starting on one host
+    starved slurmd and the ranks it had just forked together; 48 nodes NOT_RESPONDING and their
+    starting ranks stale were confirmed ``not_responding`` 80 s in, and the relaunch after it shrank.
+    Slurm's word and that silence are one cause while the ranks start: suspect, not confirmed."""
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _starting_then_t1_starved(c, 20.0)
+    c.observe(NodeObservation(10.0, "t1", NodeState.NOT_RESPONDING))
+    d = c.evaluate(20.0)
+    assert d.verdict is Verdict.SUSPECT and d.nodes == ("t1",) and d.ranks == (2,)
+
+
+@pytest.mark.parametrize("state", [NodeState.DOWN, NodeState.FAIL])
+def test_a_node_gone_while_its_ranks_start_still_confirms(state: NodeState) -> None:
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _starting_then_t1_starved(c, 20.0)
+    c.observe(NodeObservation(10.0, "t1", NodeState.NOT_RESPONDING))
+    c.observe(NodeObservation(12.0, "t1", state))
+    d = c.evaluate(20.0)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == state.name.lower() and d.nodes == ("t1",)
+
+
+def test_a_node_not_responding_whose_ranks_had_stepped_confirms_with_their_silence() -> None:
+    """Two sources still: the ranks stepped in this launch, then the node's slurmd and its ranks went
+    silent together while the others stopped stepping (a node hung)."""
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    t = 0.0
+    while t <= 20.0:
+        for rank, node in RANK_NODE.items():
+            if node != "t1" or t < 10.0:
+                c.observe(Heartbeat(t, rank, min(int(t * 2), 20), node, RANK_OFFSET[rank]))
+        t += 0.5
+    c.observe(NodeObservation(11.0, "t1", NodeState.NOT_RESPONDING))
+    d = c.evaluate(20.0)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "not_responding" and d.nodes == ("t1",)
+    assert d.ranks == (2,)
