@@ -85,7 +85,9 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -116,7 +118,7 @@ from slurm_omni.cluster.local import LocalCluster
 from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
 from slurm_omni.errors import SlurmError
 from slurm_omni.formats import encode
-from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord
+from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord, node_dir_setting
 from slurm_omni.fsio import write_atomic
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.hostlist import compress
@@ -403,6 +405,35 @@ def kill_leftovers(jobs: set[str], state_dir: Path, root: Path) -> dict[int, str
             killed[pid] = ("supervisor" if "supervise" in argv else "light rank" if is_light_rank(argv)
                            else Path(name).name)
     return killed
+
+
+def beat_folders_of(jobs: set[str], uid: int, names: list[str]) -> list[str]:
+    """The names among ``names`` (a node-local heartbeat folder's entries) that are the node folders of
+    ``jobs`` (``omni-beats-<uid>-<job>-<node>``, elastic/heartbeat.py): the lane's embedded clusters run
+    no SPANK epilog, which removes them on a site, so a run of 8-512 nodes left one per node and job
+    (400+ after two 64-node runs, issue 19)."""
+    prefixes = tuple(f"omni-beats-{uid}-{job}-" for job in jobs)
+    return sorted(n for n in names if prefixes and n.startswith(prefixes))
+
+
+def remove_beat_folders(jobs: set[str], base: Path) -> int:
+    """Remove this run's node folders under ``base`` (``beat_folders_of``; a folder only, never what a
+    link points to); how many went."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    gone = 0
+    for name in beat_folders_of(jobs, os.geteuid(), names):
+        path = base / name
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                continue
+            shutil.rmtree(path)
+            gone += 1
+        except OSError:
+            pass
+    return gone
 
 
 def ancestors() -> list[int]:
@@ -1962,6 +1993,11 @@ def main() -> int:
                         kinds = sorted({k: sum(v == k for v in left.values()) for k in left.values()}.items())
                         size.log(f"killed {len(left)} processes of this run left after the cluster went down: "
                                  + ", ".join(f"{k} {n}" for k, n in kinds))
+                    base = node_dir_setting({"OMNI_HEARTBEAT_NODE_DIR": args.heartbeat_node_dir}
+                                            if args.heartbeat_node_dir else {})
+                    folders = remove_beat_folders(OWN_JOBS, base) if base is not None else 0
+                    if folders:
+                        size.log(f"removed {folders} node heartbeat folder(s) of this run's jobs")
                 size.spent("down", t1)
                 size.result.elapsed_s = time.monotonic() - t0
                 loads = [x.load for x in size.result.runs if x.load]

@@ -18,10 +18,12 @@ from bench.scale_bench import (
     FAULTS,
     Result,
     Run,
+    beat_folders_of,
     kill_leftovers,
     leftover,
     load_results,
     log_slope,
+    remove_beat_folders,
     run_value,
     whole_run,
     write_json,
@@ -307,3 +309,19 @@ def test_a_shrunk_launch_is_checked_against_its_own_ranks_not_the_jobs() -> None
     assert finish_check(beats, ranks, 7201) == (True, "1852/1852 ranks done at step 30")
     ok, said = finish_check(beats, 2044, 7201)   # the job's first count would call it unfinished
     assert not ok and said.startswith("1852/2044")
+
+
+def test_the_node_heartbeat_folders_of_the_runs_own_jobs_go_and_no_other(tmp_path: Path) -> None:
+    names = ["omni-beats-0-16001-node1", "omni-beats-0-16001-node512", "omni-beats-0-160011-node1",
+             "omni-beats-0-42-node3", "omni-beats-1000-16001-node1", "other"]
+    assert beat_folders_of({"16001"}, 0, names) == ["omni-beats-0-16001-node1", "omni-beats-0-16001-node512"]
+    assert beat_folders_of(set(), 0, names) == []
+    uid = os.geteuid()
+    (tmp_path / f"omni-beats-{uid}-7-node1").mkdir()
+    (tmp_path / f"omni-beats-{uid}-7-node1" / "node-node1.jsonl").write_text("{}\n")
+    (tmp_path / "target").mkdir()
+    (tmp_path / f"omni-beats-{uid}-7-node2").symlink_to(tmp_path / "target")   # a link: left alone
+    (tmp_path / f"omni-beats-{uid}-8-node1").mkdir()                           # another job's
+    assert remove_beat_folders({"7"}, tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["target", f"omni-beats-{uid}-7-node2", f"omni-beats-{uid}-8-node1"])
