@@ -204,7 +204,10 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
 
 
 LARGE_SETTINGS: tuple[tuple[str, str, str], ...] = (
-    ("MessageTimeout", "60", "a message answered late is the one host's load, not a lost node"),
+    ("MessageTimeout", "100", ("a message answered late is the one host's load, not a lost node; srun's task launch "
+                               "waits this long for each slurmd: a 512-node relaunch's first task started 57 s after "
+                               "srun (05:03), and at 08:08 48 nodes answered after 60 s ('Task launch ... failed: "
+                               "Socket timed out'), srun aborted the launch")),
     ("TCPTimeout", "10", "connections to 512 slurmd on 2 shared cores open slowly"),
     ("SlurmdTimeout", "300", ("slurmctld pings every slurmd each SlurmdTimeout/3: one ping round per 100 s "
                               "instead of per 20 s (512 RPCs a round); the lane sets nodes DOWN itself, never "

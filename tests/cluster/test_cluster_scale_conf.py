@@ -30,7 +30,7 @@ def test_a_large_cluster_gets_each_setting_once_with_more_time() -> None:
     conf = render_slurm_conf(spec, ClusterPaths(Path("/x")))
     keys = _keys(conf)
     assert all(len(v) == 1 for v in keys.values()), {k: v for k, v in keys.items() if len(v) > 1}
-    assert (keys["MessageTimeout"], keys["SlurmdTimeout"], keys["SlurmdDebug"]) == (["60"], ["300"], ["error"])
+    assert (keys["MessageTimeout"], keys["SlurmdTimeout"], keys["SlurmdDebug"]) == (["100"], ["300"], ["error"])
     # what each slurmstepd and slurmctld does per node or per process is cut (docs/in-allocation.md "Scale")
     assert (keys["ProctrackType"], keys["UnkillableStepTimeout"]) == (["proctrack/pgid"], ["600"])
     assert keys["SchedulerParameters"] == ["bf_interval=30,bf_resolution=60"]
@@ -55,7 +55,7 @@ def test_the_scale_lane_gets_the_large_settings_at_every_size() -> None:
     """The scale bench's 8 and 64 nodes run under the settings of its 512 (its slopes compare like with like)."""
     keys = _keys(render_slurm_conf(ClusterSpec(nodes=8, hostname="h", scale_lane=True), ClusterPaths(Path("/x"))))
     assert all(len(v) == 1 for v in keys.values())
-    assert (keys["MessageTimeout"], keys["ProctrackType"], keys["SlurmdTimeout"]) == (["60"], ["proctrack/pgid"], ["300"])
+    assert (keys["MessageTimeout"], keys["ProctrackType"], keys["SlurmdTimeout"]) == (["100"], ["proctrack/pgid"], ["300"])
 
 
 def test_more_nodes_than_one_machine_runs_is_refused() -> None:
