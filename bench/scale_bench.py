@@ -407,6 +407,20 @@ def kill_leftovers(jobs: set[str], state_dir: Path, root: Path) -> dict[int, str
     return killed
 
 
+def stuck_steps(argvs: dict[int, list[str]], job_id: str, holds_ours: Any) -> dict[str, int]:
+    """The slurmstepd of ``job_id``'s numbered steps (``slurmstepd: [JOB.N]``; not its batch or extern
+    step) among ``argvs`` (pid -> argv) that hold a socket of this cluster (``holds_ours(pid)``: job
+    ids name no cluster): step -> pid."""
+    out: dict[str, int] = {}
+    for pid, argv in argvs.items():
+        if not argv or not argv[0].startswith("slurmstepd: [") or not argv[0].endswith("]"):
+            continue
+        job, _, step = argv[0][len("slurmstepd: ["):-1].partition(".")
+        if job == job_id and step.isdigit() and holds_ours(pid):
+            out[f"{job}.{step}"] = pid
+    return out
+
+
 def beat_folders_of(jobs: set[str], uid: int, names: list[str]) -> list[str]:
     """The names among ``names`` (a node-local heartbeat folder's entries) that are the node folders of
     ``jobs`` (``omni-beats-<uid>-<job>-<node>``, elastic/heartbeat.py): the lane's embedded clusters run
@@ -1095,8 +1109,12 @@ class Job:
         write_atomic(self.finish_file, f"{at!r}\n", durable=False)
         self.log(f"finishing: every rank ends at the first step due at or after "
                  f"{time.strftime('%H:%M:%S', time.gmtime(at))}.{int(at % 1 * 100):02d} UTC")
-        self.ended = self.wait(lambda: self.journal().state.outcome is not None and self.job_finished(),
-                               self.args.timeout)
+        self.ended = self.wait(lambda: self.journal().state.outcome is not None, self.args.timeout)
+        if not self.ended:
+            self.ended = self.wait(self.job_finished, STUCK_STEP_S)
+        if self.ended and self.journal().state.outcome is not None:
+            self.end_stuck_steps(time.monotonic() - t0)
+            self.ended = self.wait(self.job_finished, self.args.timeout)
         self.said_stepping()   # the job over: every line is in, the old ranks long gone
         if self.proc is not None:
             try:
@@ -1104,6 +1122,29 @@ class Job:
             except subprocess.TimeoutExpired:
                 pass
         self.size.spent("finish", t0)
+
+    def end_stuck_steps(self, since_s: float) -> None:
+        """The journal says done but the job has not ended STUCK_STEP_S later: SIGKILL the slurmstepd of
+        this job's steps still there (``stuck_steps``), said in the checks. Slurm 22.05 on one host: a
+        killed step's slurmstepd outlived its step by 8+ minutes after slurmctld logged "Step complete
+        ... was already processed" (07:08, 10:31 at 64 nodes: the run done, the job's end held), which
+        held the size's wait for its 600 s."""
+        try:
+            sockets = socket_inodes_under(Path("/proc/net/unix").read_text(), Path(self.args.state_dir).resolve())
+        except OSError:
+            sockets = set()
+        found = stuck_steps({pid: cmdline(pid) for pid in pids()}, self.job_id,
+                            lambda pid: holds_socket(pid, sockets))
+        for pid in found.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        what = ", ".join(f"{step} (pid {pid})" for step, pid in sorted(found.items())) or "none found"
+        self.log(f"the run is done but job {self.job_id} has not ended {since_s:.0f} s after the finish was "
+                 f"written: its steps' slurmstepd left: {what}; SIGKILLed")
+        self.size.result.checks.append(f"note: {self.path}: job {self.job_id}'s end waited for its steps' "
+                                       f"slurmstepd after the run was done: {what}, SIGKILLed by the bench")
 
     def supervisor_log(self) -> str:
         try:
@@ -1793,6 +1834,10 @@ def saturated(nodes: int, measured: list[Result], paced_s: float, spares: int) -
             f"{os.cpu_count()} cores), and {TASKS_PER_NODE * (nodes - spares)} would need more CPU still")
 
 
+STUCK_STEP_S = 60.0
+"""How long the job may take to end after the journal said done before the bench looks for its steps'
+slurmstepd left (``Job.end_stuck_steps``): the 512-node jobs' whole finish, done and the job's end, took
+about 35 s a path (05:03)."""
 KILL_GRACE_S = 60.0
 """What the supervisor waits at most for a killed step's srun when two launches do not fit in memory."""
 

@@ -25,6 +25,7 @@ from bench.scale_bench import (
     log_slope,
     remove_beat_folders,
     run_value,
+    stuck_steps,
     whole_run,
     write_json,
 )
@@ -325,3 +326,12 @@ def test_the_node_heartbeat_folders_of_the_runs_own_jobs_go_and_no_other(tmp_pat
     assert remove_beat_folders({"7"}, tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["target", f"omni-beats-{uid}-7-node2", f"omni-beats-{uid}-8-node1"])
+
+
+def test_the_steps_left_of_a_job_that_is_done_are_its_numbered_steps_on_this_cluster() -> None:
+    argvs = {10: ["slurmstepd: [2101.1]"], 11: ["slurmstepd: [2101.batch]"], 12: ["slurmstepd: [2101.extern]"],
+             13: ["slurmstepd: [21011.1]"], 14: ["slurmstepd: [2101.3]"], 15: ["python", "slurmstepd: [2101.2]"],
+             16: [], 17: ["slurmstepd: [2101.4]"]}
+    ours = {10, 11, 12, 13, 15, 16, 17}   # 14 holds another cluster's socket (the same job id there)
+    assert stuck_steps(argvs, "2101", lambda pid: pid in ours) == {"2101.1": 10, "2101.4": 17}
+    assert stuck_steps(argvs, "9", lambda pid: True) == {}
