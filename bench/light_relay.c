@@ -482,13 +482,21 @@ int relay_lead(struct relay *r, double now)
             double late = 1e300;
             if (fstatat(r->fd, "published", &st, AT_SYMLINK_NOFOLLOW) == 0)
                 late = now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9);
-            if (late <= 1.5 * r->interval || running(pid))
+            /* no leader named yet (pid 0): the lock's holder is between its lock and its name */
+            if (late <= 1.5 * r->interval || pid <= 0 || running(pid))
                 return 0;
             if ((took = relay_take(r, gen + 1)) <= 0)
                 return took;
             r->takeovers++;
             fprintf(stderr, "light rank: the node's leader (pid %ld) is stopped or gone and its copy %.1f s late: "
                     "this rank leads\n", pid, late);
+        }
+        read_leader(r->fd, &gen, &pid);
+        if (gen > r->lock_gen) {   /* taken over meanwhile: naming this rank would hide the newer lead */
+            close(r->lock_fd);
+            r->lock_fd = -1;
+            r->leader = 0;
+            return 0;
         }
         char stamp[64];
         int len = snprintf(stamp, sizeof stamp, "%d %ld", r->lock_gen, (long)getpid());

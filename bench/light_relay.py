@@ -157,11 +157,17 @@ class Relay:
                     late = now - os.stat("published", dir_fd=self.fd, follow_symlinks=False).st_mtime
                 except FileNotFoundError:
                     late = float("inf")
-                if late <= 1.5 * self.interval or _running(pid) or not self.take(gen + 1):
+                # no leader named yet (pid 0): the lock's holder is between its lock and its name
+                if late <= 1.5 * self.interval or pid <= 0 or _running(pid) or not self.take(gen + 1):
                     return
                 self.takeovers += 1
                 print(f"light rank: the node's leader (pid {pid}) is stopped or gone and its copy {late:.1f} s late: "
                       "this rank leads", file=sys.stderr, flush=True)
+            if _read_leader(self.fd)[0] > self.lock_gen:   # taken over meanwhile: do not hide the newer lead
+                os.close(self.lock_fd)
+                self.lock_fd = -1
+                self.leader = False
+                return
             _write_atomic("leader", b"%d %d" % (self.lock_gen, os.getpid()), dir_fd=self.fd)
             self.next_publish = 0.0
         if now < self.next_publish:

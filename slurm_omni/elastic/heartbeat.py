@@ -361,11 +361,15 @@ class NodeRelay:
                     late = now - os.stat(self.PUBLISHED, dir_fd=fd, follow_symlinks=False).st_mtime
                 except FileNotFoundError:
                     late = math.inf
-                if late <= 1.5 * self.interval_s or _running(pid) or not self._take(gen + 1):
+                # no leader named yet (pid 0): the lock's holder is between its lock and its name
+                if late <= 1.5 * self.interval_s or pid <= 0 or _running(pid) or not self._take(gen + 1):
                     return
                 self.takeovers += 1
                 log.info("heartbeat: node %s's leader (pid %d) is stopped or gone and its copy %.1f s late: "
                          "this rank leads", self.node, pid, late)
+            if _read_leader(fd)[0] > self._lock_gen:   # taken over meanwhile: do not hide the newer lead
+                self.close()
+                return
             write_atomic(Path(self.LEADER), b"%d %d" % (self._lock_gen, os.getpid()), durable=False, dir_fd=fd)
         try:
             self.publish(now)

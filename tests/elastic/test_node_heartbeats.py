@@ -268,3 +268,36 @@ def test_a_rank_whose_node_folder_the_last_launch_removed_opens_it_again(tmp_pat
     assert os.path.samestat(os.fstat(later.folder.fd), os.fstat(new.folder.fd))
     new.close()
     later.close()
+
+
+def test_a_lock_held_by_a_leader_not_yet_named_is_not_taken_over_and_a_newer_lead_is_not_hidden(tmp_path: Path) -> None:
+    """The relay's start-up race (tests/supervisor/test_light_rank.py failed 2 of 17 runs, 10:45): the
+    first leader holds the lock but has not written ``leader`` yet, and no copy was published; a
+    rank that took over then (pid 0 'stopped or gone', the copy 'infinitely late') led beside it,
+    and the first leader's name, written after, hid the takeover for good."""
+    shared, shm = tmp_path / "hb", tmp_path / "shm"
+    shm.mkdir()
+    relay = NodeRelay(shm, shared_dir=shared, job_id="42", node="n1", rank=1, interval_s=INTERVAL)
+    lock = os.open(relay.LOCK, os.O_RDWR | os.O_CREAT, 0o600, dir_fd=relay.folder.fd)
+    fcntl.flock(lock, fcntl.LOCK_EX)   # the first leader, between its lock and its name
+    try:
+        relay.lead(time.time() + 100 * INTERVAL)
+        assert not relay.leader and relay.takeovers == 0
+        assert not (relay.folder_path / relay.LEADER).exists()
+        os.close(lock)
+        lock = -1
+        take = relay._take
+
+        def taken_over_meanwhile(gen: int) -> bool:   # another rank names generation 1 just after this take
+            took = take(gen)
+            (relay.folder_path / relay.LEADER).write_bytes(b"1 %d" % os.getpid())
+            return took
+
+        relay._take = taken_over_meanwhile   # type: ignore[method-assign]
+        relay.lead(time.time())
+        assert not relay.leader   # it stepped down: its name would have hidden the newer lead
+        assert (relay.folder_path / relay.LEADER).read_bytes() == b"1 %d" % os.getpid()
+    finally:
+        if lock >= 0:
+            os.close(lock)
+        relay.close()
