@@ -642,6 +642,12 @@ class Size:
                 self.log(f"{len(slurmds) - joined} of {len(slurmds)} slurmd did not join {NODE_GROUP.path}")
         if CONTROL_GROUP is not None and ctld and not CONTROL_GROUP.join(ctld):
             self.log(f"slurmctld (pid {ctld}) did not join {CONTROL_GROUP.path}")
+        # one munged serves every emulated node (a cluster has one per node, on its own cores): starved
+        # at load 2,500 its listen backlog filled and a 512-node relaunch's tasks lost their credentials
+        # and launch replies (11:06: 'Munge encode failed ... Resource temporarily unavailable')
+        munged = self.cluster.running().get("munged")
+        if CONTROL_GROUP is not None and munged and not CONTROL_GROUP.join(munged):
+            self.log(f"munged (pid {munged}) did not join {CONTROL_GROUP.path}")
         self.spent("idle", started)
 
     def run(self) -> Result:
@@ -1621,10 +1627,12 @@ def print_settings() -> None:
               "in the group all ranks weigh a quarter of one (their interpreter starts before they join; slurmd, "
               "slurmstepd, srun and the supervisor keep their weight)")
     if CONTROL_GROUP is not None:
-        print(f"  slurmctld and the supervisor in the cgroup {CONTROL_GROUP.path or '-'} ({CONTROL_GROUP.how}): on a "
-              "cluster the control plane runs on hosts of its own, not on the nodes' cores; here the nodes' daemons "
+        print(f"  slurmctld, munged and the supervisor in the cgroup {CONTROL_GROUP.path or '-'} ({CONTROL_GROUP.how}): "
+              "on a cluster the control plane runs on hosts of its own, not on the nodes' cores; here the nodes' daemons "
               "tearing down a 512-node step left the supervisor's loop seconds late (17:44: a node loss confirmed "
-              "10.9 s after the fault, srun had reported it at +0.14 s); two sessions' weight, used only while they "
+              "10.9 s after the fault, srun had reported it at +0.14 s); munged, one for every emulated node (a cluster "
+              "has one per node), starved at load 2,500 and a 512-node relaunch lost its credentials (11:06, 'Munge "
+              "encode failed ... Resource temporarily unavailable'); two sessions' weight, used only while they "
               "have work (`--control-weight session`: each its own session's, as before)")
     if NODE_GROUP is not None:
         print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "
