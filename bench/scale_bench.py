@@ -699,7 +699,8 @@ class Job:
         """Whether the next launch waits for the killed step's ranks (two launches' ranks do not fit
         in memory at once), and the budget said."""
         r = self.size.result
-        why = two_launches_fit(self.nodes, [*self.size.measured, r], self.args.reserve_gib * 1024)
+        why = (two_launches_fit(self.nodes, [*self.size.measured, r], self.args.reserve_gib * 1024)
+               or one_host_relaunch(self.nodes))
         self.kill_grace = KILL_GRACE_S if why else 0.0
         if why:
             self.log(f"{why}: the supervisor waits up to {KILL_GRACE_S:g} s for the killed step's srun "
@@ -1846,8 +1847,27 @@ STUCK_STEP_S = 60.0
 """How long the job may take to end after the journal said done before the bench looks for its steps'
 slurmstepd left (``Job.end_stuck_steps``): the 512-node jobs' whole finish, done and the job's end, took
 about 35 s a path (05:03)."""
-KILL_GRACE_S = 60.0
-"""What the supervisor waits at most for a killed step's srun when two launches do not fit in memory."""
+KILL_GRACE_S = 120.0
+"""What the supervisor waits at most for a killed step's srun when two launches do not fit in memory or on
+one host's cores (``one_host_relaunch``): a 512-node step's ranks stepped on 55 s after its kill (11:05)."""
+
+
+SERIAL_RELAUNCH_NODES = 512
+"""From this size the next launch waits for the killed step (``--kill-grace``): one host does not tear a
+2,044-rank step down and start the next at once. 11:05 (512 nodes, in-allocation, load 260-3,670):
+the node loss's and the hang's relaunches, started beside the killed step (its ranks stepped on 55 s
+after the fault), failed at their task launch (munged's backlog full: 'Munge encode failed', 'Invalid
+job credential', 'Job credential replayed'), and the launch after each, with the old step gone,
+started; the crash's (its step over at once) started; 08:02 the same on both paths. At 256 nodes
+every relaunch beside the killed step started (08:02, 05:03)."""
+
+
+def one_host_relaunch(nodes: int) -> str:
+    """Why the next launch waits for the killed step at this size (``SERIAL_RELAUNCH_NODES``), or empty."""
+    if nodes < SERIAL_RELAUNCH_NODES:
+        return ""
+    return (f"{nodes} nodes on one host: a relaunch beside a killed step of {TASKS_PER_NODE * (nodes - SPARES)} "
+            "ranks failed at its task launch (munged overrun, 11:05 and 08:02)")
 
 
 def two_launches_fit(nodes: int, measured: list[Result], reserve_mib: float) -> str:

@@ -242,6 +242,9 @@ def test_the_next_launch_waits_for_the_old_ranks_only_when_two_launches_do_not_f
     assert sb.two_launches_fit(512, [Result(nodes=256, ranks=1020, memory={"rank_mib": 0.3, "slurmstepd_mib": 1.0})],
                                2 * 1024) == ""
     assert sb.two_launches_fit(512, [], 2 * 1024) == ""   # nothing measured yet: nothing to say
+    # whatever the memory: from 512 nodes a relaunch waits for the killed step (one host's cores, one munged)
+    assert sb.one_host_relaunch(256) == ""
+    assert sb.one_host_relaunch(512).startswith("512 nodes on one host: a relaunch beside a killed step of 2044 ranks")
 
 
 def test_what_the_run_left_goes_by_its_environment_and_nothing_else_does(tmp_path: Path) -> None:
