@@ -10,7 +10,7 @@ from datetime import datetime
 
 from slurm_omni.slurm.hostlist import compress, expand
 from slurm_omni.slurm.parse_text import (
-    SINFO_ONE_NODE,
+    SINFO_NODE_LINES,
     nodes_from_records,
     nodes_from_sinfo,
     parse_records,
@@ -62,23 +62,17 @@ class AllocationView:
         self._addrs.update(addrs)
         return nodes_from_records(records, self.topology()), feats, addrs
 
-    def node_alone(self, name: str, timeout_s: float = 10.0) -> list[Node]:
-        """One node's state, reason, CPUs, gres and partitions, nothing of the others': ``sinfo
-        --nodes=NAME`` of one name asks slurmctld for that node's record alone, so the answer does not
-        grow with the cluster (``scontrol show node NAME`` loads every node's: issue 19). Empty when
-        Slurm does not know it."""
-        text = self.runner.run(["sinfo", "--noheader", "--Node", f"--nodes={name}", f"--Format={SINFO_ONE_NODE}"],
-                               timeout_s=timeout_s).stdout
-        return nodes_from_sinfo(text, self.topology())
-
     def failed_among(self, names: Sequence[str], timeout_s: float = 10.0) -> list[Node]:
         """Those of ``names`` that are down, drained or draining, failing or not responding (``sinfo
         --states``): what a relaunch must leave out, as one short answer (slurmctld sends every node,
-        sinfo prints these; the supervisor parses a few lines, not every node's record)."""
+        sinfo prints these; the supervisor parses a few lines, not every node's record). Not a node
+        set DOWN a moment ago whose CPUs sinfo still counts as its job's: sinfo prints it ``mixed``
+        and ``--states=down`` leaves it out (:data:`SINFO_NODE_LINES`); the read of a node srun
+        reported failed is ``scontrol show node``'s."""
         if not names:
             return []
         text = self.runner.run(["sinfo", "--noheader", "--Node", f"--nodes={compress(names)}",
-                                "--states=down,drain,fail,no_respond", f"--Format={SINFO_ONE_NODE}"],
+                                "--states=down,drain,fail,no_respond", f"--Format={SINFO_NODE_LINES}"],
                                timeout_s=timeout_s).stdout
         return nodes_from_sinfo(text, self.topology())
 

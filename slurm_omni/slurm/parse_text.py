@@ -1,5 +1,5 @@
-"""Pure parsers of ``scontrol show`` text (Slurm 22.05 has no ``scontrol --json``), and of the one
-node's ``sinfo`` line that a confirmation reads (:data:`SINFO_ONE_NODE`)."""
+"""Pure parsers of ``scontrol show`` text (Slurm 22.05 has no ``scontrol --json``), and of the node
+lines of ``sinfo`` that a relaunch reads (:data:`SINFO_NODE_LINES`)."""
 
 from __future__ import annotations
 
@@ -79,16 +79,21 @@ def nodes_from_records(records: list[dict[str, str]], topology: Topology | None 
     return nodes
 
 
-SINFO_ONE_NODE = "NodeList:0|,StateComplete:0|,CPUs:0|,Gres:0|,Partition:0|,Reason:0"
-"""``sinfo --noheader --Node --nodes=NAME --Format=...`` of one node: slurmctld sends that node's record
-alone (``slurm_load_node_single``), where ``scontrol show node NAME`` loads every node of the cluster
-and the partitions to print one (Slurm 22.05: 24 KB for 64 nodes, issue 19). One line per partition
-the node is in; the reason last, since it may hold the separator. Given a suffix, sinfo 22.05 neither
-pads nor cuts a field."""
+SINFO_NODE_LINES = "NodeList:0|,StateComplete:0|,CPUs:0|,Gres:0|,Partition:0|,Reason:0"
+"""``sinfo --noheader --Node --nodes=NAMES --Format=...``: one line per node and partition the node is
+in; the reason last, since it may hold the separator. Given a suffix, sinfo 22.05 neither pads nor cuts
+a field. The state is sinfo's own, not slurmctld's: sinfo prints a node whose CPUs it counts as partly
+allocated ``mixed`` whatever its base state (only a drained node keeps it; flags stay, ``*`` too), and
+for a node set DOWN under a job that count lags: the lines of ``sinfo_one_node_down_under_job.txt``
+(22.05, recorded 15 ms after srun's "Node failure on node2", beside ``scontrol show node``'s
+``State=DOWN CPUAlloc=0`` of the same moment, ``node_down_under_job.txt``) say ``mixed`` with the
+DOWN's reason, and ``--states=down`` prints nothing. So a node srun reports failed is read with
+``scontrol show node`` (the one-node ``sinfo`` read of issue 19 was withdrawn: its usable answer
+ended srun's report and the demo's node loss waited 1.4 s for the step's teardown)."""
 
 
 def nodes_from_sinfo(text: str, topology: Topology | None = None) -> list[Node]:
-    """:data:`SINFO_ONE_NODE`'s lines -> nodes, as :func:`nodes_from_records` makes them from
+    """:data:`SINFO_NODE_LINES`'s lines -> nodes, as :func:`nodes_from_records` makes them from
     ``scontrol show node`` (its lines of one node merged: their partitions)."""
     by_name: dict[str, list[str]] = {}
     parts: dict[str, list[str]] = {}

@@ -77,20 +77,18 @@ class NodeReads:
     """Reads of node states in daemon threads (a supervisor that exits does not wait for a slurmctld
     that does not answer). ``read`` runs the command (``AllocationView.node_info``'s nodes); ``clock``
     dates the answers in the supervisor's clock; ``job_state`` (``AllocationView.job_state``), when
-    given, is read with every full read, before the nodes. ``read_one`` (``AllocationView.node_alone``),
-    when given, reads the nodes srun named, one command per node whose answer is that node's record
-    alone: the second signal of a node loss does not grow with the cluster (issue 19). ``step_id``,
+    given, is read with every full read, before the nodes; the nodes srun named are read with
+    ``read`` too (``scontrol show node``: a one-node ``sinfo`` says ``mixed`` for a node set DOWN a
+    moment ago, ``slurm/parse_text.py`` SINFO_NODE_LINES). ``step_id``,
     when given, is asked with the full reads until it names the launch's step: the kill that follows a
     confirmation then needs no ``squeue`` of the job's steps (srun names its step only once it ends;
     at 512 nodes that query was decide's longest wait, 0.57 s at load 1,260)."""
 
     def __init__(self, read: Callable[[Sequence[str]], Sequence[Node]], clock: Callable[[], float], *,
                  job_state: Callable[[], str] | None = None,
-                 read_one: Callable[[str], Sequence[Node]] | None = None,
                  step_id: Callable[[], str] | None = None) -> None:
         self._read = read
         self._step_id = step_id
-        self._read_one = read_one
         self._clock = clock
         self._job_state = job_state
         self._answers: queue.SimpleQueue[NodeAnswer] = queue.SimpleQueue()
@@ -122,10 +120,7 @@ class NodeReads:
                     self._step_id = None   # a step keeps its id
             if full and self._job_state is not None:
                 state = self._job_state()
-            if full or self._read_one is None:
-                nodes = tuple(self._read(names))
-            else:
-                nodes = tuple(n for name in names for n in self._read_one(name))
+            nodes = tuple(self._read(names))
         except (SlurmError, OSError) as e:
             log.warning("supervisor: couldn't read node states: %s", e)
             nodes = None

@@ -89,26 +89,6 @@ def test_node_down_seen_with_reason(slurm_cluster) -> None:
                30, "node5 back in service")
 
 
-def test_one_node_read_alone_says_what_scontrol_says_of_it(slurm_cluster) -> None:
-    """The narrow read a node loss's confirmation makes (``sinfo`` of one node: slurmctld sends that
-    node's record alone, issue 19) gives the same node as ``scontrol show node``: state, reason,
-    partitions, CPUs, gres, switch path; a node Slurm does not know gives none."""
-    backend = slurm_cluster.backend()
-    view = AllocationView(CommandRunner(slurm_cluster.env), "0")
-    backend.set_node_state("node6", "DOWN", "omni-test: alone | with a bar")
-    try:
-        (alone,) = wait_until(lambda: [n for n in view.node_alone("node6") if n.state is NodeState.DOWN] or None,
-                              20, "node6 DOWN")
-        (full,), _, _ = view.node_info(["node6"])
-        assert alone == full and alone.reason == "omni-test: alone | with a bar" and alone.gres
-        assert alone.switch_path and len(alone.partitions) >= 2
-    finally:
-        backend.set_node_state("node6", "RESUME")
-    (back,) = wait_until(lambda: [n for n in view.node_alone("node6") if n.state.usable] or None, 30, "node6 back")
-    assert back == view.node_info(["node6"])[0][0]
-    assert view.node_alone("nosuchnode") == []
-
-
 def test_the_failed_among_a_jobs_nodes_are_read_after_a_fault(slurm_cluster) -> None:
     """What a relaunch must leave out, read after a task's exit: the down and the drained of the nodes
     asked, nothing of the others or of nodes not asked."""

@@ -122,8 +122,8 @@ def test_salloc_job_id(text: str, job_id: int | None) -> None:
     assert parse_salloc_job_id(text) == job_id
 
 
-def test_sinfo_one_node_lines_recorded() -> None:
-    """``sinfo --Node --nodes=NAME --Format=SINFO_ONE_NODE`` of three nodes (22.05, recorded): a line per
+def test_sinfo_node_lines_recorded() -> None:
+    """``sinfo --Node --nodes=NAMES --Format=SINFO_NODE_LINES`` of three nodes (22.05, recorded): a line per
     partition, merged; the reason may hold the separator; "none" is no reason."""
     nodes = {n.name: n for n in nodes_from_sinfo(read("sinfo_one_node.txt"))}
     assert list(nodes) == ["node60", "node61", "node2"]
@@ -150,6 +150,19 @@ def test_sinfo_one_node_switch_path_and_nothing() -> None:
     (node,) = nodes_from_sinfo("node6|idle|4|(null)|debug*|none\n", topo)
     assert node.switch_path == ("root", "leaf2")
     assert nodes_from_sinfo("") == []   # a node Slurm does not know: sinfo prints nothing
+
+
+def test_a_node_whose_slurmd_was_killed_under_a_step_recorded() -> None:
+    """22.05, recorded on the embedded cluster: node2's slurmd SIGKILLed under a step; 20 s later (the
+    SlurmdTimeout) one-node ``sinfo`` printed the node ``mixed+not_responding`` with the DOWN's reason
+    (sinfo's own ``mixed``, slurm/parse_text.py), ``scontrol show node`` 17 ms later DOWN+NOT_RESPONDING:
+    neither reads as usable."""
+    (line,) = nodes_from_sinfo(read("sinfo_one_node_slurmd_killed.txt"))
+    (record,) = parse_nodes(read("node_slurmd_killed_down.txt"))
+    assert (line.state, line.flags, line.reason) == (NodeState.NOT_RESPONDING, frozenset({"NOT_RESPONDING"}),
+                                                     "Not responding")
+    assert (record.state, record.reason) == (NodeState.DOWN, "Not responding")
+    assert not line.state.usable and not record.state.usable
 
 
 @pytest.mark.parametrize("text", ["node1|idle|4\n", "|idle|4|(null)|p|none\n", "node1||4|(null)|p|none\n"])

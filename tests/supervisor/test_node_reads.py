@@ -94,26 +94,6 @@ def test_a_read_that_fails_answers_nothing_and_frees_the_poll_and_close_drops_la
     assert reads.answers() == [] and not reads.ask(["n2"], full=False)
 
 
-def test_named_nodes_are_read_one_by_one_and_the_poll_reads_them_together() -> None:
-    ctld, clock = _Slurmctld(), _Clock()
-    alone: list[str] = []
-
-    def read_one(name: str) -> list[Node]:
-        alone.append(name)
-        return [Node(name, NodeState.DOWN, "DOWN")]
-
-    reads = NodeReads(ctld.read, clock, read_one=read_one)
-    assert reads.ask(["n3", "n5"], full=False)
-    (named,) = _wait(reads, 1)
-    assert alone == ["n3", "n5"] and [n.name for n in named.nodes] == ["n3", "n5"] and not named.full
-    assert ctld.asked == []   # the named read never loaded the launch's nodes
-    ctld.release(["n1", "n3"])
-    assert reads.ask(["n1", "n3"], full=True)
-    (full,) = _wait(reads, 1)
-    assert full.full and ctld.asked == [("n1", "n3")] and alone == ["n3", "n5"]
-    reads.close()
-
-
 def test_the_step_id_is_asked_with_the_full_reads_until_it_is_known() -> None:
     ctld, clock = _Slurmctld(), _Clock()
     ctld.release(["n1"])
