@@ -28,6 +28,7 @@ The rule (evaluated at an injected ``now``; all times in one clock, the manager'
   (``source == "slurm"``): two signals of one failure, so the supervisor need not wait for the
   whole step's teardown (srun kills every task on every node before it ends the step, seconds at
   hundreds of nodes) nor for the ranks' heartbeats to go stale (``corroborate``, on by default);
+  srun's report stands for the incarnation: a node read usable afterwards does not end it;
 - CONFIRMED at once when a node the step's srun reported failed has every rank that beats from it
   stale (``corroborate``): Slurm's word and the ranks' own silence, two sources, while the job's
   other ranks may still step (no wait for the global step to stop, nor for slurmctld's answer);
@@ -142,9 +143,13 @@ class NodeObservation:
     reported the node failed (its state is then DOWN by Slurm's word, read second hand)."""
     asked_at: float | None = None
     """When the read that answered was asked (the state is at least that recent; None: ``time``). A
-    usable state ends only the node's signals seen before it was asked: a read asked before srun's
-    report and answered after it says nothing of the node since (512 emulated nodes: the full poll's
-    read is in flight for seconds, issue 19)."""
+    usable state ends only the node's Slurm states seen before it was asked (a read asked before a
+    DOWN and answered after it says nothing of the node since: 512 emulated nodes, the full poll's
+    read in flight for seconds, issue 19), and never srun's report of the node's failure, whenever
+    the read was asked: slurmctld tells srun as it takes the node out of the job and kills the
+    step's tasks there, so the launch lost them whatever the node shows later, and a usable answer
+    right after the report is a read that lags (22.05's ``sinfo`` printed the node ``mixed`` 15 ms
+    after the report while ``scontrol`` showed it DOWN: ``slurm/parse_text.py`` SINFO_NODE_LINES)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,21 +322,27 @@ class Confirmer:
         elif obs.node in self._node_offsets:
             kind = NODE_STATE_KIND.get(obs.state)
             if kind is None:
-                if obs.state.usable:   # the node is back: its node-state signals seen before the read end
-                    asked = obs.time if obs.asked_at is None else obs.asked_at
-                    for key in [k for k, s in self._level1.items()
-                                if k[1] == obs.node and k[0] != "task_exit" and s.time <= asked]:
-                        del self._level1[key]
-                    hard = {src: s for src, s in self._hard.get(obs.node, {}).items() if s.time > asked}
-                    if hard:
-                        self._hard[obs.node] = hard
-                    else:
-                        self._hard.pop(obs.node, None)
+                if obs.state.usable:   # the node is back: Slurm's states of it seen before the read end
+                    self._node_back(obs.node, obs.time if obs.asked_at is None else obs.asked_at)
                 return
             signal = Level1Signal(kind, obs.node, obs.time, None, obs.reason, source=obs.source)
             self._add_level1(signal)
             if kind in HARD_KINDS:
                 self._hard.setdefault(obs.node, {}).setdefault(obs.source, signal)
+
+    def _node_back(self, node: str, asked: float) -> None:
+        """A read asked at ``asked`` shows ``node`` usable: the node-state signals Slurm gave of it
+        before then end; srun's report of its failure stands (``NodeObservation.asked_at``)."""
+        for key in [k for k, s in self._level1.items()
+                    if k[1] == node and k[0] != "task_exit" and s.source != "srun" and s.time <= asked]:
+            del self._level1[key]
+        hard = {src: s for src, s in self._hard.get(node, {}).items() if src == "srun" or s.time > asked}
+        if hard:
+            self._hard[node] = hard
+            if "srun" in hard:   # its level-1 key may have been Slurm's earlier sighting of the same kind
+                self._add_level1(hard["srun"])
+        else:
+            self._hard.pop(node, None)
 
     def observe_all(self, observations: Iterable[Observation]) -> None:
         for obs in observations:

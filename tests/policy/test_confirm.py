@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,10 @@ from slurm_omni.policy.confirm import (
     TaskExit,
     Verdict,
 )
+from slurm_omni.slurm.parse_text import nodes_from_sinfo, parse_nodes
 from slurm_omni.slurm.types import NodeState
 
+SLURM_22_05 = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
 LAYOUT = {0: ("v1", "v2"), 1: ("t1", "t2")}
 RANK_NODE = {0: "v1", 1: "v2", 2: "t1", 3: "t2"}
 RANK_OFFSET = {0: 0, 1: 0, 2: 1, 3: 1}
@@ -492,18 +495,24 @@ def test_one_source_or_a_soft_state_or_another_node_does_not_corroborate(second:
     assert c.evaluate(10.4).verdict is Verdict.SUSPECT
 
 
-def test_corroboration_off_or_the_node_back_waits_for_the_other_rules() -> None:
+def test_corroboration_off_waits_for_the_other_rules() -> None:
     c = Confirmer(ConfirmConfig(corroborate=False), LAYOUT)
     _progressing(c, 10.0)
     c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
     c.observe(NodeObservation(10.3, "t1", NodeState.DOWN))
     assert c.evaluate(10.4).verdict is Verdict.SUSPECT
+
+
+def test_a_node_back_ends_slurms_down_seen_before_the_read() -> None:
+    """Slurm's DOWN of a node, then a read asked after it that shows the node usable (resumed): the
+    DOWN ends, and srun's later report alone does not confirm."""
     c = Confirmer(ConfirmConfig(), LAYOUT)
     _progressing(c, 10.0)
-    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
-    c.observe(NodeObservation(10.2, "t1", NodeState.IDLE))   # back (resumed): its signals end
-    c.observe(NodeObservation(10.3, "t1", NodeState.DOWN))
-    assert c.evaluate(10.4).verdict is Verdict.SUSPECT
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "drill"))
+    c.observe(NodeObservation(10.3, "t1", NodeState.IDLE, asked_at=10.2))
+    assert c.evaluate(10.35).verdict is Verdict.NONE
+    c.observe(NodeObservation(10.4, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    assert c.evaluate(10.45).verdict is Verdict.SUSPECT
 
 
 def test_a_read_asked_before_sruns_report_does_not_end_it() -> None:
@@ -518,13 +527,57 @@ def test_a_read_asked_before_sruns_report_does_not_end_it() -> None:
     d = c.evaluate(10.45)
     assert d.verdict is Verdict.CONFIRMED and d.cause == "down"
     assert sorted(x.source for x in d.signals) == ["slurm", "srun"]
-    # a read asked after the report that shows the node usable still ends it (one source, no rule weakened)
+
+
+@pytest.mark.parametrize("asked_at", [9.0, 10.1, 10.2, None])   # before, with, after srun's report; unknown
+def test_a_usable_read_never_ends_sruns_report(asked_at: float | None) -> None:
+    """srun's "Node failure" says the step lost the node's tasks (slurmctld takes the node out of the
+    job as it tells srun), whatever a read shows of the node later: a usable answer asked before,
+    with or after the report ends nothing of it, and Slurm's DOWN read next confirms at once."""
     c = Confirmer(ConfirmConfig(), LAYOUT)
     _progressing(c, 10.0)
     c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
-    c.observe(NodeObservation(10.3, "t1", NodeState.ALLOCATED, asked_at=10.2))
-    c.observe(NodeObservation(10.5, "t1", NodeState.DOWN, asked_at=10.4))
-    assert c.evaluate(10.6).verdict is Verdict.SUSPECT
+    c.observe(NodeObservation(10.3, "t1", NodeState.MIXED, "drill", asked_at=asked_at))
+    assert c.evaluate(10.35).verdict is Verdict.SUSPECT
+    assert [(s.kind, s.source) for s in c._level1.values() if s.node == "t1"] == [("down", "srun")]
+    c.observe(NodeObservation(10.5, "t1", NodeState.DOWN, "drill", asked_at=10.4))
+    d = c.evaluate(10.55)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.nodes == ("t1",)
+    assert sorted(x.source for x in d.signals) == ["slurm", "srun"]
+
+
+def test_a_usable_read_after_slurms_down_keeps_sruns_report_of_the_node() -> None:
+    """Slurm's DOWN first (its level-1 sighting of the node), srun's report, then a usable answer asked
+    after both: Slurm's DOWN ends, srun's report stays the node's level-1 signal."""
+    c = Confirmer(ConfirmConfig(), LAYOUT)
+    _progressing(c, 10.0)
+    c.observe(NodeObservation(10.1, "t1", NodeState.DOWN, "drill"))
+    c.observe(NodeObservation(10.2, "t1", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(NodeObservation(10.4, "t1", NodeState.IDLE, asked_at=10.3))
+    assert [(s.kind, s.source) for s in c._level1.values() if s.node == "t1"] == [("down", "srun")]
+    assert c.evaluate(10.45).verdict is Verdict.SUSPECT
+    c.observe(NodeObservation(10.6, "t1", NodeState.DOWN, "drill", asked_at=10.5))
+    assert c.evaluate(10.65).verdict is Verdict.CONFIRMED
+
+
+def test_the_recorded_node_loss_window_confirms_on_scontrols_answer() -> None:
+    """Slurm 22.05, recorded on the embedded cluster (a node set DOWN under a step, read 15 ms after
+    srun's report): the one-node ``sinfo`` lines say ``mixed`` with the DOWN's reason, ``scontrol show
+    node`` of the same moment says DOWN. The sinfo answer keeps srun's report; scontrol's confirms."""
+    sinfo = nodes_from_sinfo((SLURM_22_05 / "sinfo_one_node_down_under_job.txt").read_text())
+    scontrol = parse_nodes((SLURM_22_05 / "node_down_under_job.txt").read_text())
+    assert [(n.name, n.state, n.reason) for n in sinfo] == [("node2", NodeState.MIXED, "omni-drill")]
+    assert [(n.name, n.state, n.reason) for n in scontrol] == [("node2", NodeState.DOWN, "omni-drill")]
+    c = Confirmer(ConfirmConfig(), {0: ["node1"], 1: ["node2"]})
+    for t in (9.0, 9.5, 10.0):
+        for rank, node in ((0, "node1"), (1, "node2")):
+            c.observe(Heartbeat(t, rank, int(t * 2), node=node))
+    c.observe(NodeObservation(10.100, "node2", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe_all(NodeObservation(10.135, n.name, n.state, n.reason, asked_at=10.115) for n in sinfo)
+    assert c.evaluate(10.14).verdict is Verdict.SUSPECT
+    c.observe_all(NodeObservation(10.136, n.name, n.state, n.reason, asked_at=10.115) for n in scontrol)
+    d = c.evaluate(10.14)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.nodes == ("node2",)
 
 
 def test_srun_node_failure_and_the_nodes_ranks_silent_confirm_while_the_others_step() -> None:
