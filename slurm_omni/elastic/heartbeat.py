@@ -45,6 +45,7 @@ job's end, by this name (spank/shm.c).
 from __future__ import annotations
 
 import collections
+import errno
 import fcntl
 import logging
 import math
@@ -184,7 +185,7 @@ class Heartbeat:
             else:
                 try:
                     self.relay.lead(time.time())
-                except OSError as e:   # the folder removed under it: the next beat opens it again
+                except OSError as e:   # the folder removed under it: the next beat says what to do
                     log.debug("heartbeat: couldn't lead the node's folder: %s", e)
 
     def _write(self, *, last: bool = False) -> None:
@@ -288,6 +289,8 @@ class NodeRelay:
         """The generation of the lock ``_lock_fd`` is open on (held while ``leader``)."""
         self.takeovers = 0
         self._published_at = 0.0
+        self._beat_here = False
+        """This rank's beat is in the folder: a folder removed after it was not the last rank's doing."""
         self._clear_stale(time.time())
 
     def _clear_stale(self, now: float) -> None:
@@ -315,9 +318,17 @@ class NodeRelay:
     def _reopen_if_removed(self) -> None:
         """The node's last rank of a launch that ends removes the folder (``_remove_if_last``); a rank
         of the next launch on the same node may have opened it just before. A removed folder takes no
-        new file (ENOENT), so open the folder at its path again (and leave the lead of the old one)."""
+        new file (ENOENT), so open the folder at its path again (and leave the lead of the old one).
+        Not once this rank's beat was in it: the last rank never removes a folder that holds a beat,
+        so the job's end did (the plugin's epilog; on the embedded cluster's one /dev/shm, the other
+        nodes' epilog removes the folder of a node whose slurmd died while its ranks still run), and a
+        folder made again stays behind the rank when slurmd kills it (measured: omni-beats-0-J-node3
+        with rank-1.json, leader, lock, published). FileNotFoundError: the rank writes its own file."""
         if os.fstat(self.folder.fd).st_nlink > 0:
             return
+        if self._beat_here:
+            raise FileNotFoundError(errno.ENOENT, "removed after this rank beat there (the job's end)",
+                                    str(self.folder_path))
         self.close()
         self.folder.close()
         self.folder = ensure_dir(self.folder_path, what="heartbeat node folder", private=True)
@@ -340,6 +351,7 @@ class NodeRelay:
             self.remove_if_last()
             return 0.0
         write_atomic(Path(self.name), data, durable=False, dir_fd=fd)
+        self._beat_here = True
         self.lead(now)
         if self.leader and self._published_at >= now:
             return self._published_at
