@@ -51,6 +51,7 @@ struct relay {
     int lines_fd, metrics_fd, out_fd;
     char lines_name[96];
     double lines_due;
+    int beat_here;   /* this rank's beat is in the folder: removed after it, the job's end did */
 };
 
 struct relay *relay_open(const char *base, const char *job_id, const char *node, long long rank,

@@ -543,7 +543,9 @@ static void relay_remove_if_last(struct relay *r)   /* the node's last rank leav
  * next life on the same node may have opened it just before (between its relay_open and its first
  * beat: seconds at load 1,000+, issue 19). A removed folder takes no new file (ENOENT), so open the
  * folder at its path again and leave the lead of the old one (elastic/heartbeat.py
- * NodeRelay._reopen_if_removed). 0, or -1 with oserr set. */
+ * NodeRelay._reopen_if_removed). Not once this rank's beat was in it: the last rank never removes a
+ * folder holding a beat, so the job's end did, and a folder made again would stay behind the rank.
+ * 0, or -1 with oserr set (the rank then writes its own file). */
 static int relay_reopen_if_removed(struct relay *r)
 {
     struct stat st;
@@ -551,6 +553,10 @@ static int relay_reopen_if_removed(struct relay *r)
         return os_fail(r->path);
     if (st.st_nlink > 0)
         return 0;
+    if (r->beat_here) {   /* the job's end removed it (NodeRelay._reopen_if_removed): its own file */
+        snprintf(oserr, sizeof oserr, "%s was removed after this rank beat there (the job's end)", r->path);
+        return -1;
+    }
     if (r->lock_fd >= 0)
         close(r->lock_fd);   /* releases the lead of the removed folder */
     r->lock_fd = -1;
@@ -599,6 +605,7 @@ int relay_beat(struct relay *r, const char *data, size_t len, double now, int la
     }
     if (write_atomic(r->fd, r->name, data, len, 0) < 0)
         return -1;
+    r->beat_here = 1;
     r->next_publish = 0;
     if (relay_lead(r, now) < 0)
         return -1;

@@ -32,6 +32,8 @@ class Relay:
         self.metrics_fd = -1
         self.out_fd = -1
         self.lines_due = 0.0
+        self.beat_here = False
+        """This rank's beat is in the folder: a folder removed after it was the job's end's doing."""
 
     @classmethod
     def open(cls, base: str, job_id: str, node: str, rank: int, shared: str, interval: float) -> Relay | None:
@@ -61,6 +63,8 @@ class Relay:
         ``slurm_omni.elastic.heartbeat.NodeRelay._reopen_if_removed`` does."""
         if os.fstat(self.fd).st_nlink > 0:
             return
+        if self.beat_here:   # the job's end removed it (NodeRelay._reopen_if_removed): its own file
+            raise FileNotFoundError(f"{self.path} was removed after this rank beat there (the job's end)")
         if self.lock_fd >= 0:
             os.close(self.lock_fd)   # releases the lead of the removed folder
             self.lock_fd = -1
@@ -98,6 +102,7 @@ class Relay:
             self.remove_if_last()
             return 0.0
         _write_atomic(self.name, data, dir_fd=self.fd)
+        self.beat_here = True
         self.next_publish = 0.0
         self.lead(now)
         if self.leader and self.published_at >= now:
