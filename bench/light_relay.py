@@ -347,6 +347,10 @@ def _pid_of(name: str) -> int | None:
     return int(parts[1]) if len(parts) == 3 and all(p.isdigit() for p in parts) else None
 
 
+# _read_leader and _running copy slurm_omni/elastic/heartbeat.py's on purpose: this module runs under
+# ``python -S`` on C modules only (no site-packages, no slurm_omni; the rank's start-up at 2,048 ranks
+# per host), and bench/light_relay.c has the third copy; the light-rank and node-heartbeat tests hold
+# the three to one takeover rule.
 def _read_leader(dir_fd: int) -> tuple[int, int]:
     """The node's lead (``leader``: generation and pid); (0, 0) when none wrote it."""
     try:

@@ -233,6 +233,11 @@ def _lock_name(gen: int) -> str:
     return "lock" if gen <= 0 else f"lock-{gen}"
 
 
+# The leader check (_read_leader, _running) has two more copies, on purpose: bench/light_relay.py
+# (the light rank runs as ``python -S`` on C modules of the standard library only, without this
+# package: at 2,048 ranks per host its start-up is the lane's cost; importing slurm_omni would need
+# site-packages and the package's own imports) and bench/light_relay.c. tests/elastic/
+# test_node_heartbeats.py and tests/supervisor/test_light_rank.py hold the three to the same takeover.
 def _read_leader(dir_fd: int) -> tuple[int, int]:
     """The node's lead (``leader``: generation and pid of its holder); (0, 0) when none wrote it."""
     try:
