@@ -183,23 +183,33 @@ class _JobRead:
 
     def run(self, job_state: Callable[[], str], read: Callable[[Sequence[str]], Sequence[Node]],
             names: tuple[str, ...]) -> None:
-        failed: list[Node] | None = None
-
-        def read_failed() -> None:
-            nonlocal failed
-            try:
-                failed = list(read(names))
-            except (SlurmError, OSError) as e:
-                log.warning("supervisor: couldn't read which nodes failed: %s", e)
-
-        beside = threading.Thread(target=read_failed, daemon=True, name="omni-job-read")
-        beside.start()
-        try:
-            state = job_state()
-        except (SlurmError, OSError) as e:
-            log.warning("supervisor: couldn't read the job's state: %s", e)
-            state = ""
-        beside.join()
+        state, failed = read_job_and_failed(job_state, read, names)
         if state and failed is not None:
             self.answer = state, failed
         self.done.set()
+
+
+def read_job_and_failed(job_state: Callable[[], str], read: Callable[[Sequence[str]], Sequence[Node]],
+                        names: Sequence[str]) -> tuple[str | None, list[Node] | None]:
+    """The job's state (``job_state``) and which of ``names`` failed (``read``), the two commands side
+    by side (right after a failure slurmctld answers slowly); None for a command that failed, which
+    says why in a warning."""
+    failed: list[Node] | None = None
+
+    def read_failed() -> None:
+        nonlocal failed
+        try:
+            failed = list(read(names))
+        except (SlurmError, OSError) as e:
+            log.warning("supervisor: couldn't read which nodes failed: %s", e)
+
+    beside = threading.Thread(target=read_failed, daemon=True, name="omni-job-read")
+    beside.start()
+    state: str | None
+    try:
+        state = job_state()
+    except (SlurmError, OSError) as e:
+        log.warning("supervisor: couldn't read the job's state: %s", e)
+        state = None
+    beside.join()
+    return state, failed

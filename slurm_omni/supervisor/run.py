@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -157,7 +156,7 @@ from slurm_omni.supervisor.journal import (
     write_status,
 )
 from slurm_omni.supervisor.launch_failure import read_failure, write_record
-from slurm_omni.supervisor.node_reads import KnownStates, NodeReads
+from slurm_omni.supervisor.node_reads import KnownStates, NodeReads, read_job_and_failed
 from slurm_omni.supervisor.observe import LaunchObserver
 
 log = logging.getLogger(__name__)
@@ -853,10 +852,10 @@ class Supervisor:
         got = reads.job_since(at, timeout_s=10.0) if reads is not None and at is not None else None
         if got is not None:
             return got
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            state = pool.submit(self.slurm.job_state)
-            failed = pool.submit(self.slurm.failed_among, names)
-            return state.result(), failed.result()
+        state, failed = read_job_and_failed(self.slurm.job_state, self.slurm.failed_among, names)
+        if state is None or failed is None:
+            raise SlurmError("supervisor: couldn't read the job's state or which nodes failed (said above)")
+        return state, failed
 
     def _job_state_and_nodes(self, names: Sequence[str]) -> tuple[str, list[Node]]:
         """The job's state and its nodes' for the relaunch; a slurmctld that does not answer within

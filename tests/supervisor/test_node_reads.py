@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.types import Node, NodeState
-from slurm_omni.supervisor.node_reads import NodeReads
+from slurm_omni.supervisor.node_reads import NodeReads, read_job_and_failed
 
 
 class _Slurmctld:
@@ -153,3 +153,29 @@ def test_a_job_read_that_fails_answers_none() -> None:
     assert reads.job_since(100.0, timeout_s=10) is None
     assert reads.ask_job(["n1"], ctld.read)   # done: another may start
     reads.close()
+
+
+def test_the_job_and_its_failed_nodes_are_read_side_by_side_each_failure_alone() -> None:
+    """What the read at srun's report and the supervisor's read at the decision both run: the two
+    commands at once (each waits for the other to have started), None for the one that failed."""
+    both = threading.Barrier(2, timeout=10)
+
+    def job_state() -> str:
+        both.wait()
+        return "RUNNING"
+
+    def failed(names: Sequence[str]) -> list[Node]:
+        both.wait()
+        return [Node(n, NodeState.DOWN, "DOWN") for n in names if n == "n2"]
+
+    state, nodes = read_job_and_failed(job_state, failed, ["n1", "n2"])
+    assert state == "RUNNING" and nodes is not None and [n.name for n in nodes] == ["n2"]
+
+    def refused(names: Sequence[str]) -> list[Node]:
+        raise SlurmError("sinfo: couldn't reach slurmctld")
+
+    def timed_out() -> str:
+        raise SlurmError("squeue: timed out")
+
+    assert read_job_and_failed(lambda: "", refused, ["n1"]) == ("", None)   # squeue: job unknown; sinfo failed
+    assert read_job_and_failed(timed_out, lambda names: [], ["n1"]) == (None, [])
