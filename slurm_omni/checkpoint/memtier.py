@@ -26,7 +26,10 @@ A per-node cap (``memory_cap_bytes``), a failed allocation and a full tmpfs each
 leave that step to the file system. The keeper's memory ends with it; ``free_job`` removes the job's
 folder: the standby server ends its keeper and calls it when it is stopped at the job's end
 (``cli/standby.py``); what a lost node's or a killed standby could not free, the SPANK plugin's job
-epilog removes as root at the job's end, by these names (spank/shm.c).
+epilog removes as root at the job's end, by these names (spank/shm.c). Neither removes the user's
+``omni-<uid>/`` once empty: it holds no memory, and another job of the same user on the node may be
+making its folder in it at that moment (its creator holds the parent open; removed under it, the
+parent takes no new entry: ENOENT, the race the heartbeat relay has with its node folder).
 
 The second source, a peer's memory, is ``peer.py``: the keeper of each node also keeps its ring
 predecessor's copies in ``<job>/peer/`` (tmpfs files, freed with the job's folder), and a rank whose
@@ -392,7 +395,8 @@ class MemoryTier:
 
 
 def free_job(job: str, *, base: Path = DEFAULT_DIR) -> int:
-    """Remove the job's folder of the memory tier on this node (ours only); the bytes freed."""
+    """Remove the job's folder of the memory tier on this node (ours only); the bytes freed. The
+    user's ``omni-<uid>/`` stays, empty or not (module doc)."""
     path = job_dir(base, job)
     try:
         st = os.lstat(path)

@@ -226,6 +226,7 @@ def test_free_job_leaves_nothing(tmp_path: Path, job: str) -> None:
     assert len(copies(job)) == 2
     assert free_job(job, base=SHM) > 0
     assert not job_dir(SHM, job).exists()
+    assert job_dir(SHM, job).parent.is_dir()   # the user's omni-<uid>/ stays (memtier's doc says why)
     assert free_job(job, base=SHM) == 0
 
 
