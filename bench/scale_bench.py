@@ -138,10 +138,13 @@ def is_light_rank(argv: list[str]) -> bool:
     """A light rank's process, of either kind (a run before this one may have left the other)."""
     return argv[1:] == ["-S", str(LIGHT_RANK)] or argv == [str(C_RANK)]
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
-SPLIT = ("decide_cmds", "decide_cpu", "to_srun", "srun_to_task", "task_spread", "rdv_listen", "rdv_join", "rdv_answer")
+SPLIT = ("decide_cmds", "decide_cpu", "teardown", "to_srun", "srun_to_task", "task_spread", "rdv_listen", "rdv_join", "rdv_answer")
 """decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
 work); decide_cpu: the supervisor's own CPU seconds in decide (its debug log: the process's CPU when
 it confirmed and when it journaled the next launch), which the machine's load does not stretch;
+teardown: the killed step's srun ending after the kill (the supervisor's line ``its srun ended X s
+after the kill``): Slurm's slurmstepd killing every task of the step, inside decide, which the next
+launch waits for from 512 nodes (``--kill-grace``);
 to_srun: the next launch journaled -> its srun started; srun_to_task: -> the first task running;
 task_spread: the first task -> the last (launch = to_srun + srun_to_task + task_spread); rdv_join: the
 last task running -> rank 0's store had every join and answered, of which rdv_listen is the part before
@@ -181,6 +184,8 @@ _DECIDING = re.compile(r"supervisor: launch (\d+): deciding \(process CPU ([\d.]
 _JOURNALED = re.compile(r"supervisor: launch (\d+) journaled \(process CPU ([\d.]+) s\)")
 """The supervisor's debug lines around decide: its process's CPU when it confirmed launch N, and
 when it journaled launch N + 1."""
+_TEARDOWN = re.compile(r"supervisor: launch (\d+): its srun ended ([\d.]+) s after the kill")
+"""The supervisor's line when the killed step's srun ended (``supervisor/run.py``)."""
 
 
 WALL = ("floors", "up", "idle", "start", "steady", "to_fault", "recovery", "lines", "finish", "down")
@@ -1178,6 +1183,10 @@ class Job:
         done = {int(m[1]): float(m[2]) for m in _JOURNALED.finditer(text)}
         return done[k + 1] - at[k] if k in at and k + 1 in done else None
 
+    def teardown(self, k: int) -> float | None:
+        """Seconds from the supervisor's kill of launch ``k``'s step to its srun's end (``_TEARDOWN``)."""
+        return teardown_s(self.supervisor_log(), k)
+
     def commands(self) -> list[tuple[float, float, str, bool]]:
         """The supervisor's Slurm commands from its debug log (slurm/runner.py): (when it started,
         seconds it ran (0 for one started and not waited for), its name and first word, started only)."""
@@ -1266,6 +1275,9 @@ class Job:
         cpu = self.decide_cpu(k)
         if cpu is not None:
             run.split["decide_cpu"] = cpu
+        gone = self.teardown(k)
+        if gone is not None:
+            run.split["teardown"] = gone
         if stepped and len(stepped) == ranks:
             seconds, used, procs, busy = self.size.sampler.window(run.fault_at, max(stepped))
             if seconds:
@@ -1517,6 +1529,19 @@ def median(values: list[float]) -> float | None:
     return sorted(values)[len(values) // 2] if values else None
 
 
+def teardown_s(log_text: str, k: int) -> float | None:
+    """The last ``its srun ended X s after the kill`` line of launch ``k`` in the supervisor's log."""
+    found = [float(m[2]) for m in _TEARDOWN.finditer(log_text) if int(m[1]) == k]
+    return found[-1] if found else None
+
+
+def without_teardown(r: Result, path: str, fault: str) -> float | None:
+    """decide less the killed step's teardown (``teardown``): what the supervisor itself waits on and
+    does between the confirmation and the next launch's record; None when either is unmeasured."""
+    d, t = run_value(r, path, fault, "decide"), run_value(r, path, fault, "teardown")
+    return None if d is None or t is None else max(d - t, 1e-3)
+
+
 def phase_slopes(a: Result, b: Result, args: argparse.Namespace, p: str) -> list[float]:
     return [v for path in args.paths for fault in args.faults
             if (v := log_slope((a.nodes, run_value(a, path, fault, p)), (b.nodes, run_value(b, path, fault, p))))
@@ -1540,10 +1565,22 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
             continue
         why, own = "", None
         if p == "decide":
-            own = median(phase_slopes(a, b, args, "decide_cpu"))
             cmds = median(phase_slopes(a, b, args, "decide_cmds"))
+            rest = median([v for path in args.paths for fault in args.faults
+                           if (v := log_slope((a.nodes, without_teardown(a, path, fault)),
+                                              (b.nodes, without_teardown(b, path, fault)))) is not None])
+            ta = median([v for x in a.runs if not x.na and (v := x.split.get("teardown")) is not None])
+            tb = median([v for x in b.runs if not x.na and (v := x.split.get("teardown")) is not None])
+            cpu = median(phase_slopes(a, b, args, "decide_cpu"))
+            # what the control plane itself does in decide: without Slurm's teardown of the killed step
+            # when that was measured at both sizes, else the supervisor's own CPU
+            own = rest if rest is not None else cpu
+            why = (f"the killed step's teardown (Slurm's slurmstepd killing {b.ranks} tasks on one host, "
+                   f"which the next launch waits for) {fmt(ta)} -> {fmt(tb)} (slope "
+                   f"{fmt(median(phase_slopes(a, b, args, 'teardown')), '', 2)}); decide without it slope "
+                   f"{fmt(rest, '', 2)}; ")
             bare = {k: log_slope((a.nodes, a.bare_cmds.get(k)), (b.nodes, v)) for k, v in b.bare_cmds.items()}
-            why = (f"the supervisor's own CPU in decide slope {fmt(own, '', 2)}; its Slurm commands (none per node) "
+            why += (f"the supervisor's own CPU in decide slope {fmt(cpu, '', 2)}; its Slurm commands (none per node) "
                    f"slope {fmt(cmds, '', 2)}, the same commands bare in steady state "
                    + ", ".join(f"{k} {fmt(a.bare_cmds.get(k))} -> {fmt(b.bare_cmds.get(k))} (slope {fmt(v, '', 2)})"
                                for k, v in bare.items())

@@ -26,6 +26,8 @@ from bench.scale_bench import (
     remove_beat_folders,
     run_value,
     stuck_steps,
+    teardown_s,
+    verdicts,
     whole_run,
     write_json,
 )
@@ -338,3 +340,35 @@ def test_the_steps_left_of_a_job_that_is_done_are_its_numbered_steps_on_this_clu
     ours = {10, 11, 12, 13, 15, 16, 17}   # 14 holds another cluster's socket (the same job id there)
     assert stuck_steps(argvs, "2101", lambda pid: pid in ours) == {"2101.1": 10, "2101.4": 17}
     assert stuck_steps(argvs, "9", lambda pid: True) == {}
+
+
+# the 11:35 lane's 512-node in-allocation supervisor (batch.out), its lines around launch 0's decide
+_DECIDE_LOG = """\
+2026-12-03 11:41:54,874 slurm_omni.supervisor.run DEBUG supervisor: launch 0: deciding (process CPU 1.023 s)
+2026-12-03 11:42:31,231 slurm_omni.supervisor.run DEBUG supervisor: launch 0: its srun ended 36.358 s after the kill
+2026-12-03 11:42:31,233 slurm_omni.supervisor.run DEBUG supervisor: launch 0: deciding (process CPU 1.298 s)
+2026-12-03 11:42:31,241 slurm_omni.supervisor.run DEBUG supervisor: launch 1 journaled (process CPU 1.305 s)
+2026-12-03 11:43:12,700 slurm_omni.supervisor.run DEBUG supervisor: launch 1: its srun ended 21.480 s after the kill
+"""
+
+
+def test_the_killed_steps_teardown_is_read_per_launch() -> None:
+    assert teardown_s(_DECIDE_LOG, 0) == pytest.approx(36.358)
+    assert teardown_s(_DECIDE_LOG, 1) == pytest.approx(21.480)
+    assert teardown_s(_DECIDE_LOG, 2) is None
+
+
+def _sized(nodes: int, decide: float, teardown: float) -> Result:
+    return Result(nodes=nodes, ranks=4 * nodes, runs=[Run("inalloc", f, phases={"decide": decide},
+                                                          split={"teardown": teardown, "decide_cpu": 0.01})
+                                                      for f in ("node", "crash")])
+
+
+def test_decide_grown_by_the_killed_steps_teardown_alone_names_it_as_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(paths=["inalloc"], faults=["node", "crash"])
+    verdicts(_sized(64, 1.2, 1.0), _sized(512, 36.4, 36.2), args, 0.0)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
+    assert line.split()[1] == "LIMIT" and "teardown" in line and "decide without it slope -0.00" in line
+    verdicts(_sized(64, 1.2, 1.0), _sized(512, 40.0, 30.0), args, 0.0)   # the rest grows 0.2 -> 10 s
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
+    assert line.split()[1] == "MISS"
