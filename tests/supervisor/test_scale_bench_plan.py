@@ -18,6 +18,7 @@ from bench.scale_bench import (
     FAULTS,
     Result,
     Run,
+    after_applied,
     beat_folders_of,
     kill_leftovers,
     leftover,
@@ -372,3 +373,12 @@ def test_decide_grown_by_the_killed_steps_teardown_alone_names_it_as_the_limit(c
     verdicts(_sized(64, 1.2, 1.0), _sized(512, 40.0, 30.0), args, 0.0)   # the rest grows 0.2 -> 10 s
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
     assert line.split()[1] == "MISS"
+
+
+def test_the_node_loss_is_also_counted_from_the_faults_own_command_answered() -> None:
+    def sized(nodes: int, confirmed: float, cmd: float) -> Result:
+        return Result(nodes=nodes, runs=[Run("alloc", "node", phases={"detect": 0.0, "confirm": confirmed},
+                                             fault_cmd_s=cmd)])
+    line = after_applied(sized(8, 0.05, 0.01), sized(512, 0.55, 0.50), "alloc")
+    assert "+0.01 / +0.50 s" in line and "0.04 -> 0.05 s" in line
+    assert after_applied(sized(8, 0.05, 0.01), sized(512, 0.55, 0.50), "inalloc") == ""
