@@ -1553,9 +1553,11 @@ def teardown_s(log_text: str, k: int) -> float | None:
 
 def without_teardown(r: Result, path: str, fault: str) -> float | None:
     """decide less the killed step's teardown (``teardown``): what the supervisor itself waits on and
-    does between the confirmation and the next launch's record; None when either is unmeasured."""
+    does between the confirmation and the next launch's record; None when decide is unmeasured. The
+    supervisor says when the killed step's srun ended only where the next launch waits for it (from
+    512 nodes, ``--kill-grace``): below, decide holds no teardown."""
     d, t = run_value(r, path, fault, "decide"), run_value(r, path, fault, "teardown")
-    return None if d is None or t is None else max(d - t, 1e-3)
+    return None if d is None else max(d - (t or 0.0), 1e-3)
 
 
 def phase_slopes(a: Result, b: Result, args: argparse.Namespace, p: str) -> list[float]:

@@ -370,6 +370,10 @@ def test_decide_grown_by_the_killed_steps_teardown_alone_names_it_as_the_limit(c
     verdicts(_sized(64, 1.2, 1.0), _sized(512, 36.4, 36.2), args, 0.0)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
     assert line.split()[1] == "LIMIT" and "teardown" in line and "decide without it slope -0.00" in line
+    below = Result(nodes=64, ranks=256, runs=[Run("inalloc", f, phases={"decide": 0.2}) for f in ("node", "crash")])
+    verdicts(below, _sized(512, 36.4, 36.2), args, 0.0)   # below 512 the next launch does not wait: no teardown
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
+    assert line.split()[1] == "LIMIT" and "decide without it slope -0.00" in line
     verdicts(_sized(64, 1.2, 1.0), _sized(512, 40.0, 30.0), args, 0.0)   # the rest grows 0.2 -> 10 s
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
     assert line.split()[1] == "MISS"
