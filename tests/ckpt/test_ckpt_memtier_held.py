@@ -475,7 +475,7 @@ def test_a_plans_helpers_read_what_is_published_while_it_is_still_planned(c_loop
                          os.getpid())
             plan.publish()
             deadline = time.monotonic() + 30
-            while dst[1] != src[65536:2 * 65536] and time.monotonic() < deadline:
+            while (dst[0] != src[:65536] or dst[1] != src[65536:2 * 65536]) and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert dst[0] == src[:65536] and dst[1] == src[65536:2 * 65536]   # read before run()
             for k in range(2, 4):
