@@ -34,6 +34,8 @@ from typing import Any
 import msgspec
 import xxhash
 
+from slurm_omni.checkpoint import manifest_schema
+from slurm_omni.checkpoint.manifest_schema import Piece, TensorEntry
 from slurm_omni.errors import CheckpointError
 from slurm_omni.fsio import FileRejected, read_bounded, write_atomic
 
@@ -261,11 +263,7 @@ def read_manifest(path: Path, *, memo: ManifestMemo | None = None) -> Manifest:
     key = (str(path), str(marker["manifest_xxh3_64"]))
     if memo is not None and key in memo:
         return memo[key]
-    try:
-        data = _decode(raw)
-    except (ValueError, RecursionError) as e:
-        raise CheckpointCorrupt(f"checkpoint: {path.name}: couldn't parse {MANIFEST}: {e}") from e
-    manifest = Manifest.from_json(data, where=path.name)
+    manifest = Manifest.from_bytes(raw, where=path.name)
     if memo is not None:
         memo[key] = manifest
     return manifest
@@ -311,31 +309,6 @@ def mark_corrupt(path: Path, reason: str) -> None:
 
 
 # -- the manifest --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Where one dataset's bytes lie: a whole tensor, or one data-parallel piece of a split one."""
-
-    shard: str
-    dataset: str           # HDF5 path inside the shard's file
-    offset: int            # byte offset of the contiguous data in the file; -1 for zero bytes
-    nbytes: int
-    xxh3: str
-    shape: tuple[int, ...]
-    index: int = 0         # position along the split dimension
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    dtype: str                     # torch dtype name without "torch.", e.g. "bfloat16"
-    shape: tuple[int, ...]         # the full tensor's shape
-    pieces: tuple[Piece, ...]
-    split_dim: int | None = None   # set when the tensor was cut across data-parallel ranks
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.pieces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +395,50 @@ class Manifest:
                 for u in self.units.values()
             },
         }
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, *, where: str) -> Manifest:
+        """The manifest whose JSON is ``raw``: in the writer's schema (``manifest_schema``, the types
+        checked by msgspec) where it is exactly that, else as ``json.loads`` and ``from_json`` read it
+        (the same value where both take it; that way's error where it does not)."""
+        wire = manifest_schema.decode(raw)
+        if wire is not None:
+            manifest = cls._from_wire(wire, where=where)
+            if manifest is not None:
+                return manifest
+        try:
+            data = _decode(raw)
+        except (ValueError, RecursionError) as e:
+            raise CheckpointCorrupt(f"checkpoint: {where}: couldn't parse {MANIFEST}: {e}") from e
+        return cls.from_json(data, where=where)
+
+    @classmethod
+    def _from_wire(cls, wire: manifest_schema.ManifestWire, *, where: str) -> Manifest | None:
+        """``from_json``'s manifest from the decoded schema, its same checks; None where one of them
+        fails before the bounds (``from_json`` then says it, as it would have)."""
+        limit = MAX_DEPTH - manifest_schema.FREE_DEPTH
+        if wire.format != FORMAT_NAME or wire.format_version > FORMAT_VERSION \
+                or any(_nested_deeper(s.state, limit) or _nested_deeper(s.rng, limit) for s in wire.shards.values()) \
+                or any(_nested_deeper(u.skeleton, limit) for u in wire.units.values()):
+            return None
+        layout = {row.shard: row for row in wire.layout}
+        if not layout.keys() >= wire.shards.keys():
+            return None
+        shards = {name: ShardInfo(name=name, rank=s.rank, stage=layout[name].stage,
+                                  data_parallel_rank=layout[name].data_parallel_rank,
+                                  data_parallel_size=layout[name].data_parallel_size, file=s.file,
+                                  file_bytes=s.file_bytes, state=s.state, rng=s.rng, memory_only=s.memory_only)
+                  for name, s in wire.shards.items()}
+        units = {name: Unit(module=u.module, part=u.part, stage=u.stage, skeleton=u.skeleton,
+                            tensors=u.tensors)
+                 for name, u in wire.units.items()}
+        manifest = cls(step=wire.step, world_size=wire.world_size, incarnation=wire.incarnation,
+                       created=wire.created, writer_version=wire.writer_version, load_order=wire.load_order,
+                       units=units, shards=shards)
+        if not (math.isfinite(manifest.created) and 0 <= manifest.created <= LAST_CREATED):
+            return None
+        _check_bounds(manifest, where)
+        return manifest
 
     @classmethod
     def from_json(cls, data: Any, *, where: str) -> Manifest:

@@ -203,13 +203,13 @@ def test_a_restore_parses_the_newest_manifest_once(tmp_path: Path, monkeypatch: 
     ckpt.save(1, sync=True)
     ckpt.close()
     parsed: list[str] = []
-    real = fmt.Manifest.from_json
+    real = fmt.Manifest.from_bytes
 
-    def counted(data: object, *, where: str) -> fmt.Manifest:
+    def counted(raw: bytes, *, where: str) -> fmt.Manifest:
         parsed.append(where)
-        return real(data, where=where)
+        return real(raw, where=where)
 
-    monkeypatch.setattr(fmt.Manifest, "from_json", counted)
+    monkeypatch.setattr(fmt.Manifest, "from_bytes", counted)
     ckpt2 = Checkpointer(_one(tmp_path, incarnation=1), modules={"model": nn.Linear(4, 2)}, script="train.py")
     resume = ckpt2.restore()
     ckpt2.close()
