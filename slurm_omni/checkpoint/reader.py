@@ -359,13 +359,16 @@ class Restore:
                             out = torch.empty(piece.shape, dtype=dtype)
                         mine[piece.index] = out
                         copy = copies.get(piece.shard)
-                        error = self._unreadable(unit, path, entry, piece, out, copy)
-                        if error is not None:
-                            self._fail(error)
-                            return None
+                        want = _want(piece.xxh3)
+                        if copy is None or want < 0 or out.nbytes != piece.nbytes \
+                                or piece.offset + piece.nbytes > copy.size:
+                            error = self._unreadable(unit, path, entry, piece, out, copy)
+                            if error is not None:
+                                self._fail(error)
+                                return None
                         keeper = copy.pid if copy is not None else pid
                         plan.add(copy.addr + piece.offset if copy is not None else 0,
-                                 out.data_ptr() if piece.nbytes else 0, piece.nbytes, _want(piece.xxh3), keeper)
+                                 out.data_ptr() if piece.nbytes else 0, piece.nbytes, want, keeper)
                         where.append((unit, path, piece, keeper))
                         if plan.count % _PUBLISH_EVERY == 0:
                             plan.publish()
