@@ -795,11 +795,16 @@ def start_keeper(root: Path, base: Path, job: str, node: str) -> Any:
 # -- the peer tier (issue 22): a replacement node restores from its peer's memory -----------------------
 
 PEER_RING = {"A": "B", "B": "A"}
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n % (1 << 20) == 0 else f"{n >> 10} KiB"
+
 RAW_RECV = 8 << 20
 """The raw TCP copy's ``recv_into`` calls: large ones, the least work for the receiver."""
-RESTORE_RECV = fileio._MEM_STEP
-"""The raw copy again in the restore's steps: on loopback here the smaller calls were faster at times
-(1.45 x at load 1.7, 10:37): the bar takes the faster of the two."""
+RESTORE_RECV = fileio.STREAM_STEP
+"""The raw copy again in the restore's receives (its steps, MSG_WAITALL): on loopback here smaller calls
+were faster at times (512 KiB ones 1.45 x at load 1.7, 10:37): the bar takes the faster of the two."""
 
 
 def serve_peer(root: str, base: str, job: str, node: str) -> None:
@@ -873,10 +878,10 @@ def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         size = 0
         buf = bytearray(0)
 
-        def raw_tcp(name: str, step: int) -> tuple[float, float]:
+        def raw_tcp(name: str, step: int, flags: int = 0) -> tuple[float, float]:
             """Connect, ask, receive every byte into a buffer touched before, in ``recv_into`` calls of
-            at most ``step`` bytes, on a socket with the restore's options: the bytes' network copy.
-            Wall and CPU seconds."""
+            at most ``step`` bytes (with ``flags``), on a socket with the restore's options: the bytes'
+            network copy. Wall and CPU seconds."""
             nonlocal buf
             c = cpu_s()
             t = time.perf_counter()
@@ -892,7 +897,7 @@ def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 view = memoryview(buf)
                 at = 0
                 while at < n:
-                    got = conn.recv_into(view[at:n], min(step, n - at))
+                    got = conn.recv_into(view[at:n], min(step, n - at), flags)
                     if got == 0:
                         raise SystemExit("bench: the raw copy ended early")
                     at += got
@@ -937,11 +942,11 @@ def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # each round's order turned round in the next (raw copies then restore, restore then raw
             # copies): whatever comes right after the save, or first in a round, is not always the same
             if i % 2 == 0:
-                raw, raw_step = raw_tcp(name, RAW_RECV), raw_tcp(name, RESTORE_RECV)
+                raw, raw_step = raw_tcp(name, RAW_RECV), raw_tcp(name, RESTORE_RECV, socket.MSG_WAITALL)
                 full, fetch_s, cpu_restore = peer_restore()
             else:
                 full, fetch_s, cpu_restore = peer_restore()
-                raw_step, raw = raw_tcp(name, RESTORE_RECV), raw_tcp(name, RAW_RECV)
+                raw_step, raw = raw_tcp(name, RESTORE_RECV, socket.MSG_WAITALL), raw_tcp(name, RAW_RECV)
             size = len(buf)
             if i == 0:
                 continue
@@ -969,9 +974,8 @@ def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     ratio = med[raw_key] / med["peer_restore_s"]
     verdict = f">= 0.8  {'PASS' if ratio >= 0.8 else 'MISS'}"
     print(f"{'peer restore / raw TCP copy':<46}{ratio:>8.3f}   {verdict} (the raw copy in recv_into calls of "
-          f"{RAW_RECV >> 20 if raw_key == 'raw_tcp_s' else RESTORE_RECV >> 10} "
-          f"{'MiB' if raw_key == 'raw_tcp_s' else 'KiB'}, the faster of the two)")
-    for key, what in (("raw_tcp_s", f"{RAW_RECV >> 20} MiB"), ("raw_tcp_step_s", f"{RESTORE_RECV >> 10} KiB")):
+          f"{_size(RAW_RECV if raw_key == 'raw_tcp_s' else RESTORE_RECV)}, the faster of the two)")
+    for key, what in (("raw_tcp_s", _size(RAW_RECV)), ("raw_tcp_step_s", _size(RESTORE_RECV))):
         print(f"{'  against the raw copy in ' + what + ' calls':<46}{med[key] / med['peer_restore_s']:>8.3f}")
     cpu_key = {"raw_tcp_s": "raw_tcp_cpu_s", "raw_tcp_step_s": "raw_tcp_step_cpu_s"}[raw_key]
     print(f"{'raw TCP CPU s / peer restore CPU s (receiver)':<46}{med[cpu_key] / med['peer_restore_cpu_s']:>8.3f}   "
@@ -979,9 +983,9 @@ def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"{'peer connect (handshake, HMAC) / raw TCP copy':<46}{med['peer_connect_s'] / med[raw_key]:>8.3f}   "
           f"(no bar: part of the restore)")
     print(f"both receive on one thread, on sockets with the same options (TCP_NODELAY, the kernel's timeouts, "
-          f"autotuned buffers): the raw copies in recv_into calls of {RAW_RECV >> 20} MiB and of "
-          f"{RESTORE_RECV >> 10} KiB (the restore's step) into one touched buffer, the restore its one stream in "
-          f"{RESTORE_RECV >> 10} KiB steps straight into the tensors, each step's xxh3 taken as it lands; the same "
+          f"autotuned buffers): the raw copies in recv_into calls of {_size(RAW_RECV)} and of "
+          f"{_size(RESTORE_RECV)} with MSG_WAITALL (the restore's receives) into one touched buffer, the restore "
+          f"its one stream in {_size(RESTORE_RECV)} steps straight into the tensors, each step's xxh3 taken as it lands; the same "
           f"keeper process sends all with the same sendfile loop; each round's order turned round in the next")
     print(f"restores read from {', '.join(sorted(sources))}; load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")

@@ -366,12 +366,14 @@ class PeerStream:
         """Bytes received so far."""
 
     def recv_into(self, view: memoryview) -> int:
-        """Fill ``view`` from the stream; the bytes received (fewer only where the peer hung up)."""
+        """Fill ``view`` from the stream; the bytes received (fewer only where the peer hung up). One
+        receive waits for all of ``view`` (MSG_WAITALL: one wake-up, not one per segment that arrives);
+        the kernel's timeout or a signal returns it early with what came, and the loop asks again."""
         got = 0
         want = len(view)
         while got < want:
             try:
-                n = self.sock.recv_into(view[got:], want - got)
+                n = self.sock.recv_into(view[got:], want - got, socket.MSG_WAITALL)
             except BlockingIOError:   # SO_RCVTIMEO passed (``_blocking``)
                 raise TimeoutError(f"no byte from {self.node} in {_TIMEOUT_S:.0f} s ({self.at} of {self.size})") \
                     from None
