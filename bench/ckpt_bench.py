@@ -38,7 +38,9 @@ turns so that the page cache and the allocator see the same history. Bars (from 
                            keeper streaming the shard, received straight into the tensors and checked
                            step by step; the raw copy is B's process sending the same replica file with
                            the same sendfile loop to a recv into a buffer touched before, no handshake,
-                           no HMAC, no checksum; both receivers are one thread)
+                           no HMAC, no checksum, on sockets with the same options; received twice, in
+                           8 MiB calls and in the restore's 2 MiB MSG_WAITALL ones, the faster median
+                           the limit; each round's order turned round in the next; one thread each)
 
 ``--memory`` runs the memory tier's rows and the peer's; the two bars of issue 22 are printed together
 at the end ("side by side, this run"), and ``--goodput-json`` carries both restores (memory_restore_s,
