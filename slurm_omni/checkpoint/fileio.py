@@ -45,7 +45,8 @@ _MEM_STEP = 512 << 10    # the same from a tmpfs copy or a peer's stream (1 GiB 
                          # s against 0.097 with 256 KiB, medians of 5; the L2 here is 1 MiB a core)
 STREAM_STEP = 2 << 20    # the same from a peer's stream: each step one receive (Stream.recv_into waits for
                          # all of it), then its xxh3 (from L2 and L3); fewer, larger receives cost the
-                         # receiver less CPU than 512 KiB ones (0.5 GiB on loopback: 0.13 against 0.19-0.21 s)
+                         # receiver less CPU than 512 KiB ones (the restore's receiving thread, 1 GiB on
+                         # loopback: 0.37 against 0.57 CPU s, medians of 7 paired rounds at load 3.5-5.5)
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
