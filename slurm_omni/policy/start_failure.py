@@ -41,6 +41,8 @@ _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warn
                         r"|^[A-Za-z_]\w*: .*$")
 _NOISE = re.compile(r"^(?:srun|slurmstepd(?:-\S+)?|omni|supervisor|slurm_omni|sbatch|scontrol)\b[:\s-]"
                     r"|^\s*$|^\[\d{4}-\d\d-\d\d")
+_GLUED = re.compile(r"(?<=\S)(?:srun|slurmstepd(?:-\S+)?): ")
+"""Slurm's own line glued to a rank's unfinished one: the rank was killed mid-write, its line cut."""
 _TASK_EXIT = re.compile(r"^srun: error: \S+: tasks? \d+(?:-\d+)?: Exited with exit code (\d+)$", re.MULTILINE)
 _ENVIRONMENT = re.compile(r"DistNetworkError|DistStoreError|EADDRINUSE|address already in use|Connection refused|"
                           r"Connection reset|Broken pipe|No route to host|Network is unreachable|timed out|"
@@ -75,11 +77,15 @@ def failure_line(text: str) -> str:
     headers = [i for i, x in enumerate(lines) if x.strip() == _TRACEBACK]
     # frames are indented ("  File ...", "    code", "    ^^^"); the exception is the first line at
     # column 0 after them that reads like one. Ranks that crash together interleave their lines, and a
-    # rank killed by srun mid-traceback leaves one without its exception: then the one before counts.
+    # rank killed by srun mid-traceback leaves one without its exception, or with its exception cut
+    # and srun's line glued to it ("ModuleNotFoundErrorsrun: error: node4: task 0: Terminated"):
+    # then the one before counts.
     for start in reversed(headers):
         for x in lines[start + 1:]:
             if x and not x[0].isspace() and x.strip() != _TRACEBACK and not _NOISE.match(x) \
                     and _EXCEPTION.match(x.strip()):
+                if _GLUED.search(x):
+                    break
                 return _clip(x.strip())
     for x in reversed(lines):
         if x.strip() and not _NOISE.match(x) and x.strip() != _TRACEBACK and not x[0].isspace():

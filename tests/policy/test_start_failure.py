@@ -154,6 +154,27 @@ def test_a_rank_killed_mid_traceback_leaves_the_line_of_the_one_before() -> None
     assert (got.line, got.exit_code) == ("ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'", 1)
 
 
+def test_a_rank_killed_mid_exception_with_sruns_line_glued_to_it_leaves_the_line_of_the_one_before() -> None:
+    """Recorded in CI (2026-12-03 12:24, job 55, a het job of two components): the second component's
+    rank was terminated while it wrote its exception, and srun's line landed on the same line; the
+    first life's line differed from the second's, so the manager resubmitted a third time."""
+    text = ("Traceback (most recent call last):\n  File \"/t/crash.py\", line 1, in <module>\n"
+            "    import nonexistent_module_for_omni_test\n"
+            "ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'\n"
+            "srun: error: node3: task 0: Exited with exit code 1\n"
+            "srun: launch/slurm: _step_signal: Terminating StepId=55.0\n"
+            "srun: launch/slurm: _step_signal: Terminating StepId=56.0\n"
+            "slurmstepd-node4: error: *** STEP 56.0 ON node4 CANCELLED AT 2026-12-03T12:24:33 ***\n"
+            "Traceback (most recent call last):\n  File \"/t/crash.py\", line 1, in <module>\n"
+            "    import nonexistent_module_for_omni_test\n"
+            "ModuleNotFoundErrorsrun: error: node4: task 0: Terminated\n"
+            "srun: Force Terminated StepId=56.0\nomni: step failed with exit code 143\n")
+    got = from_output(text, 143, launch=0, log="")
+    assert (got.line, got.exit_code) == ("ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'", 1)
+    own = "Traceback (most recent call last):\n  File \"/t/a.py\", line 1, in <module>\nRuntimeError: srun: not found\n"
+    assert failure_line(own) == "RuntimeError: srun: not found"   # srun named in a message, not glued to it
+
+
 def test_a_node_srun_lost_is_the_clusters_failure() -> None:
     assert node_failed("Traceback (most recent call last):\nKeyError: 1\nsrun: error: Node failure on node4\n")
     assert not node_failed(IMPORT_ERROR)
