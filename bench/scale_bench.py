@@ -1545,6 +1545,11 @@ def after_applied(small: Result, large: Result, path: str) -> str:
             f"{s1:.2f} s, information only)")
 
 
+def split_median(r: Result, part: str) -> float | None:
+    """The median of one ``SPLIT`` part over a size's measured runs."""
+    return median([v for x in r.runs if not x.na and (v := x.split.get(part)) is not None])
+
+
 def teardown_s(log_text: str, k: int) -> float | None:
     """The last ``its srun ended X s after the kill`` line of launch ``k`` in the supervisor's log."""
     found = [float(m[2]) for m in _TEARDOWN.finditer(log_text) if int(m[1]) == k]
@@ -1587,8 +1592,8 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
             rest = median([v for path in args.paths for fault in args.faults
                            if (v := log_slope((a.nodes, without_teardown(a, path, fault)),
                                               (b.nodes, without_teardown(b, path, fault)))) is not None])
-            ta = median([v for x in a.runs if not x.na and (v := x.split.get("teardown")) is not None])
-            tb = median([v for x in b.runs if not x.na and (v := x.split.get("teardown")) is not None])
+            ta = split_median(a, "teardown")
+            tb = split_median(b, "teardown")
             cpu = median(phase_slopes(a, b, args, "decide_cpu"))
             # what the control plane itself does in decide: without Slurm's teardown of the killed step
             # when that was measured at both sizes, else the supervisor's own CPU
@@ -1629,8 +1634,8 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
                    f" (slope {fmt(own, '', 2)})")
             for part, what in (("rdv_listen", "rank 0's store listening"), ("rdv_join", "every join at rank 0's store"),
                                ("rdv_answer", "the answer read by every rank")):
-                va = median([v for x in a.runs if not x.na and (v := x.split.get(part)) is not None])
-                vb = median([v for x in b.runs if not x.na and (v := x.split.get(part)) is not None])
+                va = split_median(a, part)
+                vb = split_median(b, part)
                 why += (f"; {what} {fmt(va)} -> {fmt(vb)} (slope "
                         f"{fmt(median(phase_slopes(a, b, args, part)), '', 2)})")
         verdict = "LIMIT" if own is not None and own <= 0.5 else "MISS"
