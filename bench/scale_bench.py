@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import contextlib
 import dataclasses
 import json
 import math
@@ -90,7 +91,9 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -513,6 +516,27 @@ class RankGroup:
         except OSError:   # gone
             return False
 
+    @contextlib.contextmanager
+    def this_thread(self) -> Iterator[None]:
+        """The calling thread (and what it forks meanwhile) in the group for the block, then back in the
+        parent group. cgroup v1 moves one thread (``tasks``); elsewhere nothing moves."""
+        tid = threading.get_native_id()
+        moved = False
+        if self.path is not None and (self.path / "tasks").exists():
+            try:
+                (self.path / "tasks").write_text(str(tid))
+                moved = True
+            except OSError:
+                pass
+        try:
+            yield
+        finally:
+            if moved:
+                try:
+                    (self.path.parent / "tasks").write_text(str(tid))   # type: ignore[union-attr]
+                except OSError:
+                    pass
+
     def remove(self) -> None:
         """Empty (a rank still there goes back to the parent group) and removed."""
         if self.path is None:
@@ -533,13 +557,20 @@ class RankGroup:
 RANK_GROUP: RankGroup | None = None
 NODE_GROUP: RankGroup | None = None
 CONTROL_GROUP: RankGroup | None = None
-CONTROL_SHARES = 2048
-"""The control plane (slurmctld, and the supervisor with its sruns and reads of Slurm, both paths)
-weighs two sessions: on a cluster it runs on hosts of its own (issue 19: "a control plane outside the
-allocation"), never on the nodes' cores; here the nodes' daemons (NODE_GROUP, one session) tearing
-down a 512-node step and the ranks (RANK_GROUP) left the supervisor's loop seconds late (17:44, load
-497: srun's report of the lost node at +0.14 s, the loss confirmed at +10.9 s) and slurmctld slow to
-answer. Two sessions' weight leaves them 2/3 of the machine while they have work, what they use."""
+CONTROL_SHARES = 16384
+"""The control plane (slurmctld, munged, and the supervisor with its sruns and reads of Slurm, both
+paths; and the bench's node fault, which stands for slurmctld finding the node dead) weighs 16
+sessions: on a cluster it runs on hosts of its own (issue 19: "a control plane outside the
+allocation"), never on the nodes' cores. It uses little (slurmctld 0.13-0.22 s, the supervisor 2-4 s
+per 512-node recovery), so its weight takes nothing from the nodes while it has no work; while the
+nodes' daemons tear down a 512-node step (70-77 s of slurmstepd CPU in 40-47 s on 2 cores, 14:02) it
+decides how long the supervisor's read of the lost node waits for a core. Side by side, ``--sizes
+8,512 --faults node`` (14:10 / 14:14, load 270-710): at 2048 shares (two sessions, the lane until
+then) the read answered 0.55 / 0.29 s after it was asked (in-allocation / allocation) and the loss
+was confirmed in 0.65 / 0.44 s, 14.4 x / 10.8 x the 8-node time; at 16384 0.01 / 0.02 s and 0.08 /
+0.29 s (1.6 x / 4.0 x; the allocation path's fault command itself ended +0.18 s, outside the group
+then). Before (17:44, load 497, the default weight): srun's report of the lost node at +0.14 s, the
+loss confirmed at +10.9 s. ``--control-shares`` sets it."""
 NODE_SHARES = 1024
 """The emulated nodes' daemons: every slurmd joins it after the cluster is up, and the slurmstepd it
 forks (with their tasks until the ranks join RANK_GROUP) follow, weighing one session together. On a
@@ -983,7 +1014,10 @@ class Job:
         beats = [b for b in self.beats(incarnation) if b.phase in ("training", "checkpointing")]
         if fault == "node":
             victim = layout.components[0][-1]
-            self.size.runner.run(["scontrol", "update", f"nodename={victim}", "state=DOWN", "reason=scale-bench"])
+            # The fault stands for slurmctld finding the node dead itself: its command weighs with the control
+            # plane, not behind the nodes' daemons (at 2048 shares it ended +0.90 s after it was sent, 14:10).
+            with CONTROL_GROUP.this_thread() if CONTROL_GROUP is not None else contextlib.nullcontext():
+                self.size.runner.run(["scontrol", "update", f"nodename={victim}", "state=DOWN", "reason=scale-bench"])
             self.down.append(victim)
             return f"{victim} set DOWN"
         target = max(beats, key=lambda b: b.rank)   # a rank of the last node, never rank 0 (its store)
@@ -1693,7 +1727,7 @@ def print_settings() -> None:
               "tearing down a 512-node step left the supervisor's loop seconds late (17:44: a node loss confirmed "
               "10.9 s after the fault, srun had reported it at +0.14 s); munged, one for every emulated node (a cluster "
               "has one per node), starved at load 2,500 and a 512-node relaunch lost its credentials (11:06, 'Munge "
-              "encode failed ... Resource temporarily unavailable'); two sessions' weight, used only while they "
+              "encode failed ... Resource temporarily unavailable'); 16 sessions' weight by default (--control-shares), used only while they "
               "have work (`--control-weight session`: each its own session's, as before)")
     if NODE_GROUP is not None:
         print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "
@@ -2046,6 +2080,9 @@ def main() -> int:
                    help="own: slurmctld and the supervisor (its sruns and reads of Slurm) join one cgroup weighing "
                         "two sessions (CONTROL_GROUP; a cluster runs its control plane on hosts of its own); "
                         "session: each keeps its session's weight")
+    p.add_argument("--control-shares", type=int, default=CONTROL_SHARES,
+                   help=f"The control plane's cgroup weight with --control-weight own (cpu.shares; a session's 1024; "
+                        f"default {CONTROL_SHARES})")
     p.add_argument("--heartbeat-node-dir", default="",
                    help="OMNI_HEARTBEAT_NODE_DIR for the ranks: a node-local folder (default: none set, the ranks' "
                         "default /dev/shm, one heartbeat file per node) or 'off' (one per rank; "
@@ -2085,7 +2122,7 @@ def main() -> int:
     if args.node_weight == "one":
         NODE_GROUP = RankGroup(f"omni-scale-nodes-{os.getpid()}", shares=NODE_SHARES)
     if args.control_weight == "own":
-        CONTROL_GROUP = RankGroup(f"omni-scale-control-{os.getpid()}", shares=CONTROL_SHARES)
+        CONTROL_GROUP = RankGroup(f"omni-scale-control-{os.getpid()}", shares=args.control_shares)
     spares = SPARES
     results: list[Result] = load_results(Path(args.include)) if args.include else []
     started = time.monotonic()
