@@ -141,10 +141,12 @@ def is_light_rank(argv: list[str]) -> bool:
     """A light rank's process, of either kind (a run before this one may have left the other)."""
     return argv[1:] == ["-S", str(LIGHT_RANK)] or argv == [str(C_RANK)]
 PHASES = ("detect", "confirm", "decide", "launch", "rendezvous", "first_step")
-SPLIT = ("decide_cmds", "decide_cpu", "teardown", "to_srun", "srun_to_task", "task_spread", "rdv_listen", "rdv_join", "rdv_answer")
+SPLIT = ("decide_cmds", "decide_cpu", "decide_wait", "teardown", "to_srun", "srun_to_task", "task_spread", "rdv_listen", "rdv_join", "rdv_answer")
 """decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
 work); decide_cpu: the supervisor's own CPU seconds in decide (its debug log: the process's CPU when
 it confirmed and when it journaled the next launch), which the machine's load does not stretch;
+decide_wait: the seconds the supervisor's threads were runnable in decide and waited for a core (the
+kernel's schedstat in the same two lines): the machine's load on the control plane, not its work;
 teardown: the killed step's srun ending after the kill (the supervisor's line ``its srun ended X s
 after the kill``): Slurm's slurmstepd killing every task of the step, inside decide, which the next
 launch waits for from 512 nodes (``--kill-grace``);
@@ -183,10 +185,11 @@ _ANSWERED = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \S
 _LATE = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \S+ DEBUG supervisor: launch \d+: "
                    r"(?P<what>(?:srun's report|Slurm's answer) taken|the heartbeat poll took) (?P<took>[\d.]+) s")
 """The supervisor's loop late (``supervisor/run.py`` LATE_S): what it took late, or a slow heartbeat poll."""
-_DECIDING = re.compile(r"supervisor: launch (\d+): deciding \(process CPU ([\d.]+) s\)")
-_JOURNALED = re.compile(r"supervisor: launch (\d+) journaled \(process CPU ([\d.]+) s\)")
+_DECIDING = re.compile(r"supervisor: launch (\d+): deciding \(process CPU ([\d.]+) s(?:, waited for a core ([\d.]+) s)?\)")
+_JOURNALED = re.compile(r"supervisor: launch (\d+) journaled \(process CPU ([\d.]+) s(?:, waited for a core ([\d.]+) s)?\)")
 """The supervisor's debug lines around decide: its process's CPU when it confirmed launch N, and
-when it journaled launch N + 1."""
+when it journaled launch N + 1; and the seconds its threads waited, runnable, for a core (schedstat),
+where it says."""
 _TEARDOWN = re.compile(r"supervisor: launch (\d+): its srun ended ([\d.]+) s after the kill")
 """The supervisor's line when the killed step's srun ended (``supervisor/run.py``)."""
 
@@ -1208,14 +1211,10 @@ class Job:
         m = STORE_LINE.search(text)
         return (float(m["listening"]), float(m["joined"])) if m else None
 
-    def decide_cpu(self, k: int) -> float | None:
-        """The supervisor's own CPU seconds from confirming launch ``k`` to journaling launch k + 1."""
-        text = self.supervisor_log()
-        at: dict[int, float] = {}
-        for m in _DECIDING.finditer(text):   # the first: at the confirmation (a step that ended on its own: one)
-            at.setdefault(int(m[1]), float(m[2]))
-        done = {int(m[1]): float(m[2]) for m in _JOURNALED.finditer(text)}
-        return done[k + 1] - at[k] if k in at and k + 1 in done else None
+    def decide_cpu(self, k: int, group: int = 2) -> float | None:
+        """The supervisor's own CPU seconds from confirming launch ``k`` to journaling launch k + 1
+        (``group`` 3: the seconds its threads waited for a core meanwhile, where its lines say)."""
+        return decide_delta(self.supervisor_log(), k, group)
 
     def teardown(self, k: int) -> float | None:
         """Seconds from the supervisor's kill of launch ``k``'s step to its srun's end (``_TEARDOWN``)."""
@@ -1309,6 +1308,9 @@ class Job:
         cpu = self.decide_cpu(k)
         if cpu is not None:
             run.split["decide_cpu"] = cpu
+        waited = self.decide_cpu(k, group=3)
+        if waited is not None:
+            run.split["decide_wait"] = waited
         gone = self.teardown(k)
         if gone is not None:
             run.split["teardown"] = gone
@@ -1590,6 +1592,26 @@ def teardown_s(log_text: str, k: int) -> float | None:
     return found[-1] if found else None
 
 
+def decide_delta(text: str, k: int, group: int) -> float | None:
+    """From the supervisor's log: the change of a figure of its debug lines (``group`` 2: the process's
+    CPU; 3: its threads' wait for a core) from confirming launch ``k`` to journaling launch k + 1; None
+    where a line or the figure is missing. A thread that ended meanwhile takes its wait along: never
+    below 0."""
+    at: dict[int, float] = {}
+    for m in _DECIDING.finditer(text):   # the first: at the confirmation (a step that ended on its own: one)
+        if m[group] is not None:
+            at.setdefault(int(m[1]), float(m[group]))
+    done = {int(m[1]): float(m[group]) for m in _JOURNALED.finditer(text) if m[group] is not None}
+    return max(0.0, done[k + 1] - at[k]) if k in at and k + 1 in done else None
+
+
+def without_wait(r: Result, path: str, fault: str) -> float | None:
+    """decide less the killed step's teardown and the supervisor's wait for a core (``decide_wait``):
+    what the control plane itself does; None when decide or that wait is unmeasured."""
+    d, w = without_teardown(r, path, fault), run_value(r, path, fault, "decide_wait")
+    return None if d is None or w is None else max(d - w, 1e-3)
+
+
 def without_teardown(r: Result, path: str, fault: str) -> float | None:
     """decide less the killed step's teardown (``teardown``): what the supervisor itself waits on and
     does between the confirmation and the next launch's record; None when decide is unmeasured. The
@@ -1629,13 +1651,19 @@ def verdicts(a: Result, b: Result, args: argparse.Namespace, start: float) -> No
             ta = split_median(a, "teardown")
             tb = split_median(b, "teardown")
             cpu = median(phase_slopes(a, b, args, "decide_cpu"))
+            own_work = median([v for path in args.paths for fault in args.faults
+                               if (v := log_slope((a.nodes, without_wait(a, path, fault)),
+                                                  (b.nodes, without_wait(b, path, fault)))) is not None])
             # what the control plane itself does in decide: without Slurm's teardown of the killed step
-            # when that was measured at both sizes, else the supervisor's own CPU
-            own = rest if rest is not None else cpu
+            # and the supervisor's wait for a core when those were measured at both sizes, else without
+            # the teardown, else the supervisor's own CPU
+            own = own_work if own_work is not None else rest if rest is not None else cpu
+            wa, wb = split_median(a, "decide_wait"), split_median(b, "decide_wait")
             why = (f"the killed step's teardown (Slurm's slurmstepd killing {b.ranks} tasks on one host, "
                    f"which the next launch waits for) {fmt(ta)} -> {fmt(tb)} (slope "
                    f"{fmt(median(phase_slopes(a, b, args, 'teardown')), '', 2)}); decide without it slope "
-                   f"{fmt(rest, '', 2)}; ")
+                   f"{fmt(rest, '', 2)}; the supervisor's threads runnable and waiting for a core in it {fmt(wa)} "
+                   f"-> {fmt(wb)}; decide without both slope {fmt(own_work, '', 2)}; ")
             bare = {k: log_slope((a.nodes, a.bare_cmds.get(k)), (b.nodes, v)) for k, v in b.bare_cmds.items()}
             why += (f"the supervisor's own CPU in decide slope {fmt(cpu, '', 2)}; its Slurm commands (none per node) "
                    f"slope {fmt(cmds, '', 2)}, the same commands bare in steady state "

@@ -397,7 +397,7 @@ class Supervisor:
             raise OmniError("supervisor: couldn't journal the launch")
         self._intended.add(number)
         # the scale bench reads the supervisor's own CPU in decide from these two lines
-        log.debug("supervisor: launch %d journaled (process CPU %.3f s)", number, time.process_time())
+        log.debug("supervisor: launch %d journaled (%s)", number, _cpu_and_wait())
         self._feed(LaunchJournaled(self.clock(), number, end_time=end_time))
         self._write_status()
         return cur
@@ -937,7 +937,7 @@ class Supervisor:
             observer = self._observer or self._observe(cur)
             log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
                         cur.number, "; ".join(observer.confirmer.evaluate(self.clock()).reasons))
-            log.debug("supervisor: launch %d: deciding (process CPU %.3f s)", cur.number, time.process_time())
+            log.debug("supervisor: launch %d: deciding (%s)", cur.number, _cpu_and_wait())
             self._prefetch_states(cur)
             scancels = kill_step(self.runner, self._proc_job, self._step_name(cur),
                                  observer.step_id if self._proc_job == self._alloc_id else "")
@@ -1109,7 +1109,7 @@ class Supervisor:
                             signals=[{"kind": x.kind, "node": x.node, "source": x.source, "at": x.time}
                                      for x in d.signals[:16]])
         log.warning("supervisor: launch %d failed (rc %d): %s", cur.number, rc, "; ".join(d.reasons))
-        log.debug("supervisor: launch %d: deciding (process CPU %.3f s)", cur.number, time.process_time())
+        log.debug("supervisor: launch %d: deciding (%s)", cur.number, _cpu_and_wait())
         return d
 
     def _plan(self, cur: Launch, decision: Decision, now: float, nodes: Sequence[Node] | None = None
@@ -1453,3 +1453,22 @@ def _standby_name(job: str, node: str) -> str:
 def _reap_all(procs: list[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
     return [p for p in procs if p.poll() is None]
 
+
+
+def _cpu_and_wait() -> str:
+    """The debug lines around decide (the scale bench reads them): this process's CPU seconds, and the
+    seconds its threads were runnable but waited for a core (the kernel's schedstat, summed over the
+    threads alive now; left out where the kernel keeps none)."""
+    cpu = f"process CPU {time.process_time():.3f} s"
+    waited = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+        for tid in tasks:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                    waited += int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):   # a thread gone meanwhile
+                continue
+    except OSError:
+        return cpu
+    return f"{cpu}, waited for a core {waited / 1e9:.3f} s"

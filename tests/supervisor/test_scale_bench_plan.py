@@ -20,6 +20,7 @@ from bench.scale_bench import (
     Run,
     after_applied,
     beat_folders_of,
+    decide_delta,
     kill_leftovers,
     leftover,
     load_results,
@@ -359,6 +360,39 @@ def test_the_killed_steps_teardown_is_read_per_launch() -> None:
     assert teardown_s(_DECIDE_LOG, 2) is None
 
 
+_WAIT_LOG = """\
+2026-12-03 14:27:36,446 slurm_omni.supervisor.run DEBUG supervisor: launch 0: deciding (process CPU 1.012 s, waited for a core 0.410 s)
+2026-12-03 14:28:02,100 slurm_omni.supervisor.run DEBUG supervisor: launch 0: deciding (process CPU 1.300 s, waited for a core 0.502 s)
+2026-12-03 14:28:02,131 slurm_omni.supervisor.run DEBUG supervisor: launch 1 journaled (process CPU 1.310 s, waited for a core 0.530 s)
+2026-12-03 14:28:40,000 slurm_omni.supervisor.run DEBUG supervisor: launch 1: deciding (process CPU 2.000 s, waited for a core 0.900 s)
+2026-12-03 14:28:41,000 slurm_omni.supervisor.run DEBUG supervisor: launch 2 journaled (process CPU 2.010 s, waited for a core 0.700 s)
+"""
+
+
+def test_decides_cpu_and_wait_for_a_core_are_read_from_the_first_deciding_line_to_the_next_launch() -> None:
+    assert decide_delta(_WAIT_LOG, 0, 2) == pytest.approx(0.298)
+    assert decide_delta(_WAIT_LOG, 0, 3) == pytest.approx(0.120)
+    assert decide_delta(_WAIT_LOG, 1, 3) == 0.0   # a thread that ended took its wait along: never below 0
+    assert decide_delta(_WAIT_LOG, 2, 3) is None
+    # a log of a supervisor before the wait was said: the CPU as before, no wait
+    assert decide_delta(_DECIDE_LOG, 0, 2) == pytest.approx(0.282)
+    assert decide_delta(_DECIDE_LOG, 0, 3) is None
+
+
+def test_decide_grown_by_the_wait_for_a_core_names_it_with_the_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    def sized(nodes: int, decide: float, wait: float) -> Result:
+        return Result(nodes=nodes, ranks=4 * nodes, runs=[
+            Run("inalloc", f, phases={"decide": decide}, split={"decide_wait": wait, "decide_cpu": 0.01})
+            for f in ("node", "crash")])
+    args = argparse.Namespace(paths=["inalloc"], faults=["node", "crash"])
+    verdicts(sized(64, 0.011, 0.001), sized(512, 0.110, 0.100), args, 0.0)   # the rest: 10 ms at both sizes
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
+    assert line.split()[1] == "LIMIT" and "waiting for a core in it 0.00s -> 0.10s" in line
+    verdicts(sized(64, 0.011, 0.001), sized(512, 0.500, 0.100), args, 0.0)   # the rest 10 -> 400 ms
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("decide"))
+    assert line.split()[1] == "MISS"
+
+
 def _sized(nodes: int, decide: float, teardown: float) -> Result:
     return Result(nodes=nodes, ranks=4 * nodes, runs=[Run("inalloc", f, phases={"decide": decide},
                                                           split={"teardown": teardown, "decide_cpu": 0.01})
@@ -386,3 +420,12 @@ def test_the_node_loss_is_also_counted_from_the_faults_own_command_answered() ->
     line = after_applied(sized(8, 0.05, 0.01), sized(512, 0.55, 0.50), "alloc")
     assert "+0.01 / +0.50 s" in line and "0.04 -> 0.05 s" in line
     assert after_applied(sized(8, 0.05, 0.01), sized(512, 0.55, 0.50), "inalloc") == ""
+
+
+def test_the_supervisors_own_decide_line_is_what_the_bench_reads() -> None:
+    from bench.scale_bench import _JOURNALED
+    from slurm_omni.supervisor.run import _cpu_and_wait
+
+    m = _JOURNALED.search(f"supervisor: launch 3 journaled ({_cpu_and_wait()})")
+    assert m is not None and float(m[2]) > 0
+    assert m[3] is not None and float(m[3]) >= 0   # this kernel keeps schedstat (/proc/self/task/*/schedstat)
