@@ -560,20 +560,19 @@ class RankGroup:
 RANK_GROUP: RankGroup | None = None
 NODE_GROUP: RankGroup | None = None
 CONTROL_GROUP: RankGroup | None = None
-CONTROL_SHARES = 16384
+CONTROL_SHARES = 2048
 """The control plane (slurmctld, munged, and the supervisor with its sruns and reads of Slurm, both
-paths; and the bench's node fault, which stands for slurmctld finding the node dead) weighs 16
+paths; and the bench's node fault, which stands for slurmctld finding the node dead) weighs two
 sessions: on a cluster it runs on hosts of its own (issue 19: "a control plane outside the
-allocation"), never on the nodes' cores. It uses little (slurmctld 0.13-0.22 s, the supervisor 2-4 s
-per 512-node recovery), so its weight takes nothing from the nodes while it has no work; while the
-nodes' daemons tear down a 512-node step (70-77 s of slurmstepd CPU in 40-47 s on 2 cores, 14:02) it
-decides how long the supervisor's read of the lost node waits for a core. Side by side, ``--sizes
-8,512 --faults node`` (14:10 / 14:14, load 270-710): at 2048 shares (two sessions, the lane until
-then) the read answered 0.55 / 0.29 s after it was asked (in-allocation / allocation) and the loss
-was confirmed in 0.65 / 0.44 s, 14.4 x / 10.8 x the 8-node time; at 16384 0.01 / 0.02 s and 0.08 /
-0.29 s (1.6 x / 4.0 x; the allocation path's fault command itself ended +0.18 s, outside the group
-then). Before (17:44, load 497, the default weight): srun's report of the lost node at +0.14 s, the
-loss confirmed at +10.9 s. ``--control-shares`` sets it."""
+allocation"), never on the nodes' cores; here the nodes' daemons (NODE_GROUP, one session) tearing
+down a 512-node step and the ranks (RANK_GROUP) left the supervisor's loop seconds late (17:44, load
+497: srun's report of the lost node at +0.14 s, the loss confirmed at +10.9 s) and slurmctld slow to
+answer. Two sessions' weight leaves them 2/3 of the machine while they have work, what they use.
+``--control-shares`` sets it. 16 sessions (16384) tried 2026-12-03 14:10-14:45 at 512 nodes: the lost
+node's read answered 0.01-1.13 s after it was asked (2048: 0.26-0.55), a node loss confirmed in 0.08,
+0.19, 17.6 s in-allocation and 0.29, 15.7, 0.87 s on the allocation path (2048: 0.40, 0.65 / 0.66,
+0.44): two of its four were the supervisor's heartbeat poll blocked 14.9 and 17.4 s (0.02-0.03 s of
+CPU; seen at 2048 too, 11:05: 23.3 s), so the weight is not what sets the confirmation there."""
 NODE_SHARES = 1024
 """The emulated nodes' daemons: every slurmd joins it after the cluster is up, and the slurmstepd it
 forks (with their tasks until the ranks join RANK_GROUP) follow, weighing one session together. On a
@@ -1755,7 +1754,7 @@ def print_settings() -> None:
               "tearing down a 512-node step left the supervisor's loop seconds late (17:44: a node loss confirmed "
               "10.9 s after the fault, srun had reported it at +0.14 s); munged, one for every emulated node (a cluster "
               "has one per node), starved at load 2,500 and a 512-node relaunch lost its credentials (11:06, 'Munge "
-              "encode failed ... Resource temporarily unavailable'); 16 sessions' weight by default (--control-shares), used only while they "
+              "encode failed ... Resource temporarily unavailable'); two sessions' weight (--control-shares), used only while they "
               "have work (`--control-weight session`: each its own session's, as before)")
     if NODE_GROUP is not None:
         print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "

@@ -1457,18 +1457,12 @@ def _reap_all(procs: list[subprocess.Popen[bytes]]) -> list[subprocess.Popen[byt
 
 def _cpu_and_wait() -> str:
     """The debug lines around decide (the scale bench reads them): this process's CPU seconds, and the
-    seconds its threads were runnable but waited for a core (the kernel's schedstat, summed over the
-    threads alive now; left out where the kernel keeps none)."""
+    seconds the calling thread (the loop's, which decides) was runnable but waited for a core (the
+    kernel's schedstat; left out where the kernel keeps none)."""
     cpu = f"process CPU {time.process_time():.3f} s"
-    waited = 0
     try:
-        tasks = os.listdir("/proc/self/task")
-        for tid in tasks:
-            try:
-                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-                    waited += int(f.read().split()[1])
-            except (OSError, ValueError, IndexError):   # a thread gone meanwhile
-                continue
-    except OSError:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            waited = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
         return cpu
     return f"{cpu}, waited for a core {waited / 1e9:.3f} s"
