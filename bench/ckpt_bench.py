@@ -110,6 +110,10 @@ Memory tier (issue 22; 1 GiB, 400 tensors, ``--memory --repeat 7``, 2026-12-02, 
         window (only the bench running): 0.79, 0.84, 0.67 wall, 0.85, 0.905, 0.66 CPU: MISS; the checked
         read 0.94, 1.02, 0.71 wall, 0.93, 0.99, 0.705 CPU; the restore 0.84, 0.83, 0.945 x it; the memcpy
         itself 0.049-0.068 s from run to run on the idle machine.
+        A fresh machine of the same kind (AMD EPYC, AVX-512), 2026-12-03 13:52, the bench alone: 0.67 wall,
+        0.77 CPU: MISS; the raw process_vm_readv of the copies 0.83 / 0.82 and the checked read 0.89 / 0.86:
+        the kernel's copy alone is under the bar there (docs/checkpoint.md: where the restore's time goes,
+        aligned datasets and MADV_COLLAPSE tried).
 
 Peer tier (issue 22; 2026-12-02): the restore receives the keeper's stream straight into the tensors,
 checking each 512 KiB step as it lands (one pass). ``--only peer --gib 0.5 --repeat 7`` at load 6-7:
