@@ -281,6 +281,8 @@ class Confirmer:
     """The oldest newest-beat of a rank that may go stale (None: none), kept until a beat changes it:
     evaluated every tick, the rule looks at every rank only when one can be stale (2,048 ranks, issue 19)."""
     _oldest_dirty: bool = field(init=False)
+    _beats_seen: float | None = field(init=False)
+    """Every beat written before this time has been observed (``beats_seen``); None: judge at the clock."""
 
     def __post_init__(self) -> None:
         self.reset(self.layout)
@@ -304,6 +306,18 @@ class Confirmer:
         self._ended = None
         self._oldest = None
         self._oldest_dirty = False
+        self._beats_seen = None
+
+    def beats_seen(self, at: float) -> None:
+        """Every heartbeat written before ``at`` has been observed (a scan of the folder that started
+        then has ended). A poller that reads the beats beside its loop says so after each scan; from
+        then on a rank's silence (level 2: stale, no progress, hang, stuck) is judged as of the newest
+        such time, never as of a clock that ran on while a scan was still reading: a scan stuck for
+        seconds (512 emulated nodes: 14.9 and 17.4 s with no CPU) makes no rank stale. Level 1 is
+        judged at the clock. A poller that never says it (the manager, reading in its loop) is judged
+        at the clock, as before."""
+        if self._beats_seen is None or at > self._beats_seen:
+            self._beats_seen = at
 
     # -- observations -------------------------------------------------------------------------
     def observe(self, obs: Observation) -> None:
@@ -416,8 +430,9 @@ class Confirmer:
         if self._confirmed is not None:
             return self._confirmed
         level1 = [s for s in self._level1.values() if s.time <= now]
-        stale_since = self._stale_since(now)
-        onset = self._level2_onset(stale_since, now)
+        seen = now if self._beats_seen is None else min(now, self._beats_seen)   # level 2's clock
+        stale_since = self._stale_since(seen)
+        onset = self._level2_onset(stale_since, seen)
         alone = [s for s in level1 if s.kind in self.config.level1_alone]
         if alone:
             return self._confirm(now, alone[0].kind, alone, {}, None,
@@ -430,7 +445,7 @@ class Confirmer:
             return self._confirm(now, by["slurm"].kind, signals, {}, None,
                                  f"{node}: the step's srun reported it failed and Slurm shows it "
                                  f"{by['slurm'].kind.upper()}: two sources, no wait for the step's teardown")
-        silent = self._silent_reported(now) if self.config.corroborate else None
+        silent = self._silent_reported(seen) if self.config.corroborate else None
         if silent is not None:
             node, signal, ranks = silent
             return self._confirm(now, signal.kind, [signal], ranks, None,
@@ -457,14 +472,14 @@ class Confirmer:
             # timeout's (stuck), unless level 1 agrees. 512 emulated nodes at load ~2,000: ranks
             # starved 14 s while the launch's last tasks started were confirmed hung 42 s into a
             # 50 s launch (issue 19)
-            if self._global_step >= 0 and now - onset >= self.hang_timeout():
+            if self._global_step >= 0 and seen - onset >= self.hang_timeout():
                 return self._confirm(now, "hang", [], stale_since, onset,
-                                     f"level 2 alone for {now - onset:.1f} s "
+                                     f"level 2 alone for {seen - onset:.1f} s "
                                      f"(hang timeout {self.hang_timeout():.1f} s)")
-        if (self._last_advance is not None and now - self._last_advance >= self.stuck_timeout()
+        if (self._last_advance is not None and seen - self._last_advance >= self.stuck_timeout()
                 and not any(r.phase == "checkpointing" or r.phase in QUIET_PHASES for r in self._ranks.values())):
             return self._confirm(now, "stuck", [], stale_since, onset,
-                                 f"no new global step for {now - self._last_advance:.1f} s "
+                                 f"no new global step for {seen - self._last_advance:.1f} s "
                                  f"(stuck timeout {self.stuck_timeout():.1f} s)")
         if level1 or onset is not None:
             reasons = [f"level 1: {s.kind} on {s.node}" for s in level1]

@@ -5,8 +5,12 @@ step after its restore. It reads files and takes what it is given; it runs no co
 
 from __future__ import annotations
 
+import queue
 import signal
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_omni.formats.heartbeat import HeartbeatRecord, newer
@@ -42,7 +46,8 @@ class LaunchObserver:
         self._start_step: int | None = None
         self.scanner = HeartbeatScanner()
         """Reads only the heartbeat files that changed since the last poll (per node where the ranks
-        aggregate: formats/heartbeat.py)."""
+        aggregate: formats/heartbeat.py). Used under ``scan_lock``: the loop's scans and a ``BeatReader``'s."""
+        self.scan_lock = threading.Lock()
 
     def srun(self, event: SrunEvent, *, ending_on_request: bool) -> None:
         """One srun report. ``ending_on_request``: the step was asked to stop (a forwarded signal, a
@@ -64,12 +69,42 @@ class LaunchObserver:
         """This launch's ranks' newest heartbeats (its incarnation, this job), unreadable: none. The
         beats read fresh go to the rule and the last words as :meth:`beats`'s do (a scan here takes
         them from the next poll's fresh ones)."""
-        try:
-            self._take(self.scanner.scan_fresh(self.heartbeat_dir))
-        except OSError:
-            return []
-        return [hb for hb in self.scanner.newest()
-                if hb.job_id == self.job_id and hb.incarnation == self.launch.incarnation]
+        with self.scan_lock:
+            try:
+                self._take(self.scanner.scan_fresh(self.heartbeat_dir))
+            except OSError:
+                return []
+            return [hb for hb in self.scanner.newest()
+                    if hb.job_id == self.job_id and hb.incarnation == self.launch.incarnation]
+
+    def scan(self, started: float) -> Scan:
+        """One scan of the folder (a ``BeatReader``'s, beside the loop), for :meth:`take`: the beats
+        read fresh and, until the launch's first step is known, the newest beats in training."""
+        cpu = time.thread_time()
+        with self.scan_lock:
+            try:
+                fresh: list[HeartbeatRecord] | None = self.scanner.scan_fresh(self.heartbeat_dir)
+            except OSError:
+                fresh = None
+            training = self._training() if fresh is not None and self.launch.first_step_at is None else []
+        return Scan(started, fresh, training, cpu_s=time.thread_time() - cpu)
+
+    def take(self, scan: Scan) -> tuple[float, int] | None:
+        """A ``BeatReader``'s scan, in the loop: its fresh beats to the rule, which judges the ranks'
+        silence as of the scan's start from now on (``Confirmer.beats_seen``); the launch's first step
+        as :meth:`beats` finds it."""
+        if scan.fresh is None:
+            return None
+        self._take(scan.fresh)
+        self.confirmer.beats_seen(scan.started)
+        if self.launch.first_step_at is not None:
+            return None
+        return self._first_step(scan.training)
+
+    def _training(self) -> list[HeartbeatRecord]:
+        incarnation = self.launch.incarnation
+        return [hb for hb in self.scanner.newest() if hb.phase in TRAINING_PHASES
+                and hb.job_id == self.job_id and hb.incarnation == incarnation]
 
     def _take(self, fresh: list[HeartbeatRecord]) -> None:
         incarnation = self.launch.incarnation
@@ -81,20 +116,26 @@ class LaunchObserver:
                     if known is None or newer(hb, known):
                         self.last_words[hb.rank] = hb
 
-    def beats(self) -> tuple[float, int] | None:
+    def beats(self, started: float | None = None) -> tuple[float, int] | None:
         """Read and observe the heartbeats; the launch's first step after its restore (time, step),
         once a rank reports a step past the one it restored (None before, or when known already).
-        Only the beats that changed since the last poll go to the rule (it has the others)."""
-        try:
-            fresh = self.scanner.scan_fresh(self.heartbeat_dir)
-        except OSError:
-            return None
-        self._take(fresh)
-        incarnation = self.launch.incarnation
-        if self.launch.first_step_at is not None:
-            return None
-        training = [hb for hb in self.scanner.newest() if hb.phase in TRAINING_PHASES
-                    and hb.job_id == self.job_id and hb.incarnation == incarnation]
+        Only the beats that changed since the last poll go to the rule (it has the others).
+        ``started``: the clock as this scan was asked, where a ``BeatReader`` also read for the rule
+        (``Confirmer.beats_seen``)."""
+        with self.scan_lock:
+            try:
+                fresh = self.scanner.scan_fresh(self.heartbeat_dir)
+            except OSError:
+                return None
+            self._take(fresh)
+            if started is not None:
+                self.confirmer.beats_seen(started)
+            if self.launch.first_step_at is not None:
+                return None
+            training = self._training()
+        return self._first_step(training)
+
+    def _first_step(self, training: list[HeartbeatRecord]) -> tuple[float, int] | None:
         if not training:
             return None
         # the first beat in training reports the restored step; a higher one is the first new step
@@ -118,3 +159,54 @@ class LaunchObserver:
                 self.confirmer.observe(NodeObservation(now, n.name, n.state, n.reason, asked_at=asked_at))
             if n.state.failed:
                 self.lost.add(n.name)
+
+
+@dataclass(slots=True)
+class Scan:
+    """One scan of the heartbeat folder: when it started, the beats it read fresh (None: the folder
+    unreadable), the newest beats in training while the first step is not known, its CPU seconds."""
+
+    started: float
+    fresh: list[HeartbeatRecord] | None
+    training: list[HeartbeatRecord] = field(default_factory=list)
+    cpu_s: float = 0.0
+    took_s: float = 0.0
+
+
+class BeatReader:
+    """The launch's heartbeats read beside the supervisor's loop, every ``pace_s`` from the end of the
+    last scan, so that a scan stuck in the kernel holds up nothing else: srun's reports and Slurm's
+    answers reach the rule meanwhile, and the rule judges the ranks' silence only as of the newest
+    scan that ended (``LaunchObserver.take``). Seen at 512 emulated nodes (issue 19): a scan of the
+    loop took 14.85 and 17.41 s with 0.015 / 0.033 s of CPU, and the node loss srun and Slurm had
+    reported within 0.1-1.1 s was confirmed after it. It reads files; it runs no command."""
+
+    def __init__(self, observer: LaunchObserver, pace_s: float, clock: Callable[[], float]) -> None:
+        self.observer = observer
+        self._pace_s = pace_s
+        self._clock = clock
+        self._scans: queue.SimpleQueue[Scan] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="omni-beats", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = self._clock()
+            scan = self.observer.scan(started)
+            scan.took_s = self._clock() - started
+            self._scans.put(scan)
+            self._stop.wait(self._pace_s)
+
+    def scans(self) -> list[Scan]:
+        """The scans that ended since the last call, oldest first."""
+        out = []
+        while True:
+            try:
+                out.append(self._scans.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        """No scan after the one under way (a stuck one ends on its own; the thread is a daemon)."""
+        self._stop.set()

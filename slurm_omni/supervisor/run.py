@@ -157,7 +157,7 @@ from slurm_omni.supervisor.journal import (
 )
 from slurm_omni.supervisor.launch_failure import read_failure, write_record
 from slurm_omni.supervisor.node_reads import KnownStates, NodeReads, read_job_and_failed
-from slurm_omni.supervisor.observe import LaunchObserver
+from slurm_omni.supervisor.observe import BeatReader, LaunchObserver
 
 log = logging.getLogger(__name__)
 
@@ -625,8 +625,17 @@ class Supervisor:
 
     def _watch_loop(self, cur: Launch, adopted: StepProcess | None, reads: NodeReads, asked: set[str]) -> int | None:
         observer = self._observer or self._observe(cur)
+        # the ranks' beats are read beside the loop (a scan stuck in the kernel holds up nothing else)
+        beats = BeatReader(observer, self.opts.heartbeat_poll_s, self.clock)
+        try:
+            return self._watch_beats(cur, adopted, reads, asked, observer, beats)
+        finally:
+            beats.close()
+
+    def _watch_beats(self, cur: Launch, adopted: StepProcess | None, reads: NodeReads, asked: set[str],
+                     observer: LaunchObserver, beats: BeatReader) -> int | None:
         confirmer = observer.confirmer
-        next_hb = next_nodes = 0.0
+        next_nodes = 0.0
         # nodes srun just reported failed: their Slurm state is read at once, theirs alone (one record
         # from slurmctld whatever the job's size, issue 19); the full poll keeps its pace. The step
         # log's own thread asks first (``on_event``); these are the reports it did not ask for
@@ -667,15 +676,18 @@ class Supervisor:
                               compress([n.name for n in answer.nodes]), answer.answered_at - answer.asked_at)
                 observer.nodes(answer.nodes, answer.answered_at, asked_at=answer.asked_at)
             if heard and self.state.phase is not Phase.CONFIRMING:
-                # what srun or Slurm just said goes to the rule before the heartbeat poll: on a machine
-                # at load 450+ a poll of 2,048 ranks' beats takes seconds of wall time (512 nodes: the
-                # step's end waited 8 s for two polls, issue 19)
+                # what srun or Slurm just said goes to the rule at once, whatever the heartbeat scan
+                # beside the loop is doing: on a machine at load 450+ a scan of 2,048 ranks' beats took
+                # seconds (512 nodes: the step's end waited 8 s for two polls when the loop scanned;
+                # a scan stuck 17 s held a node loss srun and Slurm had reported, issue 19)
                 now = self.clock()
                 self._feed(Watched(at=now, decision=confirmer.evaluate(now), signalled=self.stop_signal is not None),
                            cur=cur)
             if self.state.phase is Phase.CONFIRMING:
                 # its tasks are killed; srun itself may wait seconds for a lost node to answer: the
-                # lifecycle relaunches without it after the grace (the next step overlaps its CPUs)
+                # lifecycle relaunches without it after the grace (the next step overlaps its CPUs).
+                # The rule has latched: no more scans of the beats
+                beats.close()
                 left = self._feed(Watched(at=self.clock()), cur=cur)
                 if left is not None:
                     return left
@@ -683,16 +695,14 @@ class Supervisor:
                 continue
             polled = False
             accepted = False
-            if now >= next_hb:
-                cpu0 = time.thread_time()
-                self._heartbeats(cur, observer)
-                # from the poll's end: a poll slower than the pace (a starved host) leaves the loop
-                # time for srun's reports between two polls instead of running them back to back
-                took, now = self.clock() - now, self.clock()
-                if took >= LATE_S:
+            for scan in beats.scans():
+                if scan.took_s >= LATE_S:
                     log.debug("supervisor: launch %d: the heartbeat poll took %.2f s (%.3f s of CPU)", cur.number,
-                              took, time.thread_time() - cpu0)
-                next_hb = now + self.opts.heartbeat_poll_s
+                              scan.took_s, scan.cpu_s)
+                first = observer.take(scan)
+                if first is not None:
+                    self.journal.append("first_step", launch=cur.number, at=first[0], step=first[1])
+            now = self.clock()
             if now >= next_nodes:
                 next_nodes = now + self.opts.node_poll_s
                 polled = True
@@ -1399,7 +1409,7 @@ class Supervisor:
         return step_name(self.opts.job_id, cur.number + REQUEUE_INCARNATION_STRIDE * self.opts.restart_count)
 
     def _heartbeats(self, cur: Launch, observer: LaunchObserver) -> None:
-        first = observer.beats()
+        first = observer.beats(self.clock())
         if first is not None:
             self.journal.append("first_step", launch=cur.number, at=first[0], step=first[1])
 

@@ -681,3 +681,38 @@ def test_a_node_not_responding_whose_ranks_had_stepped_confirms_with_their_silen
     d = c.evaluate(20.0)
     assert d.verdict is Verdict.CONFIRMED and d.cause == "not_responding" and d.nodes == ("t1",)
     assert d.ranks == (2,)
+
+
+# -- the beats read beside the poller's loop (``beats_seen``): a stuck scan is no silence --------------
+
+def test_a_scan_stuck_for_seconds_makes_no_rank_stale_and_srun_with_slurm_still_confirm() -> None:
+    c = Confirmer(ConfirmConfig(hang_floor_s=10.0), {0: ["node1", "node2"], 1: ["node3", "node4"]})
+    _beating(c, 10.0)
+    c.beats_seen(10.0)
+    # the next scan sticks for 17 s (512 emulated nodes: 17.41 s with no CPU): no beat read meanwhile
+    for t in (12.0, 16.0, 21.0, 27.0, 45.0):
+        assert c.evaluate(t).verdict is Verdict.NONE, t
+    # judged at the clock, as a poller that never says beats_seen is, the same silence is level 2,
+    # then a hang (30 median steps)
+    at_clock = Confirmer(ConfirmConfig(hang_floor_s=10.0), {0: ["node1", "node2"], 1: ["node3", "node4"]})
+    _beating(at_clock, 10.0)
+    assert at_clock.evaluate(27.0).verdict is Verdict.SUSPECT
+    assert at_clock.evaluate(45.0).verdict is Verdict.CONFIRMED
+    # srun's report and Slurm's answer came meanwhile (beside the loop): level 1 is judged at the clock
+    c.observe(NodeObservation(12.1, "node4", NodeState.DOWN, "srun: node failure", source="srun"))
+    c.observe(NodeObservation(12.3, "node4", NodeState.DOWN, "Not responding"))
+    d = c.evaluate(12.4)
+    assert d.verdict is Verdict.CONFIRMED and d.cause == "down" and d.nodes == ("node4",)
+
+
+def test_the_node_srun_reported_is_silent_only_once_a_scan_after_its_beats_went_stale_ended() -> None:
+    c = Confirmer(ConfirmConfig(), {0: ["node1", "node2"], 1: ["node3", "node4"]})
+    _beating(c, 10.0)
+    c.beats_seen(10.0)
+    c.observe(NodeObservation(10.2, "node4", NodeState.DOWN, "srun: node failure", source="srun"))
+    assert c.evaluate(20.0).verdict is Verdict.SUSPECT   # no scan since 10.0: node4's ranks not known silent
+    for r in range(3):   # a scan that started at 20.0 ended: every rank but node4's beat on
+        c.observe(Heartbeat(19.9, r, 19, f"node{r + 1}", r // 2))
+    c.beats_seen(20.0)
+    d = c.evaluate(20.0)
+    assert d.verdict is Verdict.CONFIRMED and d.nodes == ("node4",) and "stopped beating" in d.reasons[0]

@@ -5,15 +5,19 @@ own times and the ``now`` given to the confirmer; nothing waits."""
 from __future__ import annotations
 
 import random
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slurm_omni.formats import encode
 from slurm_omni.formats.heartbeat import HeartbeatRecord, NodeHeader, node_file_name
 from slurm_omni.fsio import write_atomic
-from slurm_omni.policy.confirm import Verdict
+from slurm_omni.policy.confirm import NodeObservation, Verdict
 from slurm_omni.policy.in_allocation import StepLayout
+from slurm_omni.slurm.types import NodeState
 from slurm_omni.supervisor.journal import Launch
-from slurm_omni.supervisor.observe import LaunchObserver
+from slurm_omni.supervisor.observe import BeatReader, LaunchObserver, Scan
 
 NODES, PER_NODE, LIFE = 512, 4, 3
 
@@ -99,3 +103,55 @@ def test_the_sites_confirmation_window_sets_the_supervisors_hang_timeout(tmp_pat
         verdicts[window] = obs.confirmer.evaluate(105.0 + 20.0)
     assert verdicts[12.0].verdict is Verdict.CONFIRMED and verdicts[12.0].cause == "hang"
     assert verdicts[30.0].verdict is not Verdict.CONFIRMED
+
+
+def test_a_scan_stuck_beside_the_loop_holds_up_neither_srun_and_slurm_nor_makes_a_rank_stale(tmp_path: Path) -> None:
+    """The beats are read by a ``BeatReader`` beside the loop: while its scan is stuck in the kernel
+    (512 emulated nodes: 17.41 s with no CPU) srun's report and Slurm's answer still confirm a node
+    loss, the ranks' silence is judged only as of the last scan that ended, and the scans come back."""
+    layout = StepLayout((("n0", "n1"),), (), (), 1, {})
+    launch = Launch(number=0, layout=layout, data_parallel_size=2 * PER_NODE, port=0, incarnation=LIFE,
+                    started_at=100.0)
+    obs = LaunchObserver(launch, job_id="42", heartbeat_dir=tmp_path, heartbeat_interval_s=1.0)
+    for n in range(2):
+        publish(tmp_path, n, [beat(r, 100.0, 10) for r in range(n * PER_NODE, (n + 1) * PER_NODE)])
+    now = [100.5]
+    reader = BeatReader(obs, 0.01, lambda: now[0])
+    try:
+        first = _wait_scans(reader)
+        assert first and first[0].fresh and obs.take(first[0]) is None
+        stuck, release = threading.Event(), threading.Event()
+        scan_fresh = obs.scanner.scan_fresh
+
+        def stuck_scan(folder: Path) -> list[HeartbeatRecord]:
+            stuck.set()
+            release.wait(10)
+            return scan_fresh(folder)
+
+        obs.scanner.scan_fresh = stuck_scan   # type: ignore[method-assign]
+        for s in _wait_scans(reader, until=stuck.wait):
+            obs.take(s)
+        now[0] = 120.0   # 20 s on, no scan ended: no rank is stale, nothing is a hang
+        assert obs.confirmer.evaluate(now[0]).verdict is Verdict.NONE
+        obs.confirmer.observe(NodeObservation(120.1, "n1", NodeState.DOWN, "srun: node failure", source="srun"))
+        obs.confirmer.observe(NodeObservation(120.2, "n1", NodeState.DOWN, "Not responding"))
+        d = obs.confirmer.evaluate(120.3)
+        assert d.verdict is Verdict.CONFIRMED and d.nodes == ("n1",)
+        release.set()
+        assert _wait_scans(reader)   # the stuck scan ends and the reader goes on
+    finally:
+        reader.close()
+
+
+def _wait_scans(reader: BeatReader, until: Callable[[float], bool] | None = None) -> list[Scan]:
+    """The scans that ended: once ``until`` holds (then whatever came), else the first to come."""
+    if until is not None:
+        assert until(10)
+        return reader.scans()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        got = reader.scans()
+        if got:
+            return got
+        time.sleep(0.01)
+    return []
