@@ -145,8 +145,9 @@ SPLIT = ("decide_cmds", "decide_cpu", "decide_wait", "teardown", "to_srun", "sru
 """decide_cmds: the blocking Slurm commands' seconds inside decide (the rest is the supervisor's own
 work); decide_cpu: the supervisor's own CPU seconds in decide (its debug log: the process's CPU when
 it confirmed and when it journaled the next launch), which the machine's load does not stretch;
-decide_wait: the seconds the supervisor's threads were runnable in decide and waited for a core (the
-kernel's schedstat in the same two lines): the machine's load on the control plane, not its work;
+decide_wait: the seconds the deciding thread was runnable and waited for a core from the killed step's
+end (its last ``deciding`` line) to the next launch's record (the kernel's schedstat in those lines):
+the machine's load on the control plane, not its work;
 teardown: the killed step's srun ending after the kill (the supervisor's line ``its srun ended X s
 after the kill``): Slurm's slurmstepd killing every task of the step, inside decide, which the next
 launch waits for from 512 nodes (``--kill-grace``);
@@ -1592,14 +1593,18 @@ def teardown_s(log_text: str, k: int) -> float | None:
 
 
 def decide_delta(text: str, k: int, group: int) -> float | None:
-    """From the supervisor's log: the change of a figure of its debug lines (``group`` 2: the process's
-    CPU; 3: its threads' wait for a core) from confirming launch ``k`` to journaling launch k + 1; None
-    where a line or the figure is missing. A thread that ended meanwhile takes its wait along: never
-    below 0."""
+    """From the supervisor's log: the change of a figure of its debug lines from confirming launch
+    ``k`` to journaling launch k + 1 (``group`` 2: the process's CPU, from the first ``deciding``
+    line, at the confirmation); or, ``group`` 3, the deciding thread's wait for a core from the last
+    ``deciding`` line (after the killed step's srun ended: the wait inside the teardown is the
+    teardown's, counted there) to the record. None where a line or the figure is missing; never below 0."""
     at: dict[int, float] = {}
-    for m in _DECIDING.finditer(text):   # the first: at the confirmation (a step that ended on its own: one)
+    for m in _DECIDING.finditer(text):   # a step that ended on its own has one line, one confirmed while it ran two
         if m[group] is not None:
-            at.setdefault(int(m[1]), float(m[group]))
+            if group == 3:
+                at[int(m[1])] = float(m[group])
+            else:
+                at.setdefault(int(m[1]), float(m[group]))
     done = {int(m[1]): float(m[group]) for m in _JOURNALED.finditer(text) if m[group] is not None}
     return max(0.0, done[k + 1] - at[k]) if k in at and k + 1 in done else None
 

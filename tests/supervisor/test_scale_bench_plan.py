@@ -371,7 +371,7 @@ _WAIT_LOG = """\
 
 def test_decides_cpu_and_wait_for_a_core_are_read_from_the_first_deciding_line_to_the_next_launch() -> None:
     assert decide_delta(_WAIT_LOG, 0, 2) == pytest.approx(0.298)
-    assert decide_delta(_WAIT_LOG, 0, 3) == pytest.approx(0.120)
+    assert decide_delta(_WAIT_LOG, 0, 3) == pytest.approx(0.028)   # from the line after the teardown
     assert decide_delta(_WAIT_LOG, 1, 3) == 0.0   # a thread that ended took its wait along: never below 0
     assert decide_delta(_WAIT_LOG, 2, 3) is None
     # a log of a supervisor before the wait was said: the CPU as before, no wait
