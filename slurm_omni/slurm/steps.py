@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from slurm_omni.errors import SlurmError
 from slurm_omni.slurm.hostlist import compress
@@ -228,15 +228,23 @@ class StepLog:
         return log
 
     def drain(self) -> list[SrunEvent]:
-        out = []
-        while True:
-            try:
-                out.append(self.events.get_nowait())
-            except queue.Empty:
-                return out
+        return drain_queue(self.events)
 
     def close(self) -> None:
         self.stop.set()
+
+
+T = TypeVar("T")
+
+
+def drain_queue(q: queue.SimpleQueue[T]) -> list[T]:
+    """What a thread put in ``q`` since the last call, in the order it came, without waiting."""
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
 
 
 def start_step(runner: CommandRunner, argv: Sequence[str], env: Mapping[str, str], *,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slurm_omni.errors import SlurmError
+from slurm_omni.slurm.steps import drain_queue
 from slurm_omni.slurm.types import Node
 
 log = logging.getLogger(__name__)
@@ -160,12 +161,7 @@ class NodeReads:
 
     def answers(self) -> list[NodeAnswer]:
         """The answers that came since the last call, in the order they came."""
-        out = []
-        while True:
-            try:
-                out.append(self._answers.get_nowait())
-            except queue.Empty:
-                return out
+        return drain_queue(self._answers)
 
     def close(self) -> None:
         """Answers still to come are dropped (the launch they were asked for is over)."""

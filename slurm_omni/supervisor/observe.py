@@ -16,7 +16,7 @@ from pathlib import Path
 from slurm_omni.formats.heartbeat import HeartbeatRecord, newer
 from slurm_omni.manager.events import HeartbeatScanner
 from slurm_omni.policy.confirm import ConfirmConfig, Confirmer, NodeObservation, StepEnded, TaskExit
-from slurm_omni.slurm.steps import SrunEvent
+from slurm_omni.slurm.steps import SrunEvent, drain_queue
 from slurm_omni.slurm.types import Node, NodeState
 from slurm_omni.supervisor.journal import Launch
 
@@ -200,12 +200,7 @@ class BeatReader:
 
     def scans(self) -> list[Scan]:
         """The scans that ended since the last call, oldest first."""
-        out = []
-        while True:
-            try:
-                out.append(self._scans.get_nowait())
-            except queue.Empty:
-                return out
+        return drain_queue(self._scans)
 
     def close(self) -> None:
         """No scan after the one under way (a stuck one ends on its own; the thread is a daemon)."""
