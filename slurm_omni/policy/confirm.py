@@ -60,6 +60,8 @@ from slurm_omni.slurm.types import NodeState
 
 LEVEL1_KINDS = ("down", "fail", "not_responding", "drain", "task_exit")
 HARD_KINDS = frozenset({"down", "fail"})
+SILENT_CAUSES = frozenset({"hang", "stuck"})
+"""Causes confirmed from the ranks' silence alone (level 2): no rank exited, no node was lost."""
 """Node-state kinds that end a step on the node: reported by srun and shown by Slurm, they confirm."""
 
 # The node states that are a level-1 signal, by kind (the manager names a recovery's cause by it too).

@@ -41,6 +41,7 @@ from slurm_omni.ownership import NotOwnedError, ensure_own_dir
 from slurm_omni.policy.bad_input import RankEnd, refused_by_rank
 from slurm_omni.policy.confirm import (
     HARD_KINDS,
+    SILENT_CAUSES,
     Decision,
     StepEnded,
     Verdict,
@@ -1024,11 +1025,13 @@ class Supervisor:
     def _refused(self, cur: Launch) -> str:
         """The one line of a rank of ``cur`` that exited 78 (bad input), from its last heartbeat; empty
         when none did. The ranks' last words come with the beats read; the beats written since the
-        last poll are read first, unless the rule confirmed a node lost while the step ran (its ranks
-        were killed, no rank's refusal is the cause: decide reads no rank's beat again, issue 19)."""
+        last poll are read first, unless the rule confirmed while the step ran a node lost or ranks
+        silent (a hang, a stuck job: no rank had exited, the supervisor killed them; no rank's refusal
+        is the cause): decide reads no rank's beat again (issue 19: at 512 nodes that scan of 2,044
+        beats was 44 ms of a hang's decide)."""
         observer = self._observer or self._observe(cur)
         latched = observer.confirmer.latched
-        if latched is None or latched.cause not in HARD_KINDS:
+        if latched is None or latched.cause not in HARD_KINDS | SILENT_CAUSES:
             self._heartbeats(cur, observer)
         ranks = [RankEnd(rank=hb.rank, phase=hb.phase, step=hb.step, exit_code=hb.exit_code, error=hb.error)
                  for hb in observer.last_words.values()]

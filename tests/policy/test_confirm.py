@@ -10,6 +10,7 @@ import pytest
 from slurm_omni.errors import ConfigError
 from slurm_omni.policy.confirm import (
     NODE_STATE_KIND,
+    SILENT_CAUSES,
     ConfirmConfig,
     Confirmer,
     Decision,
@@ -167,6 +168,8 @@ def test_hang_confirmed_by_hard_timeout_only() -> None:
     assert d.confirmed_at - suspect.first_signal_at >= cfg.hang_floor_s - 0.1
     assert d.confirmed_at - 10.0 <= cfg.hang_floor_s + 5.0
     assert d.het_offsets == (0, 1)
+    # a cause of the ranks' silence alone: the supervisor reads no rank's last words after it (no rank exited)
+    assert d.cause in SILENT_CAUSES and not d.signals
 
 
 @pytest.mark.parametrize("state", [NodeState.DRAINING, NodeState.DRAINED, NodeState.NOT_RESPONDING,
