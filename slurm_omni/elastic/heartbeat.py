@@ -263,6 +263,66 @@ def _running(pid: int) -> bool:
     return state not in (b"T", b"t", b"Z", b"X", b"")
 
 
+def sweep_left_behind(node_dir: Path, *, keep: str, node: str, interval_s: float, now: float) -> list[str]:
+    """This user's node folders of earlier jobs on ``node`` that nothing beats in any more, removed
+    (their names). A node Slurm took out of a job (``--no-kill``: DOWN, NOT_RESPONDING) runs none of
+    that job's epilog, which removes the folder elsewhere; a rank killed there later (SIGKILL: no last
+    beat) leaves it (CI, 2026-12-03: ``omni-beats-0-43-node3`` of
+    ``test_allocation_mode_hands_a_lost_allocation_...``, node3 set DOWN and removed from job 43).
+    The user's next rank on the node sweeps them: a folder is left behind when every file in it is
+    older than 10 intervals (at least 60 s) and no rank or leader named in it runs (a suspended job's
+    ranks run: kept). Only folders of this uid, found as real folders of ours, not writable by others."""
+    prefix, suffix = f"omni-beats-{os.geteuid()}-", f"-{_safe(node)}"
+    old = max(10 * interval_s, 60.0)
+    removed: list[str] = []
+    try:
+        base = os.open(node_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return removed
+    try:
+        for entry in os.scandir(base):
+            name = entry.name
+            if name == keep or not (name.startswith(prefix) and name.endswith(suffix)):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not _left_behind(fd, now - old):
+                    continue
+                for e in os.scandir(fd):
+                    if not e.is_dir(follow_symlinks=False):
+                        os.unlink(e.name, dir_fd=fd)
+                os.rmdir(name, dir_fd=base)
+                removed.append(name)
+                log.info("heartbeat: removed %s, left on this node by an earlier job (nothing beats in it)", name)
+            except OSError:   # another rank swept it first, or something of it is not ours to remove
+                continue
+            finally:
+                os.close(fd)
+    finally:
+        os.close(base)
+    return removed
+
+
+def _left_behind(fd: int, before: float) -> bool:
+    """Every file in the folder ``fd`` older than ``before`` and no rank or leader named in it running."""
+    pids = [_read_leader(fd)[1]]
+    for e in os.scandir(fd):
+        st = e.stat(follow_symlinks=False)
+        if st.st_mtime >= before:
+            return False
+        if e.name.startswith(RANK_PREFIX) and e.name.endswith(".json"):
+            try:
+                pids.append(msgspec.json.decode(read_bounded(Path(e.name), MAX_HEARTBEAT_BYTES, dir_fd=fd),
+                                                type=HeartbeatRecord).pid)
+            except (OSError, FileRejected, msgspec.DecodeError, ValueError):
+                continue
+    return not any(pid > 0 and _alive(pid) for pid in pids)
+
+
 def _safe(text: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:64]
 
@@ -279,6 +339,7 @@ class NodeRelay:
                  interval_s: float) -> None:
         self.folder_path = node_dir / f"omni-beats-{os.geteuid()}-{_safe(job_id)}-{_safe(node)}"
         self.folder: OwnDir = ensure_dir(self.folder_path, what="heartbeat node folder", private=True)
+        sweep_left_behind(node_dir, keep=self.folder_path.name, node=node, interval_s=interval_s, now=time.time())
         self.node = node
         self.shared_dir = shared_dir
         self.name = f"{RANK_PREFIX}{rank}.json"

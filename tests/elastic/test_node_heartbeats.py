@@ -310,3 +310,45 @@ def test_a_node_folder_removed_after_the_rank_beat_there_is_not_made_again(tmp_p
     finally:
         hb.stop("stopping", exit_code=0)
     assert not local.exists() and list(shm.iterdir()) == []
+
+
+def test_a_node_folder_an_earlier_job_left_is_swept_by_the_users_next_rank_there(tmp_path: Path) -> None:
+    """A node Slurm took out of a job runs none of its epilog; its rank SIGKILLed later leaves the
+    node folder (CI: omni-beats-0-43-node3). The user's next rank on the node removes folders that
+    nothing beats in; a folder whose rank still runs (a suspended job), a fresh one, another node's,
+    and one another user can write stay."""
+    from slurm_omni.formats import encode
+    from slurm_omni.formats.heartbeat import HeartbeatRecord
+
+    node_dir, shared = tmp_path / "shm", tmp_path / "hb"
+    node_dir.mkdir()
+    shared.mkdir()
+    uid = os.geteuid()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+    def folder(job: str, node: str, pid: int, age_s: float, mode: int = 0o700) -> Path:
+        f = node_dir / f"omni-beats-{uid}-{job}-{node}"
+        f.mkdir(mode=mode)
+        f.chmod(mode)
+        rec = HeartbeatRecord(rank=1, stage=0, dp_rank=0, pid=pid, incarnation=0, job_id=job, step=9,
+                              phase="training", time=time.time() - age_s, node=node, beats=3)
+        for name, data in (("rank-1.json", encode(rec)), ("leader", b"0 %d" % pid), ("published", b"x"),
+                           ("lock", b"")):
+            (f / name).write_bytes(data)
+            os.utime(f / name, (time.time() - age_s, time.time() - age_s))
+        return f
+
+    left = folder("43", "node3", int(dead), 600)
+    suspended = folder("44", "node3", os.getpid(), 600)       # its rank runs (stopped by a suspend)
+    fresh = folder("45", "node3", int(dead), 5)               # beat 5 s ago: maybe a rank still starting
+    other_node = folder("46", "node4", int(dead), 600)
+    writable = folder("47", "node3", int(dead), 600, mode=0o777)
+    relay = NodeRelay(node_dir, shared_dir=shared, job_id="50", node="node3", rank=0, interval_s=1.0)
+    try:
+        assert not left.exists()
+        assert suspended.exists() and fresh.exists() and other_node.exists() and writable.exists()
+        assert relay.folder_path.is_dir()
+    finally:
+        relay.close()
+        relay.folder.close()
