@@ -139,11 +139,15 @@ def test_a_rendezvous_network_or_device_failure_is_never_the_same_way(line: str)
     assert repeated_failure([fail(line), fail(line, launch=1)]) is None
 
 
+_CRASHED_LINE = "ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'"
+_CRASHED_AT_IMPORT = ("Traceback (most recent call last):\n  File \"/t/crash.py\", line 1, in <module>\n"
+                      f"    import nonexistent_module_for_omni_test\n{_CRASHED_LINE}\n")
+"""The first rank's whole traceback in the recorded outputs below (the embedded cluster, CI)."""
+
+
 def test_a_rank_killed_mid_traceback_leaves_the_line_of_the_one_before() -> None:
     """Recorded on the embedded cluster: srun's --kill-on-bad-exit cut the second rank's traceback."""
-    text = ("Traceback (most recent call last):\n  File \"/t/crash.py\", line 1, in <module>\n"
-            "    import nonexistent_module_for_omni_test\n"
-            "ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'\n"
+    text = (_CRASHED_AT_IMPORT +
             "srun: error: node2: task 0: Exited with exit code 1\n"
             "srun: launch/slurm: _step_signal: Terminating StepId=6114.0\n"
             "slurmstepd-node1: error: *** STEP 6114.0 ON node1 CANCELLED AT 2026-12-02T01:00:34 ***\n"
@@ -151,16 +155,14 @@ def test_a_rank_killed_mid_traceback_leaves_the_line_of_the_one_before() -> None
             "srun: error: node1: task 0: Terminated\nsrun: Force Terminated StepId=6114.0\n"
             "omni: step failed with exit code 143\n")
     got = from_output(text, 143, launch=1, log="")
-    assert (got.line, got.exit_code) == ("ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'", 1)
+    assert (got.line, got.exit_code) == (_CRASHED_LINE, 1)
 
 
 def test_a_rank_killed_mid_exception_with_sruns_line_glued_to_it_leaves_the_line_of_the_one_before() -> None:
     """Recorded in CI (2026-12-03 12:24, job 55, a het job of two components): the second component's
     rank was terminated while it wrote its exception, and srun's line landed on the same line; the
     first life's line differed from the second's, so the manager resubmitted a third time."""
-    text = ("Traceback (most recent call last):\n  File \"/t/crash.py\", line 1, in <module>\n"
-            "    import nonexistent_module_for_omni_test\n"
-            "ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'\n"
+    text = (_CRASHED_AT_IMPORT +
             "srun: error: node3: task 0: Exited with exit code 1\n"
             "srun: launch/slurm: _step_signal: Terminating StepId=55.0\n"
             "srun: launch/slurm: _step_signal: Terminating StepId=56.0\n"
@@ -170,7 +172,7 @@ def test_a_rank_killed_mid_exception_with_sruns_line_glued_to_it_leaves_the_line
             "ModuleNotFoundErrorsrun: error: node4: task 0: Terminated\n"
             "srun: Force Terminated StepId=56.0\nomni: step failed with exit code 143\n")
     got = from_output(text, 143, launch=0, log="")
-    assert (got.line, got.exit_code) == ("ModuleNotFoundError: No module named 'nonexistent_module_for_omni_test'", 1)
+    assert (got.line, got.exit_code) == (_CRASHED_LINE, 1)
     own = "Traceback (most recent call last):\n  File \"/t/a.py\", line 1, in <module>\nRuntimeError: srun: not found\n"
     assert failure_line(own) == "RuntimeError: srun: not found"   # srun named in a message, not glued to it
 
