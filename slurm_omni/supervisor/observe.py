@@ -5,7 +5,6 @@ step after its restore. It reads files and takes what it is given; it runs no co
 
 from __future__ import annotations
 
-import queue
 import signal
 import threading
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 from slurm_omni.formats.heartbeat import HeartbeatRecord, newer
 from slurm_omni.manager.events import HeartbeatScanner
 from slurm_omni.policy.confirm import ConfirmConfig, Confirmer, NodeObservation, StepEnded, TaskExit
-from slurm_omni.slurm.steps import SrunEvent, drain_queue
+from slurm_omni.slurm.steps import SrunEvent
 from slurm_omni.slurm.types import Node, NodeState
 from slurm_omni.supervisor.journal import Launch
 
@@ -48,6 +47,10 @@ class LaunchObserver:
         """Reads only the heartbeat files that changed since the last poll (per node where the ranks
         aggregate: formats/heartbeat.py). Used under ``scan_lock``: the loop's scans and a ``BeatReader``'s."""
         self.scan_lock = threading.Lock()
+        self._ended_scans: list[Scan] = []
+        """Scans a ``BeatReader`` ended that the loop has not taken yet (``pending``); a scan of the
+        loop's own takes them first, so no beat a reader read is lost to the scanner's cache."""
+        self._ended_lock = threading.Lock()
 
     def srun(self, event: SrunEvent, *, ending_on_request: bool) -> None:
         """One srun report. ``ending_on_request``: the step was asked to stop (a forwarded signal, a
@@ -70,6 +73,7 @@ class LaunchObserver:
         beats read fresh go to the rule and the last words as :meth:`beats`'s do (a scan here takes
         them from the next poll's fresh ones)."""
         with self.scan_lock:
+            self._take_ended()
             try:
                 self._take(self.scanner.scan_fresh(self.heartbeat_dir))
             except OSError:
@@ -77,9 +81,9 @@ class LaunchObserver:
             return [hb for hb in self.scanner.newest()
                     if hb.job_id == self.job_id and hb.incarnation == self.launch.incarnation]
 
-    def scan(self, started: float) -> Scan:
-        """One scan of the folder (a ``BeatReader``'s, beside the loop), for :meth:`take`: the beats
-        read fresh and, until the launch's first step is known, the newest beats in training."""
+    def scan(self, started: float, clock: Callable[[], float]) -> None:
+        """One scan of the folder (a ``BeatReader``'s, beside the loop), left for :meth:`pending`: the
+        beats read fresh and, until the launch's first step is known, the newest beats in training."""
         cpu = time.thread_time()
         with self.scan_lock:
             try:
@@ -87,7 +91,22 @@ class LaunchObserver:
             except OSError:
                 fresh = None
             training = self._training() if fresh is not None and self.launch.first_step_at is None else []
-        return Scan(started, fresh, training, cpu_s=time.thread_time() - cpu)
+            done = Scan(started, fresh, training, cpu_s=time.thread_time() - cpu, took_s=clock() - started)
+            with self._ended_lock:   # before the scan lock goes: a scan of the loop's own takes it first
+                self._ended_scans.append(done)
+
+    def pending(self) -> list[Scan]:
+        """The scans a ``BeatReader`` ended since the last call, oldest first (never waits for one under way)."""
+        with self._ended_lock:
+            out, self._ended_scans = self._ended_scans, []
+        return out
+
+    def _take_ended(self) -> None:
+        """Under ``scan_lock``: what the reader's scans read and the loop did not take, to the rule."""
+        for scan in self.pending():
+            if scan.fresh is not None:
+                self._take(scan.fresh)
+                self.confirmer.beats_seen(scan.started)
 
     def take(self, scan: Scan) -> tuple[float, int] | None:
         """A ``BeatReader``'s scan, in the loop: its fresh beats to the rule, which judges the ranks'
@@ -123,6 +142,7 @@ class LaunchObserver:
         ``started``: the clock as this scan was asked, where a ``BeatReader`` also read for the rule
         (``Confirmer.beats_seen``)."""
         with self.scan_lock:
+            self._take_ended()
             try:
                 fresh = self.scanner.scan_fresh(self.heartbeat_dir)
             except OSError:
@@ -185,22 +205,19 @@ class BeatReader:
         self.observer = observer
         self._pace_s = pace_s
         self._clock = clock
-        self._scans: queue.SimpleQueue[Scan] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omni-beats", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            started = self._clock()
-            scan = self.observer.scan(started)
-            scan.took_s = self._clock() - started
-            self._scans.put(scan)
+            self.observer.scan(self._clock(), self._clock)
             self._stop.wait(self._pace_s)
 
     def scans(self) -> list[Scan]:
-        """The scans that ended since the last call, oldest first."""
-        return drain_queue(self._scans)
+        """The scans that ended since the last call, oldest first (the observer keeps them: one the
+        loop does not take reaches the rule with the loop's next scan of its own)."""
+        return self.observer.pending()
 
     def close(self) -> None:
         """No scan after the one under way (a stuck one ends on its own; the thread is a daemon)."""

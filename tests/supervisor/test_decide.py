@@ -139,3 +139,17 @@ def test_a_scan_of_every_beat_keeps_the_last_words_it_reads_first(tmp_path: Path
     assert [hb.exit_code for hb in obs.heartbeats()] == [78]
     obs.beats()   # nothing fresh any more
     assert obs.last_words[0].exit_code == 78
+
+
+def test_a_readers_scan_the_loop_did_not_take_still_brings_its_last_words(tmp_path: Path) -> None:
+    """The beats are read beside the loop (``BeatReader``); the launch can end before the loop takes
+    the reader's last scan. The scanner's cache holds those files as read, so the refusal check's own
+    scan takes the ended scans first: a rank's refusal read there is kept."""
+    layout = StepLayout((("n0",),), (), (), 1, {})
+    obs = LaunchObserver(Launch(number=0, layout=layout, data_parallel_size=1, port=0, incarnation=0, started_at=1.0),
+                         job_id="42", heartbeat_dir=tmp_path, heartbeat_interval_s=1.0)
+    write_atomic(tmp_path / "rank-0.json", encode(_beat(0, 5.0, phase="failed", exit_code=78, error="bad")),
+                 durable=False)
+    obs.scan(5.5, lambda: 5.6)   # the reader's scan, never taken by the loop
+    assert obs.beats(6.0) is None and obs.last_words[0].exit_code == 78
+    assert obs.pending() == []
