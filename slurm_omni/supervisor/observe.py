@@ -104,21 +104,24 @@ class LaunchObserver:
     def _take_ended(self) -> None:
         """Under ``scan_lock``: what the reader's scans read and the loop did not take, to the rule."""
         for scan in self.pending():
-            if scan.fresh is not None:
-                self._take(scan.fresh)
-                self.confirmer.beats_seen(scan.started)
+            self._take_scan(scan)
 
     def take(self, scan: Scan) -> tuple[float, int] | None:
         """A ``BeatReader``'s scan, in the loop: its fresh beats to the rule, which judges the ranks'
         silence as of the scan's start from now on (``Confirmer.beats_seen``); the launch's first step
         as :meth:`beats` finds it."""
-        if scan.fresh is None:
-            return None
-        self._take(scan.fresh)
-        self.confirmer.beats_seen(scan.started)
-        if self.launch.first_step_at is not None:
+        if not self._take_scan(scan) or self.launch.first_step_at is not None:
             return None
         return self._first_step(scan.training)
+
+    def _take_scan(self, scan: Scan) -> bool:
+        """A reader's scan's fresh beats to the rule, its silence judged as of the scan's start; False
+        for a scan of an unreadable folder."""
+        if scan.fresh is None:
+            return False
+        self._take(scan.fresh)
+        self.confirmer.beats_seen(scan.started)
+        return True
 
     def _training(self) -> list[HeartbeatRecord]:
         incarnation = self.launch.incarnation
