@@ -36,7 +36,7 @@ from slurm_omni.policy.in_allocation import StageSpec
 from slurm_omni.policy.supervisor_lifecycle import LaunchRunning, Replayed, Watched
 from slurm_omni.slurm.hostlist import compress, expand
 from slurm_omni.slurm.runner import CommandResult
-from slurm_omni.slurm.steps import SrunEvent
+from slurm_omni.slurm.steps import SrunEvent, StepLog, parse_srun_line
 from slurm_omni.supervisor.node_reads import NodeAnswer
 from slurm_omni.supervisor.run import Supervisor, SupervisorOptions
 
@@ -56,16 +56,18 @@ def node_record(name: str, state: str) -> str:
 
 
 class _Done:
-    """A started command that has ended (scancel): what the supervisor reaps."""
+    """A started command that has ended (scancel; the step's srun, with 137): what the supervisor reaps."""
 
-    returncode = 0
     pid = 0
 
+    def __init__(self, returncode: int = 0) -> None:
+        self.returncode = returncode
+
     def poll(self) -> int:
-        return 0
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        return 0
+        return self.returncode
 
 
 class SyntheticSlurm:
@@ -108,8 +110,10 @@ class Clock:
         return self.now
 
 
-def write_beats(hb_dir: Path, nodes: Sequence[str], *, t: float, step: int, skip: str = "") -> None:
-    """Every node's ``node-<NODE>.jsonl`` as its leader writes it (a header, a line per rank)."""
+def write_beats(hb_dir: Path, nodes: Sequence[str], *, t: float, step: int, skip: str = "",
+                last: dict[int, dict[str, Any]] | None = None) -> None:
+    """Every node's ``node-<NODE>.jsonl`` as its leader writes it (a header, a line per rank);
+    ``last``: rank -> the fields of its last word (its phase, exit code, error)."""
     for i, node in enumerate(nodes):
         if node == skip:
             continue
@@ -119,15 +123,20 @@ def write_beats(hb_dir: Path, nodes: Sequence[str], *, t: float, step: int, skip
             lines.append(json.dumps({"rank": rank, "stage": 0, "dp_rank": rank, "pid": 1000 + rank,
                                      "incarnation": 0, "job_id": JOB, "step": step, "phase": "training",
                                      "time": t, "step_time_s": 0.5, "last_checkpoint_step": None,
-                                     "beats": step + 1, "node": node}, separators=(",", ":")))
+                                     "beats": step + 1, "node": node, **(last or {}).get(rank, {})},
+                                    separators=(",", ":")))
         (hb_dir / f"node-{node}.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def one_decide(n: int, work: Path, profile: cProfile.Profile | None = None, *, fault: str = "node",
-               watched: bool = True) -> dict[str, Any]:
+               watched: bool = True, exit_code: int = 1, srun_log: bool = True) -> dict[str, Any]:
     """A job of ``n`` active nodes and one spare: steady beats, the last node lost (``fault`` "node")
-    or its rank crashed ("crash": srun reports the task's exit and the step terminating) or hung
-    ("hang": its ranks silent, no new step for 20 s), decide timed. ``watched``: the watch's full reads answered before the fault (else none came)."""
+    or its rank crashed ("crash": srun reports the task's exit with ``exit_code`` and the step
+    terminating) or hung ("hang": its ranks silent, no new step for 20 s), decide timed. ``watched``:
+    the watch's full reads answered before the fault (else none came). Every rank beats once more
+    after the confirmation, before the kill (at 512 nodes the ranks beat on through the kill's start);
+    a crashed rank's last beat says its exit code. ``srun_log``: srun's stderr is a file the
+    supervisor follows and srun ended with the step (else no srun is known: a step adopted)."""
     nodes = [f"node{k}" for k in range(1, n + 2)]
     active, lost = nodes[:n], nodes[n - 1]
     hb_dir, ckpt = work / "hb", work / "ckpt"
@@ -171,25 +180,40 @@ def one_decide(n: int, work: Path, profile: cProfile.Profile | None = None, *, f
         slurm.down.add(lost)
         observer.srun(SrunEvent(clock.now, "node_failure", node=lost, step_id=f"{JOB}.0"), ending_on_request=False)
     elif fault == "crash":
-        observer.srun(SrunEvent(clock.now, "task_exit", node=lost, task=n * TASKS_PER_NODE - 1,
-                                detail="Exited with exit code 1", step_id=f"{JOB}.0"), ending_on_request=False)
-        observer.srun(SrunEvent(clock.now, "terminating", step_id=f"{JOB}.0"), ending_on_request=False)
+        crashed = n * TASKS_PER_NODE - 1
+        said = f"srun: error: {lost}: task {crashed}: Exited with exit code {exit_code}\n" \
+               f"srun: Terminating StepId={JOB}.0\n"
+        for line in said.splitlines():
+            event = parse_srun_line(line, clock.now)
+            if event is not None:   # as the watch loop took them
+                observer.srun(event, ending_on_request=False)
+        if srun_log:
+            (work / "srun.err").write_text(said + "".join(f"srun: error: {node}: tasks {4 * i}-{4 * i + 3}: Killed\n"
+                                                          for i, node in enumerate(active[:-1])))
+    if srun_log and fault == "crash":
+        sup._step_log = StepLog.follow(str(work / "srun.err"))
+        sup._proc = _Done(137)   # type: ignore[assignment]
     slurm.calls.clear()
+    observer.scanner.stats = {"listdir": 0, "stat": 0, "open": 0}   # the files decide opens (its scans')
     # decide: the tick that confirms (kill), the grace's end (the step counted ended), the plan, journaled
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profile is not None:
         profile.enable()
     sup._feed(Watched(at=clock.now, decision=observer.confirmer.evaluate(clock.now)), cur=cur)
+    crashed_last = {n * TASKS_PER_NODE - 1: {"phase": "failed", "exit_code": exit_code, "error": "bad --lr"}} \
+        if fault == "crash" else {}
+    write_beats(hb_dir, active, t=clock.now + 0.1, step=10, last=crashed_last)   # beats until the kill
     rc = sup._feed(Watched(at=clock.now), cur=cur)
-    sup._after(cur, rc if rc is not None else 137)
+    code = sup._after(cur, rc if rc is not None else 137)
     if profile is not None:
         profile.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     nxt = sup.journal.state.current
-    if nxt is None or nxt.number != 1 or (fault == "node") == (lost in nxt.layout.nodes):   # crash, hang: in place
+    if code is None and (nxt is None or nxt.number != 1 or (fault == "node") == (lost in nxt.layout.nodes)):
         raise SystemExit(f"decide_bench: the next launch was not planned {'without' if fault == 'node' else 'with'} "
-                         f"{lost} at {n} nodes")
-    return {"cpu": cpu, "wall": wall, "commands": list(slurm.calls), "next": nxt}
+                         f"{lost} at {n} nodes")   # crash, hang: in place
+    return {"cpu": cpu, "wall": wall, "commands": list(slurm.calls), "next": nxt, "code": code,
+            "opened": observer.scanner.stats["open"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

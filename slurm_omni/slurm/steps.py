@@ -187,16 +187,22 @@ def parse_srun_line(line: str, at: float) -> SrunEvent | None:
 
 def _follow(path: str, start: int, log: StepLog) -> None:
     """Read the step's log from ``start`` as it grows and parse each complete line; each event is
-    queued, then handed to ``log.on_event`` when one is set (in this thread, as srun says it)."""
-    with open(path, "rb") as f:
+    queued, then handed to ``log.on_event`` when one is set (in this thread, as srun says it). A log
+    that cannot be opened is never read to its end (``StepLog.read_to_end`` stays False)."""
+    try:
+        f = open(path, "rb")   # noqa: SIM115 - closed below, in this thread
+    except OSError:
+        return
+    with f:
         f.seek(start)
         pending = b""
         while True:
             chunk = f.read(65536)
             if not chunk:
                 if log.stop.is_set():
+                    log.read_to_end = True
                     return
-                time.sleep(0.02)
+                log.stop.wait(0.02)   # a close wakes it: it reads to the end once more and returns
                 continue
             pending += chunk
             *lines, pending = pending.split(b"\n")
@@ -220,18 +226,27 @@ class StepLog:
     on_event: Callable[[SrunEvent], None] | None = None
     """Called in the follower's thread with each event once queued (the supervisor asks Slurm for a
     node srun reported failed at once, and wakes its loop, instead of waiting for its next turn)."""
+    thread: threading.Thread | None = None
+    read_to_end: bool = False
+    """Set by the follower once it read the file to its end after ``close``."""
 
     @classmethod
     def follow(cls, path: str, start: int = 0) -> StepLog:
         log = cls(events=queue.SimpleQueue(), stop=threading.Event())
-        threading.Thread(target=_follow, args=(path, start, log), name="omni-step-log", daemon=True).start()
+        log.thread = threading.Thread(target=_follow, args=(path, start, log), name="omni-step-log", daemon=True)
+        log.thread.start()
         return log
 
     def drain(self) -> list[SrunEvent]:
         return drain_queue(self.events)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 0.0) -> bool:
+        """Stop following. ``wait_s``: wait that long for the follower to read the file to its end
+        once more (every line srun wrote until now parsed and queued). True when it has."""
         self.stop.set()
+        if self.thread is not None and wait_s > 0:
+            self.thread.join(wait_s)
+        return self.read_to_end
 
 
 T = TypeVar("T")

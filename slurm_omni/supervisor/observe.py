@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT
 from slurm_omni.formats.heartbeat import HeartbeatRecord, newer
 from slurm_omni.manager.events import HeartbeatScanner
 from slurm_omni.policy.confirm import ConfirmConfig, Confirmer, NodeObservation, StepEnded, TaskExit
@@ -42,6 +43,10 @@ class LaunchObserver:
         rank's beat (``_refused``)."""
         self.step_id = ""
         """The step's id as srun named it (``JOB.STEP``), once it said."""
+        self.srun_codes: set[int] = set()
+        """The exit codes srun reported for the launch's tasks (a task killed by a signal: none)."""
+        self.srun_told_all = False
+        """Set by the supervisor once srun ended on its own and its whole report was read (``srun``)."""
         self._start_step: int | None = None
         self.scanner = HeartbeatScanner()
         """Reads only the heartbeat files that changed since the last poll (per node where the ranks
@@ -63,10 +68,19 @@ class LaunchObserver:
         elif event.kind == "task_exit":
             code = event.detail.rsplit(" ", 1)[-1]
             killed = event.detail.startswith("Killed")
+            if not killed and code.isdigit():
+                self.srun_codes.add(int(code))
             self.confirmer.observe(TaskExit(event.time, event.node, None, event.task, signal=9 if killed else None,
                                             exit_code=None if killed else int(code) if code.isdigit() else 1))
         elif not ending_on_request:   # terminating: the step is over
             self.confirmer.observe(StepEnded(event.time, 128 + signal.SIGTERM))
+
+    def may_have_refused(self) -> bool:
+        """Whether a rank of this launch may have exited with the bad-input code (its refusal is its
+        last beat's line): unless srun ended on its own and its whole report was read, it may; then
+        only where srun reported a task's exit with that code (every task's bad exit is one line of
+        srun's, ``srun: error: NODE: task N: Exited with exit code 78``)."""
+        return not self.srun_told_all or EXIT_BAD_INPUT in self.srun_codes
 
     def heartbeats(self) -> list[HeartbeatRecord]:
         """This launch's ranks' newest heartbeats (its incarnation, this job), unreadable: none. The

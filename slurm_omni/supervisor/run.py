@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
-from slurm_omni.elastic.codes import EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
+from slurm_omni.elastic.codes import EXIT_BAD_INPUT, EXIT_CHECKPOINTED, EXIT_DONE, EXIT_FAILED
 from slurm_omni.errors import OmniError, SlurmError
 from slurm_omni.formats.supervisor import ReportKind, SupervisorPhase, allocation_run
 from slurm_omni.ownership import NotOwnedError, ensure_own_dir
@@ -169,6 +169,8 @@ LATE_S = 0.5
 """The loop's lateness worth a debug line (a heartbeat poll this long, a report taken this late)."""
 SLOW_SLURM_S = 60.0
 """The second, longer wait for slurmctld's answer before a relaunch (``_job_state_and_nodes``)."""
+STEP_LOG_END_S = 0.5
+"""At a launch's end, the longest wait for srun's log to be read to its end (its tasks' last exits)."""
 KNOWN_FRESH_S = 30.0
 """The relaunch plans on the job's and nodes' states the watch read when each was asked this recently
 (the 3 s poll; at 512 emulated nodes slurmctld answered it in 11-15 s): a node that failed since is no
@@ -794,11 +796,19 @@ class Supervisor:
         now = self.clock()
         if cur.ended is None:
             self.journal.append("ended", launch=cur.number, rc=-1 if rc is None else rc)
+        # srun ended on its own (not a launch left to end after the kill's grace, nor adopted, nor spanning
+        # allocations): its report of the tasks' exits is whole once its log is read to the end
+        code = self._proc.returncode if self._proc is not None else None
+        srun_ended = code is not None and code >= 0 and not cur.extra
         self._proc = None
+        observer = self._observer or self._observe(cur)
         if rc is None:
-            rc = adopted_rc([hb.phase for hb in (self._observer or self._observe(cur)).heartbeats()])
+            rc = adopted_rc([hb.phase for hb in observer.heartbeats()])
         if self._step_log is not None:
-            self._step_log.close()
+            whole = self._step_log.close(wait_s=STEP_LOG_END_S)
+            for event in self._step_log.drain():   # its last lines, which the loop had not taken
+                observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+            observer.srun_told_all = whole and srun_ended
             self._step_log = None
         self._reap()
         ending = rc == EXIT_DONE or self.stop_signal is not None   # no relaunch follows: nothing to read
@@ -832,8 +842,9 @@ class Supervisor:
         which nodes failed are read after the failure's first report (a task that exits because the job
         was cancelled, or because a peer's node went down before srun says so, must not be relaunched
         on states read before it; at 8 nodes srun reported the loss 40+ ms after the peer's exit): by
-        the read started at srun's report of a task's exit, waited for if it is still under way, else
-        now; two short answers either way (``squeue`` of the job, ``sinfo`` of the failed nodes)."""
+        the read started at srun's report of a task's exit, waited for if it is still under way (then
+        after the kill started: slurmctld has the read already), else now; two short answers either
+        way (``squeue`` of the job, ``sinfo`` of the failed nodes)."""
         names = (*cur.layout.nodes, *cur.layout.spares)
         known = self._known.recent(names, self.clock(), KNOWN_FRESH_S)
         latched = (self._observer or self._observe(cur)).confirmer.latched
@@ -949,7 +960,12 @@ class Supervisor:
             log.warning("supervisor: launch %d: confirmed while the step runs: %s; killing the step",
                         cur.number, "; ".join(observer.confirmer.evaluate(self.clock()).reasons))
             log.debug("supervisor: launch %d: deciding (%s)", cur.number, _cpu_and_wait())
-            self._prefetch_states(cur)
+            # a read of the states asked at srun's report of a task's exit is under way: the kill starts
+            # first and the read is waited for while the step is torn down (512 nodes: 0.2 s of
+            # slurmctld's answer held the kill); a read not asked yet goes before the kill's load
+            asked = self._reads is not None and self._report_at is not None
+            if not asked:
+                self._prefetch_states(cur)
             scancels = kill_step(self.runner, self._proc_job, self._step_name(cur),
                                  observer.step_id if self._proc_job == self._alloc_id else "")
             for x in self._extra:
@@ -957,6 +973,8 @@ class Supervisor:
             self._dying.extend(scancels)
             if not scancels:
                 self._stop_step(signal.SIGINT)
+            if asked:
+                self._prefetch_states(cur)
         elif isinstance(effect, LeaveStep):
             if cur is not None and self.opts.kill_grace_s > 0:
                 log.warning("supervisor: launch %d: its srun still runs %.0f s after the kill: the next launch "
@@ -1028,11 +1046,17 @@ class Supervisor:
         last poll are read first, unless the rule confirmed while the step ran a node lost or ranks
         silent (a hang, a stuck job: no rank had exited, the supervisor killed them; no rank's refusal
         is the cause): decide reads no rank's beat again (issue 19: at 512 nodes that scan of 2,044
-        beats was 44 ms of a hang's decide)."""
+        beats was 44 ms of a hang's decide); nor where srun ended on its own and its whole report
+        names no task that exited 78 (a crash at 512 nodes: 78 ms of the beats every node wrote until
+        its ranks were killed)."""
         observer = self._observer or self._observe(cur)
         latched = observer.confirmer.latched
         if latched is None or latched.cause not in HARD_KINDS | SILENT_CAUSES:
-            self._heartbeats(cur, observer)
+            if observer.may_have_refused():
+                self._heartbeats(cur, observer)
+            else:
+                log.debug("supervisor: launch %d: srun reported no task's exit code %d: no beat read for a "
+                          "refusal", cur.number, EXIT_BAD_INPUT)
         ranks = [RankEnd(rank=hb.rank, phase=hb.phase, step=hb.step, exit_code=hb.exit_code, error=hb.error)
                  for hb in observer.last_words.values()]
         found = refused_by_rank(f"job {self.opts.job_id} ({self.opts.job_name or '?'})", ranks)

@@ -95,6 +95,22 @@ def test_the_step_log_hands_each_event_to_its_hook_in_its_own_thread(tmp_path: P
         log.close()
 
 
+def test_a_closed_step_log_reads_what_srun_wrote_last_before_it_says_it_read_it_all(tmp_path: Path) -> None:
+    """At a launch's end the supervisor takes srun's last lines (its tasks' exits) before it decides
+    whether a rank may have refused its input: ``close`` waits for the follower to read to the end."""
+    path = tmp_path / "srun.log"
+    path.write_text("")
+    log = StepLog.follow(str(path))
+    with path.open("a") as f:
+        f.write("".join(f"srun: error: node{k}: tasks {4 * k}-{4 * k + 3}: Killed\n" for k in range(500)))
+        f.write("srun: error: node9: task 37: Exited with exit code 78\n")
+    assert log.close(wait_s=10)
+    events = log.drain()
+    assert len(events) == 501 and events[-1].detail == "Exited with exit code 78"
+    gone = StepLog.follow(str(tmp_path / "no-such.log"))   # nothing read: never "read it all"
+    assert not gone.close(wait_s=10)
+
+
 @pytest.mark.parametrize(("line", "kind", "detail"), [
     ("srun: error: node2: task 1: Exited with exit code 3", "task_exit", "Exited with exit code 3"),
     ("srun: error: node5: tasks 2-3: Killed", "task_exit", "Killed"),

@@ -83,6 +83,25 @@ def test_a_crash_asks_only_the_jobs_state_and_the_failed_nodes_and_relaunches_in
     assert "node8" in got["next"].layout.nodes and got["next"].removed == ()
 
 
+def test_a_crash_reads_no_beat_for_a_refusal_srun_did_not_report(tmp_path: Path) -> None:
+    """Every node beat once more before the kill; srun ended with the step and its whole report names
+    no task that exited 78: decide opens no heartbeat file (issue 19: 78 ms at 512 nodes)."""
+    got = one_decide(8, tmp_path, fault="crash")
+    assert got["opened"] == 0 and got["code"] is None and got["next"].number == 1
+
+
+def test_a_crash_with_no_srun_report_known_reads_the_beats_for_a_refusal(tmp_path: Path) -> None:
+    got = one_decide(8, tmp_path, fault="crash", srun_log=False)   # an adopted step: srun's report unknown
+    assert got["opened"] == 8 and got["code"] is None and got["next"].number == 1
+
+
+def test_a_task_that_exited_78_in_srun_s_report_stops_the_job_with_its_rank_s_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    got = one_decide(8, tmp_path, fault="crash", exit_code=78)
+    assert got["code"] == 78 and got["next"].number == 0   # no relaunch
+    assert "rank 31 refused its input: bad --lr" in caplog.text
+
+
 def test_a_hang_decides_on_the_watched_states_without_asking_slurm(tmp_path: Path) -> None:
     """A hang rests on the ranks' beats alone (no task's exit, no step's end): no cancellation of the
     job can be its cause, the watched job state serves; srun named no step, so the kill looks it up."""
