@@ -16,7 +16,7 @@ from slurm_omni.slurm.parse_text import (
     parse_records,
     parse_topology,
 )
-from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.runner import CommandRunner, ScontrolSession
 from slurm_omni.slurm.types import Node, Topology
 
 
@@ -34,10 +34,17 @@ class JobRecord:
     """StartTime as a Unix time (for a running job: when it started; EndTime - StartTime is its limit)."""
 
 
+SESSION_NODES = 16
+"""The reads of at most this many nodes go through the view's ``session`` (the nodes srun reported
+failed, read to confirm it: they must not wait behind a read of the whole job's nodes)."""
+
+
 class AllocationView:
-    def __init__(self, runner: CommandRunner, job_id: str) -> None:
+    def __init__(self, runner: CommandRunner, job_id: str, session: ScontrolSession | None = None) -> None:
         self.runner = runner
         self.job_id = job_id
+        self.session = session
+        """A kept ``scontrol`` for the short node reads (``runner.ScontrolSession``); None: a command each."""
         self._topology: Topology | None = None
         self._addrs: dict[str, str] = {}
 
@@ -54,7 +61,11 @@ class AllocationView:
         names need not resolve, several slurmd may share a host)."""
         if not names:
             return [], {}, {}
-        text = self.runner.run(["scontrol", "show", "node", compress(names)], timeout_s=timeout_s).stdout
+        listed = compress(names)
+        text = self.session.show_node(listed, timeout_s) \
+            if self.session is not None and len(names) <= SESSION_NODES else None
+        if text is None:
+            text = self.runner.run(["scontrol", "show", "node", listed], timeout_s=timeout_s).stdout
         records = parse_records(text, "NodeName")
         feats = {r["NodeName"]: frozenset(f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)")
                  for r in records}

@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -118,7 +119,7 @@ from slurm_omni.policy.supervisor_lifecycle import Event as LifecycleEvent
 from slurm_omni.policy.supervisor_lifecycle import step as lifecycle_step
 from slurm_omni.slurm.allocation import AllocationView, jobs_named
 from slurm_omni.slurm.hostlist import compress
-from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.runner import CommandRunner, ScontrolSession
 from slurm_omni.slurm.salloc import pool_salloc_argv, request_allocation, successor_salloc_argv, switch_wait
 from slurm_omni.slurm.steps import (
     SrunEvent,
@@ -288,7 +289,9 @@ class Supervisor:
         self.stop_signal: int | None = None
         self._alloc_id = self.journal.state.allocation_job or opts.job_id
         """The allocation the job runs in: its first, or the successor it moved to (journaled)."""
-        self.slurm = AllocationView(runner, self._alloc_id)
+        # one kept scontrol for the reads of the nodes srun reports failed (the second signal of a node loss)
+        self._session = ScontrolSession(runner) if isinstance(runner, CommandRunner) else None
+        self.slurm = AllocationView(runner, self._alloc_id, self._session)
         self._proc: subprocess.Popen[bytes] | None = None
         self._step_log: StepLog | None = None
         self._dying: list[subprocess.Popen[bytes]] = []
@@ -324,6 +327,15 @@ class Supervisor:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
+        if self._session is not None:   # started now: the first read of a lost node pays no process start
+            threading.Thread(target=self._session.warm, daemon=True, name="omni-scontrol-warm").start()
+        try:
+            return self._supervise()
+        finally:
+            if self._session is not None:
+                self._session.close()
+
+    def _supervise(self) -> int:
         for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         if self.opts.outside:
@@ -1359,7 +1371,7 @@ class Supervisor:
     def _switch_allocation(self, job_id: str, nodes: Sequence[str]) -> None:
         """From now on the job runs in allocation ``job_id`` (journaled with the next launch)."""
         self._alloc_id = job_id
-        self.slurm = AllocationView(self.runner, job_id)
+        self.slurm = AllocationView(self.runner, job_id, self._session)
         self.opts = replace(self.opts, allocation=tuple(nodes))
         os.environ["SLURM_JOB_ID"] = os.environ["SLURM_JOBID"] = job_id   # an srun without --jobid runs there
 

@@ -1,0 +1,93 @@
+"""The kept ``scontrol`` (``runner.ScontrolSession``) against the real cluster: the same records as a
+command of its own, one answer per read however many came before, Slurm's error as one line, and the
+command as before wherever the session cannot serve."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from slurm_omni.errors import SlurmError
+from slurm_omni.slurm.allocation import AllocationView
+from slurm_omni.slurm.parse_text import parse_records
+from slurm_omni.slurm.runner import CommandRunner, ScontrolSession
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_session_answers_each_read_as_scontrol_does_and_survives_slurm_s_error(slurm_cluster) -> None:
+    runner = CommandRunner(slurm_cluster.env)
+    session = ScontrolSession(runner)
+    try:
+        assert session.warm()   # started and answering before the first read
+        for _ in range(3):   # each answer its own: nothing of one read is left for the next
+            text = session.show_node("node2", 30)
+            assert text is not None
+            assert [r["NodeName"] for r in parse_records(text, "NodeName")] == ["node2"]
+        several = session.show_node("node[1-3]", 30)
+        assert several is not None
+        alone = runner.run(["scontrol", "show", "node", "node[1-3]"]).stdout
+        assert [r["NodeName"] for r in parse_records(several, "NodeName")] == \
+            [r["NodeName"] for r in parse_records(alone, "NodeName")] == ["node1", "node2", "node3"]
+        with pytest.raises(SlurmError, match="couldn't show node: .*node99"):
+            session.show_node("node99", 30)
+        again = session.show_node("node1", 30)   # the same process goes on after Slurm's error
+        assert again is not None and parse_records(again, "NodeName")[0]["NodeName"] == "node1"
+        # what could end the line or start another command is never written to it: the caller runs it
+        assert session.show_node("node1\nshow config", 30) is None
+        assert session.show_node("node1 node2", 30) is None
+    finally:
+        session.close()
+    assert session.show_node("node4", 30) is not None   # after close, the next read starts a new one
+    session.close()
+
+
+def test_the_allocation_reads_few_nodes_through_its_session_and_the_rest_as_commands(slurm_cluster) -> None:
+    runner = CommandRunner(slurm_cluster.env)
+    session = ScontrolSession(runner)
+    view = AllocationView(runner, "0", session)
+    try:
+        view.topology()   # read once, as a command
+        calls = runner.calls
+        nodes, _, addrs = view.node_info(["node5"])
+        assert [n.name for n in nodes] == ["node5"] and addrs["node5"]
+        assert runner.calls == calls + 1   # the session's one read
+        nodes, _, _ = view.node_info([f"node{k}" for k in range(1, 9)])
+        assert [n.name for n in nodes] == [f"node{k}" for k in range(1, 9)]
+    finally:
+        session.close()
+
+
+def test_without_stdbuf_the_session_steps_aside() -> None:
+    session = ScontrolSession(CommandRunner({"PATH": "/nonexistent"}))
+    assert session.show_node("node1", 5) is None and not session.usable
+
+
+def test_a_session_whose_slurmctld_never_answers_steps_aside_for_the_command(slurm_cluster, tmp_path: Path) -> None:
+    """A controller that takes the connection and never answers (hung): the session's read gives up
+    after its wait and the caller runs the command (with its own timeout); the session is not tried
+    again. Slurm's own error (no controller listening) is the command's error, one line."""
+    etc = Path(slurm_cluster.env["SLURM_CONF"]).parent
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    for name, port in (("hung", hung.getsockname()[1]), ("gone", 1)):
+        (tmp_path / name).mkdir()
+        for f in etc.iterdir():
+            if f.is_file():
+                shutil.copy(f, tmp_path / name / f.name)
+        conf = tmp_path / name / "slurm.conf"
+        conf.write_text(re.sub(r"(?m)^SlurmctldPort=\S+", f"SlurmctldPort={port}", conf.read_text()))
+    try:
+        session = ScontrolSession(CommandRunner({"SLURM_CONF": str(tmp_path / "hung" / "slurm.conf")}))
+        assert session.show_node("node1", 1.0) is None and not session.usable
+        gone = ScontrolSession(CommandRunner({"SLURM_CONF": str(tmp_path / "gone" / "slurm.conf")}))
+        with pytest.raises(SlurmError, match="couldn't show node: .*"):
+            gone.show_node("node1", 30)
+        gone.close()
+    finally:
+        hung.close()
