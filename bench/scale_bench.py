@@ -20,7 +20,9 @@ running has checkpointed past the step it restored:
   node   a node that runs ranks set DOWN (``scontrol update state=DOWN``);
   crash  a rank SIGKILLed;
   hang   a rank SIGSTOPped, and its peers told (light_rank.BLOCK_SIGNAL) that the collective it
-         never joins does not return: they beat and stop stepping, as real ranks do.
+         never joins does not return: they beat and stop stepping, as real ranks do;
+  shrink (not by default; after node) a second node set DOWN once the spare is taken: the supervisor
+         relaunches one node short, data parallelism shrunk (its ranks checked as the shrunk launch's).
 
 The ranks step in step on rank 0's clock (as a collective keeps real ranks) with a budget of steps
 they never reach (the job's time limit at the pace), so no fault depends on how far the ranks of a
@@ -209,6 +211,9 @@ BAR_SIZES = (8, 64, 256, 512)
 FAULTS = ("node", "crash", "hang")
 """node: a node of the step set DOWN (scontrol); crash: a rank SIGKILLed; hang: a rank SIGSTOPped and
 its peers blocked in the collective it never joins (light_rank.BLOCK_SIGNAL)."""
+EXTRA_FAULTS = ("shrink",)
+"""Asked for by name only: shrink, a node set DOWN after node took the spare (a relaunch one node short)."""
+NODE_FAULTS = ("node", "shrink")
 SPARES = 1
 """Spare nodes per job: the node loss takes it; a crashed or hung rank's node is alive and kept."""
 PATHS = ("inalloc", "alloc")
@@ -1015,7 +1020,7 @@ class Job:
     def inject(self, fault: str, incarnation: int, layout: Any) -> str:
         """The fault, now; what it hit."""
         beats = [b for b in self.beats(incarnation) if b.phase in ("training", "checkpointing")]
-        if fault == "node":
+        if fault in NODE_FAULTS:
             victim = layout.components[0][-1]
             # The fault stands for slurmctld finding the node dead itself: its command weighs with the control
             # plane, not behind the nodes' daemons (at 2048 shares it ended +0.90 s after it was sent, 14:10).
@@ -1112,7 +1117,7 @@ class Job:
         run.fault_at = time.time()
         t0 = time.monotonic()
         what = self.inject(fault, inc, la.layout)
-        run.fault_cmd_s = time.monotonic() - t0 if fault == "node" else None
+        run.fault_cmd_s = time.monotonic() - t0 if fault in NODE_FAULTS else None
         self.log(f"launch {k}: {fault}: {what} (load {run.load:.1f})")
         why = self.wait(lambda: (la := self.launches())[-1].number > k and la[-1].first_step_at, args.timeout)
         size.spent("recovery", t0)
@@ -2071,7 +2076,8 @@ def main() -> int:
     p.add_argument("--ctld-port", type=int, default=16817)
     p.add_argument("--slurmd-base-port", type=int, default=16900)
     p.add_argument("--first-job-id", type=int, default=1)
-    p.add_argument("--faults", default=",".join(FAULTS), help=f"Faults, in this order, one job each path: {', '.join(FAULTS)}.")
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"Faults, in this order, one job each path: {', '.join(FAULTS)}; "
+                   "shrink too when named (after node).")
     p.add_argument("--paths", default=",".join(PATHS), help="inalloc (sbatch, the supervisor in the batch script), "
                    "alloc (salloc --no-shell, the supervisor outside with --allocation).")
     p.add_argument("--json", default="", help="Write the figures here (for python -m bench.goodput --scale-json); "
@@ -2122,9 +2128,12 @@ def main() -> int:
     args = p.parse_args()
     args.faults = [f for f in args.faults.split(",") if f]
     args.paths = [x for x in args.paths.split(",") if x]
-    bad = sorted(set(args.faults) - set(FAULTS)) + sorted(set(args.paths) - set(PATHS))
+    bad = sorted(set(args.faults) - set(FAULTS + EXTRA_FAULTS)) + sorted(set(args.paths) - set(PATHS))
+    if "shrink" in args.faults and ("node" not in args.faults or args.faults.index("node") > args.faults.index("shrink")):
+        bad.append("shrink before node (node takes the spare)")
     if bad or not args.faults or not args.paths or len(set(args.faults)) != len(args.faults):
-        p.error(f"--faults: some of {', '.join(FAULTS)} (each once); --paths: some of {', '.join(PATHS)}; "
+        p.error(f"--faults: some of {', '.join(FAULTS + EXTRA_FAULTS)} (each once, shrink after node); "
+                f"--paths: some of {', '.join(PATHS)}; "
                 f"got {', '.join(bad) or 'none'}")
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if any(n < SPARES + 2 for n in sizes):
