@@ -303,9 +303,8 @@ class ScontrolSession:
             self._stop()
             proc, fresh = self._start(), True
             self._proc = proc
-            if proc is None or proc.stdin is None or proc.stdout is None:
-                return None
-        assert proc.stdin is not None and proc.stdout is not None
+        if proc is None or proc.stdin is None or proc.stdout is None:   # started with both pipes: never, but typed
+            return None
         self._asked += 1
         end = f"{SESSION_END}{self._asked}".encode()
         try:
