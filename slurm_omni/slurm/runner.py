@@ -199,12 +199,12 @@ def _first_line(text: str) -> str:
 
 
 SESSION_END = "omnisessionend"
+"""The word a session's ``show hostnames`` echoes after each answer (scontrol prints it itself)."""
 SESSION_WAIT_S = 5.0
 """The longest wait for a session's answer; then the read runs as a command of its own (at load 1,000+
 the session's slowest of 100 answers took 0.5 s, a command's 7.9 s)."""
 SESSION_PROMPT = "scontrol: "
 """What an interactive scontrol writes before each command it reads (with readline, our line after it)."""
-"""The word a session's ``show hostnames`` echoes after each answer (scontrol prints it itself)."""
 _SESSION_WORD = re.compile(r"[A-Za-z0-9_.,\[\]-]+")
 """What a session writes after ``show node``: a host list, nothing that could end the line or start
 another command (anything else is read with a command of its own, as argv)."""
