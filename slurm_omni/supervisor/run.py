@@ -667,14 +667,14 @@ class Supervisor:
             for event in self._step_log.drain() if self._step_log is not None else ():
                 heard = True
                 self._late(cur, "srun's report", event.time, time.time())
-                observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+                observer.srun(event, ending_on_request=self._ending_on_request())
                 if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
                     named.add(event.node)   # Slurm's node state now: with srun's report, two signals confirm
             for x in self._extra:
                 for event in x.log.drain() if x.log is not None else ():
                     heard = True
                     self._late(cur, "srun's report", event.time, time.time())
-                    observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+                    observer.srun(event, ending_on_request=self._ending_on_request())
                     if event.kind == "node_failure" and self.state.phase is not Phase.CONFIRMING:
                         named.add(event.node)
             named -= asked
@@ -736,6 +736,10 @@ class Supervisor:
             if self.state.phase is Phase.CONFIRMING:
                 continue   # straight to the grace check: with no grace, relaunch on this tick
             time.sleep(self.opts.tick_s)
+
+    def _ending_on_request(self) -> bool:
+        """The step was asked to stop (a planned replacement, a forwarded signal): its terminating is no failure."""
+        return self.state.stopping or self.stop_signal is not None
 
     @staticmethod
     def _late(cur: Launch, what: str, came_at: float, now: float) -> None:
@@ -819,7 +823,7 @@ class Supervisor:
         if self._step_log is not None:
             whole = self._step_log.close(wait_s=STEP_LOG_END_S)
             for event in self._step_log.drain():   # its last lines, which the loop had not taken
-                observer.srun(event, ending_on_request=self.state.stopping or self.stop_signal is not None)
+                observer.srun(event, ending_on_request=self._ending_on_request())
             observer.srun_told_all = whole and srun_ended
             self._step_log = None
         self._reap()
