@@ -482,6 +482,12 @@ CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 """cgroup v1's cpu controller (this machine's); cgroup v2 keeps cpu.idle and cpu.weight at the root."""
 
 
+def v2_weight(shares: int) -> int:
+    """cgroup v1 ``cpu.shares`` (a session's 1024, at most 262,144) as cgroup v2 ``cpu.weight`` (a
+    session's 100, within 1-10,000: a value outside is refused)."""
+    return min(10000, max(1, shares * 100 // 1024))
+
+
 class RankGroup:
     """The cgroup the light ranks join at their start (``OMNI_LIGHT_CGROUP``, bench/light_rank.py),
     with a quarter of a session's CPU weight (``cpu.shares=256``, cgroup v2 ``cpu.weight=25``). One
@@ -508,8 +514,9 @@ class RankGroup:
                 (folder / "cpu.shares").write_text(str(shares))
                 self.how = f"cpu.shares={shares}, a session's 1024"
             else:
-                (folder / "cpu.weight").write_text(str(shares * 100 // 1024))
-                self.how = f"cpu.weight={shares * 100 // 1024}, a session's 100"
+                weight = v2_weight(shares)
+                (folder / "cpu.weight").write_text(str(weight))
+                self.how = f"cpu.weight={weight}, a session's 100"
             self.path = folder
         except OSError as e:
             self.how = f"not made ({e}): its processes run at the weight of their sessions"
@@ -566,19 +573,25 @@ class RankGroup:
 RANK_GROUP: RankGroup | None = None
 NODE_GROUP: RankGroup | None = None
 CONTROL_GROUP: RankGroup | None = None
-CONTROL_SHARES = 2048
+CONTROL_SHARES = 262144
 """The control plane (slurmctld, munged, and the supervisor with its sruns and reads of Slurm, both
-paths; and the bench's node fault, which stands for slurmctld finding the node dead) weighs two
-sessions: on a cluster it runs on hosts of its own (issue 19: "a control plane outside the
-allocation"), never on the nodes' cores; here the nodes' daemons (NODE_GROUP, one session) tearing
-down a 512-node step and the ranks (RANK_GROUP) left the supervisor's loop seconds late (17:44, load
-497: srun's report of the lost node at +0.14 s, the loss confirmed at +10.9 s) and slurmctld slow to
-answer. Two sessions' weight leaves them 2/3 of the machine while they have work, what they use.
-``--control-shares`` sets it. 16 sessions (16384) tried 2026-12-03 14:10-14:45 at 512 nodes: the lost
-node's read answered 0.01-1.13 s after it was asked (2048: 0.26-0.55), a node loss confirmed in 0.08,
-0.19, 17.6 s in-allocation and 0.29, 15.7, 0.87 s on the allocation path (2048: 0.40, 0.65 / 0.66,
-0.44): two of its four were the supervisor's heartbeat poll blocked 14.9 and 17.4 s (0.02-0.03 s of
-CPU; seen at 2048 too, 11:05: 23.3 s), so the weight is not what sets the confirmation there."""
+paths; and the bench's node fault, which stands for slurmctld finding the node dead) weighs as much as
+cgroup v1 allows (cpu.shares 262,144; cgroup v2 cpu.weight 10,000): on a cluster it runs on hosts of its
+own (issue 19: "a control plane outside the allocation"), never on the nodes' cores, so nothing the
+nodes do delays it; weights count only while it has work, and it uses 1-2 % of the machine in steady
+state. A node loss ends the step at once (srun's ``--kill-on-bad-exit`` counts the lost node's tasks
+as killed: probe 2026-12-03 20:40, with ``srun -k`` too), so the teardown of 2,044 tasks by 511
+slurmstepd, each reading the one host's /proc of 3,000+ processes (on a cluster its own node's few), filled
+both cores from +0.05 s after the fault, inside the confirmation's read of the lost node. At two
+sessions' weight (2048, until 2026-12-03) that read waited 0.06-0.60 s (median 0.29 over 5 runs at 512
+nodes) and the node loss confirmed at 4.2-4.3 x the 8-node time; ``--trace-ctld`` showed why: in the
+0.67 s after a fault munged's threads ran 55 ms and sat 2.7 s runnable on the run queue (summed over
+threads), slurmctld's 1.6 ms and 0.5 s, while slurmstepd took 72 % of the machine's samples (perf -a;
+20:21-20:27). At 262,144 the same read answered in 0.01 s in-allocation and on the allocation path
+(20:41). 16 sessions (16384) tried 2026-12-03 14:10-14:45, before the kept scontrol and the heartbeat
+scan's own thread: the read answered 0.01-1.13 s and two of four confirmations waited on the
+supervisor's heartbeat poll, blocked 14.9 and 17.4 s. ``--control-shares`` sets it (2048 reproduces
+the runs before)."""
 NODE_SHARES = 1024
 """The emulated nodes' daemons: every slurmd joins it after the cluster is up, and the slurmstepd it
 forks (with their tasks until the ranks join RANK_GROUP) follow, weighing one session together. On a
@@ -712,6 +725,11 @@ class Size:
                 job.fail(f"{type(e).__name__}: {e}")
             finally:
                 job.cleanup()
+
+
+def node_victim(layout: Any) -> str:
+    """The node a node fault sets DOWN: the first component's last node (never rank 0's)."""
+    return str(layout.components[0][-1])
 
 
 class Job:
@@ -1021,7 +1039,7 @@ class Job:
         """The fault, now; what it hit."""
         beats = [b for b in self.beats(incarnation) if b.phase in ("training", "checkpointing")]
         if fault in NODE_FAULTS:
-            victim = layout.components[0][-1]
+            victim = node_victim(layout)
             # The fault stands for slurmctld finding the node dead itself: its command weighs with the control
             # plane, not behind the nodes' daemons (at 2048 shares it ended +0.90 s after it was sent, 14:10).
             with CONTROL_GROUP.this_thread() if CONTROL_GROUP is not None else contextlib.nullcontext():
@@ -1040,6 +1058,61 @@ class Job:
                 except ProcessLookupError:
                     pass
         return f"rank {target.rank} (pid {target.pid} on {target.node}) SIGSTOPped, {len(beats) - 1} peers blocked"
+
+    def trace_ctld(self, victim: str) -> threading.Thread:
+        """``--trace-ctld S``: slurmctld's log at debug2 from a second before the node fault to S seconds
+        after it, that window of the log copied to ``ctld-trace-VICTIM.log`` in the job's folder, and
+        ``perf record -a`` (the whole machine: who
+        ran while the control plane waited) over the same window where perf is installed; the thread
+        returned (started after the fault) ends both."""
+        ctld_log = self.size.cluster.paths.ctld_dir / "slurmctld.log"
+        start = ctld_log.stat().st_size if ctld_log.exists() else 0
+        ctld = self.size.cluster.running().get("slurmctld")
+        out = self.work / f"ctld-trace-{victim}"
+        perf = None
+        if ctld and shutil.which("perf"):
+            perf = subprocess.Popen(["perf", "record", "-a", "-F", "499", "-o", f"{out}.perf"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        munged = self.size.cluster.running().get("munged")
+        stop = threading.Event()
+
+        def sched(pid: int | None) -> str:
+            # every thread's time on a CPU and waiting for one (ns, /proc/PID/task/TID/schedstat)
+            run = wait = 0
+            for t in Path(f"/proc/{pid}/task").glob("*/schedstat") if pid else ():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    f = t.read_text().split()
+                    run, wait = run + int(f[0]), wait + int(f[1])
+            return f"{run / 1e9:.4f}\t{wait / 1e9:.4f}"
+
+        def sample() -> None:
+            # munged's and slurmctld's CPU and run-queue wait every 5 ms: which of them is busy or
+            # starved while a read waits
+            with Path(f"{out}.cpu").open("w") as f:
+                f.write("epoch\tmunged_run_s\tmunged_wait_s\tslurmctld_run_s\tslurmctld_wait_s\n")
+                while not stop.wait(0.005):
+                    f.write(f"{time.time():.4f}\t{sched(munged)}\t{sched(ctld)}\n")
+
+        sampler = threading.Thread(target=sample, name="trace-ctld-cpu", daemon=True)
+        sampler.start()
+        self.size.runner.run(["scontrol", "setdebug", "debug2"], check=False)
+        self.log(f"slurmctld at debug2 from {time.time():.3f} (epoch); the fault in 1 s")
+        time.sleep(1.0)
+
+        def end() -> None:
+            time.sleep(self.args.trace_ctld)
+            stop.set()
+            sampler.join()
+            self.size.runner.run(["scontrol", "setdebug", "error"], check=False)
+            if perf is not None:
+                perf.send_signal(signal.SIGINT)
+                perf.wait(timeout=60)
+            with ctld_log.open("rb") as f:
+                f.seek(start)
+                Path(f"{out}.log").write_bytes(f.read())
+            self.log(f"slurmctld's log of the fault's window in {out}.log{' and perf.data in ' + str(out) + '.perf' if perf else ''}")
+
+        return threading.Thread(target=end, name="trace-ctld", daemon=True)
 
     def run(self) -> None:
         args, size = self.args, self.size
@@ -1114,9 +1187,12 @@ class Job:
         ctld = size.cluster.running().get("slurmctld")
         cpu0 = process_tree_cpu(sup) if sup else None
         ctld0 = cpu_s(ctld) if ctld else None
+        trace = self.trace_ctld(node_victim(la.layout)) if args.trace_ctld and fault in NODE_FAULTS else None
         run.fault_at = time.time()
         t0 = time.monotonic()
         what = self.inject(fault, inc, la.layout)
+        if trace is not None:
+            trace.start()
         run.fault_cmd_s = time.monotonic() - t0 if fault in NODE_FAULTS else None
         self.log(f"launch {k}: {fault}: {what} (load {run.load:.1f})")
         why = self.wait(lambda: (la := self.launches())[-1].number > k and la[-1].first_step_at, args.timeout)
@@ -1764,8 +1840,10 @@ def print_settings() -> None:
               "tearing down a 512-node step left the supervisor's loop seconds late (17:44: a node loss confirmed "
               "10.9 s after the fault, srun had reported it at +0.14 s); munged, one for every emulated node (a cluster "
               "has one per node), starved at load 2,500 and a 512-node relaunch lost its credentials (11:06, 'Munge "
-              "encode failed ... Resource temporarily unavailable'); two sessions' weight (--control-shares), used only while they "
-              "have work (`--control-weight session`: each its own session's, as before)")
+              "encode failed ... Resource temporarily unavailable'); at two sessions' weight a node loss's teardown, which "
+              "starts at the fault, kept the lost node's read 0.06-0.60 s on the run queue (20:21-20:27), at the most a cgroup "
+              "may weigh 0.01 s (--control-shares, CONTROL_SHARES), used only while they have work (`--control-weight "
+              "session`: each its own session's)")
     if NODE_GROUP is not None:
         print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "
               "daemons weigh one session together, as on a cluster where they run on the nodes' cores, not "
@@ -2116,11 +2194,17 @@ def main() -> int:
                         "weighs as its own session, as much as slurmctld's")
     p.add_argument("--control-weight", choices=("own", "session"), default="own",
                    help="own: slurmctld and the supervisor (its sruns and reads of Slurm) join one cgroup weighing "
-                        "two sessions (CONTROL_GROUP; a cluster runs its control plane on hosts of its own); "
+                        "the most a cgroup may (CONTROL_GROUP, --control-shares; a cluster runs its control plane on "
+                        "hosts of its own); "
                         "session: each keeps its session's weight")
     p.add_argument("--control-shares", type=int, default=CONTROL_SHARES,
                    help=f"The control plane's cgroup weight with --control-weight own (cpu.shares; a session's 1024; "
                         f"default {CONTROL_SHARES})")
+    p.add_argument("--trace-ctld", type=float, default=0.0, metavar="S",
+                   help="A diagnosis, not a figure: from 1 s before each node fault to S s after it, "
+                        "slurmctld's log at debug2 (ctld-trace-NODE.log in the job's folder), munged's and "
+                        "slurmctld's CPU and run-queue wait every 5 ms (.cpu) and perf record -a where perf is "
+                        "installed (.perf); the faults' figures then carry the tracing's cost")
     p.add_argument("--heartbeat-node-dir", default="",
                    help="OMNI_HEARTBEAT_NODE_DIR for the ranks: a node-local folder (default: none set, the ranks' "
                         "default /dev/shm, one heartbeat file per node) or 'off' (one per rank; "

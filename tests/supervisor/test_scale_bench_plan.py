@@ -15,6 +15,7 @@ import pytest
 
 from bench.metrics_tail import MetricsTail
 from bench.scale_bench import (
+    CONTROL_SHARES,
     FAULTS,
     Result,
     Run,
@@ -29,6 +30,7 @@ from bench.scale_bench import (
     run_value,
     stuck_steps,
     teardown_s,
+    v2_weight,
     verdicts,
     whole_run,
     write_json,
@@ -429,3 +431,10 @@ def test_the_supervisors_own_decide_line_is_what_the_bench_reads() -> None:
     m = _JOURNALED.search(f"supervisor: launch 3 journaled ({_cpu_and_wait()})")
     assert m is not None and float(m[2]) > 0
     assert m[3] is not None and float(m[3]) >= 0   # this kernel keeps schedstat (/proc/self/task/*/schedstat)
+
+
+def test_the_control_planes_weight_is_the_most_either_cgroup_version_takes() -> None:
+    # v1 takes cpu.shares up to 262,144; v2 refuses a cpu.weight above 10,000, and the group would not be made
+    assert CONTROL_SHARES == 262144
+    assert v2_weight(CONTROL_SHARES) == 10000
+    assert v2_weight(1024) == 100 and v2_weight(256) == 25 and v2_weight(2) == 1
