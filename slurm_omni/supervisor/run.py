@@ -172,6 +172,12 @@ SLOW_SLURM_S = 60.0
 """The second, longer wait for slurmctld's answer before a relaunch (``_job_state_and_nodes``)."""
 STEP_LOG_END_S = 0.5
 """At a launch's end, the longest wait for srun's log to be read to its end (its tasks' last exits)."""
+START_FAILURE_SRUN_S = 2.0
+"""A launch that failed before any heartbeat and was killed at its confirmation: the longest wait for
+its srun to end before its ranks' output is read for the failure's line. srun writes what the tasks
+printed as it arrives, and the exit that confirmed can come before it: a kill that starts at the
+confirmation's millisecond (no wait for the next launch) read the output of a crash at import before
+srun had written the traceback into it ("no error line in its output", CI 2026-12-03 21:14)."""
 KNOWN_FRESH_S = 30.0
 """The relaunch plans on the job's and nodes' states the watch read when each was asked this recently
 (the 3 s poll; at 512 emulated nodes slurmctld answered it in 11-15 s): a node that failed since is no
@@ -816,7 +822,7 @@ class Supervisor:
         # allocations): its report of the tasks' exits is whole once its log is read to the end
         code = self._proc.returncode if self._proc is not None else None
         srun_ended = code is not None and code >= 0 and not cur.extra
-        self._proc = None
+        srun, self._proc = self._proc, None
         observer = self._observer or self._observe(cur)
         if rc is None:
             rc = adopted_rc([hb.phase for hb in observer.heartbeats()])
@@ -836,7 +842,7 @@ class Supervisor:
             state, nodes = self._job_state_and_nodes((*cur.layout.nodes, *cur.layout.spares))
         lost_here = (self._observer.lost if self._observer is not None else set()) | \
             {n.name for n in nodes if n.state.failed}
-        repeated = "" if ending else self._start_failure(cur, rc, lost_here, state)
+        repeated = "" if ending else self._start_failure(cur, rc, lost_here, state, srun)
         refused = "" if ending or rc == EXIT_CHECKPOINTED else self._refused(cur)
         end = LaunchEnd(number=cur.number, rc=rc, asked_to_stop=self.stop_signal is not None, job_state=state,
                         fruitless=fruitless_launches([(la.first_step_at, la.cause)
@@ -1078,12 +1084,15 @@ class Supervisor:
         found = refused_by_rank(f"job {self.opts.job_id} ({self.opts.job_name or '?'})", ranks)
         return "" if found is None else found.line
 
-    def _start_failure(self, cur: Launch, rc: int, lost: set[str], job_state: str) -> str:
+    def _start_failure(self, cur: Launch, rc: int, lost: set[str], job_state: str,
+                       srun: subprocess.Popen[bytes] | None = None) -> str:
         """A launch that ended before any rank wrote a heartbeat, on its own (no node of it lost, no
         stop asked, the job still running): its failure's line to the job's output (this process's
         stderr) with where the whole log is, journaled and recorded for the manager
         (``failed-<job>-<incarnation>.json``). Returns the stop line when the launch before it failed
-        the same way (``policy.start_failure``), else empty."""
+        the same way (``policy.start_failure``), else empty. ``srun``: the launch's srun, waited for
+        up to :data:`START_FAILURE_SRUN_S` before its output is read when it still runs (killed at the
+        confirmation and left to end)."""
         if (rc in (EXIT_DONE, EXIT_CHECKPOINTED) or self.state.stopping or cur.cause in (PLANNED, GROW)
                 or job_state not in ("RUNNING", "") or lost & set(cur.layout.nodes)):
             return ""
@@ -1091,6 +1100,12 @@ class Supervisor:
             observer = self._observer or self._observe(cur)
             if cur.first_step_at is not None or observer.heartbeats():
                 return ""
+            if srun is not None and srun.poll() is None:
+                try:
+                    srun.wait(START_FAILURE_SRUN_S)
+                except subprocess.TimeoutExpired:
+                    log.debug("supervisor: launch %d: its srun still runs %.1f s after the kill; its output "
+                              "is read as it is", cur.number, START_FAILURE_SRUN_S)
             name = self._step_name(cur)
             failure = read_failure(Path(self._log_path(name)), start=0, rc=rc, launch=cur.number,
                                    srun_log=Path(self._log_path(name, srun=True)))
