@@ -583,12 +583,13 @@ state. A node loss ends the step at once (srun's ``--kill-on-bad-exit`` counts t
 as killed: probe 2026-12-03 20:40, with ``srun -k`` too), so the teardown of 2,044 tasks by 511
 slurmstepd, each reading the one host's /proc of 3,000+ processes (on a cluster its own node's few), filled
 both cores from +0.05 s after the fault, inside the confirmation's read of the lost node. At two
-sessions' weight (2048, until 2026-12-03) that read waited 0.06-0.60 s (median 0.29 over 5 runs at 512
-nodes) and the node loss confirmed at 4.2-4.3 x the 8-node time; ``--trace-ctld`` showed why: in the
+sessions' weight (2048, until 2026-12-03) that read waited 0.06-0.60 s (six reads at 512 nodes, median
+0.27) and the node loss confirmed at 4.2-4.3 x the 8-node time; ``--trace-ctld`` showed why: in the
 0.67 s after a fault munged's threads ran 55 ms and sat 2.7 s runnable on the run queue (summed over
 threads), slurmctld's 1.6 ms and 0.5 s, while slurmstepd took 72 % of the machine's samples (perf -a;
-20:21-20:27). At 262,144 the same read answered in 0.01 s in-allocation and on the allocation path
-(20:41). 16 sessions (16384) tried 2026-12-03 14:10-14:45, before the kept scontrol and the heartbeat
+20:21-20:27). At 262,144 the same read answered in 0.01 s on both paths with 512 nodes alone (20:41),
+0.04-0.20 s in runs where smaller sizes went before (20:45, 22:05); the confirmation at 512 stayed
+2.6-4.9 x the 8-node time (docs/in-allocation.md). 16 sessions (16384) tried 2026-12-03 14:10-14:45, before the kept scontrol and the heartbeat
 scan's own thread: the read answered 0.01-1.13 s and two of four confirmations waited on the
 supervisor's heartbeat poll, blocked 14.9 and 17.4 s. ``--control-shares`` sets it (2048 reproduces
 the runs before)."""
@@ -1060,20 +1061,20 @@ class Job:
         return f"rank {target.rank} (pid {target.pid} on {target.node}) SIGSTOPped, {len(beats) - 1} peers blocked"
 
     def trace_ctld(self, victim: str) -> threading.Thread:
-        """``--trace-ctld S``: slurmctld's log at debug2 from a second before the node fault to S seconds
-        after it, that window of the log copied to ``ctld-trace-VICTIM.log`` in the job's folder, and
-        ``perf record -a`` (the whole machine: who
-        ran while the control plane waited) over the same window where perf is installed; the thread
-        returned (started after the fault) ends both."""
+        """``--trace-ctld S``: from a second before the node fault to S seconds after it, slurmctld's log
+        at debug2 (that window copied to ``ctld-trace-VICTIM.log`` in the job's folder), munged's and
+        slurmctld's CPU and run-queue wait every 5 ms (``.cpu``) and ``perf record -a`` where perf is
+        installed (``.perf``: who ran while the control plane waited); the thread returned (started
+        after the fault) ends all three."""
         ctld_log = self.size.cluster.paths.ctld_dir / "slurmctld.log"
         start = ctld_log.stat().st_size if ctld_log.exists() else 0
-        ctld = self.size.cluster.running().get("slurmctld")
+        running = self.size.cluster.running()
+        ctld, munged = running.get("slurmctld"), running.get("munged")
         out = self.work / f"ctld-trace-{victim}"
         perf = None
         if ctld and shutil.which("perf"):
             perf = subprocess.Popen(["perf", "record", "-a", "-F", "499", "-o", f"{out}.perf"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        munged = self.size.cluster.running().get("munged")
         stop = threading.Event()
 
         def sched(pid: int | None) -> str:
@@ -1842,7 +1843,7 @@ def print_settings() -> None:
               "has one per node), starved at load 2,500 and a 512-node relaunch lost its credentials (11:06, 'Munge "
               "encode failed ... Resource temporarily unavailable'); at two sessions' weight a node loss's teardown, which "
               "starts at the fault, kept the lost node's read 0.06-0.60 s on the run queue (20:21-20:27), at the most a cgroup "
-              "may weigh 0.01 s (--control-shares, CONTROL_SHARES), used only while they have work (`--control-weight "
+              "may weigh 0.01-0.20 s (--control-shares, CONTROL_SHARES), used only while they have work (`--control-weight "
               "session`: each its own session's)")
     if NODE_GROUP is not None:
         print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "
