@@ -34,6 +34,7 @@ from slurm_omni.cluster.spec import (
     ClusterPaths,
     ClusterSpec,
     munged_threads,
+    node_munged,
     render_cgroup_conf,
     render_gres_conf,
     render_plugstack_conf,
@@ -58,11 +59,13 @@ START_BATCH = 32
 """slurmd started together, then checked, before the next batch."""
 WAIT_PER_NODE_S = 0.5
 """More time for the nodes to become idle, per node (512 slurmd register on two shared cores)."""
+NODE_MUNGED = "munged:nodes"
+"""The nodes' own munged on a large cluster (``spec.node_munged``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Daemon:
-    name: str           # "munged", "slurmctld", "slurmd:node3"
+    name: str           # "munged", "munged:nodes", "slurmctld", "slurmd:node3"
     argv: tuple[str, ...]
     pid_file: Path
     log_file: Path
@@ -162,18 +165,24 @@ class LocalCluster:
         def _sbin(cmd: str) -> str:
             return f"/usr/sbin/{cmd}" if in_root else _host_sbin(cmd)
 
-        out = [
-            Daemon("munged", (_sbin("munged"), "--foreground", "--force", f"--socket={p.munge_socket}",
-                              f"--key-file={p.munge_key}", f"--pid-file={p.munge_dir / 'munged.pid'}",
-                              f"--log-file={p.munge_dir / 'munged.log'}",
-                              f"--seed-file={p.munge_dir / 'munged.seed'}", *munged_threads(self.spec)),
-                   p.munge_dir / "omni.pid", p.munge_dir / "munged.out", root),
-            Daemon("slurmctld", (_sbin("slurmctld"), "-D", "-f", conf),
-                   p.ctld_dir / "omni.pid", p.ctld_dir / "slurmctld.out", root),
-        ]
+        def _munged(name: str, sock: Path, stem: str) -> Daemon:
+            return Daemon(name, (_sbin("munged"), "--foreground", "--force", f"--socket={sock}",
+                                 f"--key-file={p.munge_key}", f"--pid-file={p.munge_dir / f'{stem}.pid'}",
+                                 f"--log-file={p.munge_dir / f'{stem}.log'}",
+                                 f"--seed-file={p.munge_dir / f'{stem}.seed'}", *munged_threads(self.spec)),
+                          p.munge_dir / ("omni.pid" if stem == "munged" else f"omni-{stem}.pid"),
+                          p.munge_dir / f"{stem}.out", root)
+
+        out = [_munged("munged", p.munge_socket, "munged")]
+        node_conf = conf
+        if node_munged(self.spec):   # the nodes' own munged, the one key (spec.node_munged)
+            out.append(_munged(NODE_MUNGED, p.node_munge_socket, "munged-nodes"))
+            node_conf = str(p.node_slurm_conf)
+        out.append(Daemon("slurmctld", (_sbin("slurmctld"), "-D", "-f", conf),
+                          p.ctld_dir / "omni.pid", p.ctld_dir / "slurmctld.out", root))
         for node in self.spec.node_names:
             d = p.node_dir(node)
-            out.append(Daemon(f"slurmd:{node}", (_sbin("slurmd"), "-D", "-N", node, "-f", conf),
+            out.append(Daemon(f"slurmd:{node}", (_sbin("slurmd"), "-D", "-N", node, "-f", node_conf),
                               d / "omni.pid", d / "slurmd.out", root))
         return out
 
@@ -215,8 +224,9 @@ class LocalCluster:
                 # slurmctld restarted under live slurmds keeps its state.
                 batch.append(self._start(daemon, extra=("-c",) if fresh and daemon.name == "slurmctld" else ()))
                 restarted.append(daemon.name.removeprefix("slurmd:"))
-                if daemon.name == "munged":
-                    self._wait_for(lambda: self.paths.munge_socket.exists(), 10, "munged's socket")
+                if daemon.name in ("munged", NODE_MUNGED):
+                    sock = self.paths.munge_socket if daemon.name == "munged" else self.paths.node_munge_socket
+                    self._wait_for(sock.exists, 10, f"{daemon.name}'s socket")
             # slurmd start in batches, each checked before the next: hundreds at once on two cores
             # would all register with slurmctld in the same second
             if len(batch) >= START_BATCH or not daemon.name.startswith("slurmd:"):
@@ -279,6 +289,10 @@ class LocalCluster:
                     # The same major/minor as /dev/null: a character device slurmd accepts as a GPU.
                     os.mknod(gpu, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         write_atomic(p.etc / "slurm.conf", render_slurm_conf(spec, p), mode=0o644, durable=False)
+        if node_munged(spec):
+            write_atomic(p.node_slurm_conf, render_slurm_conf(spec, p, for_nodes=True), mode=0o644, durable=False)
+        else:
+            p.node_slurm_conf.unlink(missing_ok=True)
         write_atomic(p.etc / "topology.conf", render_topology_conf(spec), mode=0o644, durable=False)
         write_atomic(p.etc / "gres.conf", render_gres_conf(spec, p), mode=0o644, durable=False)
         if spec.in_root:

@@ -92,3 +92,35 @@ def test_one_node_gets_one_port_not_a_range() -> None:
     (line,) = [line for line in render_slurm_conf(spec, ClusterPaths(Path("/x"))).splitlines()
                if line.startswith("NodeName=")]
     assert line.startswith("NodeName=node1 ") and f" Port={spec.slurmd_base_port} " in line
+
+
+def test_a_large_cluster_gives_its_nodes_a_munged_of_their_own() -> None:
+    """The control plane's credentials never queue behind the nodes' (spec.node_munged): slurmd reads a
+    copy of slurm.conf that differs in its munged's socket alone, both munged share the key."""
+    from slurm_omni.cluster.local import NODE_MUNGED, LocalCluster
+    from slurm_omni.cluster.spec import node_munged
+
+    paths = ClusterPaths(Path("/x"))
+    small = ClusterSpec(nodes=8, hostname="h")
+    assert not node_munged(small)
+    assert "NO_CONF_HASH" not in render_slurm_conf(small, paths)
+    assert render_slurm_conf(small, paths, for_nodes=True) == render_slurm_conf(small, paths)
+    assert [d.name for d in LocalCluster(Path("/nonexistent-state"), small).daemons()][:2] == ["munged", "slurmctld"]
+
+    for spec in (ClusterSpec(nodes=8, hostname="h", scale_lane=True), ClusterSpec(nodes=128, nodes_per_switch=16, hostname="h")):
+        assert node_munged(spec)
+        ctld, nodes = render_slurm_conf(spec, paths), render_slurm_conf(spec, paths, for_nodes=True)
+        assert f"AuthInfo=socket={paths.munge_socket}\n" in ctld
+        assert f"AuthInfo=socket={paths.node_munge_socket}\n" in nodes
+        assert "DebugFlags=NO_CONF_HASH\n" in ctld and "DebugFlags=NO_CONF_HASH\n" in nodes
+        differ = set(ctld.splitlines()) ^ set(nodes.splitlines())
+        assert differ == {f"AuthInfo=socket={paths.munge_socket}", f"AuthInfo=socket={paths.node_munge_socket}"}
+        daemons = {d.name: d for d in LocalCluster(Path("/s"), spec).daemons()}
+        key = [a for a in daemons["munged"].argv if a.startswith("--key-file=")]
+        assert key and key == [a for a in daemons[NODE_MUNGED].argv if a.startswith("--key-file=")]
+        assert f"--socket={ClusterPaths(Path('/s')).node_munge_socket}" in daemons[NODE_MUNGED].argv
+        assert daemons["munged"].pid_file != daemons[NODE_MUNGED].pid_file
+        slurmd = daemons["slurmd:node1"].argv
+        assert slurmd[slurmd.index("-f") + 1] == str(ClusterPaths(Path("/s")).node_slurm_conf)
+        ctld_argv = daemons["slurmctld"].argv
+        assert ctld_argv[ctld_argv.index("-f") + 1] == str(ClusterPaths(Path("/s")).slurm_conf)
