@@ -119,7 +119,7 @@ from bench.scale_end import (
     unplanned,
     wait_ended,
 )
-from slurm_omni.cluster.local import LocalCluster
+from slurm_omni.cluster.local import NODE_MUNGED, LocalCluster
 from slurm_omni.cluster.spec import LARGE_SETTINGS, ClusterSpec
 from slurm_omni.errors import SlurmError
 from slurm_omni.formats import encode
@@ -127,7 +127,7 @@ from slurm_omni.formats.heartbeat import NODE_DIR_OFF, HeartbeatRecord, node_dir
 from slurm_omni.fsio import write_atomic
 from slurm_omni.manager.events import read_heartbeats
 from slurm_omni.slurm.hostlist import compress
-from slurm_omni.slurm.runner import CommandRunner
+from slurm_omni.slurm.runner import CommandRunner, ScontrolSession
 from slurm_omni.slurm.steps import step_name
 from slurm_omni.supervisor.journal import SupervisorJournal, journal_path
 from slurm_omni.supervisor.run import SupervisorOptions
@@ -573,6 +573,8 @@ class RankGroup:
 RANK_GROUP: RankGroup | None = None
 NODE_GROUP: RankGroup | None = None
 CONTROL_GROUP: RankGroup | None = None
+MUNGE_GROUP: RankGroup | None = None
+"""The nodes' own munged (``spec.node_munged``), as heavy as the control plane, in a group of its own."""
 CONTROL_SHARES = 262144
 """The control plane (slurmctld, munged, and the supervisor with its sruns and reads of Slurm, both
 paths; and the bench's node fault, which stands for slurmctld finding the node dead) weighs as much as
@@ -700,12 +702,17 @@ class Size:
                 self.log(f"{len(slurmds) - joined} of {len(slurmds)} slurmd did not join {NODE_GROUP.path}")
         if CONTROL_GROUP is not None and ctld and not CONTROL_GROUP.join(ctld):
             self.log(f"slurmctld (pid {ctld}) did not join {CONTROL_GROUP.path}")
-        # one munged serves every emulated node (a cluster has one per node, on its own cores): starved
-        # at load 2,500 its listen backlog filled and a 512-node relaunch's tasks lost their credentials
-        # and launch replies (11:06: 'Munge encode failed ... Resource temporarily unavailable')
-        munged = self.cluster.running().get("munged")
-        if CONTROL_GROUP is not None and munged and not CONTROL_GROUP.join(munged):
-            self.log(f"munged (pid {munged}) did not join {CONTROL_GROUP.path}")
+        # the control plane's munged (slurmctld's, srun's, scontrol's) in its group; the nodes' own munged
+        # (spec.node_munged: one for every emulated node, a cluster has one per node on its own cores)
+        # in a group of the same weight beside it: starved at load 2,500 its listen backlog filled and a
+        # 512-node relaunch's tasks lost their credentials and launch replies (11:06: 'Munge encode
+        # failed ... Resource temporarily unavailable'), and in the control plane's group its teardown
+        # work would share that group's CPU with the supervisor's read
+        running = self.cluster.running()
+        for name, group in (("munged", CONTROL_GROUP), (NODE_MUNGED, MUNGE_GROUP)):
+            pid = running.get(name)
+            if group is not None and pid and not group.join(pid):
+                self.log(f"{name} (pid {pid}) did not join {group.path}")
         self.spent("idle", started)
 
     def run(self) -> Result:
@@ -757,6 +764,8 @@ class Job:
         self.lines = MetricsTail(self.work / "metrics")
         self.stepping: tuple[Run, int] | None = None
         """The last recovery and its launch's number, until ``said_stepping``."""
+        self.fault_scontrol = ScontrolSession(size.runner)
+        """A kept scontrol that sends a node fault's update (``warm_fault``, ``inject``)."""
 
     def plan(self) -> None:
         """Whether the next launch waits for the killed step's ranks (two launches' ranks do not fit
@@ -1036,17 +1045,32 @@ class Job:
         r.memory["rank_count"] = len(ranks)
 
     # -- faults -------------------------------------------------------------------------------
+    def warm_fault(self, victim: str) -> None:
+        """Before the fault's clock starts: the kept scontrol that sends a node fault, started (in the control
+        plane's group: its process follows the thread that forks it) and past its first RPC (``show node
+        VICTIM``: slurm.conf, the auth plugin, munged). The fault stands for slurmctld finding the node dead
+        itself, not for a process start: sent by a new scontrol each time, the update reached slurmctld 60 ms
+        after the clock started at 512 nodes (22:50, --trace-ctld), 15 ms at 8; by a session that had only
+        started, 0.67 s (its first RPC at load 215, 23:11)."""
+        with CONTROL_GROUP.this_thread() if CONTROL_GROUP is not None else contextlib.nullcontext():
+            if self.fault_scontrol.warm():
+                with contextlib.suppress(SlurmError):
+                    self.fault_scontrol.show_node(victim, 60)
+
     def inject(self, fault: str, incarnation: int, layout: Any) -> str:
-        """The fault, now; what it hit."""
-        beats = [b for b in self.beats(incarnation) if b.phase in ("training", "checkpointing")]
+        """The fault, now; what it hit. A node fault is sent first: the ranks' beats (every node's file,
+        0.3 s of the bench's thread at 512 nodes and load 470, 23:14) are read for a rank's fault only."""
         if fault in NODE_FAULTS:
             victim = node_victim(layout)
             # The fault stands for slurmctld finding the node dead itself: its command weighs with the control
             # plane, not behind the nodes' daemons (at 2048 shares it ended +0.90 s after it was sent, 14:10).
+            words = [f"nodename={victim}", "state=DOWN", "reason=scale-bench"]
             with CONTROL_GROUP.this_thread() if CONTROL_GROUP is not None else contextlib.nullcontext():
-                self.size.runner.run(["scontrol", "update", f"nodename={victim}", "state=DOWN", "reason=scale-bench"])
+                if self.fault_scontrol.update(words, 60) is None:   # no session: a command of its own
+                    self.size.runner.run(["scontrol", "update", *words])
             self.down.append(victim)
             return f"{victim} set DOWN"
+        beats = [b for b in self.beats(incarnation) if b.phase in ("training", "checkpointing")]
         target = max(beats, key=lambda b: b.rank)   # a rank of the last node, never rank 0 (its store)
         if fault == "crash":
             os.kill(target.pid, signal.SIGKILL)
@@ -1062,14 +1086,14 @@ class Job:
 
     def trace_ctld(self, victim: str) -> threading.Thread:
         """``--trace-ctld S``: from a second before the node fault to S seconds after it, slurmctld's log
-        at debug2 (that window copied to ``ctld-trace-VICTIM.log`` in the job's folder), munged's and
-        slurmctld's CPU and run-queue wait every 5 ms (``.cpu``) and ``perf record -a`` where perf is
+        at debug2 (that window copied to ``ctld-trace-VICTIM.log`` in the job's folder), the control
+        plane's munged's, slurmctld's and the nodes' munged's CPU and run-queue wait every 5 ms (``.cpu``) and ``perf record -a`` where perf is
         installed (``.perf``: who ran while the control plane waited); the thread returned (started
         after the fault) ends all three."""
         ctld_log = self.size.cluster.paths.ctld_dir / "slurmctld.log"
         start = ctld_log.stat().st_size if ctld_log.exists() else 0
         running = self.size.cluster.running()
-        ctld, munged = running.get("slurmctld"), running.get("munged")
+        ctld, munged, node_munged = running.get("slurmctld"), running.get("munged"), running.get(NODE_MUNGED)
         out = self.work / f"ctld-trace-{victim}"
         perf = None
         if ctld and shutil.which("perf"):
@@ -1090,9 +1114,10 @@ class Job:
             # munged's and slurmctld's CPU and run-queue wait every 5 ms: which of them is busy or
             # starved while a read waits
             with Path(f"{out}.cpu").open("w") as f:
-                f.write("epoch\tmunged_run_s\tmunged_wait_s\tslurmctld_run_s\tslurmctld_wait_s\n")
+                f.write("epoch\tmunged_run_s\tmunged_wait_s\tslurmctld_run_s\tslurmctld_wait_s"
+                        "\tnodes_munged_run_s\tnodes_munged_wait_s\n")
                 while not stop.wait(0.005):
-                    f.write(f"{time.time():.4f}\t{sched(munged)}\t{sched(ctld)}\n")
+                    f.write(f"{time.time():.4f}\t{sched(munged)}\t{sched(ctld)}\t{sched(node_munged)}\n")
 
         sampler = threading.Thread(target=sample, name="trace-ctld-cpu", daemon=True)
         sampler.start()
@@ -1189,6 +1214,8 @@ class Job:
         cpu0 = process_tree_cpu(sup) if sup else None
         ctld0 = cpu_s(ctld) if ctld else None
         trace = self.trace_ctld(node_victim(la.layout)) if args.trace_ctld and fault in NODE_FAULTS else None
+        if fault in NODE_FAULTS:
+            self.warm_fault(node_victim(la.layout))
         run.fault_at = time.time()
         t0 = time.monotonic()
         what = self.inject(fault, inc, la.layout)
@@ -1431,6 +1458,7 @@ class Job:
                         + (f" ({self.ended})" if self.ended else ""))
 
     def cleanup(self) -> None:
+        self.fault_scontrol.close()
         if self.proc is not None:
             if self.proc.poll() is None:
                 self.proc.terminate()
@@ -1836,7 +1864,7 @@ def print_settings() -> None:
               "in the group all ranks weigh a quarter of one (their interpreter starts before they join; slurmd, "
               "slurmstepd, srun and the supervisor keep their weight)")
     if CONTROL_GROUP is not None:
-        print(f"  slurmctld, munged and the supervisor in the cgroup {CONTROL_GROUP.path or '-'} ({CONTROL_GROUP.how}): "
+        print(f"  slurmctld, its munged and the supervisor in the cgroup {CONTROL_GROUP.path or '-'} ({CONTROL_GROUP.how}): "
               "on a cluster the control plane runs on hosts of its own, not on the nodes' cores; here the nodes' daemons "
               "tearing down a 512-node step left the supervisor's loop seconds late (17:44: a node loss confirmed "
               "10.9 s after the fault, srun had reported it at +0.14 s); munged, one for every emulated node (a cluster "
@@ -1845,6 +1873,11 @@ def print_settings() -> None:
               "starts at the fault, kept the lost node's read 0.06-0.60 s on the run queue (20:21-20:27), at the most a cgroup "
               "may weigh 0.01-0.20 s (--control-shares, CONTROL_SHARES), used only while they have work (`--control-weight "
               "session`: each its own session's)")
+    if MUNGE_GROUP is not None:
+        print(f"  the nodes' own munged in the cgroup {MUNGE_GROUP.path or '-'} ({MUNGE_GROUP.how}): on a cluster each "
+              "host has its munged, and the control plane's credentials never queue behind the nodes'; with one munged "
+              "for all, a 512-node step's teardown kept the lost node's read 0.12 s from slurmctld while munged's threads "
+              "sat 0.4 s on the run queue (22:50, --trace-ctld)")
     if NODE_GROUP is not None:
         print(f"  slurmd and slurmstepd in the cgroup {NODE_GROUP.path or '-'} ({NODE_GROUP.how}): the emulated nodes' "
               "daemons weigh one session together, as on a cluster where they run on the nodes' cores, not "
@@ -2244,11 +2277,12 @@ def main() -> int:
     print(f"light rank: {RANK_KIND}", flush=True)
     if args.rank_weight == "low":
         RANK_GROUP = RankGroup(f"omni-scale-ranks-{os.getpid()}")
-    global NODE_GROUP, CONTROL_GROUP
+    global NODE_GROUP, CONTROL_GROUP, MUNGE_GROUP
     if args.node_weight == "one":
         NODE_GROUP = RankGroup(f"omni-scale-nodes-{os.getpid()}", shares=NODE_SHARES)
     if args.control_weight == "own":
         CONTROL_GROUP = RankGroup(f"omni-scale-control-{os.getpid()}", shares=args.control_shares)
+        MUNGE_GROUP = RankGroup(f"omni-scale-munge-{os.getpid()}", shares=args.control_shares)
     spares = SPARES
     results: list[Result] = load_results(Path(args.include)) if args.include else []
     started = time.monotonic()
@@ -2299,7 +2333,7 @@ def main() -> int:
                 loads = [x.load for x in size.result.runs if x.load]
                 size.result.load = max(loads, default=0.0)
     finally:
-        for group in (RANK_GROUP, NODE_GROUP, CONTROL_GROUP):
+        for group in (RANK_GROUP, NODE_GROUP, CONTROL_GROUP, MUNGE_GROUP):
             if group is not None:
                 group.remove()
         report(results, args)

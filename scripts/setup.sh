@@ -65,4 +65,6 @@ if [ -f spank/Makefile ]; then
 fi
 # The memory tier's C restore loop (build/held-read/); without it restores from memory use the Python loop.
 "$VENV/bin/python" -m slurm_omni.checkpoint.held_native || true
+# The one-node read of Slurm (build/node-read/); without it a node is read through scontrol.
+"$VENV/bin/python" -m slurm_omni.slurm.node_read || true
 echo "setup: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

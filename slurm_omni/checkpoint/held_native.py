@@ -9,65 +9,33 @@ a library built from other sources is never loaded (the sources changed since: b
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from slurm_omni.native import BUILD_ROOT, BuildError, build_hashed, hashed_path
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "held_read.c", CSRC / "xxhash.h")
-BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "held-read"
-"""Git-ignored (``build/``), beside the SPANK plugin's and the light rank's builds."""
+BUILD_DIR = BUILD_ROOT / "held-read"
 CFLAGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wformat=2", "-Wshadow",
           "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIC", "-shared", "-fvisibility=hidden",
           "-Wl,-z,relro,-z,now")
 """As spank/Makefile's, plus a shared library's; only ``omni_*`` is exported."""
 ABI = 3
+__all__ = ["BuildError", "build", "describe", "library_path", "load"]
 KERNELS = ("SSE2", "AVX2", "AVX-512")
 """xxh3's kernel the library chose for this CPU, by ``omni_held_read_kernel()``."""
 
 
-class BuildError(Exception):
-    """No compiler, or the source did not compile: the message is one line."""
-
-
 def library_path(dest: Path | None = None) -> Path:
     """Where the library built from today's sources and flags is (or would be)."""
-    dest = BUILD_DIR if dest is None else dest
-    h = hashlib.sha256(" ".join(CFLAGS).encode())
-    for src in SOURCES:
-        h.update(src.read_bytes())
-    return dest / f"libomni_held_read.{h.hexdigest()[:16]}.so"
+    return hashed_path(SOURCES, CFLAGS, BUILD_DIR if dest is None else dest, "libomni_held_read", ".so")
 
 
 def build(dest: Path | None = None) -> Path:
     """The library compiled into ``dest`` (nothing to do when it is there already); replaced by a
     rename, never rewritten while a process may have it loaded."""
-    dest = BUILD_DIR if dest is None else dest
-    out = library_path(dest)
-    if out.exists():
-        return out
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise BuildError(f"couldn't compile {SOURCES[0].name}: no C compiler (cc, gcc or $CC) on PATH")
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = dest / f".{out.name}.{os.getpid()}.tmp"
-    try:
-        proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCES[0])], capture_output=True, text=True,
-                              timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BuildError(f"couldn't compile {SOURCES[0].name} with {cc}: {e}") from e
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
-        raise BuildError(f"couldn't compile {SOURCES[0].name} with {cc} (exit {proc.returncode}): {first}")
-    os.replace(tmp, out)
-    for old in dest.glob("libomni_held_read.*.so"):   # built from earlier sources: never loaded again
-        if old != out:
-            old.unlink(missing_ok=True)
-    return out
+    return build_hashed(SOURCES, CFLAGS, BUILD_DIR if dest is None else dest, "libomni_held_read", ".so")
 
 
 def load(dest: Path | None = None) -> tuple[ctypes.CDLL | None, str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_omni.errors import SlurmError, SlurmUnreachable
+from slurm_omni.slurm.node_read import NodeReader
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,10 @@ _SESSION_WORD = re.compile(r"[A-Za-z0-9_.,\[\]-]+")
 another command (anything else is read with a command of its own, as argv)."""
 
 
+_ONE_NODE = re.compile(r"[A-Za-z0-9_.-]+")
+"""One node's name (no host list): read through the node reader."""
+
+
 class ScontrolSession:
     """One long-lived ``scontrol`` reading its commands on stdin (its interactive mode), for the reads
     that must answer at once under load: a new ``scontrol`` per read pays a process start (fork, exec,
@@ -223,12 +228,14 @@ class ScontrolSession:
     within :data:`SESSION_WAIT_S`: that process is ended, the next read starts another), gets None and
     runs the command as before; a session whose first process never answered is not tried again."""
 
-    def __init__(self, runner: CommandRunner) -> None:
+    def __init__(self, runner: CommandRunner, node_reader: bool = True) -> None:
         self._runner = runner
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._asked = 0
         self._unusable = False
+        self._reader: NodeReader | None = NodeReader(runner.environment()) if node_reader else None
+        """The one-node read (``node_read.py``): one node's record in one RPC, where scontrol loads them all."""
 
     @property
     def usable(self) -> bool:
@@ -240,7 +247,35 @@ class ScontrolSession:
         if self._unusable or not _SESSION_WORD.fullmatch(names) or not self._lock.acquire(blocking=False):
             return None
         try:
+            if self._reader is not None and _ONE_NODE.fullmatch(names):
+                start = time.monotonic()
+                text = self._reader.show(names, min(timeout_s, SESSION_WAIT_S))
+                if text is not None:
+                    self._runner.calls += 1
+                    log.debug("ran %s -> 0 in %.3fs in thread %s (node reader)", ("scontrol", "show", "node", names),
+                              time.monotonic() - start, threading.current_thread().name)
+                    first = _first_line(text)
+                    if first and not first.startswith("NodeName="):
+                        raise SlurmError(f"scontrol: couldn't show node: {first}")
+                    return text
             return self._show(names, timeout_s)
+        finally:
+            self._lock.release()
+
+    def update(self, words: Sequence[str], timeout_s: float) -> str | None:
+        """``scontrol update WORDS``'s output through the session (a drill's or the scale bench's fault
+        sent as one RPC at a known instant, no process start before it), or None: the caller runs the
+        command. Each word must be ``key=value`` of :data:`_SESSION_WORD`'s characters (a reason's
+        spaces would end the command: such an update runs as a command of its own)."""
+        if (self._unusable or not words or not all(_SESSION_WORD.fullmatch(w.replace("=", "", 1)) for w in words)
+                or not self._lock.acquire(blocking=False)):
+            return None
+        try:
+            command = " ".join(("update", *words))
+            text = self._ask(command.encode(), timeout_s)
+            if text is not None and (first := _first_line(text)):   # an update prints nothing unless it failed
+                raise (SlurmUnreachable if _unreachable(text) else SlurmError)(f"scontrol: couldn't {command}: {first}")
+            return None if text is None else ""
         finally:
             self._lock.release()
 
@@ -251,6 +286,8 @@ class ScontrolSession:
         if self._unusable or not self._lock.acquire(blocking=False):
             return False
         try:
+            if self._reader is not None:
+                self._reader.warm(SESSION_WAIT_S)
             return self._ask(b"", SESSION_WAIT_S) is not None
         finally:
             self._lock.release()
@@ -258,6 +295,8 @@ class ScontrolSession:
     def close(self) -> None:
         with self._lock:
             self._stop()
+            if self._reader is not None:
+                self._reader.close()
 
     def _start(self) -> subprocess.Popen[bytes] | None:
         try:

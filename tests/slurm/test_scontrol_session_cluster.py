@@ -63,7 +63,7 @@ def test_the_allocation_reads_few_nodes_through_its_session_and_the_rest_as_comm
 
 
 def test_without_stdbuf_the_session_steps_aside() -> None:
-    session = ScontrolSession(CommandRunner({"PATH": "/nonexistent"}))
+    session = ScontrolSession(CommandRunner({"PATH": "/nonexistent"}), node_reader=False)
     assert session.show_node("node1", 5) is None and not session.usable
 
 
@@ -95,3 +95,67 @@ def test_a_session_whose_slurmctld_never_answers_steps_aside_for_the_command(slu
         gone.close()
     finally:
         hung.close()
+
+
+def test_a_session_sends_an_update_as_one_command_and_says_slurm_s_refusal(slurm_cluster) -> None:
+    """``update`` (the scale bench's node fault, sent at a known instant): what it changed is what a
+    command of its own reads; Slurm's refusal is one line; a word that could end the line is never sent."""
+    runner = CommandRunner(slurm_cluster.env)
+    session = ScontrolSession(runner)
+    try:
+        assert session.warm()
+        assert session.update(["nodename=node8", "comment=omni-session-test"], 30) == ""
+        alone = runner.run(["scontrol", "show", "node", "node8"]).stdout
+        assert parse_records(alone, "NodeName")[0].get("Comment") == "omni-session-test"
+        with pytest.raises(SlurmError, match=r"couldn't update nodename=node99 .*: .*"):
+            session.update(["nodename=node99", "comment=x"], 30)
+        assert session.update(["nodename=node8", "comment=two words"], 30) is None
+        assert session.update(["nodename=node8\nshutdown"], 30) is None
+        assert session.update([], 30) is None
+        assert session.update(["nodename=node8", "comment="], 30) == ""   # the same process after the refusal
+        alone = runner.run(["scontrol", "show", "node", "node8"]).stdout
+        assert parse_records(alone, "NodeName")[0].get("Comment") in (None, "(null)", "")
+    finally:
+        session.close()
+
+
+def test_the_node_reader_answers_one_node_as_scontrol_does_and_steps_aside_when_it_cannot(slurm_cluster, tmp_path) -> None:
+    """One node's record in one RPC (omni-node-read): the same text as ``scontrol show node``, Slurm's
+    "not found" as scontrol's; where it is not built, or Slurm's answer through it is an error, the
+    session's scontrol reads instead."""
+    from slurm_omni.native import BuildError
+    from slurm_omni.slurm import node_read
+
+    try:
+        program = node_read.build(tmp_path)
+    except BuildError as e:
+        pytest.skip(f"the node reader cannot be built here: {e}")
+    runner = CommandRunner(slurm_cluster.env)
+    reader = node_read.NodeReader(runner.environment(), program)
+    try:
+        assert reader.warm(30)
+        text = reader.show("node3", 30)
+        alone = runner.run(["scontrol", "show", "node", "node3"]).stdout
+        drop = ("CPULoad", "FreeMem", "LastBusyTime", "AllocTRES", "CurrentWatts", "AveWatts")   # change between reads
+        same = lambda t: [{k: v for k, v in r.items() if k not in drop} for r in parse_records(t, "NodeName")]
+        assert text is not None and same(text) == same(alone) and "Partitions" in parse_records(text, "NodeName")[0]
+        assert reader.show("node99", 30) == "Node node99 not found\n"
+        assert reader.show("node[1-2]", 30) is None and reader.unusable and "not one node's name" in reader.why
+    finally:
+        reader.close()
+    missing = node_read.NodeReader(runner.environment(), tmp_path / "absent")
+    assert missing.show("node1", 5) is None and "not built" in missing.why
+    wrong = node_read.NodeReader({**runner.environment(), "SLURM_CONF": str(tmp_path / "absent.conf")}, program)
+    assert wrong.show("node1", 10) is None and wrong.unusable   # libslurm's own failure: the process ended
+
+    session = ScontrolSession(runner)
+    try:
+        assert session.warm()
+        calls = runner.calls
+        one = session.show_node("node4", 30)
+        assert one is not None and parse_records(one, "NodeName")[0]["NodeName"] == "node4"
+        assert runner.calls == calls + 1
+        with pytest.raises(SlurmError, match="couldn't show node: Node node99 not found"):
+            session.show_node("node99", 30)
+    finally:
+        session.close()
