@@ -35,6 +35,18 @@ END = "omninodereadend"
 """The word the program prints after each answer (and once when it is ready)."""
 
 
+def end_kept(proc: subprocess.Popen[bytes] | None) -> None:
+    """A kept process that reads commands on its stdin ended: its pipes closed, killed, reaped."""
+    if proc is None:
+        return
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
 def program_path(dest: Path | None = None) -> Path:
     """Where the program built from today's source and flags is (or would be)."""
     return hashed_path(SOURCES, CFLAGS, BUILD_DIR if dest is None else dest, "omni-node-read")
@@ -89,14 +101,7 @@ class NodeReader:
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        end_kept(proc)
 
     def _ready(self, wait_s: float) -> bool:
         if self.unusable:

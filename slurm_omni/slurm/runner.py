@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_omni.errors import SlurmError, SlurmUnreachable
-from slurm_omni.slurm.node_read import NodeReader
+from slurm_omni.slurm.node_read import NodeReader, end_kept
 
 log = logging.getLogger(__name__)
 
@@ -309,14 +309,7 @@ class ScontrolSession:
 
     def _stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        end_kept(proc)
 
     def _show(self, names: str, timeout_s: float) -> str | None:
         waited = self._runner.limiter.acquire()
