@@ -84,7 +84,8 @@ class NodeReader:
         if not self._ready(wait_s):
             return None
         proc = self._proc
-        assert proc is not None and proc.stdin is not None
+        if proc is None or proc.stdin is None:   # started with both pipes: never, but typed
+            return None
         try:
             proc.stdin.write(name.encode() + b"\n")
             proc.stdin.flush()
@@ -127,7 +128,8 @@ class NodeReader:
     def _until_end(self, deadline: float) -> list[str] | None:
         """The lines before the next end word; None (the process ended) when it is not read in time."""
         proc = self._proc
-        assert proc is not None and proc.stdout is not None
+        if proc is None or proc.stdout is None:   # started with both pipes: never, but typed
+            return None
         fd = proc.stdout.fileno()
         while True:
             head, sep, rest = self._buf.partition(f"{END}\n".encode())
