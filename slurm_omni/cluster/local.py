@@ -224,8 +224,8 @@ class LocalCluster:
                 # slurmctld restarted under live slurmds keeps its state.
                 batch.append(self._start(daemon, extra=("-c",) if fresh and daemon.name == "slurmctld" else ()))
                 restarted.append(daemon.name.removeprefix("slurmd:"))
-                if daemon.name in ("munged", NODE_MUNGED):
-                    sock = self.paths.munge_socket if daemon.name == "munged" else self.paths.node_munge_socket
+                sock = {"munged": self.paths.munge_socket, NODE_MUNGED: self.paths.node_munge_socket}.get(daemon.name)
+                if sock is not None:
                     self._wait_for(sock.exists, 10, f"{daemon.name}'s socket")
             # slurmd start in batches, each checked before the next: hundreds at once on two cores
             # would all register with slurmctld in the same second

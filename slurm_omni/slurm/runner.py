@@ -228,7 +228,7 @@ class ScontrolSession:
     within :data:`SESSION_WAIT_S`: that process is ended, the next read starts another), gets None and
     runs the command as before; a session whose first process never answered is not tried again."""
 
-    def __init__(self, runner: CommandRunner, node_reader: bool = True) -> None:
+    def __init__(self, runner: CommandRunner, node_reader: bool = False) -> None:
         self._runner = runner
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -252,12 +252,7 @@ class ScontrolSession:
                 text = self._reader.show(names, min(timeout_s, SESSION_WAIT_S))
                 if text is not None:
                     self._runner.calls += 1
-                    log.debug("ran %s -> 0 in %.3fs in thread %s (node reader)", ("scontrol", "show", "node", names),
-                              time.monotonic() - start, threading.current_thread().name)
-                    first = _first_line(text)
-                    if first and not first.startswith("NodeName="):
-                        raise SlurmError(f"scontrol: couldn't show node: {first}")
-                    return text
+                    return self._answered(names, text, start, "node reader")
             return self._show(names, timeout_s)
         finally:
             self._lock.release()
@@ -318,9 +313,14 @@ class ScontrolSession:
         text = self._ask(b"show node " + names.encode(), timeout_s)
         if text is None:
             return None
-        log.debug("ran %s -> 0 in %.3fs (rate limit %.3fs) in thread %s (scontrol session)",
-                  ("scontrol", "show", "node", names), time.monotonic() - start, waited,
-                  threading.current_thread().name)
+        return self._answered(names, text, start, f"rate limit {waited:.3f}s, scontrol session")
+
+    @staticmethod
+    def _answered(names: str, text: str, start: float, how: str) -> str:
+        """A ``show node`` answer (from the session's scontrol or the node reader) logged and checked:
+        Slurm's error as one line."""
+        log.debug("ran %s -> 0 in %.3fs (%s) in thread %s", ("scontrol", "show", "node", names),
+                  time.monotonic() - start, how, threading.current_thread().name)
         first = _first_line(text)
         if first and not first.startswith("NodeName="):
             raise (SlurmUnreachable if _unreachable(text) else SlurmError)(f"scontrol: couldn't show node: {first}")

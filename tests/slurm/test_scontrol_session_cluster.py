@@ -148,7 +148,7 @@ def test_the_node_reader_answers_one_node_as_scontrol_does_and_steps_aside_when_
     wrong = node_read.NodeReader({**runner.environment(), "SLURM_CONF": str(tmp_path / "absent.conf")}, program)
     assert wrong.show("node1", 10) is None and wrong.unusable   # libslurm's own failure: the process ended
 
-    session = ScontrolSession(runner)
+    session = ScontrolSession(runner, node_reader=True)
     try:
         assert session.warm()
         calls = runner.calls
