@@ -84,7 +84,8 @@ SINFO_NODE_LINES = "NodeList:0|,StateComplete:0|,CPUs:0|,Gres:0|,Partition:0|,Re
 in; the reason last, since it may hold the separator. Given a suffix, sinfo 22.05 neither pads nor cuts
 a field. The state is sinfo's own, not slurmctld's: sinfo prints a node whose CPUs it counts as partly
 allocated ``mixed`` whatever its base state (only a drained node keeps it; flags stay, ``*`` too), and
-for a node set DOWN under a job that count lags: the lines of ``sinfo_one_node_down_under_job.txt``
+for a node set DOWN under a job that count lags (slurmctld recounts allocated CPUs for a whole read
+only, not for a one-node read: ``_slurm_rpc_dump_node_single``; ``slurm/csrc/node_read.c``): the lines of ``sinfo_one_node_down_under_job.txt``
 (22.05, recorded 15 ms after srun's "Node failure on node2", beside ``scontrol show node``'s
 ``State=DOWN CPUAlloc=0`` of the same moment, ``node_down_under_job.txt``) say ``mixed`` with the
 DOWN's reason, and ``--states=down`` prints nothing. So a node srun reports failed is read with

@@ -184,11 +184,6 @@ KNOWN_FRESH_S = 30.0
 newer in an answer read at the confirmation, and a launch that meets it is recovered like any."""
 
 
-NODE_READER_MIN_NODES = 64
-"""Allocations of more nodes read a lost node through ``omni-node-read`` (one record), smaller ones
-through the kept scontrol (every record: cheap at this size)."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SupervisorOptions:
     stages: tuple[StageSpec, ...]
@@ -300,11 +295,9 @@ class Supervisor:
         self.stop_signal: int | None = None
         self._alloc_id = self.journal.state.allocation_job or opts.job_id
         """The allocation the job runs in: its first, or the successor it moved to (journaled)."""
-        # one kept scontrol for the reads of the nodes srun reports failed (the second signal of a node loss)
-        # The one-node reader (slurm/node_read.py) only for a large allocation: in the 8-node demo its
-        # answer for the lost node did not confirm the loss (the next full read did, 0.8-1.3 s later,
-        # 2026-12-04 03:00-03:05; cause not found yet), where at 512 nodes it did at once
-        self._session = ScontrolSession(runner, node_reader=len(opts.allocation) > NODE_READER_MIN_NODES) \
+        # one kept scontrol for the reads of the nodes srun reports failed (the second signal of a node
+        # loss), a node alone through the one-node reader (slurm/node_read.py: one record, one RPC)
+        self._session = ScontrolSession(runner, node_reader=True) \
             if isinstance(runner, CommandRunner) else None
         self.slurm = AllocationView(runner, self._alloc_id, self._session)
         self._proc: subprocess.Popen[bytes] | None = None
