@@ -48,18 +48,10 @@
  * pass cost the same CPU in the bench's restore (bench/ckpt_bench.py --memory: 0.242 against 0.240 s
  * per GiB, two threads) and in a paired harness (0.343 against 0.342 s): not adopted there. */
 #define _GNU_SOURCE
-#define XXH_INLINE_ALL
-#if defined(__x86_64__) && defined(__GNUC__)
-#define XXH_X86DISPATCH
-#define XXH_DISPATCH_AVX2 1
-#define XXH_DISPATCH_AVX512 1
-#define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
-#define XXH_TARGET_AVX512 __attribute__((__target__("avx512f")))
-#include <immintrin.h>
-#else
+#if !defined(__x86_64__) || !defined(__GNUC__)
 #error "copy_hash: the one-pass rows are written for x86-64 (AVX2)"
 #endif
-#include "xxhash.h"
+#include "xxh3_x86.h"   /* xxhash.h with its AVX2 and AVX-512 kernels beside SSE2 */
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -15,7 +15,7 @@ from pathlib import Path
 from slurm_omni.native import BUILD_ROOT, BuildError, build_hashed, hashed_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "held_read.c", CSRC / "xxhash.h")
+SOURCES = (CSRC / "held_read.c", CSRC / "xxh3_x86.h", CSRC / "xxhash.h")
 BUILD_DIR = BUILD_ROOT / "held-read"
 CFLAGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wformat=2", "-Wshadow",
           "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIC", "-shared", "-fvisibility=hidden",

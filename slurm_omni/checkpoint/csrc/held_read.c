@@ -12,19 +12,7 @@
  * 12's libxxhash-dev ships it: the same XXH3-64 as the python xxhash package, with no -dev package
  * needed where the product is built. */
 #define _GNU_SOURCE
-#define XXH_INLINE_ALL
-#if defined(__x86_64__) && defined(__GNUC__)
-/* xxhash.h's own way for a dispatcher (xxh_x86dispatch.c's): its AVX2 and AVX-512 kernels compiled
- * for their targets beside the SSE2 default, the one the CPU runs chosen once (as the python xxhash
- * package does: the SSE2 kernel alone costs 15-30 % more CPU a byte here). */
-#define XXH_X86DISPATCH
-#define XXH_DISPATCH_AVX2 1
-#define XXH_DISPATCH_AVX512 1
-#define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
-#define XXH_TARGET_AVX512 __attribute__((__target__("avx512f")))
-#include <immintrin.h>
-#endif
-#include "xxhash.h"
+#include "xxh3_x86.h"	/* xxhash.h with its AVX2 and AVX-512 kernels beside SSE2 */
 
 #include <errno.h>
 #include <limits.h>
