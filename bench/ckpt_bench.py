@@ -599,6 +599,23 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             xxhash.xxh3_64(step).digest()
         return cpu_s() - c
 
+    one_pass_lib: Any = build_one_pass(work) if args.memory and device == "cpu" else "runs with --memory on the CPU"
+
+    def one_pass() -> float:
+        """What a restore could cost where the rank addresses the keeper's bytes itself (a buffer it maps
+        or inherits; not built, docs/checkpoint.md): the memcpy's bytes copied and their XXH3-64 taken in
+        one pass (bench/limits/one_pass.h), on the restore's I/O threads, one share each."""
+        n = src.numel() * src.element_size()
+        share = n // io_threads // 4096 * 4096
+        spans = [(k * share, n - k * share if k == io_threads - 1 else share) for k in range(io_threads)]
+        to, frm = dst.data_ptr(), src.data_ptr()
+
+        def worker(mine: list[tuple[int, int]]) -> None:
+            for at, n in mine:
+                one_pass_lib.omni_one_pass(to + at, frm + at, n)
+
+        return timed_on_io_threads(worker, spans, "one_pass_cpu_s")
+
     def mem_restore() -> tuple[float, str]:
         reader = CheckpointEngine(CheckpointConfig(root=mem_root, memory_tier=True, memory_job=mem_job,
                                                     memory_dir=args.memory_dir))
@@ -627,6 +644,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             add("raw_shm_read_s", raw_shm_read())
             add("checked_shm_read_s", checked_shm_read())
             add("xxh3_cpu_s", xxh3_cost())
+            if not isinstance(one_pass_lib, str):
+                add("one_pass_s", one_pass())
             full, source = mem_restore()
             add("memory_restore_s", full)
             mem_sources.add(source)
@@ -691,6 +710,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ("checked read of the copies / warm memcpy (limit)", "memcpy_s", "checked_shm_read_s", "", 0.0),
         ("its CPU: memcpy CPU s / checked read CPU s (limit)", "memcpy_cpu_s", "checked_shm_read_cpu_s", "", 0.0),
         ("memory restore / checked read of the copies", "checked_shm_read_s", "memory_restore_s", "", 0.0),
+        ("one pass from own memory / warm memcpy (limit)", "memcpy_s", "one_pass_s", "", 0.0),
+        ("its CPU: memcpy CPU s / one pass CPU s (limit)", "memcpy_cpu_s", "one_pass_cpu_s", "", 0.0),
         ("memory restore / full restore (warm)", "full_restore_warm_s", "memory_restore_s", "", 0.0),
     ]
     for tag in ("warm", "cold"):
@@ -734,6 +755,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         print(f"\nper-step snapshot (blocking) {med['save_blocking_s']:.4f} s, with the memory tier "
               f"{med['save_blocking_memtier_s']:.4f} s (the copy into /dev/shm is the persist thread's: "
               f"{med['persist_memtier_s']:.3f} s against {med['persist_s']:.3f})")
+    if args.memory:
+        if isinstance(one_pass_lib, str):
+            print(f"the one pass: n/a ({one_pass_lib})")
+        else:
+            print(f"the one pass: the memcpy's bytes copied and their XXH3-64 taken in one pass "
+                  f"(bench/limits/one_pass.h) on {io_threads} threads, from memory this process addresses: the "
+                  "limit of a restore where the rank maps or inherits the keeper's buffers (not built; "
+                  "docs/checkpoint.md)")
     if "keeper" in mem_kind:
         mem_kind += f" with {held.loop_name()}"
     print(f"memory restores read from {', '.join(sorted(mem_sources))}: the copies in {mem_kind}; the tier's "
@@ -746,6 +775,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "ratios": {name: value for name, value, _, _ in ratios}, "read_paths": read_paths,
             "memory_bytes": mem_bytes, "bars": bars,
             "loadavg": os.getloadavg()}
+
+
+def build_one_pass(into: Path) -> Any:
+    """``bench/limits/one_pass_bar.py``'s library of the one pass (a ctypes library), or why not (one line);
+    loaded by its path, as this file runs both as a script and as ``bench.ckpt_bench``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("one_pass_bar", Path(__file__).resolve().parent / "limits" /
+                                                  "one_pass_bar.py")
+    if spec is None or spec.loader is None:
+        return "bench/limits/one_pass_bar.py not found"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build(into)
 
 
 CHECKED_HOW = {True: "the restore's C loop over its pieces into one buffer, the plan built before the clock, "
