@@ -31,7 +31,11 @@ turns so that the page cache and the allocator see the same history. Bars (from 
                            each checked against the manifest, the manifest parsed and the plan built
                            before the clock starts, no tensors; else no manifest, no tensors), the
                            least that also checks them; and says which of them is below the bar (the
-                           machine's copy, the checksum) or that neither is (the restore's own cost)
+                           machine's copy, the checksum) or that neither is (the restore's own cost).
+                           A third limit row, the one pass (bench/limits/one_pass.h: the memcpy's own
+                           bytes copied and their XXH3-64 taken in one pass, on the restore's threads):
+                           what a restore could reach where the rank addresses the keeper's bytes
+                           itself (docs/checkpoint.md "One pass instead of copy-then-hash")
   peer restore             >= 0.8 x a raw TCP copy of the same bytes between the same two processes
                            (issue 22; ``--only peer`` runs just this part: node A's rank replicates to
                            node B's keeper, another process; a rank on an empty node C restores, B's
