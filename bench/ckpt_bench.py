@@ -615,8 +615,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         to, frm = dst.data_ptr(), src.data_ptr()
 
         def worker(mine: list[tuple[int, int]]) -> None:
-            for at, n in mine:
-                one_pass_lib.omni_one_pass(to + at, frm + at, n)
+            for at, length in mine:
+                one_pass_lib.omni_one_pass(to + at, frm + at, length)
 
         return timed_on_io_threads(worker, spans, "one_pass_cpu_s")
 
