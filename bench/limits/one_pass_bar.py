@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import ctypes
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,16 +32,16 @@ CSRC = HERE.parent.parent / "slurm_omni" / "checkpoint" / "csrc"
 
 
 def build(into: Path) -> ctypes.CDLL | str:
-    """The one pass's library, or why not (one line)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return "no C compiler"
-    out = into / "libone_pass.so"
-    done = subprocess.run([cc, "-O3", "-std=gnu11", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{CSRC}",
-                           "-o", str(out), str(HERE / "one_pass_lib.c")], check=False, capture_output=True,
-                          text=True)
-    if done.returncode:
-        return "the one pass did not build: " + " ".join(done.stderr.strip().splitlines()[-1:])
+    """The one pass's library (compiled by the project's own hashed build, ``slurm_omni.native``), or
+    why not (one line)."""
+    from slurm_omni.native import BuildError, build_hashed
+
+    sources = (HERE / "one_pass_lib.c", HERE / "one_pass.h", CSRC / "xxh3_x86.h", CSRC / "xxhash.h")
+    try:
+        out = build_hashed(sources, ("-O3", "-std=gnu11", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{CSRC}"),
+                           into, "libone_pass", ".so")
+    except BuildError as e:
+        return str(e)
     lib = ctypes.CDLL(str(out))
     if not lib.omni_one_pass_ok():
         return "this CPU has no AVX2"
