@@ -66,18 +66,7 @@
 
 #include "one_pass.h"      /* fused_reset, fused_update, fused_digest: the one pass */
 
-/* xxh3 as the product's loop takes it (held_read.c: AVX-512 where the CPU has it, else AVX2). */
-XXH_TARGET_AVX512 static XXH_errorcode update_avx512(XXH3_state_t *state, const void *in, size_t len)
-{
-    return XXH3_update(state, (const xxh_u8 *)in, len, XXH3_accumulate_512_avx512, XXH3_scrambleAcc_avx512);
-}
-
-XXH_TARGET_AVX2 static XXH_errorcode update_avx2(XXH3_state_t *state, const void *in, size_t len)
-{
-    return XXH3_update(state, (const xxh_u8 *)in, len, XXH3_accumulate_512_avx2, XXH3_scrambleAcc_avx2);
-}
-
-static XXH_errorcode (*update)(XXH3_state_t *, const void *, size_t);
+static omni_xxh3_update_fn update;   /* xxh3 as the product's loop takes it (omni_xxh3_pick) */
 
 static double clock_s(clockid_t id)
 {
@@ -189,7 +178,7 @@ int main(int argc, char **argv)
     size_t n = gib << 30;
     unsigned char *src = touched(n), *dst = touched(n);
     __builtin_cpu_init();
-    update = __builtin_cpu_supports("avx512f") ? update_avx512 : update_avx2;
+    update = omni_xxh3_pick();
     if (!__builtin_cpu_supports("avx2")) {
         fprintf(stderr, "copy_hash: this CPU has no AVX2 (the one-pass rows need it)\n");
         return 2;

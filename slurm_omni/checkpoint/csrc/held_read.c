@@ -25,48 +25,18 @@
 
 #define OMNI_EXPORT __attribute__((visibility("default")))
 
-typedef XXH_errorcode (*update_fn)(XXH3_state_t *, const void *, size_t);
-
-#if defined(__x86_64__) && defined(__GNUC__)
-XXH_TARGET_AVX2 static XXH_errorcode update_avx2(XXH3_state_t *state, const void *in, size_t len)
-{
-	return XXH3_update(state, (const xxh_u8 *)in, len, XXH3_accumulate_512_avx2, XXH3_scrambleAcc_avx2);
-}
-
-XXH_TARGET_AVX512 static XXH_errorcode update_avx512(XXH3_state_t *state, const void *in, size_t len)
-{
-	return XXH3_update(state, (const xxh_u8 *)in, len, XXH3_accumulate_512_avx512,
-			   XXH3_scrambleAcc_avx512);
-}
-
-static update_fn pick_update(void)
-{
-	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx512f"))
-		return update_avx512;
-	if (__builtin_cpu_supports("avx2"))
-		return update_avx2;
-	return XXH3_64bits_update;
-}
-#else
-static update_fn pick_update(void)
-{
-	return XXH3_64bits_update;
-}
-#endif
-
-static update_fn update;
+static omni_xxh3_update_fn update;
 
 __attribute__((constructor)) static void choose(void)
 {
-	update = pick_update();
+	update = omni_xxh3_pick();
 }
 
 /* The kernel the CPU runs (for the bench's line): 2 AVX-512, 1 AVX2, 0 the default. */
 OMNI_EXPORT int omni_held_read_kernel(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-	return update == update_avx512 ? 2 : update == update_avx2 ? 1 : 0;
+	return update == omni_xxh3_update_avx512 ? 2 : update == omni_xxh3_update_avx2 ? 1 : 0;
 #else
 	return 0;
 #endif
