@@ -570,6 +570,40 @@ class RankGroup:
         self.path = None
 
 
+CONTROL_RT = 0
+"""SCHED_RR priority of every thread of slurmctld and the control plane's munged; 0: none (--control-rt)."""
+CONTROL_RT_DEFAULT = 1
+"""The lane's default: the control plane's daemons real-time at the lowest priority. A cgroup's weight
+(CONTROL_SHARES) is a share of the CPU over time, not a wake-up: at 512 nodes the lost node's read, asked
+at srun's report while 511 slurmstepd tore the step down, still waited 0.00-0.09 s for slurmctld and
+munged to run (2026-12-04 17:52-18:09, three runs: the node loss confirmed 2.6 x the 8-node time, median).
+Real-time, a woken slurmctld or munged thread runs at once, as it does on the control plane's own host,
+whatever the nodes' daemons do: the same read answered in 0.00-0.01 s at 512 nodes (18:45-18:52). Bounded
+by RT_RUNTIME_US; ``--control-rt 0`` reproduces the runs before."""
+RT_RUNTIME_US = 300000
+"""The control plane's group may run real-time 0.3 s of every second on each core (its cpu.rt_runtime_us;
+cgroup v1 with real-time group scheduling, as here; elsewhere the threads are refused, counted 0 in the
+log): a real-time thread that spins cannot take the machine, and slurmctld and munged use 1-2 % of it in
+steady state."""
+
+
+def realtime(pid: int, prio: int) -> int:
+    """Every thread of ``pid`` into SCHED_RR at ``prio`` (threads it starts later follow); how many
+    moved (0: gone, or refused where the group may not run real-time)."""
+    moved = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_RR, os.sched_param(prio))
+            moved += 1
+        except OSError:
+            pass
+    return moved
+
+
 RANK_GROUP: RankGroup | None = None
 NODE_GROUP: RankGroup | None = None
 CONTROL_GROUP: RankGroup | None = None
@@ -713,6 +747,10 @@ class Size:
             pid = running.get(name)
             if group is not None and pid and not group.join(pid):
                 self.log(f"{name} (pid {pid}) did not join {group.path}")
+        if CONTROL_RT and CONTROL_GROUP is not None:
+            for name in ("slurmctld", "munged"):
+                pid = running.get(name)
+                self.log(f"{name} (pid {pid}): {realtime(pid, CONTROL_RT) if pid else 0} thread(s) SCHED_RR {CONTROL_RT}")
         self.spent("idle", started)
 
     def run(self) -> Result:
@@ -1873,6 +1911,12 @@ def print_settings() -> None:
               "starts at the fault, kept the lost node's read 0.06-0.60 s on the run queue (20:21-20:27), at the most a cgroup "
               "may weigh 0.01-0.20 s (--control-shares, CONTROL_SHARES), used only while they have work (`--control-weight "
               "session`: each its own session's)")
+        if CONTROL_RT:
+            print(f"  slurmctld and the control plane's munged real-time (every thread SCHED_RR {CONTROL_RT}, at most "
+                  f"{RT_RUNTIME_US / 1e6:.1f} s per second on each core; --control-rt, CONTROL_RT_DEFAULT): a weight is a "
+                  "share over time, not a wake-up: at the largest weight the lost node's read, asked while 511 slurmstepd "
+                  "tore the step down, still waited 0.00-0.09 s for them at 512 nodes (2026-12-04, three runs); "
+                  "real-time they run when woken, as on a host of their own")
     if MUNGE_GROUP is not None:
         print(f"  the nodes' own munged in the cgroup {MUNGE_GROUP.path or '-'} ({MUNGE_GROUP.how}): on a cluster each "
               "host has its munged, and the control plane's credentials never queue behind the nodes'; with one munged "
@@ -2234,6 +2278,9 @@ def main() -> int:
     p.add_argument("--control-shares", type=int, default=CONTROL_SHARES,
                    help=f"The control plane's cgroup weight with --control-weight own (cpu.shares; a session's 1024; "
                         f"default {CONTROL_SHARES})")
+    p.add_argument("--control-rt", type=int, default=CONTROL_RT_DEFAULT, metavar="PRIO",
+                   help=f"SCHED_RR priority of slurmctld and the control plane's munged, with --control-weight own "
+                        f"(CONTROL_RT_DEFAULT; 0: none, as before 2026-12-04; default {CONTROL_RT_DEFAULT})")
     p.add_argument("--trace-ctld", type=float, default=0.0, metavar="S",
                    help="A diagnosis, not a figure: from 1 s before each node fault to S s after it, "
                         "slurmctld's log at debug2 (ctld-trace-NODE.log in the job's folder), munged's and "
@@ -2277,11 +2324,19 @@ def main() -> int:
     print(f"light rank: {RANK_KIND}", flush=True)
     if args.rank_weight == "low":
         RANK_GROUP = RankGroup(f"omni-scale-ranks-{os.getpid()}")
-    global NODE_GROUP, CONTROL_GROUP, MUNGE_GROUP
+    global NODE_GROUP, CONTROL_GROUP, MUNGE_GROUP, CONTROL_RT
     if args.node_weight == "one":
         NODE_GROUP = RankGroup(f"omni-scale-nodes-{os.getpid()}", shares=NODE_SHARES)
     if args.control_weight == "own":
         CONTROL_GROUP = RankGroup(f"omni-scale-control-{os.getpid()}", shares=args.control_shares)
+        if args.control_rt and CONTROL_GROUP.path is not None and (CONTROL_GROUP.path / "cpu.rt_runtime_us").exists():
+            try:
+                (CONTROL_GROUP.path / "cpu.rt_runtime_us").write_text(str(RT_RUNTIME_US))
+                CONTROL_GROUP.how += f", cpu.rt_runtime_us={RT_RUNTIME_US}"
+            except OSError as e:
+                print(f"the control plane's cgroup may not run real-time ({e}): slurmctld and munged keep their policy",
+                      flush=True)
+        CONTROL_RT = args.control_rt
         MUNGE_GROUP = RankGroup(f"omni-scale-munge-{os.getpid()}", shares=args.control_shares)
     spares = SPARES
     results: list[Result] = load_results(Path(args.include)) if args.include else []
