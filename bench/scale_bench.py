@@ -424,17 +424,19 @@ def kill_leftovers(jobs: set[str], state_dir: Path, root: Path) -> dict[int, str
     return killed
 
 
-def stuck_steps(argvs: dict[int, list[str]], job_id: str, holds_ours: Any) -> dict[str, int]:
+def stuck_steps(argvs: dict[int, list[str]], job_id: str, holds_ours: Any) -> dict[int, str]:
     """The slurmstepd of ``job_id``'s numbered steps (``slurmstepd: [JOB.N]``; not its batch or extern
     step) among ``argvs`` (pid -> argv) that hold a socket of this cluster (``holds_ours(pid)``: job
-    ids name no cluster): step -> pid."""
-    out: dict[str, int] = {}
+    ids name no cluster): pid -> step. Every one: a step runs a slurmstepd on each of its nodes, and
+    two of one step were left on two nodes (2026-12-04 18:56, 64 nodes: the one kept per step was
+    killed, the other held the job's end for 7 minutes)."""
+    out: dict[int, str] = {}
     for pid, argv in argvs.items():
         if not argv or not argv[0].startswith("slurmstepd: [") or not argv[0].endswith("]"):
             continue
         job, _, step = argv[0][len("slurmstepd: ["):-1].partition(".")
         if job == job_id and step.isdigit() and holds_ours(pid):
-            out[f"{job}.{step}"] = pid
+            out[pid] = f"{job}.{step}"
     return out
 
 
@@ -1331,12 +1333,13 @@ class Job:
             sockets = set()
         found = stuck_steps({pid: cmdline(pid) for pid in pids()}, self.job_id,
                             lambda pid: holds_socket(pid, sockets))
-        for pid in found.values():
+        for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        what = ", ".join(f"{step} (pid {pid})" for step, pid in sorted(found.items())) or "none found"
+        what = ", ".join(f"{step} (pid {pid})" for pid, step in sorted(found.items(), key=lambda x: (x[1], x[0])))
+        what = what or "none found"
         self.log(f"the run is done but job {self.job_id} has not ended {since_s:.0f} s after the finish was "
                  f"written: its steps' slurmstepd left: {what}; SIGKILLed")
         self.size.result.checks.append(f"note: {self.path}: job {self.job_id}'s end waited for its steps' "

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from bench.scale_bench import (
     leftover,
     load_results,
     log_slope,
+    realtime,
     remove_beat_folders,
     run_value,
     stuck_steps,
@@ -340,9 +342,10 @@ def test_the_node_heartbeat_folders_of_the_runs_own_jobs_go_and_no_other(tmp_pat
 def test_the_steps_left_of_a_job_that_is_done_are_its_numbered_steps_on_this_cluster() -> None:
     argvs = {10: ["slurmstepd: [2101.1]"], 11: ["slurmstepd: [2101.batch]"], 12: ["slurmstepd: [2101.extern]"],
              13: ["slurmstepd: [21011.1]"], 14: ["slurmstepd: [2101.3]"], 15: ["python", "slurmstepd: [2101.2]"],
-             16: [], 17: ["slurmstepd: [2101.4]"]}
-    ours = {10, 11, 12, 13, 15, 16, 17}   # 14 holds another cluster's socket (the same job id there)
-    assert stuck_steps(argvs, "2101", lambda pid: pid in ours) == {"2101.1": 10, "2101.4": 17}
+             16: [], 17: ["slurmstepd: [2101.4]"], 18: ["slurmstepd: [2101.1]"]}
+    ours = {10, 11, 12, 13, 15, 16, 17, 18}   # 14 holds another cluster's socket (the same job id there)
+    # one step's slurmstepd on two nodes: both (a step's end waits for every node's)
+    assert stuck_steps(argvs, "2101", lambda pid: pid in ours) == {10: "2101.1", 17: "2101.4", 18: "2101.1"}
     assert stuck_steps(argvs, "9", lambda pid: True) == {}
 
 
@@ -438,3 +441,23 @@ def test_the_control_planes_weight_is_the_most_either_cgroup_version_takes() -> 
     assert CONTROL_SHARES == 262144
     assert v2_weight(CONTROL_SHARES) == 10000
     assert v2_weight(1024) == 100 and v2_weight(256) == 25 and v2_weight(2) == 1
+
+
+def test_real_time_moves_every_thread_of_a_live_process_or_says_none_moved() -> None:
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{proc.pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        moved = realtime(proc.pid, 1)
+        policies = {os.sched_getscheduler(t) for t in tids}
+        if moved:   # root, and a cgroup that may run real-time: every thread, not the first alone
+            assert moved == len(tids) == 2 and policies == {os.SCHED_RR}
+        else:       # refused (not root, or no real-time runtime in this cgroup): nothing changed
+            assert policies == {os.SCHED_OTHER}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert realtime(proc.pid, 1) == 0   # gone
