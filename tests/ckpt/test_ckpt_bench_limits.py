@@ -3,6 +3,11 @@ two least-work reads measured beside the restore (medians of real ``--memory --r
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bench.ckpt_bench import CHECKED_HOW, memory_limit
@@ -45,3 +50,18 @@ def test_the_checked_read_says_it_ran_the_restores_own_loop() -> None:
     line = memory_limit({"memcpy_s": 0.1, "raw_shm_read_s": 0.095, "checked_shm_read_s": 0.105}, WALL, 0.9,
                         "tmpfs rw", KEEPER, checked_how=CHECKED_HOW[True])
     assert "the restore's C loop over its pieces into one buffer" in line and line.endswith("own cost misses it)")
+
+
+def test_the_inherited_copy_is_read_by_a_forked_child_and_checked() -> None:
+    # bench/limits/inherited_bar.py: a child forked by the holder copies and hashes the inherited bytes in
+    # one pass (its copy and digest checked against the bytes' own, else it fails), then the holder writes
+    script = Path(__file__).resolve().parents[2] / "bench" / "limits" / "inherited_bar.py"
+    proc = subprocess.run([sys.executable, str(script), "--gib", "0.02", "--rounds", "1"], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    if "n/a (" in proc.stdout:   # no compiler or no AVX2: said, nothing measured
+        return
+    ratios = re.findall(r"one pass / torch copy_ \(memcpy s / this s\): ([0-9.]+)", proc.stdout)
+    writes = re.findall(r"after / never forked: ([0-9.]+)", proc.stdout)
+    assert len(ratios) == len(writes) == 2 and all(float(x) > 0 for x in ratios + writes), proc.stdout
+    assert "dropped the inherited pages" in proc.stdout and "still maps the inherited pages" in proc.stdout
