@@ -22,12 +22,11 @@ import mmap
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from one_pass_bar import build
+from one_pass_bar import built
 
 HUGE = 2 << 20
 
@@ -124,8 +123,7 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="inherited-") as tmp:
-        lib = build(Path(tmp))
+    with built("inherited-") as lib:
         if isinstance(lib, str):
             print(f"inherited one pass / memcpy: n/a ({lib})")
             return 0

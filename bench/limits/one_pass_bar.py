@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import ctypes
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +52,13 @@ def build(into: Path) -> ctypes.CDLL | str:
     return lib
 
 
+@contextlib.contextmanager
+def built(prefix: str) -> Iterator[ctypes.CDLL | str]:
+    """:func:`build` into a folder of its own, removed after the block."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield build(Path(tmp))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=float, default=1.0)
@@ -58,8 +67,7 @@ def main() -> int:
     import torch
     import xxhash
 
-    with tempfile.TemporaryDirectory(prefix="one-pass-") as tmp:
-        lib = build(Path(tmp))
+    with built("one-pass-") as lib:
         if isinstance(lib, str):
             print(f"one pass / memcpy: n/a ({lib})")
             return 0
