@@ -32,7 +32,7 @@ turns so that the page cache and the allocator see the same history. Bars (from 
                            before the clock starts, no tensors; else no manifest, no tensors), the
                            least that also checks them; and says which of them is below the bar (the
                            machine's copy, the checksum) or that neither is (the restore's own cost).
-                           A third limit row, the one pass (bench/limits/one_pass.h: the memcpy's own
+                           A third limit row, the one pass (slurm_omni/checkpoint/csrc/one_pass.h: the memcpy's own
                            bytes copied and their XXH3-64 taken in one pass, on the restore's threads):
                            what a restore could reach where the rank addresses the keeper's bytes
                            itself (docs/checkpoint.md "One pass instead of copy-then-hash")
@@ -159,12 +159,18 @@ SHARES = {"vision_encoder": 0.30, "projector": 0.03, "text_decoder": 0.67}
 CRITICAL = ("vision_encoder", "projector")
 
 
-def make_state(gib: float, tensors: int, device: str) -> tuple[dict[str, dict[str, torch.Tensor]],
-                                                               dict[str, Any]]:
-    """Weights and AdamW-shaped optimizer state; one third of the bytes each for w, exp_avg, exp_avg_sq."""
+def make_state(gib: float, tensors: int, device: str, *, zeros: bool = False
+               ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+    """Weights and AdamW-shaped optimizer state; one third of the bytes each for w, exp_avg, exp_avg_sq.
+    ``zeros``: the same shapes, every tensor zeros (touched: a restore's targets)."""
     per_kind = int(gib * 2**30 / 4 / 3)
     n_weights = max(len(SHARES), tensors // 3)
     g = torch.Generator().manual_seed(0)
+    if zeros:
+        def rand(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+            return torch.zeros(shape)
+    else:
+        rand = torch.rand   # type: ignore[assignment]
     weights: dict[str, dict[str, torch.Tensor]] = {}
     optim: dict[str, Any] = {}
     for module, share in SHARES.items():
@@ -172,9 +178,11 @@ def make_state(gib: float, tensors: int, device: str) -> tuple[dict[str, dict[st
         numel = max(1, int(per_kind * share) // count)
         cols = 1024 if numel >= 1024 else 1
         shape = (numel // cols, cols)
-        weights[module] = {f"layers.{i}.weight": torch.randn(shape, generator=g).to(device) for i in range(count)}
-        optim[f"{module}/optim"] = {"state": {i: {"exp_avg": torch.randn(shape, generator=g).to(device),
-                                                  "exp_avg_sq": torch.rand(shape, generator=g).to(device),
+        weights[module] = {f"layers.{i}.weight": (torch.zeros(shape) if zeros else torch.randn(shape, generator=g))
+                           .to(device) for i in range(count)}
+        optim[f"{module}/optim"] = {"state": {i: {"exp_avg": (torch.zeros(shape) if zeros else
+                                                              torch.randn(shape, generator=g)).to(device),
+                                                  "exp_avg_sq": rand(shape, generator=g).to(device),
                                                   "step": torch.tensor(10.0)}
                                               for i in range(count)},
                                     "param_groups": [{"lr": 1e-4, "params": list(range(count))}]}
@@ -258,11 +266,15 @@ def main() -> None:
     ap.add_argument("--only", choices=("all", "peer"), default="all",
                     help="peer: only the peer restore against a raw TCP copy (issue 22), minutes less.")
     ap.add_argument("--keeper", nargs=4, metavar=("ROOT", "BASE", "JOB", "NODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--holder", nargs=4, metavar=("ROOT", "BASE", "JOB", "NODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
     if args.keeper:
         serve_peer(*args.keeper)
+        return
+    if args.holder:
+        serve_holder(*args.holder)
         return
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     try:
@@ -458,7 +470,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     mem_root = work / "omni-mem"
     mem_root.mkdir(mode=0o700)
     node = os.environ.setdefault("SLURMD_NODENAME", "bench")
-    mem_keeper = None if args.no_keeper else start_keeper(mem_root, args.memory_dir, mem_job, node)
+    mem_keeper = None if args.no_keeper else start_holder(mem_root, args.memory_dir, mem_job, node)
     mem_engine = CheckpointEngine(CheckpointConfig(root=mem_root, keep_last=1, load_order=tuple(SHARES),
                                                    memory_tier=True, memory_job=mem_job,
                                                    memory_dir=args.memory_dir))
@@ -608,7 +620,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     def one_pass() -> float:
         """What a restore could cost where the rank addresses the keeper's bytes itself (a buffer it maps
         or inherits; not built, docs/checkpoint.md): the memcpy's bytes copied and their XXH3-64 taken in
-        one pass (bench/limits/one_pass.h), on the restore's I/O threads, one share each."""
+        one pass (slurm_omni/checkpoint/csrc/one_pass.h), on the restore's I/O threads, one share each."""
         n = src.numel() * src.element_size()
         share = n // io_threads // 4096 * 4096
         spans = [(k * share, n - k * share if k == io_threads - 1 else share) for k in range(io_threads)]
@@ -620,7 +632,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
         return timed_on_io_threads(worker, spans, "one_pass_cpu_s")
 
-    def mem_restore() -> tuple[float, str]:
+    def mem_restore(key: str) -> tuple[float, str]:
+        """A restore in this process: from the holder's memory with process_vm_readv (a copy held after
+        the trainer's fork is read so), or from the tmpfs files (``--no-keeper``)."""
         reader = CheckpointEngine(CheckpointConfig(root=mem_root, memory_tier=True, memory_job=mem_job,
                                                     memory_dir=args.memory_dir))
         c = cpu_s()
@@ -631,11 +645,27 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         session.wait()
         sync(device)
         full = time.perf_counter() - t
-        add("memory_restore_cpu_s", cpu_s() - c)
+        add(f"{key}_cpu_s", cpu_s() - c)
         source = session.source
         session.close()
         reader.close()
         return full, source
+
+    def trainer_restore() -> tuple[float, str]:
+        """The product's restore from the node's memory: in a trainer the holder forks (as the standby
+        forks every relaunched trainer), from the copies it inherited, the memcpy measured beside it in
+        that trainer (``measure_trainer``)."""
+        assert mem_keeper is not None and mem_keeper.stdin is not None and mem_keeper.stdout is not None
+        mem_keeper.stdin.write(json.dumps({"gib": args.gib, "tensors": args.tensors}) + "\n")
+        mem_keeper.stdin.flush()
+        out = json.loads(mem_keeper.stdout.readline() or '{"error": "the holder ended"}')
+        if "error" in out:
+            raise SystemExit(f"bench: the trainer the holder forked failed: {out['error']}")
+        for wall, cpu in zip(out["memcpy_s"], out["memcpy_cpu_s"], strict=True):
+            add("memcpy_trainer_s", wall)
+            add("memcpy_trainer_cpu_s", cpu)
+        add("memory_restore_cpu_s", out["restore_cpu_s"])
+        return out["restore_s"], f"{out['source']} ({'inherited' if out['inherited'] else 'not inherited'})"
 
     memcpy(), mem_save()   # warm-up: allocator, thread pools, first-call costs
     if not args.memory:
@@ -650,7 +680,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             add("xxh3_cpu_s", xxh3_cost())
             if not isinstance(one_pass_lib, str):
                 add("one_pass_s", one_pass())
-            full, source = mem_restore()
+            if mem_keeper is not None:
+                full, source = mem_restore("keeper_restore")
+                add("keeper_restore_s", full)
+                full, source = trainer_restore()
+            else:
+                full, source = mem_restore("memory_restore")
             add("memory_restore_s", full)
             mem_sources.add(source)
             add("memcpy_s", memcpy())
@@ -674,24 +709,29 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         add("save_blocking_memtier_s", blocking)
         add("persist_memtier_s", persist_s)
         add("raw_shm_read_s", raw_shm_read())
-        full, source = mem_restore()
+        full, source = trainer_restore() if mem_keeper is not None else mem_restore("memory_restore")
         add("memory_restore_s", full)
         mem_sources.add(source)
     engine.close()
     mem_engine.close()
     held_now = mem_copies()
-    mem_kind = "the keeper's memory (process_vm_readv)" if held_now and isinstance(held_now[0], held.HeldCopy) \
-        else "tmpfs files (preadv)"
+    mem_kind = "the keeper's memory (the standby's: inherited by the trainer it forks)" \
+        if held_now and isinstance(held_now[0], held.HeldCopy) else "tmpfs files (preadv)"
     mem_bytes = sum(f.size if isinstance(f, held.HeldCopy) else f.stat().st_size for f in held_now)
     if mem_keeper is not None:
         mem_keeper.terminate()
         mem_keeper.wait()
+        for stream in (mem_keeper.stdin, mem_keeper.stdout):
+            if stream is not None:
+                stream.close()
     memtier.free_job(mem_job, base=args.memory_dir)
     med = {k: statistics.median(v) for k, v in rows.items()}
     if "xxh3_cpu_s" in med and "raw_shm_read_cpu_s" in med:
         med["raw_and_xxh3_cpu_s"] = med["raw_shm_read_cpu_s"] + med["xxh3_cpu_s"]
     files_now = shard_files(fmt.step_dir(root, step[0])) if step[0] else []
     file_bytes = sum(f.stat().st_size for f in files_now)
+    # the memory restore against the memcpy in the same process: the trainer's, where the holder forks one
+    trainer_memcpy = "memcpy_trainer_s" if "memcpy_trainer_s" in med else "memcpy_s"
     # (name, numerator, denominator, op, bar): a ratio of two medians, where both were measured
     wanted: list[tuple[str, str, str, str, float]] = [
         ("save blocking / DCP async_save blocking", "save_blocking_s", "dcp_blocking_s", "<=", 0.25),
@@ -705,8 +745,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     ">=", 0.9)]
     wanted += [
         ("full restore / raw O_DIRECT read (cold)", "raw_read_direct_cold_s", "full_restore_cold_s", "", 0.0),
-        ("memory restore / warm memcpy", "memcpy_s", "memory_restore_s", ">=", 0.9),
-        ("memory restore CPU: memcpy CPU s / restore CPU s", "memcpy_cpu_s", "memory_restore_cpu_s", ">=", 0.9),
+        ("memory restore / warm memcpy", trainer_memcpy, "memory_restore_s", ">=", 0.9),
+        ("memory restore CPU: memcpy CPU s / restore CPU s", f"{trainer_memcpy[:-2]}_cpu_s", "memory_restore_cpu_s",
+         ">=", 0.9),
+        ("restore read from the keeper (process_vm_readv) / memcpy", "memcpy_s", "keeper_restore_s", "", 0.0),
+        ("its CPU: memcpy CPU s / restore CPU s", "memcpy_cpu_s", "keeper_restore_cpu_s", "", 0.0),
         ("memory restore / raw read of the copies", "raw_shm_read_s", "memory_restore_s", "", 0.0),
         ("raw read of the copies / warm memcpy (limit)", "memcpy_s", "raw_shm_read_s", "", 0.0),
         ("its CPU: memcpy CPU s / raw read CPU s (limit)", "memcpy_cpu_s", "raw_shm_read_cpu_s", "", 0.0),
@@ -724,13 +767,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     ratios = [(name, med[num] / med[den], op, bar) for name, num, den, op, bar in wanted if num in med and den in med]
     # the same ratio per round (each restore against the memcpy measured next to it): how much it moves
     if "memory_restore_s" in rows:
-        per = len(rows["memcpy_s"]) // len(rows["memory_restore_s"])
-        each = [statistics.median(rows["memcpy_s"][i * per:(i + 1) * per]) / r
+        per = len(rows[trainer_memcpy]) // len(rows["memory_restore_s"])
+        each = [statistics.median(rows[trainer_memcpy][i * per:(i + 1) * per]) / r
                 for i, r in enumerate(rows["memory_restore_s"])]
         print(f"memory restore / warm memcpy per round: {', '.join(f'{x:.2f}' for x in each)}")
     print(f"\n{'figure':<28}{'median s':>10}{'GiB/s':>8}   all runs")
     for k, v in med.items():
-        size = mem_bytes if "shm" in k or "memory" in k else file_bytes if "read" in k or "restore" in k else total
+        size = mem_bytes if "shm" in k or "memory" in k or "keeper" in k else \
+            file_bytes if "read" in k or "restore" in k else total
         rate = f"{size / 2**30 / v:8.2f}" if "train_start" not in k and "cpu" not in k else f"{'':>8}"
         print(f"{k:<28}{v:>10.4f}{rate}   {', '.join(f'{x:.4f}' for x in rows.get(k, []))}")
     if dcp_first:
@@ -754,7 +798,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
           f"touched before (no page faults), on its {torch.get_num_threads()} intra-op threads; the memory restore "
           f"writes the same bytes into the model's and optimizer's existing host tensors (touched before too) "
           f"and checks each tensor's xxh3, with {io_threads} I/O threads; the raw and checked reads of the copies "
-          f"use {io_threads} threads too; {os.cpu_count()} CPUs")
+          f"use {io_threads} threads too; {os.cpu_count()} CPUs"
+          + ("; the memory restore runs in a trainer the holder of the copies forks, as the standby forks every "
+             "trainer (the copies inherited, read with the one pass), the memcpy beside it in that trainer (two "
+             "a round: before and after), and the restore read from the keeper is this process's (process_vm_readv, "
+             "as for a copy held after the fork)" if trainer_memcpy != "memcpy_s" else ""))
     if "save_blocking_s" in med:
         print(f"\nper-step snapshot (blocking) {med['save_blocking_s']:.4f} s, with the memory tier "
               f"{med['save_blocking_memtier_s']:.4f} s (the copy into /dev/shm is the persist thread's: "
@@ -764,9 +812,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             print(f"the one pass: n/a ({one_pass_lib})")
         else:
             print(f"the one pass: the memcpy's bytes copied and their XXH3-64 taken in one pass "
-                  f"(bench/limits/one_pass.h) on {io_threads} threads, from memory this process addresses: the "
-                  "limit of a restore where the rank maps or inherits the keeper's buffers (not built; "
-                  "docs/checkpoint.md)")
+                  f"(slurm_omni/checkpoint/csrc/one_pass.h) on {io_threads} threads, from memory this process "
+                  "addresses: the restore's own pass over inherited copies, without the restore")
     if "keeper" in mem_kind:
         mem_kind += f" with {held.loop_name()}"
     print(f"memory restores read from {', '.join(sorted(mem_sources))}: the copies in {mem_kind}; the tier's "
@@ -835,21 +882,95 @@ def memory_limit(med: dict[str, float], name: str, bar: float, mount: str, kind:
     return line + "the restore's own cost misses it)"
 
 
-def start_keeper(root: Path, base: Path, job: str, node: str) -> Any:
-    """The node's keeper for the memory tier's run, in its own process as the standby forks it."""
+def start_holder(root: Path, base: Path, job: str, node: str) -> Any:
+    """The node's standby for the memory tier's run, in its own process (``serve_holder``)."""
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from slurm_omni.checkpoint import peer; "
-            "peer.run_keeper(sys.argv[1], Path(sys.argv[2]), sys.argv[3], base=Path(sys.argv[4]), cap_bytes=None)")
-    proc = subprocess.Popen([sys.executable, "-c", code, job, str(root), node, str(base)])
-    sock = held.socket_path(memtier.job_dir(base, job), node)
-    deadline = time.monotonic() + 120
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("bench: the node keeper never listened")
-        time.sleep(0.05)
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--holder", str(root), str(base), job,
+                             node], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        proc.wait()
+        raise SystemExit("bench: the holder of the node's copies never listened")
     return proc
+
+
+def serve_holder(root: str, base: str, job: str, node: str) -> None:
+    """The node's standby for the memory tier's run: it holds the node's copies in its memory (the
+    standby server's ``peer.hold_copies``) and, for each request line on stdin, forks a trainer that
+    restores from the copies it inherited, the memcpy measured beside it (``measure_trainer``); the
+    trainer's figures are a JSON line on stdout. Like the standby server, it imports torch and runs no
+    torch work itself (a child of a process whose OpenMP threads ran is not one a trainer is forked from)."""
+    import sys
+    import traceback
+
+    from slurm_omni.checkpoint import peer
+
+    server = peer.hold_copies(job, Path(root), node, base=Path(base), cap_bytes=None)
+    if server is None:
+        raise SystemExit("bench: the holder couldn't listen")
+    held.batch_loop()   # the C loop loaded once, as the standby's imports are
+    print("ready", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                out = measure_trainer(req, Path(root), Path(base), job)
+            except BaseException:   # noqa: BLE001 - the bench says it
+                out = {"error": traceback.format_exc()}
+            os.write(w, json.dumps(out).encode())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            data = f.read().decode()
+        os.waitpid(pid, 0)
+        print(data.strip() or json.dumps({"error": "the trainer said nothing"}), flush=True)
+
+
+def measure_trainer(req: dict[str, Any], root: Path, base: Path, job: str) -> dict[str, Any]:
+    """In a trainer the holder forked: the model's and optimizer's tensors made (touched), the memcpy's
+    two touched buffers, then a memcpy, the restore from the inherited copies, a memcpy (each with this
+    process's CPU seconds)."""
+    weights, optim = make_state(float(req["gib"]), int(req["tensors"]), "cpu", zeros=True)
+    into: dict[str, Any] = {**weights, **optim}
+    total = nbytes(weights) + nbytes(optim)
+    src = torch.ones(total // 4)
+    dst = torch.zeros(total // 4)
+    walls: list[float] = []
+    cpus: list[float] = []
+
+    def memcpy() -> None:
+        c = cpu_s()
+        t = time.perf_counter()
+        dst.copy_(src)
+        walls.append(time.perf_counter() - t)
+        cpus.append(cpu_s() - c)
+
+    memcpy()   # warm-up: the intra-op threads started
+    walls.clear()
+    cpus.clear()
+    memcpy()
+    reader = CheckpointEngine(CheckpointConfig(root=root, memory_tier=True, memory_job=job, memory_dir=base))
+    c = cpu_s()
+    t = time.perf_counter()
+    session = reader.restore(into=into, apply_rng=False)
+    if session is None:
+        raise SystemExit("bench: nothing to restore from memory")
+    session.wait()
+    restore_s = time.perf_counter() - t
+    restore_cpu_s = cpu_s() - c
+    inherited = bool(session._files.held) and all(copy.pid == held.HERE for copy in session._files.held.values())
+    source = session.source
+    session.close()
+    reader.close()
+    memcpy()
+    return {"memcpy_s": walls, "memcpy_cpu_s": cpus, "restore_s": restore_s, "restore_cpu_s": restore_cpu_s,
+            "source": source, "inherited": inherited}
 
 
 # -- the peer tier (issue 22): a replacement node restores from its peer's memory -----------------------

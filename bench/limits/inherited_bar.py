@@ -1,7 +1,7 @@
 """The memory tier's local restore from inherited memory (issue 22's next step, docs/checkpoint.md "The
 way there, not built"): a process that holds a step's copy (as the standby server would hold the node's
 HeldStore) forks the process that restores (as it forks every relaunched trainer), and the child reads
-the copy at the address it inherited with bench/limits' one pass (``one_pass.h``: copy + XXH3-64,
+the copy at the address it inherited with the one pass (``csrc/one_pass.h``: copy + XXH3-64,
 non-temporal stores), beside torch's ``copy_`` of the same bytes between two of its own touched tensors
 (``bench/ckpt_bench.py``'s memcpy). Then what the holder pays to write its next step into the same
 buffer, which the child shared copy-on-write: while the child still maps it, after the child dropped it

@@ -1,5 +1,5 @@
 """The memory tier's local bar (issue 22: restore >= 0.9 x a warm memcpy) against the cheapest checked
-copy measured here: bench/limits' one pass (``one_pass.h``: each stripe loaded once, stored
+copy measured here: the one pass (``slurm_omni/checkpoint/csrc/one_pass.h``: each stripe loaded once, stored
 non-temporally and fed into XXH3-64 from the same registers) from memory this process addresses, as a
 rank would read a keeper buffer it maps or inherits, beside ``bench/ckpt_bench.py``'s memcpy: torch's
 ``copy_`` between two touched host tensors on its intra-op threads. Both on the same threads, rounds
@@ -38,7 +38,7 @@ def build(into: Path) -> ctypes.CDLL | str:
     why not (one line)."""
     from slurm_omni.native import BuildError, build_hashed
 
-    sources = (HERE / "one_pass_lib.c", HERE / "one_pass.h", CSRC / "xxh3_x86.h", CSRC / "xxhash.h")
+    sources = (HERE / "one_pass_lib.c", CSRC / "one_pass.h", CSRC / "xxh3_x86.h", CSRC / "xxhash.h")
     try:
         out = build_hashed(sources, ("-O3", "-std=gnu11", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{CSRC}"),
                            into, "libone_pass", ".so")

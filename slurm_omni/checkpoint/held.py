@@ -79,13 +79,19 @@ def _libc() -> ctypes.CDLL | None:
 _LIBC = _libc()
 
 
+HERE = 0
+"""A ``HeldCopy``'s pid where the copy is this process's own memory: inherited from the standby that
+holds it and forked this process (``hold_here``), read in place (the C loop's one pass)."""
+
+
 class KeeperUnreachable(OSError):
     """No keeper answers on this node (none runs, or it is gone)."""
 
 
 @dataclass(frozen=True, slots=True)
 class HeldCopy:
-    """A shard copy in the keeper's memory: ``size`` bytes at ``addr`` in process ``pid``."""
+    """A shard copy in the keeper's memory: ``size`` bytes at ``addr`` in process ``pid`` (``HERE``: in
+    this process, inherited)."""
 
     name: str
     pid: int
@@ -106,9 +112,10 @@ class HeldCopy:
 
 def read_remote(pid: int, remote: int, local: int, n: int) -> None:
     """``n`` bytes at ``remote`` in process ``pid`` to ``local`` in this one (``process_vm_readv``, again
-    after a short read; each thread reuses its two iovecs)."""
+    after a short read; each thread reuses its two iovecs). ``HERE``: this process."""
     if _LIBC is None:
         raise OSError(errno.ENOSYS, "no process_vm_readv here")
+    pid = pid or os.getpid()
     mine, theirs, p_mine, p_theirs = _vecs()
     done = 0
     while done < n:
@@ -147,6 +154,7 @@ def read_checked(pid: int, remote: int, view: memoryview, update: Callable[[memo
     local = ctypes.addressof(ctypes.c_char.from_buffer(view))
     mine, theirs, p_mine, p_theirs = _vecs()
     call = _LIBC.process_vm_readv
+    pid = pid or os.getpid()
     a = 0
     while a < n:
         b = min(n, a + step)
@@ -355,6 +363,15 @@ class _Buffer:
         except BufferError:   # a view still exported: the memory goes with the process
             pass
 
+    def drop(self) -> None:
+        """This process's pages of the buffer gone (``MADV_DONTNEED``: a process forked by its holder
+        stops sharing them, so the holder's next write into them copies nothing), then unmapped."""
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):   # closed already
+            return
+        self.close()
+
 
 @dataclass(slots=True)
 class _Held:
@@ -379,6 +396,9 @@ class HeldStore:
         self._copies: dict[str, _Held] = {}
         self._spare: dict[str, _Buffer] = {}
         """Per shard, a buffer whose copy was retired: the next step of that shard is copied into it."""
+        self._buffers: set[_Buffer] = set()
+        """Every buffer of the store: held, spare, or being filled (what a forked trainer drops)."""
+        self.owner = os.getpid()
 
     def used(self) -> int:
         with self._lock:
@@ -406,10 +426,9 @@ class HeldStore:
 
     def close(self) -> None:
         with self._lock:
-            for held in self._copies.values():
-                held.buffer.close()
-            for buf in self._spare.values():
+            for buf in self._buffers:
                 buf.close()
+            self._buffers.clear()
             self._copies.clear()
             self._spare.clear()
 
@@ -471,12 +490,15 @@ class HeldStore:
             if spare is not None and spare.capacity >= size:
                 return spare, HoldReply(ok=True)
             if spare is not None:
-                spare.close()
+                self._free(spare)
         problem = self._room(-(-max(size, 1) // HUGE) * HUGE)   # it asks ``used()``: outside the lock
         if problem:
             return None, HoldReply(ok=False, refused="cap", error=problem)
         try:
-            return _Buffer(size), HoldReply(ok=True)
+            buffer = _Buffer(size)
+            with self._lock:
+                self._buffers.add(buffer)
+            return buffer, HoldReply(ok=True)
         except OSError as e:
             return None, HoldReply(ok=False, refused="full", error=f"couldn't allocate {size / 2**30:.2f} GiB: "
                                                                    f"{e.strerror}")
@@ -484,9 +506,26 @@ class HeldStore:
     def _give_back(self, shard: str, buffer: _Buffer) -> None:
         """Keep one spare buffer per shard for its next step; free the rest (called with the lock)."""
         if shard in self._spare:
-            buffer.close()
+            self._free(buffer)
         else:
             self._spare[shard] = buffer
+
+    def _free(self, buffer: _Buffer) -> None:
+        """(Called with the lock.)"""
+        buffer.close()
+        self._buffers.discard(buffer)
+
+    def _forked(self) -> _Inherited:
+        """In a process just forked by the store's holder: the copies complete at the fork, which it
+        keeps to read; every other buffer (spares, copies half-written) dropped now."""
+        self._lock = threading.Lock()   # the holder held it across the fork
+        keep = {id(h.buffer) for h in self._copies.values()}
+        for buf in self._buffers:
+            if id(buf) not in keep:
+                buf.drop()
+        return _Inherited(self.job, {name: HeldCopyRecord(name=name, size=h.size, addr=h.buffer.addr)
+                                     for name, h in self._copies.items()},
+                          [h.buffer for h in self._copies.values()])
 
 
 def _newer(held: int | None, asking: int | None) -> bool:
@@ -504,6 +543,105 @@ def _copy_in(fd: int, view: memoryview, size: int) -> None:
             at += n
     finally:
         view.release()
+
+
+# -- the holder's copies in the trainers it forks ---------------------------------------------------------
+
+@dataclass(slots=True)
+class _Inherited:
+    """What a trainer forked by the holder found of its store: the copies complete at the fork, at the
+    same addresses in its own memory, and their buffers (to drop once read)."""
+
+    job: str
+    copies: dict[str, HeldCopyRecord]
+    buffers: list[_Buffer]
+
+
+_HOLDERS: list[tuple[HeldStore, HeldServer | None]] = []
+"""The stores this process holds for the processes it forks (``hold_here``)."""
+_INHERITED: dict[str, _Inherited] = {}
+"""By job: the copies this process inherited from the holder that forked it, until released."""
+_READERS = [0]
+"""Restores reading inherited copies now: the copies are released when the last one ends."""
+_FORK_STATE = threading.Lock()
+_HOOKED: list[bool] = []
+
+
+def hold_here(store: HeldStore, server: HeldServer | None = None) -> None:
+    """Make this process the holder of ``store``'s copies for the processes it forks (the standby
+    server forks every trainer of its node). A trainer it forks finds the copies that were complete at
+    the fork at the same addresses in its own memory (fork shares their private huge pages, no fault
+    on read): its restore reads them with the one pass (``csrc/held_read.c``), no question to the
+    keeper and no ``process_vm_readv``. Whatever else of the store it inherits (spare buffers, a copy
+    half-written, the keeper's sockets) it drops at once, and the copies once its restore ended
+    (``release_inherited``): the holder's next write into them then copies nothing. The store's lock
+    is held across the fork, so the table the trainer sees is one the holder had."""
+    with _FORK_STATE:
+        _HOLDERS.append((store, server))
+        if not _HOOKED:
+            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
+                                after_in_child=_after_fork_child)
+            _HOOKED.append(True)
+
+
+def _before_fork() -> None:
+    for store, _ in _HOLDERS:
+        if store.owner == os.getpid():
+            store._lock.acquire()
+
+
+def _after_fork_parent() -> None:
+    for store, _ in _HOLDERS:
+        if store.owner == os.getpid():
+            store._lock.release()
+
+
+def _after_fork_child() -> None:
+    global _FORK_STATE
+    _FORK_STATE = threading.Lock()
+    _READERS[0] = 0
+    for left in _INHERITED.values():   # forked by a trainer (a data loader's worker): it reads none of them
+        for buf in left.buffers:
+            buf.drop()
+    _INHERITED.clear()
+    holders = list(_HOLDERS)
+    _HOLDERS.clear()
+    for store, server in holders:
+        if server is not None:
+            server.forget()
+        _INHERITED[store.job] = store._forked()
+
+
+def inherited(job: str) -> dict[str, HeldCopyRecord] | None:
+    """The copies of ``job`` this process inherited from the holder that forked it (name: where they
+    are in this process), None where it inherited none or released them."""
+    with _FORK_STATE:
+        found = _INHERITED.get(job)
+        return dict(found.copies) if found is not None else None
+
+
+def start_reading() -> bool:
+    """A restore starts reading inherited copies (True), or there are none left (False)."""
+    with _FORK_STATE:
+        if not _INHERITED:
+            return False
+        _READERS[0] += 1
+        return True
+
+
+def release_inherited(*, reading: bool = False) -> None:
+    """Drop every inherited copy (a restore is done, or the trainer saves its first step), unless a
+    restore still reads them; ``reading``: the caller's restore is one of them, and has ended."""
+    with _FORK_STATE:
+        if reading:
+            _READERS[0] = max(0, _READERS[0] - 1)
+        if _READERS[0] or not _INHERITED:
+            return
+        released = list(_INHERITED.values())
+        _INHERITED.clear()
+    for left in released:
+        for buf in left.buffers:
+            buf.drop()
 
 
 # -- the socket between a rank and its keeper -------------------------------------------------------------
@@ -553,6 +691,8 @@ class HeldServer:
         os.chmod(self.path, 0o600)
         self.sock.listen(64)
         self._stopped = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
 
     def start(self) -> threading.Thread:
         allow_readers()
@@ -562,6 +702,8 @@ class HeldServer:
 
     def stop(self) -> None:
         self._stopped.set()
+        with _FORK_STATE:   # the processes this one forks from now on inherit none of its copies
+            _HOLDERS[:] = [(store, server) for store, server in _HOLDERS if server is not self]
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -572,12 +714,26 @@ class HeldServer:
         except OSError:
             pass
 
+    def forget(self) -> None:
+        """In a process forked by the holder: close its copies of the sockets (only close: a shutdown
+        would end the holder's too), so that nothing waits on a keeper that is gone."""
+        self._stopped.set()
+        self._conns_lock = threading.Lock()
+        for sock in (self.sock, *self._conns):
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._conns.clear()
+
     def _serve(self) -> None:
         while not self._stopped.is_set():
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            with self._conns_lock:
+                self._conns.add(conn)
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
@@ -596,6 +752,8 @@ class HeldServer:
         except (OSError, ConnectionError, RecordRejected) as e:
             log.debug("checkpoint: keeper: a rank's connection failed: %s", e)
         finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
             conn.close()
 
     def _answer(self, req: HoldRequest) -> HoldReply:

@@ -15,13 +15,13 @@ from pathlib import Path
 from slurm_omni.native import BUILD_ROOT, BuildError, build_hashed, hashed_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "held_read.c", CSRC / "xxh3_x86.h", CSRC / "xxhash.h")
+SOURCES = (CSRC / "held_read.c", CSRC / "one_pass.h", CSRC / "xxh3_x86.h", CSRC / "xxhash.h")
 BUILD_DIR = BUILD_ROOT / "held-read"
 CFLAGS = ("-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wformat=2", "-Wshadow",
           "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIC", "-shared", "-fvisibility=hidden",
           "-Wl,-z,relro,-z,now")
 """As spank/Makefile's, plus a shared library's; only ``omni_*`` is exported."""
-ABI = 3
+ABI = 4
 __all__ = ["BuildError", "build", "describe", "library_path", "load"]
 KERNELS = ("SSE2", "AVX2", "AVX-512")
 """xxh3's kernel the library chose for this CPU, by ``omni_held_read_kernel()``."""
@@ -53,6 +53,7 @@ def load(dest: Path | None = None) -> tuple[ctypes.CDLL | None, str]:
             return None, f"{path} is not ABI {ABI}"
         fn = lib.omni_read_hashed
         lib.omni_held_read_kernel.restype = ctypes.c_int
+        lib.omni_held_read_one_pass.restype = ctypes.c_int
     except (OSError, AttributeError) as e:
         return None, f"couldn't load {path}: {e}"
     fn.restype = ctypes.c_int
@@ -73,7 +74,8 @@ def describe(lib: ctypes.CDLL | None) -> str:
     """Which loop a restore from the keeper's memory runs (for the bench's lines)."""
     if lib is None:
         return "the Python loop (held.read_checked)"
-    return f"the C loop (csrc/held_read.c, xxh3 {KERNELS[lib.omni_held_read_kernel()]})"
+    own = "; inherited copies: the one pass" if lib.omni_held_read_one_pass() else ""
+    return f"the C loop (csrc/held_read.c, xxh3 {KERNELS[lib.omni_held_read_kernel()]}{own})"
 
 
 def main() -> int:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_omni.checkpoint import format as fmt
+from slurm_omni.checkpoint import held
 from slurm_omni.checkpoint.fence import fenced_by
 from slurm_omni.checkpoint.held import HeldCopy, KeeperClient, KeeperUnreachable
 from slurm_omni.errors import CheckpointError
@@ -223,6 +224,7 @@ class MemoryTier:
         line; the caller keeps a tmpfs file instead)."""
         if not self._held:
             return None
+        held.release_inherited()   # (done at the restore's end: a trainer that restored nothing)
         try:
             reply = self.keeper.ask("hold", names=[name], source=str(source), number=number)
         except KeeperUnreachable as e:
@@ -316,10 +318,12 @@ class MemoryTier:
         """Ask the node's keeper now which copies it holds (all of them: the names need the manifest)
         and return what reads its answer (read once), as ``_where`` gives the copies of ``names``;
         where that answer never came, ``_where`` asks for ``names`` then."""
+        if held.inherited(self.job) is not None:   # forked by the holder: its copies are in this process
+            return self._where
         answer = self.keeper.ask_soon("where") if self._held else None
         got: list[HoldReply | None] = []
 
-        def held(names: list[str]) -> list[tuple[HeldCopyRecord, int]]:
+        def answered(names: list[str]) -> list[tuple[HeldCopyRecord, int]]:
             if answer is not None and not got:
                 got.append(answer())
             reply = got[0] if got else None
@@ -328,7 +332,7 @@ class MemoryTier:
             wanted = set(names)
             return [(c, reply.pid) for c in reply.copies if c.name in wanted]
 
-        return held
+        return answered
 
     def sources(self, manifest: fmt.Manifest, *,
                 held: Callable[[list[str]], list[tuple[HeldCopyRecord, int]]] | None = None) -> dict[str, Path | HeldCopy]:
@@ -365,14 +369,20 @@ class MemoryTier:
         return found
 
     def _where(self, names: list[str]) -> list[tuple[HeldCopyRecord, int]]:
+        """The held copies among ``names``: those this process inherited from the holder that forked it
+        (read here, ``held.hold_here``), then what the keeper holds of the rest (a copy held after the
+        fork: read from the keeper's memory)."""
+        mine = held.inherited(self.job) or {}
+        found = [(mine[n], held.HERE) for n in names if n in mine]
+        names = [n for n in names if n not in mine]
         if not self._held or not names:
-            return []
+            return found
         try:
             reply = self.keeper.ask("where", names=names)
         except KeeperUnreachable as e:
             log.debug("checkpoint: %s", e)
-            return []
-        return [(c, reply.pid) for c in reply.copies]
+            return found
+        return found + [(c, reply.pid) for c in reply.copies]
 
     def hand_over(self, copy: Path, *, step: int, number: int | None) -> None:
         """A memory-only step's tmpfs copy (published, its ring peer's copy sent) into the keeper's

@@ -41,7 +41,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import msgspec
@@ -49,7 +49,14 @@ import msgspec
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint import memtier
 from slurm_omni.checkpoint.fence import fenced_by
-from slurm_omni.checkpoint.held import HeldServer, HeldStore
+from slurm_omni.checkpoint.held import (
+    HeldCopy,
+    HeldServer,
+    HeldStore,
+    KeeperClient,
+    KeeperUnreachable,
+    hold_here,
+)
 from slurm_omni.errors import CheckpointError
 from slurm_omni.formats import RecordRejected, decode, encode
 from slurm_omni.formats.memtier_peer import (
@@ -417,7 +424,10 @@ class Keeper:
 
     def __init__(self, job: str, root: Path, node: str, *, base: Path = memtier.DEFAULT_DIR,
                  host: str = "", bind: str = "0.0.0.0", port: int = 0, cap_bytes: int | None = None,
-                 keep: int = KEEP) -> None:
+                 keep: int = KEEP, own_copies: bool = True) -> None:
+        """``own_copies``: hold this node's copies in this process (``held.py``); False where another
+        process of the node holds them (the standby server, ``hold_copies``): served to a peer from
+        there."""
         self.job, self.root, self.node, self.keep, self.cap_bytes = job, root, node, keep, cap_bytes
         self.key = load_secret(root)
         self.job_path = memtier.job_dir(base, job)
@@ -432,18 +442,25 @@ class Keeper:
         self.host = host or _own_address()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self.held = HeldStore(job, parse=memtier.parse_name, fenced=self._fenced, room=self._room, keep=keep)
-        """This node's own copies, in this process's memory (``held.py``)."""
+        self.held: HeldStore | None = None
+        """This node's own copies, in this process's memory (``held.py``), where it holds them."""
         self.local: HeldServer | None = None
-        try:
-            self.local = HeldServer(self.held, self.job_path, node)
-        except OSError as e:   # e.g. a socket path past 107 bytes: the ranks keep tmpfs copies
-            log.warning("checkpoint: keeper of job %s on %s holds no copies in memory: couldn't listen on "
-                        "its socket: %s", job, node, e)
+        self.holder: KeeperClient | None = None
+        """Where another process holds them: its socket."""
+        if own_copies:
+            self.held, self.local = _held_copies(job, root, node, self.job_path, cap_bytes, keep)
+        else:
+            self.holder = KeeperClient(self.job_path, job, node)
 
-    def _fenced(self, number: int | None) -> int | None:
-        fence = fenced_by(self.root, number)
-        return fence.incarnation if fence is not None else None
+    def _held_used(self) -> int:
+        if self.held is not None:
+            return self.held.used()
+        if self.holder is None:
+            return 0
+        try:
+            return self.holder.ask("used").used
+        except KeeperUnreachable:
+            return 0
 
     def advertise(self) -> None:
         _write_record(keeper_path(self.root, self.node),
@@ -483,7 +500,10 @@ class Keeper:
         self._stopped.set()
         if self.local is not None:
             self.local.stop()
-        self.held.close()
+        if self.held is not None:
+            self.held.close()
+        if self.holder is not None:
+            self.holder.close()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -551,19 +571,17 @@ class Keeper:
         if req.job != self.job or memtier.parse_name(req.name) is None:
             self._refuse(conn, nonces, f"not a shard copy of job {self.job}: {req.name}")
             return
-        own = self.held.get(req.name)
-        if own is not None:   # this node's own copy, held in memory (a replacement elsewhere asks)
+        # this node's own copy, held in memory (a replacement elsewhere asks): here, or in the holder's
+        own = self.held.get(req.name) if self.held is not None else None
+        if own is not None:
             try:
-                if req.size and len(own) != req.size:
-                    self._refuse(conn, nonces, f"{len(own)} bytes, {req.size} asked")
-                    return
-                _send_signed(conn, self.key, b"rep", nonces, PeerReply(ok=True, size=len(own)))
-                try:
-                    conn.sendall(own)
-                except BlockingIOError:
-                    raise TimeoutError(f"the peer took no byte in {_TIMEOUT_S:.0f} s") from None
+                self._send_held(conn, req, nonces, len(own), lambda: conn.sendall(own))
             finally:
                 own.release()
+            return
+        copy = self._holder_copy(req.name)
+        if copy is not None:
+            self._send_held(conn, req, nonces, copy.size, lambda: _send_remote(conn, copy))
             return
         try:   # a copy kept for a peer, else this node's own (its writer asks: a replacement elsewhere)
             try:
@@ -586,19 +604,30 @@ class Keeper:
         finally:
             os.close(fd)
 
-    def _room(self, size: int) -> str:
-        if self.cap_bytes is not None:
-            used = _tree_bytes(self.job_path) + self.held.used()
-            if used + size > self.cap_bytes:
-                return (f"{(used + size) / 2**30:.2f} GiB on {self.node} would pass the cap of "
-                        f"{self.cap_bytes / 2**30:.2f} GiB")
+    def _send_held(self, conn: socket.socket, req: PeerRequest, nonces: bytes, size: int,
+                   send: Callable[[], None]) -> None:
+        if req.size and size != req.size:
+            self._refuse(conn, nonces, f"{size} bytes, {req.size} asked")
+            return
+        _send_signed(conn, self.key, b"rep", nonces, PeerReply(ok=True, size=size))
         try:
-            vfs = os.statvfs(self.area)
-        except OSError:
-            return ""
-        if vfs.f_bavail * vfs.f_frsize < size:
-            return f"{vfs.f_bavail * vfs.f_frsize / 2**30:.2f} GiB free on {self.node}, {size / 2**30:.2f} needed"
-        return ""
+            send()
+        except BlockingIOError:
+            raise TimeoutError(f"the peer took no byte in {_TIMEOUT_S:.0f} s") from None
+
+    def _holder_copy(self, name: str) -> HeldCopy | None:
+        """This node's copy ``name`` where the standby holds it (None: it does not, or no holder)."""
+        if self.holder is None:
+            return None
+        try:
+            reply = self.holder.ask("where", names=[name])
+        except KeeperUnreachable:
+            return None
+        found = [c for c in reply.copies if c.name == name] if reply.ok else []
+        return HeldCopy(name, reply.pid, found[0].addr, found[0].size) if found else None
+
+    def _room(self, size: int) -> str:
+        return _room_on(self.node, self.job_path, self.cap_bytes, self._held_used(), size, self.area)
 
     def _retire(self, shard: str, step: int) -> None:
         """Room for ``step`` of ``shard``: its copies but the ``keep - 1`` newest older steps go."""
@@ -611,6 +640,76 @@ class Keeper:
         for s, name in mine:
             if s not in steps and s != step:
                 _unlink(self.area / name)
+
+
+def _room_on(node: str, job_path: Path, cap_bytes: int | None, held_bytes: int, size: int,
+             area: Path | None = None) -> str:
+    """Why ``size`` more bytes of the job's memory tier do not fit on ``node`` ("" when they do): its
+    tmpfs files and ``held_bytes`` in memory against the cap, and the room left on ``area``'s tmpfs."""
+    if cap_bytes is not None:
+        used = _tree_bytes(job_path) + held_bytes
+        if used + size > cap_bytes:
+            return f"{(used + size) / 2**30:.2f} GiB on {node} would pass the cap of {cap_bytes / 2**30:.2f} GiB"
+    if area is None:
+        return ""
+    try:
+        vfs = os.statvfs(area)
+    except OSError:
+        return ""
+    if vfs.f_bavail * vfs.f_frsize < size:
+        return f"{vfs.f_bavail * vfs.f_frsize / 2**30:.2f} GiB free on {node}, {size / 2**30:.2f} needed"
+    return ""
+
+
+def _held_copies(job: str, root: Path, node: str, job_path: Path, cap_bytes: int | None,
+                 keep: int) -> tuple[HeldStore, HeldServer | None]:
+    """A store of this node's copies in this process's memory and its socket (None where it cannot
+    listen: one line, the ranks keep tmpfs copies)."""
+    def fenced(number: int | None) -> int | None:
+        fence = fenced_by(root, number)
+        return fence.incarnation if fence is not None else None
+
+    store = HeldStore(job, parse=memtier.parse_name, fenced=fenced, keep=keep,
+                      room=lambda size: _room_on(node, job_path, cap_bytes, store.used(), size))
+    try:
+        return store, HeldServer(store, job_path, node)
+    except OSError as e:   # e.g. a socket path past 107 bytes
+        log.warning("checkpoint: keeper of job %s on %s holds no copies in memory: couldn't listen on its "
+                    "socket: %s", job, node, e)
+        return store, None
+
+
+def hold_copies(job: str, root: Path, node: str, *, base: Path, cap_bytes: int | None,
+                keep: int = KEEP) -> HeldServer | None:
+    """This process (the node's standby server) holds the node's own copies of ``job`` and answers its
+    ranks on the keeper's socket; every trainer it forks then reads them in its own memory
+    (``held.hold_here``). The replica keeper (``Keeper(own_copies=False)``, a child of this process)
+    serves them to a peer from here. The server, started; None where it cannot listen (one line)."""
+    job_path = memtier.job_dir(base, job)
+    try:
+        ensure_own_dir(job_path, below=base, what="checkpoint memory tier")
+    except NotOwnedError as e:
+        log.warning("%s; this node's copies are not held in memory", e)
+        return None
+    store, server = _held_copies(job, root, node, job_path, cap_bytes, keep)
+    if server is None:
+        return None
+    server.start()
+    hold_here(store, server)
+    return server
+
+
+def _send_remote(conn: socket.socket, copy: HeldCopy) -> None:
+    """``copy``'s bytes, read from the process that holds it a chunk at a time, on ``conn``. A copy
+    the holder reuses meanwhile is sent as it is: the receiver checks every tensor's xxh3."""
+    chunk = bytearray(min(_CHUNK, copy.size) or 1)
+    view = memoryview(chunk)
+    at = 0
+    while at < copy.size:
+        n = min(len(chunk), copy.size - at)
+        copy.read_into(at, view[:n])
+        conn.sendall(view[:n])
+        at += n
 
 
 def _own_address() -> str:
@@ -643,9 +742,9 @@ def _unlink(path: Path) -> None:
 
 
 def run_keeper(job: str, root: Path, node: str, *, base: Path, cap_bytes: int | None,
-               parent: int | None = None) -> None:
+               parent: int | None = None, own_copies: bool = True) -> None:
     """A keeper process's life: serve until SIGTERM, or until ``parent`` (the standby) is gone."""
-    keeper = Keeper(job, root, node, base=base, cap_bytes=cap_bytes)
+    keeper = Keeper(job, root, node, base=base, cap_bytes=cap_bytes, own_copies=own_copies)
     signal.signal(signal.SIGTERM, lambda *_: keeper.stop())
     if parent is not None:
         def watch() -> None:

@@ -89,6 +89,9 @@ class Restore:
         self._closed = False
         self._handed_out = False   # set by open_restore once it hands the session out
         in_memory = set(self._files.sources) | set(self._files.held) | set(self._files.streams)
+        self._inherited = any(c.pid == held.HERE for c in self._files.held.values()) and held.start_reading()
+        """Reading copies inherited from the standby that forked this process (``held.hold_here``):
+        dropped once this session ends."""
         from_files = any(p.shard not in in_memory for u in units for e in u.tensors.values()
                          for p in self._pieces_for(e) if p.nbytes)
         self._threads = max(1, threads if from_files else memory_threads(threads))
@@ -96,10 +99,15 @@ class Restore:
         self.started = time.monotonic()
         self.loaded_s: dict[str, float] = {}
         self._streamed: dict[str, list[_Streamed]] = {shard: [] for shard in self._files.streams}
-        if not self._load_held(units, into, device):
-            for u in units:
-                targets = into.get(u.name, into.get(u.module) if u.part == MODEL else None)
-                self._schedule(u, targets or {}, device)
+        try:
+            if not self._load_held(units, into, device):
+                for u in units:
+                    targets = into.get(u.name, into.get(u.module) if u.part == MODEL else None)
+                    self._schedule(u, targets or {}, device)
+        except BaseException:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.release_inherited()
+            raise
         self._stream_threads = [threading.Thread(target=self._read_stream, args=(shard, items, device), daemon=True,
                                                  name=f"omni-ckpt-peer-{shard}")
                                 for shard, items in self._streamed.items()]
@@ -173,8 +181,16 @@ class Restore:
         for thread in self._stream_threads:
             thread.join()
         self._files.close()
+        self.release_inherited()
         for event in self._ready.values():
             event.set()   # whoever still waits gets an error, not a hang
+
+    def release_inherited(self) -> None:
+        """This session reads no copy inherited from the standby any more (every unit loaded, or it
+        ends): they are dropped once no other session reads them (``held.release_inherited``)."""
+        with self._lock:
+            reading, self._inherited = self._inherited, False
+        held.release_inherited(reading=reading)
 
     def __enter__(self) -> Self:
         return self
@@ -312,8 +328,9 @@ class Restore:
                     error = CheckpointCorrupt(f"checkpoint: step-{self.step}: checksum mismatch in {unit.name}/{path} "
                                               f"({piece.shard}.h5)")
                 else:
-                    error = CheckpointCorrupt(f"checkpoint: step-{self.step}: {piece.shard}.h5's copy in the keeper's "
-                                              f"memory: process_vm_readv from the keeper (pid {keeper}): "
+                    how = "in this process's memory" if keeper == held.HERE else \
+                        f"in the keeper's memory: process_vm_readv from the keeper (pid {keeper})"
+                    error = CheckpointCorrupt(f"checkpoint: step-{self.step}: {piece.shard}.h5's copy {how}: "
                                               f"{os.strerror(code)}, inside {unit.name}/{path}")
                 self._fail(error)
                 return True

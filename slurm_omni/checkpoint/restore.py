@@ -161,6 +161,7 @@ def _open(path: Path, manifest: fmt.Manifest, layout: ShardLayout, units: list[f
             here = "peer memory" if fetched & needed else "memory"
             session.source = here if needed <= set(sources) else f"{here} and file system"
         session.wait(session.units if sources else wanted)
+        session.release_inherited()   # every byte from this node's memory is read
         early = session.hand_out()
         if isinstance(early, CheckpointCorrupt):
             raise early   # found while the critical units loaded: still time to fall back

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from slurm_omni.checkpoint.held import HeldServer
 
 from slurm_omni.errors import ConfigError
 
@@ -31,24 +35,28 @@ def serve() -> None:
         raise NotOwnedError(f"{e}; no warm standby on {node}: its ranks start cold") from None
 
     keeper = _start_keeper(job, node)
+    copies = _hold_copies(job, node) if keeper is not None else None
 
     def stop() -> None:
         # the job's end (the supervisor stops its standbys with SIGUSR2, Slurm a step with SIGTERM):
-        # stop the replica keeper, then free the job's memory tier on this node (checkpoint/memtier.py)
+        # stop the replica keeper and the node's copies, then free the job's memory tier on this node
+        # (checkpoint/memtier.py)
         from slurm_omni.checkpoint.memtier import base_from_env, free_job
 
         if keeper is not None:
             _end_keeper(keeper)
+        if copies is not None:
+            copies.stop()
+            copies.store.close()
         free_job(job, base=base_from_env())
 
     run_server(path, on_stop=stop)
 
 
 def _start_keeper(job: str, node: str) -> int | None:
-    """Where the job keeps a memory tier: this node's keeper (``checkpoint/peer.py``: it holds the
-    node's own copies in its memory, ``checkpoint/held.py``, and its ring predecessor's replicas), a
-    child forked before the server imports anything heavy or starts a thread; its pid. Its memory, the
-    copies, ends with it."""
+    """Where the job keeps a memory tier: this node's replica keeper (``checkpoint/peer.py``: it keeps
+    its ring predecessor's replicas and serves this node's copies to a peer), a child forked before the
+    server imports anything heavy or starts a thread; its pid."""
     import logging
     from pathlib import Path
 
@@ -67,12 +75,26 @@ def _start_keeper(job: str, node: str) -> int | None:
     code = 0
     try:
         peer.run_keeper(job, Path(os.environ["OMNI_CKPT_DIR"]), node, base=memtier.base_from_env(),
-                        cap_bytes=cap if isinstance(cap, int) else None, parent=parent)
+                        cap_bytes=cap if isinstance(cap, int) else None, parent=parent, own_copies=False)
     except Exception as e:   # noqa: BLE001 - the keeper is a speed-up: one line, the ranks use the file system
         logging.getLogger(__name__).warning("standby: no replica keeper on %s: %s", node, e)
         code = 1
     finally:
         os._exit(code)
+
+
+def _hold_copies(job: str, node: str) -> HeldServer | None:
+    """The node's own copies, held in this process's memory (``checkpoint/held.py``): every trainer the
+    server forks inherits them and restores from its own memory (``held.hold_here``). Their memory ends
+    with the server."""
+    from pathlib import Path
+
+    from slurm_omni.checkpoint import memtier, peer
+
+    settings = memtier.from_env({**os.environ, memtier.KEEPER_ENV: "standby"})
+    cap = settings.get("memory_cap_bytes")
+    return peer.hold_copies(job, Path(os.environ["OMNI_CKPT_DIR"]), node, base=memtier.base_from_env(),
+                            cap_bytes=cap if isinstance(cap, int) else None)
 
 
 def _end_keeper(pid: int) -> None:

@@ -1,7 +1,8 @@
-/* The one pass of bench/limits (copy_hash.c's rows, one_pass_bar.py's library): each 64-byte stripe
- * loaded once, stored with non-temporal stores where the destination is 32-byte aligned, and fed from
- * the same registers into XXH3-64's accumulator. A measurement of what a checked copy can cost, not
- * part of the product. Needs x86-64 with AVX2 at run time (the caller checks). */
+/* The one pass: each 64-byte stripe loaded once, stored with non-temporal stores where the destination
+ * is 32-byte aligned, and fed from the same registers into XXH3-64's accumulator. held_read.c copies a
+ * shard copy this process addresses itself (inherited from the standby that holds it) with it; the
+ * limit scripts of bench/limits measure it (copy_hash.c's rows, one_pass_bar.py, inherited_bar.py).
+ * x86-64 only; needs AVX2 at run time (the caller checks). */
 #ifndef OMNI_ONE_PASS_H
 #define OMNI_ONE_PASS_H
 
