@@ -15,13 +15,18 @@ turns so that the page cache and the allocator see the same history. Bars (from 
   time to training start   <= 0.35 x a full restore (critical set <= 1/4 of the bytes)
   full restore throughput  >= 0.9 x a raw read of the same files (warm page cache, and cold; issue 13)
   memory restore           >= 0.9 x a warm memcpy of the same bytes (issue 22: the node's own copy in
-                           the node keeper's memory, another process started as the standby forks it,
-                           read with process_vm_readv and checked by the same xxh3; ``--no-keeper``:
-                           tmpfs files, the fallback), in wall time and in CPU seconds (every thread:
-                           the figure that load moves least); the memcpy is torch's copy_ on its
-                           intra-op threads (2 here) from one touched host tensor into another, the
-                           restore has its I/O threads (4, no more than the CPUs when every byte is in
-                           memory: 2 here) and writes into the model's existing tensors (touched too).
+                           the memory of the process that holds it, another process as the standby
+                           server; each round it forks a trainer, as the standby forks every trainer,
+                           which restores from the copies it inherited (the one pass, checked by the
+                           same xxh3) and measures the memcpy beside it, before and after;
+                           ``--no-keeper``: tmpfs files, the fallback, restored in this process), in
+                           wall time and in CPU seconds (every thread: the figure that load moves
+                           least); the memcpy is torch's copy_ on its intra-op threads (2 here) from
+                           one touched host tensor into another, the restore has its I/O threads (4,
+                           no more than the CPUs when every byte is in memory: 2 here) and writes into
+                           the model's existing tensors (touched too). Beside it, no bar: the same
+                           copies restored in this process, read from the holder with
+                           process_vm_readv (what a copy held after the trainer's fork costs).
                            A MISS prints two limits measured beside it: a raw read of the same copies
                            (process_vm_readv in the restore's 1 MiB calls, held.READ_STEP, or preadv
                            of 8 MiB; no checksum; as many threads as the restore), the least work that
@@ -32,10 +37,10 @@ turns so that the page cache and the allocator see the same history. Bars (from 
                            before the clock starts, no tensors; else no manifest, no tensors), the
                            least that also checks them; and says which of them is below the bar (the
                            machine's copy, the checksum) or that neither is (the restore's own cost).
-                           A third limit row, the one pass (slurm_omni/checkpoint/csrc/one_pass.h: the memcpy's own
-                           bytes copied and their XXH3-64 taken in one pass, on the restore's threads):
-                           what a restore could reach where the rank addresses the keeper's bytes
-                           itself (docs/checkpoint.md "One pass instead of copy-then-hash")
+                           A third limit row, the one pass (slurm_omni/checkpoint/csrc/one_pass.h:
+                           the memcpy's own bytes copied and their XXH3-64 taken in one pass, on the
+                           restore's threads): the inherited restore's pass without the restore
+                           (docs/checkpoint.md "Restore from inherited memory")
   peer restore             >= 0.8 x a raw TCP copy of the same bytes between the same two processes
                            (issue 22; ``--only peer`` runs just this part: node A's rank replicates to
                            node B's keeper, another process; a rank on an empty node C restores, B's

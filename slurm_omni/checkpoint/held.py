@@ -36,6 +36,7 @@ import socket
 import stat
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -338,6 +339,7 @@ class _Buffer:
     def __init__(self, size: int) -> None:
         self.capacity = -(-max(size, 1) // HUGE) * HUGE
         self._map = mmap.mmap(-1, self.capacity + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        _BUFFERS.add(self)   # before its pages are faulted in: a child forked from here on drops it
         try:
             base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
             self.skip = -base % HUGE   # THP needs 2 MiB-aligned ranges
@@ -396,8 +398,6 @@ class HeldStore:
         self._copies: dict[str, _Held] = {}
         self._spare: dict[str, _Buffer] = {}
         """Per shard, a buffer whose copy was retired: the next step of that shard is copied into it."""
-        self._buffers: set[_Buffer] = set()
-        """Every buffer of the store: held, spare, or being filled (what a forked trainer drops)."""
         self.owner = os.getpid()
 
     def used(self) -> int:
@@ -426,9 +426,10 @@ class HeldStore:
 
     def close(self) -> None:
         with self._lock:
-            for buf in self._buffers:
+            for held in self._copies.values():
+                held.buffer.close()
+            for buf in self._spare.values():
                 buf.close()
-            self._buffers.clear()
             self._copies.clear()
             self._spare.clear()
 
@@ -490,15 +491,12 @@ class HeldStore:
             if spare is not None and spare.capacity >= size:
                 return spare, HoldReply(ok=True)
             if spare is not None:
-                self._free(spare)
+                spare.close()
         problem = self._room(-(-max(size, 1) // HUGE) * HUGE)   # it asks ``used()``: outside the lock
         if problem:
             return None, HoldReply(ok=False, refused="cap", error=problem)
         try:
-            buffer = _Buffer(size)
-            with self._lock:
-                self._buffers.add(buffer)
-            return buffer, HoldReply(ok=True)
+            return _Buffer(size), HoldReply(ok=True)
         except OSError as e:
             return None, HoldReply(ok=False, refused="full", error=f"couldn't allocate {size / 2**30:.2f} GiB: "
                                                                    f"{e.strerror}")
@@ -506,23 +504,14 @@ class HeldStore:
     def _give_back(self, shard: str, buffer: _Buffer) -> None:
         """Keep one spare buffer per shard for its next step; free the rest (called with the lock)."""
         if shard in self._spare:
-            self._free(buffer)
+            buffer.close()
         else:
             self._spare[shard] = buffer
 
-    def _free(self, buffer: _Buffer) -> None:
-        """(Called with the lock.)"""
-        buffer.close()
-        self._buffers.discard(buffer)
-
     def _forked(self) -> _Inherited:
-        """In a process just forked by the store's holder: the copies complete at the fork, which it
-        keeps to read; every other buffer (spares, copies half-written) dropped now."""
-        self._lock = threading.Lock()   # the holder held it across the fork
-        keep = {id(h.buffer) for h in self._copies.values()}
-        for buf in self._buffers:
-            if id(buf) not in keep:
-                buf.drop()
+        """In a process just forked by the store's holder: the copies complete at the fork (the holder
+        held the lock across it), which it keeps to read."""
+        self._lock = threading.Lock()
         return _Inherited(self.job, {name: HeldCopyRecord(name=name, size=h.size, addr=h.buffer.addr)
                                      for name, h in self._copies.items()},
                           [h.buffer for h in self._copies.values()])
@@ -557,6 +546,8 @@ class _Inherited:
     buffers: list[_Buffer]
 
 
+_BUFFERS: weakref.WeakSet[_Buffer] = weakref.WeakSet()
+"""Every buffer of this process: a child forked from it drops all but the copies it inherits to read."""
 _HOLDERS: list[tuple[HeldStore, HeldServer | None]] = []
 """The stores this process holds for the processes it forks (``hold_here``)."""
 _INHERITED: dict[str, _Inherited] = {}
@@ -564,7 +555,6 @@ _INHERITED: dict[str, _Inherited] = {}
 _READERS = [0]
 """Restores reading inherited copies now: the copies are released when the last one ends."""
 _FORK_STATE = threading.Lock()
-_HOOKED: list[bool] = []
 
 
 def hold_here(store: HeldStore, server: HeldServer | None = None) -> None:
@@ -578,10 +568,6 @@ def hold_here(store: HeldStore, server: HeldServer | None = None) -> None:
     is held across the fork, so the table the trainer sees is one the holder had."""
     with _FORK_STATE:
         _HOLDERS.append((store, server))
-        if not _HOOKED:
-            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
-                                after_in_child=_after_fork_child)
-            _HOOKED.append(True)
 
 
 def _before_fork() -> None:
@@ -597,12 +583,12 @@ def _after_fork_parent() -> None:
 
 
 def _after_fork_child() -> None:
+    """In every process forked here: the copies of the stores this process held are the child's to
+    read (it is a trainer the holder forked); every other buffer (spares, a copy being filled, what a
+    trainer inherited itself, when the child is its data loader's worker) is dropped now."""
     global _FORK_STATE
     _FORK_STATE = threading.Lock()
     _READERS[0] = 0
-    for left in _INHERITED.values():   # forked by a trainer (a data loader's worker): it reads none of them
-        for buf in left.buffers:
-            buf.drop()
     _INHERITED.clear()
     holders = list(_HOLDERS)
     _HOLDERS.clear()
@@ -610,6 +596,13 @@ def _after_fork_child() -> None:
         if server is not None:
             server.forget()
         _INHERITED[store.job] = store._forked()
+    keep = {id(buf) for found in _INHERITED.values() for buf in found.buffers}
+    for buf in list(_BUFFERS):
+        if id(buf) not in keep:
+            buf.drop()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
 
 
 def inherited(job: str) -> dict[str, HeldCopyRecord] | None:

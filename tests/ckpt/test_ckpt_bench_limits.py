@@ -3,6 +3,7 @@ two least-work reads measured beside the restore (medians of real ``--memory --r
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -65,3 +66,22 @@ def test_the_inherited_copy_is_read_by_a_forked_child_and_checked() -> None:
     writes = re.findall(r"after / never forked: ([0-9.]+)", proc.stdout)
     assert len(ratios) == len(writes) == 2 and all(float(x) > 0 for x in ratios + writes), proc.stdout
     assert "dropped the inherited pages" in proc.stdout and "still maps the inherited pages" in proc.stdout
+
+
+def test_the_memory_restore_bar_is_measured_in_a_trainer_the_holder_forks(tmp_path: Path) -> None:
+    # bench/ckpt_bench.py --memory, small: the holder of the copies (a process of its own, as the standby
+    # server) forks a trainer each round, which restores from the copies it inherited beside its memcpy
+    script = Path(__file__).resolve().parents[2] / "bench" / "ckpt_bench.py"
+    out = tmp_path / "figures.json"
+    before = set(Path("/dev/shm").glob("omni-*/bench-*"))
+    proc = subprocess.run([sys.executable, str(script), "--memory", "--gib", "0.03", "--tensors", "30",
+                           "--repeat", "1", "--dir", str(tmp_path), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    runs = figures["runs"]
+    assert len(runs["memcpy_trainer_s"]) == 2 and len(runs["memory_restore_s"]) == 1, runs
+    assert len(runs["keeper_restore_s"]) == 1   # and the restore read from another process, beside it
+    assert "memory restores read from memory (inherited)" in proc.stdout, proc.stdout[-3000:]
+    assert re.search(r"^memory restore / warm memcpy +[0-9.]+ +>= 0.9", proc.stdout, re.MULTILINE), proc.stdout[-3000:]
+    assert set(Path("/dev/shm").glob("omni-*/bench-*")) <= before   # the job's folder freed at the end
