@@ -185,6 +185,12 @@ class Restore:
         for event in self._ready.values():
             event.set()   # whoever still waits gets an error, not a hang
 
+    @property
+    def inherited(self) -> int:
+        """How many of this session's shards are copies inherited from the standby that forked this
+        process (read in its own memory: docs/checkpoint.md "Restore from inherited memory")."""
+        return sum(1 for c in self._files.held.values() if c.pid == held.HERE)
+
     def release_inherited(self) -> None:
         """This session reads no copy inherited from the standby any more (every unit loaded, or it
         ends): they are dropped once no other session reads them (``held.release_inherited``)."""

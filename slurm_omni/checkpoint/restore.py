@@ -20,7 +20,7 @@ import torch
 
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint.format import CheckpointCorrupt
-from slurm_omni.checkpoint.held import HERE, HeldCopy
+from slurm_omni.checkpoint.held import HeldCopy
 from slurm_omni.checkpoint.memtier import MemoryTier
 from slurm_omni.checkpoint.peer import PeerStream, Replicas, close_streams
 from slurm_omni.checkpoint.reader import Restore
@@ -134,7 +134,7 @@ def open_restore(root: Path, layout: ShardLayout, *, step: int | None = None, ma
         session.fallbacks = tuple(reasons)
         if apply_rng:
             session.apply_rng()
-        inherited = sum(1 for s in session.sources.values() if isinstance(s, HeldCopy) and s.pid == HERE)
+        inherited = session.inherited
         log.info("checkpoint: restoring step-%d from %s%s (%s ready in %.2f s; %d units streaming)%s", session.step,
                  session.source, f" ({inherited} shard{'s' * (inherited != 1)} inherited from the standby)"
                  if inherited else "", ", ".join(wanted) or "nothing critical", time.monotonic() - session.started,

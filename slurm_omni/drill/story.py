@@ -372,8 +372,12 @@ def restore_line(metrics: Path) -> str | None:
         groups.setdefault(str(doc.get("restore_source") or "nothing"), []).append(rank)
     where = "; ".join(f"rank{'s' if len(r) > 1 else ''} {compress_ranks(r)} from {src}" for src, r in groups.items())
     lost = last - restored
+    inherited = [rank for rank, doc in sorted(firsts.items()) if doc.get("restore_inherited")]
     return (f"restored step {restored}: {where}; {lost} step{'' if lost == 1 else 's'} lost "
-            f"(life {lives[0]} reached step {last})")
+            f"(life {lives[0]} reached step {last})"
+            + (f"; rank{'s' if len(inherited) > 1 else ''} {compress_ranks(inherited)} read the copies "
+               f"{'they' if len(inherited) > 1 else 'it'} inherited from {'their' if len(inherited) > 1 else 'its'} "
+               f"node's standby" if inherited else ""))
 
 
 def compress_ranks(ranks: list[int]) -> str:

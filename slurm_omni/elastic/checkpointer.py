@@ -103,6 +103,8 @@ class Resume:
     """The checkpoint folder it came from."""
     source: str = "file system"
     """Where this rank's bytes came from: "memory" (its node's memory tier), "file system", or both."""
+    inherited: int = 0
+    """How many of its shards were copies inherited from the node's standby (read in its own memory)."""
 
     def accumulation(self, global_batch_size: int, micro_batch_size: int) -> int:
         """Micro-batches per replica per step now, keeping the global batch."""
@@ -349,7 +351,7 @@ class Checkpointer:
                                            load_s=time.monotonic() - t0, extra=saved.get("extra"),
                                            draws_ahead=saved.get("draws_ahead"),
                                            folder=str(fmt.step_dir(self.engine.config.root, session.step)),
-                                           source=session.source),
+                                           source=session.source, inherited=session.inherited),
                       session.fallbacks)
 
     def _object_state(self, name: str, own: dict[str, Any] | None, states: list[dict[str, Any]], step: int) -> Any:

@@ -205,6 +205,8 @@ class Run:
         self._startup["restored_at"] = time.time()
         if resume is not None:
             self._startup["restore_source"] = resume.source
+            if resume.inherited:
+                self._startup["restore_inherited"] = resume.inherited
         return self.step
 
     def _min_over_ranks(self, value: int) -> int:

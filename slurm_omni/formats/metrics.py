@@ -83,6 +83,9 @@ class MetricsLine(msgspec.Struct, frozen=True, kw_only=True):
                             "peer memory and file system"] | None = None
     """First line of a life that restored: where this rank's checkpoint bytes came from (its node's
     memory tier, docs/checkpoint.md, or the file system)."""
+    restore_inherited: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """...and how many of its shards it read from copies inherited from its node's standby (in its own
+    memory: docs/checkpoint.md "Restore from inherited memory"); absent: none."""
     file: Annotated[str, msgspec.Meta(pattern=r"^metrics-[^/]+\.jsonl$")] | None = None
     """Lines copied per node (``node-<NODE>.jsonl``): the file the line belongs to."""
 

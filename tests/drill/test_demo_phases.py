@@ -58,13 +58,16 @@ def test_the_restore_line_comes_from_the_ranks_own_records(tmp_path: Path) -> No
     for rank, source in enumerate(["memory", "memory", "peer memory", "peer memory"]):
         _line(tmp_path / f"metrics-s-{rank}.jsonl",
               [{"incarnation": 0, "rank": rank, "step": s} for s in range(1, 31 if rank < 2 else 30)]
-              + [{"incarnation": 1, "rank": rank, "step": 30, "restore_source": source},
+              + [{"incarnation": 1, "rank": rank, "step": 30, "restore_source": source,
+                  **({"restore_inherited": 1} if rank < 2 else {})},
                  {"incarnation": 1, "rank": rank, "step": 31}])
+    inherited = "; ranks 0-1 read the copies they inherited from their node's standby"
     assert story.restore_line(tmp_path) == ("restored step 29: ranks 0-1 from memory; ranks 2-3 from peer memory; "
-                                            "1 step lost (life 0 reached step 30)")
+                                            "1 step lost (life 0 reached step 30)" + inherited)
     _line(tmp_path / "metrics-s-3.jsonl", [{"incarnation": 1, "rank": 3, "step": 28, "restore_source": "file system"}])
     assert story.restore_line(tmp_path) == ("restored step 27: ranks 0-1 from memory; rank 2 from peer memory; "
-                                            "rank 3 from file system; 3 steps lost (life 0 reached step 30)")
+                                            "rank 3 from file system; 3 steps lost (life 0 reached step 30)"
+                                            + inherited)
 
 
 def test_the_demos_memory_is_removed_and_a_leak_is_named(tmp_path: Path) -> None:
