@@ -35,6 +35,9 @@ def test_the_default_demo_restores_every_rank_from_memory_with_at_most_one_step_
     # the vision ranks (0-1) survived on their node: their own memory; the text ranks (2-3) ran on the
     # node taken down: their replacement node fetched their shards from its ring peer's keeper
     assert m.group(2) == "ranks 0-1 from memory; ranks 2-3 from peer memory", line
+    # the survivors' trainers were forked by their node's standby, which holds the node's copies: they
+    # read them in their own memory (docs/checkpoint.md "Restore from inherited memory")
+    assert line.endswith("; ranks 0-1 read the copies they inherited from their node's standby"), line
     compare = next(line for line in out.splitlines() if "/11 compare:" in line)
     assert "compare: equivalent: contract bitwise" in compare and "loss bitwise over 80 steps" in compare, compare
     freed = next(line for line in out.splitlines() if "cleanup: " in line and "/dev/shm/omni-demo-" in line)
