@@ -7,8 +7,11 @@ and file descriptors, and the server forks a trainer that starts with everything
 Only the job's owner may connect, and only to its own server: the socket lives in a 0700 folder of
 ours (checked by its descriptor, ``slurm_omni.ownership``; a folder another user made first is
 refused with one line and the ranks start cold), and each end checks the other's uid (SO_PEERCRED).
-The server does no torch work itself (no threads, no CUDA), so forking it is safe; every trainer is
-a fresh child. A client that goes away (its task was killed) takes its
+The server does no torch work itself (no OpenMP threads, no CUDA), so forking it is safe; every trainer
+is a fresh child. With the memory tier it also holds the node's checkpoint copies
+(``checkpoint/peer.py``'s ``hold_copies``: a socket thread and its lock, held across every fork), which
+every trainer inherits and restores from in its own memory (docs/checkpoint.md "Restore from inherited
+memory"). A client that goes away (its task was killed) takes its
 trainer with it (SIGKILL).
 """
 
