@@ -334,13 +334,16 @@ def allow_readers() -> None:
 
 class _Buffer:
     """Anonymous memory of at least ``size`` bytes, on transparent huge pages where the kernel gives them
-    (``MADV_HUGEPAGE``), faulted in at once so that an allocation that cannot be met fails here."""
+    (``MADV_HUGEPAGE``), faulted in at once so that an allocation that cannot be met fails here.
+    ``inherit``: the processes this one forks inherit it (the holder's copies), else ``MADV_DONTFORK``."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, inherit: bool = False) -> None:
         self.capacity = -(-max(size, 1) // HUGE) * HUGE
         self._map = mmap.mmap(-1, self.capacity + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         _BUFFERS.add(self)   # before its pages are faulted in: a child forked from here on drops it
         try:
+            if not inherit and hasattr(mmap, "MADV_DONTFORK"):
+                self._map.madvise(mmap.MADV_DONTFORK)   # no page table of it copied at a fork
             base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
             self.skip = -base % HUGE   # THP needs 2 MiB-aligned ranges
             self.addr = base + self.skip
@@ -370,8 +373,10 @@ class _Buffer:
         stops sharing them, so the holder's next write into them copies nothing), then unmapped."""
         try:
             self._map.madvise(mmap.MADV_DONTNEED)
-        except (OSError, ValueError):   # closed already
+        except ValueError:   # closed already
             return
+        except OSError:   # not mapped here (MADV_DONTFORK): closed all the same, or its munmap, when the
+            pass          # object goes, would unmap whatever this process maps there by then
         self.close()
 
 
@@ -399,6 +404,8 @@ class HeldStore:
         self._spare: dict[str, _Buffer] = {}
         """Per shard, a buffer whose copy was retired: the next step of that shard is copied into it."""
         self.owner = os.getpid()
+        self.inherit = False
+        """The processes this one forks inherit the copies (``hold_here``)."""
 
     def used(self) -> int:
         with self._lock:
@@ -496,7 +503,7 @@ class HeldStore:
         if problem:
             return None, HoldReply(ok=False, refused="cap", error=problem)
         try:
-            return _Buffer(size), HoldReply(ok=True)
+            return _Buffer(size, inherit=self.inherit), HoldReply(ok=True)
         except OSError as e:
             return None, HoldReply(ok=False, refused="full", error=f"couldn't allocate {size / 2**30:.2f} GiB: "
                                                                    f"{e.strerror}")
@@ -567,6 +574,7 @@ def hold_here(store: HeldStore, server: HeldServer | None = None) -> None:
     (``release_inherited``): the holder's next write into them then copies nothing. The store's lock
     is held across the fork, so the table the trainer sees is one the holder had."""
     with _FORK_STATE:
+        store.inherit = True
         _HOLDERS.append((store, server))
 
 
@@ -603,6 +611,19 @@ def _after_fork_child() -> None:
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
+
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_pages(path: Path = THP_ENABLED) -> bool:
+    """Does the kernel give anonymous memory transparent huge pages where asked (``madvise`` or
+    ``always``)? Where it does not, a fork copies a page-table entry per 4 KiB of every copy held (11 ms
+    per GiB here, and as much again for the child to drop them), so the holder lets no process inherit
+    its copies (``peer.hold_copies``)."""
+    try:
+        return "[never]" not in path.read_text()
+    except OSError:
+        return False
 
 
 def inherited(job: str) -> dict[str, HeldCopyRecord] | None:

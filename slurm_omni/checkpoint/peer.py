@@ -50,12 +50,14 @@ from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint import memtier
 from slurm_omni.checkpoint.fence import fenced_by
 from slurm_omni.checkpoint.held import (
+    THP_ENABLED,
     HeldCopy,
     HeldServer,
     HeldStore,
     KeeperClient,
     KeeperUnreachable,
     hold_here,
+    huge_pages,
 )
 from slurm_omni.errors import CheckpointError
 from slurm_omni.formats import RecordRejected, decode, encode
@@ -695,7 +697,12 @@ def hold_copies(job: str, root: Path, node: str, *, base: Path, cap_bytes: int |
     if server is None:
         return None
     server.start()
-    hold_here(store, server)
+    if huge_pages():
+        hold_here(store, server)
+    else:
+        log.info("checkpoint: no transparent huge pages on %s (%s): the trainers read this node's copies from "
+                 "the standby's memory, not inherited (a fork would copy every 4 KiB page's entry)", node,
+                 THP_ENABLED)
     return server
 
 

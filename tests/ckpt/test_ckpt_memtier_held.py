@@ -202,7 +202,7 @@ def test_the_keepers_cap_leaves_the_step_to_the_file_system_with_one_line(
 def test_a_failed_allocation_leaves_the_step_to_the_file_system_with_one_line(
         tmp_path: Path, job: str, keeper: peer.Keeper, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_memory(size: int) -> held._Buffer:
+    def no_memory(size: int, **_: object) -> held._Buffer:
         raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
 
     monkeypatch.setattr(held, "_Buffer", no_memory)

@@ -60,6 +60,20 @@ def mapped(addr: int) -> bool:
     return False
 
 
+def vm_flags(addr: int) -> list[str]:
+    """The kernel's flags of this process's mapping of ``addr`` (``dc``: not copied at a fork)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and ":" not in head[0]:
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("VmFlags:"):
+                return head[1:]
+    return []
+
+
 def in_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``work`` run in a forked child (the trainer the holder forks); what it returned, or its error."""
     r, w = os.pipe()
@@ -92,6 +106,7 @@ def test_a_trainer_forked_by_the_holder_restores_from_its_own_memory_and_drops_i
     copies = {c.name: c.addr for c in store.where([])}
     spares = [b.addr for b in store._spare.values()]
     assert len(copies) == 1 and spares
+    assert "dc" not in vm_flags(next(iter(copies.values())))   # the trainers it forks inherit it
 
     def trainer() -> dict[str, Any]:
         found = held.inherited(job)
@@ -191,3 +206,40 @@ def test_the_replica_keeper_serves_the_holders_copy_to_a_peer(
                              size=size)
     finally:
         keeper.stop()
+
+
+def test_without_huge_pages_no_trainer_inherits_the_copies(
+        tmp_path: Path, job: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel gives no transparent huge pages, a fork would copy a page-table entry per 4 KiB
+    held: the holder's buffers are not inherited (``MADV_DONTFORK``), and a trainer it forks reads the
+    copies from the holder's memory, bitwise."""
+    try:
+        held_native.build()
+    except held_native.BuildError as e:
+        pytest.skip(str(e))
+    thp = tmp_path / "enabled"
+    thp.write_text("always madvise [never]\n")
+    monkeypatch.setattr(held, "THP_ENABLED", thp)
+    monkeypatch.setattr(peer, "THP_ENABLED", thp)
+    monkeypatch.setattr(peer, "huge_pages", lambda: held.huge_pages(thp))
+    assert not held.huge_pages(thp)
+    server = peer.hold_copies(job, tmp_path, NODE, base=SHM, cap_bytes=None)
+    assert server is not None
+    try:
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+            eng.save(100, shard_state(100), sync=True)
+        (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").unlink()
+        (addr,) = [c.addr for c in server.store.where([])]
+        assert "dc" in vm_flags(addr)   # MADV_DONTFORK: no fork copies its page tables
+
+        def trainer() -> dict[str, Any]:
+            with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+                same = all(bool((r.module(n)[k] == v).all()) for n, sd in modules(100).items() for k, v in sd.items())
+                return {"inherited": held.inherited(job), "mapped": mapped(addr), "source": r.source,
+                        "pids": sorted({c.pid for c in r._files.held.values()}), "same": same}
+
+        assert in_child(trainer) == {"inherited": None, "mapped": False, "source": "memory", "pids": [os.getpid()],
+                                     "same": True}
+    finally:
+        server.stop()
+        server.store.close()
