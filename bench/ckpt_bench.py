@@ -138,6 +138,7 @@ faster is the limit), the restore's stream in 2 MiB MSG_WAITALL steps: 1.02, 0.9
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -642,19 +643,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         the trainer's fork is read so), or from the tmpfs files (``--no-keeper``)."""
         reader = CheckpointEngine(CheckpointConfig(root=mem_root, memory_tier=True, memory_job=mem_job,
                                                     memory_dir=args.memory_dir))
-        c = cpu_s()
-        t = time.perf_counter()
-        session = reader.restore(into=into, apply_rng=False)
-        if session is None:
-            raise SystemExit("bench: nothing to restore from memory")
-        session.wait()
-        sync(device)
-        full = time.perf_counter() - t
-        add(f"{key}_cpu_s", cpu_s() - c)
-        source = session.source
-        session.close()
-        reader.close()
-        return full, source
+        full, cpu, done = timed_restore(reader, into, "memory", device)
+        add(f"{key}_cpu_s", cpu)
+        return full, done.source
 
     def trainer_restore() -> tuple[float, str]:
         """The product's restore from the node's memory: in a trainer the holder forks (as the standby
@@ -961,21 +952,38 @@ def measure_trainer(req: dict[str, Any], root: Path, base: Path, job: str) -> di
     cpus.clear()
     memcpy()
     reader = CheckpointEngine(CheckpointConfig(root=root, memory_tier=True, memory_job=job, memory_dir=base))
+    restore_s, restore_cpu_s, done = timed_restore(reader, into, "memory")
+    memcpy()
+    return {"memcpy_s": walls, "memcpy_cpu_s": cpus, "restore_s": restore_s, "restore_cpu_s": restore_cpu_s,
+            "source": done.source, "inherited": done.inherited > 0 and done.inherited == done.held}
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What a timed restore read from: its session's ``source``, and how many of its shards were held
+    copies (``held``) and of them inherited from the process that forked it (``inherited``)."""
+
+    source: str
+    held: int
+    inherited: int
+
+
+def timed_restore(reader: CheckpointEngine, into: dict[str, Any], what: str, device: str = "cpu"
+                  ) -> tuple[float, float, Restored]:
+    """One whole restore by ``reader`` into ``into``: wall seconds, this process's CPU seconds, and where
+    it read from; the session and the reader closed after."""
     c = cpu_s()
     t = time.perf_counter()
     session = reader.restore(into=into, apply_rng=False)
     if session is None:
-        raise SystemExit("bench: nothing to restore from memory")
+        raise SystemExit(f"bench: nothing to restore from {what}")
     session.wait()
-    restore_s = time.perf_counter() - t
-    restore_cpu_s = cpu_s() - c
-    inherited = bool(session._files.held) and all(copy.pid == held.HERE for copy in session._files.held.values())
-    source = session.source
+    sync(device)
+    wall, cpu = time.perf_counter() - t, cpu_s() - c
+    done = Restored(session.source, len(session._files.held), session.inherited)
     session.close()
     reader.close()
-    memcpy()
-    return {"memcpy_s": walls, "memcpy_cpu_s": cpus, "restore_s": restore_s, "restore_cpu_s": restore_cpu_s,
-            "source": source, "inherited": inherited}
+    return wall, cpu, done
 
 
 # -- the peer tier (issue 22): a replacement node restores from its peer's memory -----------------------
@@ -1106,17 +1114,8 @@ def run_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
             reps.fetch = timed  # type: ignore[method-assign]
             reader.peers = reps
-            c = cpu_s()
-            t = time.perf_counter()
-            session = reader.restore(into=into, apply_rng=False)
-            if session is None:
-                raise SystemExit("bench: nothing to restore from the peer")
-            session.wait()
-            full = time.perf_counter() - t
-            cpu_restore = cpu_s() - c
-            sources.add(session.source)
-            session.close()
-            reader.close()
+            full, cpu_restore, done = timed_restore(reader, into, "the peer")
+            sources.add(done.source)
             return full, fetch_s[0], cpu_restore
 
         for i in range(args.repeat + 1):   # the first round warms up (thread pools, first calls)

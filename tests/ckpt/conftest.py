@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 SHM = Path("/dev/shm")
+NODE = "n1"
+"""The node the keeper tests' ranks and keepers say they run on (SLURMD_NODENAME)."""
 
 
 @pytest.fixture
@@ -21,3 +23,14 @@ def nodes() -> Iterator[Path]:
     path.mkdir(mode=0o700)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def job(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A job id of its own on node ``NODE``; the job's folder of the memory tier removed after."""
+    from slurm_omni.checkpoint.memtier import job_dir
+
+    monkeypatch.setenv("SLURMD_NODENAME", NODE)
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    shutil.rmtree(job_dir(SHM, name), ignore_errors=True)

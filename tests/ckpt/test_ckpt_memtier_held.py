@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,6 @@ SHM = Path("/dev/shm")
 NODE = "n1"
 
 pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
-
-
-@pytest.fixture
-def job(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("SLURMD_NODENAME", NODE)
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    yield name
-    shutil.rmtree(job_dir(SHM, name), ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import traceback
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,20 +18,11 @@ import pytest
 from ckpt.states import assert_same, engine, modules, optimizer_state, shard_state
 from slurm_omni.checkpoint import format as fmt
 from slurm_omni.checkpoint import held, held_native, peer
-from slurm_omni.checkpoint.memtier import job_dir
 
 SHM = Path("/dev/shm")
 NODE = "n1"
 
 pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")
-
-
-@pytest.fixture
-def job(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("SLURMD_NODENAME", NODE)
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    yield name
-    shutil.rmtree(job_dir(SHM, name), ignore_errors=True)
 
 
 @pytest.fixture
