@@ -624,9 +624,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     one_pass_lib: Any = build_one_pass(work) if args.memory and device == "cpu" else "runs with --memory on the CPU"
 
     def one_pass() -> float:
-        """What a restore could cost where the rank addresses the keeper's bytes itself (a buffer it maps
-        or inherits; not built, docs/checkpoint.md): the memcpy's bytes copied and their XXH3-64 taken in
-        one pass (slurm_omni/checkpoint/csrc/one_pass.h), on the restore's I/O threads, one share each."""
+        """The restore from inherited copies' own pass without the restore (docs/checkpoint.md "Restore from
+        inherited memory"): the memcpy's bytes copied and their XXH3-64 taken in one pass
+        (slurm_omni/checkpoint/csrc/one_pass.h), on the restore's I/O threads, one share each."""
         n = src.numel() * src.element_size()
         share = n // io_threads // 4096 * 4096
         spans = [(k * share, n - k * share if k == io_threads - 1 else share) for k in range(io_threads)]

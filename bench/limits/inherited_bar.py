@@ -1,12 +1,12 @@
-"""The memory tier's local restore from inherited memory (issue 22's next step, docs/checkpoint.md "The
-way there, not built"): a process that holds a step's copy (as the standby server would hold the node's
+"""The memory tier's local restore from inherited memory (issue 22, docs/checkpoint.md "Restore from
+inherited memory", measured here before it was built): a process that holds a step's copy (as the standby server would hold the node's
 HeldStore) forks the process that restores (as it forks every relaunched trainer), and the child reads
 the copy at the address it inherited with the one pass (``csrc/one_pass.h``: copy + XXH3-64,
 non-temporal stores), beside torch's ``copy_`` of the same bytes between two of its own touched tensors
 (``bench/ckpt_bench.py``'s memcpy). Then what the holder pays to write its next step into the same
 buffer, which the child shared copy-on-write: while the child still maps it, after the child dropped it
 (``MADV_DONTNEED``), and never forked (the same write before the fork). Not part of the product: the
-measurements the design needs before it is built.
+measurements the design needed, kept as the limit of the restore that is built on it.
 
     .venv/bin/python bench/limits/inherited_bar.py [--gib 1] [--rounds 7]
 

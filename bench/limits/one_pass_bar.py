@@ -3,8 +3,8 @@ copy measured here: the one pass (``slurm_omni/checkpoint/csrc/one_pass.h``: eac
 non-temporally and fed into XXH3-64 from the same registers) from memory this process addresses, as a
 rank would read a keeper buffer it maps or inherits, beside ``bench/ckpt_bench.py``'s memcpy: torch's
 ``copy_`` between two touched host tensors on its intra-op threads. Both on the same threads, rounds
-alternating. Not part of the product: the limit a restore that can address the keeper's bytes would
-work against (docs/checkpoint.md).
+alternating. Not part of the product: the limit of the restore from inherited copies, which runs this
+pass (docs/checkpoint.md "Restore from inherited memory").
 
     .venv/bin/python bench/limits/one_pass_bar.py [--gib 1] [--rounds 9]
 
