@@ -335,7 +335,9 @@ def allow_readers() -> None:
 class _Buffer:
     """Anonymous memory of at least ``size`` bytes, on transparent huge pages where the kernel gives them
     (``MADV_HUGEPAGE``), faulted in at once so that an allocation that cannot be met fails here.
-    ``inherit``: the processes this one forks inherit it (the holder's copies), else ``MADV_DONTFORK``."""
+    ``inherit``: the processes this one forks inherit it (the holder's copies), else ``MADV_DONTFORK``;
+    not inherited either where the kernel gave it mostly 4 KiB pages (a fragmented node): a fork would
+    copy an entry per 4 KiB of it (``inherit`` says which it is)."""
 
     def __init__(self, size: int, *, inherit: bool = False) -> None:
         self.capacity = -(-max(size, 1) // HUGE) * HUGE
@@ -349,8 +351,12 @@ class _Buffer:
             self.addr = base + self.skip
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 self._map.madvise(mmap.MADV_HUGEPAGE)
+            self.inherit = inherit
             try:
                 self._map.madvise(_MADV_POPULATE_WRITE, self.skip, self.capacity)
+                if inherit and huge_bytes(self.addr, self.addr + self.capacity) < self.capacity // 2:
+                    self._map.madvise(mmap.MADV_DONTFORK)
+                    self.inherit = False
             except OSError as e:
                 if e.errno in (errno.ENOMEM, errno.EFAULT, errno.EAGAIN):
                     raise
@@ -519,9 +525,9 @@ class HeldStore:
         """In a process just forked by the store's holder: the copies complete at the fork (the holder
         held the lock across it), which it keeps to read."""
         self._lock = threading.Lock()
+        mine = {name: h for name, h in self._copies.items() if h.buffer.inherit}
         return _Inherited(self.job, {name: HeldCopyRecord(name=name, size=h.size, addr=h.buffer.addr)
-                                     for name, h in self._copies.items()},
-                          [h.buffer for h in self._copies.values()])
+                                     for name, h in mine.items()}, [h.buffer for h in mine.values()])
 
 
 def _newer(held: int | None, asking: int | None) -> bool:
@@ -613,6 +619,28 @@ def _after_fork_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_bytes(lo: int, hi: int, smaps: Path = Path("/proc/self/smaps")) -> int:
+    """Bytes of this process's mappings over [lo, hi) on transparent huge pages (``AnonHugePages`` of the
+    mappings that overlap it); 0 where it cannot be read."""
+    total = 0
+    inside = False
+    try:
+        with open(smaps) as f:
+            for line in f:
+                head = line.split(maxsplit=1)[0] if line.strip() else ""
+                if "-" in head and not head.endswith(":"):
+                    start, _, end = head.partition("-")
+                    a, b = int(start, 16), int(end, 16)
+                    if a >= hi:
+                        break
+                    inside = a < hi and b > lo
+                elif inside and head == "AnonHugePages:":
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return 0
+    return total
 
 
 def huge_pages(path: Path = THP_ENABLED) -> bool:

@@ -232,3 +232,24 @@ def test_without_huge_pages_no_trainer_inherits_the_copies(
     finally:
         server.stop()
         server.store.close()
+
+
+def test_a_copy_on_4_kib_pages_is_not_inherited_but_read_from_the_holder(
+        tmp_path: Path, job: str, holder: held.HeldServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A buffer the kernel gave mostly 4 KiB pages (a fragmented node) is not inherited (a fork would copy
+    an entry per 4 KiB of it): ``MADV_DONTFORK``, out of the trainer's table, read from the holder."""
+    monkeypatch.setattr(held, "huge_bytes", lambda lo, hi: 0)
+    with engine(tmp_path, memory_tier=True, memory_job=job) as eng:
+        eng.save(100, shard_state(100), sync=True)
+    (fmt.step_dir(tmp_path, 100) / "rank-00000.h5").unlink()
+    (addr,) = [c.addr for c in holder.store.where([])]
+    assert "dc" in vm_flags(addr)
+
+    def trainer() -> dict[str, Any]:
+        table = held.inherited(job)
+        with engine(tmp_path, memory_tier=True, memory_job=job) as eng, eng.restore() as r:
+            same = all(bool((r.module(n)[k] == v).all()) for n, sd in modules(100).items() for k, v in sd.items())
+            return {"table": table, "source": r.source,
+                    "pids": sorted({c.pid for c in r._files.held.values()}), "same": same}
+
+    assert in_child(trainer) == {"table": {}, "source": "memory", "pids": [os.getpid()], "same": True}
