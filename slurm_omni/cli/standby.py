@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -34,8 +34,9 @@ def serve() -> None:
     except NotOwnedError as e:   # the clients refuse that folder too: the ranks on this node start cold
         raise NotOwnedError(f"{e}; no warm standby on {node}: its ranks start cold") from None
 
-    keeper = _start_keeper(job, node)
-    copies = _hold_copies(job, node) if keeper is not None else None
+    cap = _memory_tier()
+    keeper = _start_keeper(job, node, cap) if cap is not False else None
+    copies = _hold_copies(job, node, cap) if cap is not False else None
 
     def stop() -> None:
         # the job's end (the supervisor stops its standbys with SIGUSR2, Slurm a step with SIGTERM):
@@ -53,21 +54,28 @@ def serve() -> None:
     run_server(path, on_stop=stop)
 
 
-def _start_keeper(job: str, node: str) -> int | None:
-    """Where the job keeps a memory tier: this node's replica keeper (``checkpoint/peer.py``: it keeps
-    its ring predecessor's replicas and serves this node's copies to a peer), a child forked before the
-    server imports anything heavy or starts a thread; its pid."""
-    import logging
-    from pathlib import Path
-
+def _memory_tier() -> int | None | Literal[False]:
+    """Whether the job keeps a memory tier (False where not) and its cap per node in bytes (None: none)."""
     if os.environ.get("OMNI_MEMORY_TIER") != "1" or not os.environ.get("OMNI_CKPT_DIR"):
-        return None
-    from slurm_omni.checkpoint import memtier, peer
+        return False
+    from slurm_omni.checkpoint import memtier
 
     settings = memtier.from_env({**os.environ, memtier.KEEPER_ENV: "standby"})   # this process frees it
     if not settings:
-        return None
+        return False
     cap = settings.get("memory_cap_bytes")
+    return cap if isinstance(cap, int) else None
+
+
+def _start_keeper(job: str, node: str, cap: int | None) -> int:
+    """This node's replica keeper (``checkpoint/peer.py``: it keeps its ring predecessor's replicas and
+    serves this node's copies to a peer), a child forked before the server imports anything heavy or
+    starts a thread; its pid."""
+    import logging
+    from pathlib import Path
+
+    from slurm_omni.checkpoint import memtier, peer
+
     parent = os.getpid()
     pid = os.fork()
     if pid:
@@ -75,7 +83,7 @@ def _start_keeper(job: str, node: str) -> int | None:
     code = 0
     try:
         peer.run_keeper(job, Path(os.environ["OMNI_CKPT_DIR"]), node, base=memtier.base_from_env(),
-                        cap_bytes=cap if isinstance(cap, int) else None, parent=parent, own_copies=False)
+                        cap_bytes=cap, parent=parent, own_copies=False)
     except Exception as e:   # noqa: BLE001 - the keeper is a speed-up: one line, the ranks use the file system
         logging.getLogger(__name__).warning("standby: no replica keeper on %s: %s", node, e)
         code = 1
@@ -83,7 +91,7 @@ def _start_keeper(job: str, node: str) -> int | None:
         os._exit(code)
 
 
-def _hold_copies(job: str, node: str) -> HeldServer | None:
+def _hold_copies(job: str, node: str, cap: int | None) -> HeldServer | None:
     """The node's own copies, held in this process's memory (``checkpoint/held.py``): every trainer the
     server forks inherits them and restores from its own memory (``held.hold_here``). Their memory ends
     with the server."""
@@ -91,10 +99,8 @@ def _hold_copies(job: str, node: str) -> HeldServer | None:
 
     from slurm_omni.checkpoint import memtier, peer
 
-    settings = memtier.from_env({**os.environ, memtier.KEEPER_ENV: "standby"})
-    cap = settings.get("memory_cap_bytes")
     return peer.hold_copies(job, Path(os.environ["OMNI_CKPT_DIR"]), node, base=memtier.base_from_env(),
-                            cap_bytes=cap if isinstance(cap, int) else None)
+                            cap_bytes=cap)
 
 
 def _end_keeper(pid: int) -> None:
